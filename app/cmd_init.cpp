@@ -1,0 +1,94 @@
+// `areno init`: a random-weight Phi-4-multimodal checkpoint in the released layout.
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "app/commands_model.h"
+#include "models/phi4mm/checkpoint.h"
+#include "models/phi4mm/init.h"
+#include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+
+namespace areno::app {
+
+namespace {
+
+constexpr const char* kInitUsage =
+    "usage: areno init --preset tiny|small|full --out DIR --seed N [--dtype bf16|f32]\n"
+    "                  [--rank-file FILE | --no-tokenizer]\n"
+    "\n"
+    "Writes a random-weight checkpoint (config.json, generation_config.json,\n"
+    "model*.safetensors (+ index when sharded), tokenizer files) with the text\n"
+    "model and both LoRA adapters; the towers are not written yet.\n"
+    "  --preset    tiny (tests), small (CPU benchmarks) or full (released sizes)\n"
+    "  --out DIR   output directory (created)\n"
+    "  --seed N    random seed (same seed, same weights on every machine)\n"
+    "  --dtype     bf16 (default, as released) or f32\n"
+    "  --rank-file o200k_base.tiktoken to build the tokenizer files from\n"
+    "              (default: the repository copy, models/phi4mm/tokenizer/o200k_base.tiktoken)\n"
+    "  --no-tokenizer  write no tokenizer files\n";
+
+DType parse_dtype(const std::string& s) {
+  if (s == "bf16") return DType::bf16;
+  if (s == "f32") return DType::f32;
+  throw std::invalid_argument(fmt::format("--dtype: expected bf16 or f32, got '{}'", s));
+}
+
+}  // namespace
+
+int cmd_init(const Args& args) {
+  std::string preset, out, dtype = "bf16", rank_file = phi4mm::kO200kRankFile;
+  bool tokenizer = true;
+  std::optional<uint64_t> seed;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
+      return args[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      fmt::print("{}", kInitUsage);
+      return 0;
+    } else if (a == "--preset") {
+      preset = value();
+    } else if (a == "--out") {
+      out = value();
+    } else if (a == "--seed") {
+      std::string v = value();
+      try {
+        size_t used = 0;
+        seed = std::stoull(v, &used);
+        if (used != v.size()) throw std::invalid_argument("");
+      } catch (const std::exception&) {
+        throw std::invalid_argument(fmt::format("--seed: expected a non-negative integer, got '{}'", v));
+      }
+    } else if (a == "--dtype") {
+      dtype = value();
+    } else if (a == "--rank-file") {
+      rank_file = value();
+    } else if (a == "--no-tokenizer") {
+      tokenizer = false;
+    } else {
+      fmt::print(stderr, "areno init: unknown option '{}'\n\n{}", a, kInitUsage);
+      return 2;
+    }
+  }
+  if (preset.empty() || out.empty() || !seed) {
+    fmt::print(stderr, "areno init: --preset, --out and --seed are required\n\n{}", kInitUsage);
+    return 2;
+  }
+  const DType dt = parse_dtype(dtype);
+  if (tokenizer && !std::filesystem::exists(rank_file))
+    throw std::runtime_error(fmt::format("tokenizer rank file {} not found (run from the repository root, "
+                                         "pass --rank-file FILE, or --no-tokenizer)", rank_file));
+  auto model = phi4mm::init_model(preset, *seed, dt);
+  phi4mm::save_model(*model, out);
+  if (tokenizer) phi4mm::write_tokenizer_files(phi4mm::make_tokenizer(rank_file), out);
+  fmt::print("wrote {} ({} preset, seed {}, {}, {} parameters)\n", out, preset, *seed, dtype,
+             model->num_parameters());
+  return 0;
+}
+
+}  // namespace areno::app

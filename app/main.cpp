@@ -1,0 +1,62 @@
+// `areno`: one program, several subcommands.
+#include <fmt/format.h>
+
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "app/cmd_tokenize.h"
+#include "app/commands.h"
+#include "areno_build_config.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  const char* summary;
+  std::function<int(const areno::app::Args&)> run;
+};
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> cmds = {
+      {"env", "print version, build options, CUDA devices and library versions", areno::app::cmd_env},
+      {"tokenize", "tokenize text or a messages file and print the ids as JSON", areno::app::cmd_tokenize},
+  };
+  return cmds;
+}
+
+void print_help() {
+  fmt::print(
+      "areno {} - train and serve Phi-4-multimodal natively\n\n"
+      "usage: areno <command> [options]\n       areno <command> --help\n\ncommands:\n",
+      ARENO_VERSION);
+  for (auto& c : commands()) fmt::print("  {:<12} {}\n", c.name, c.summary);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
+      !std::strcmp(argv[1], "help")) {
+    print_help();
+    return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "--version")) {
+    fmt::print("areno {}\n", ARENO_VERSION);
+    return 0;
+  }
+  for (auto& c : commands()) {
+    if (c.name == std::string(argv[1])) {
+      try {
+        return c.run(areno::app::Args(argv + 2, argv + argc));
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "areno {}: error: {}\n", c.name, e.what());
+        return 1;
+      }
+    }
+  }
+  fmt::print(stderr, "areno: unknown command '{}' (see areno --help)\n", argv[1]);
+  return 2;
+}

@@ -1,0 +1,71 @@
+#pragma once
+// Eager tape. An op whose inputs require grad gives its output a Node holding
+// the inputs and a backward function that maps the output's gradient to one
+// gradient per input. backward() walks the nodes in reverse topological order.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace areno {
+
+using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
+
+struct Node {
+  std::string name;
+  std::vector<Tensor> inputs;  // gradients flow to those that require grad
+  BackwardFn backward;         // returns inputs.size() tensors (undefined = no gradient)
+};
+
+bool grad_enabled();
+void set_grad_enabled(bool enabled);
+
+class NoGradGuard {
+ public:
+  NoGradGuard() : prev_(grad_enabled()) { set_grad_enabled(false); }
+  ~NoGradGuard() { set_grad_enabled(prev_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+class EnableGradGuard {
+ public:
+  EnableGradGuard() : prev_(grad_enabled()) { set_grad_enabled(true); }
+  ~EnableGradGuard() { set_grad_enabled(prev_); }
+  EnableGradGuard(const EnableGradGuard&) = delete;
+  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// True when grad mode is on and any defined input requires grad.
+bool needs_grad(const std::vector<Tensor>& inputs);
+// Marks `out` as produced by `name` from `inputs`. Gradients returned by `fn`
+// are summed to each input's shape (undoing broadcasting) and cast to its dtype.
+void record(Tensor& out, const char* name, std::vector<Tensor> inputs, BackwardFn fn);
+// Accumulates d(root)/d(leaf) * grad into every reachable leaf's .grad().
+void run_backward(const Tensor& root, const Tensor& grad);
+
+// Activation checkpointing: runs fn without recording, and recomputes it with
+// recording during backward. Parameters that fn uses get their gradients then.
+Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
+                  const std::vector<Tensor>& inputs);
+
+// Central-difference check of d f / d inputs in f64 against backward().
+// f must return a tensor; the check uses the scalar sum(f(x) * w) for a fixed
+// random w. Inputs must be f64 CPU tensors; those with requires_grad are checked.
+struct GradcheckResult {
+  bool ok = true;
+  double max_abs_err = 0, max_rel_err = 0;
+  std::string message;  // the first failing input and element
+};
+GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                          const std::vector<Tensor>& inputs, double eps = 1e-6,
+                          double atol = 1e-6, double rtol = 1e-4);
+
+}  // namespace areno

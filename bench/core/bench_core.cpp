@@ -1,0 +1,68 @@
+// Core kernel benchmarks: f32 GEMM, elementwise add, softmax on the CPU, and
+// on a GPU when present bf16 GEMM and device copies. Prints one JSON object
+// per line: {"bench": ..., "device": ..., "ms": ..., "gflops"/"gbps": ...}.
+// Timing: best of several repetitions after warm-up.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "autograd/autograd.h"
+#include "kernels/backend.h"
+#include "tensor/ops.h"
+
+using namespace areno;
+
+static double best_ms(const std::function<void()>& f, Device d, int reps) {
+  f();  // warm-up
+  backend(d).synchronize(d);
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    backend(d).synchronize(d);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    best = std::min(best, ms);
+  }
+  return best;
+}
+
+static void gemm(Device d, DType t, int64_t m, int64_t n, int64_t k, int reps) {
+  Generator g(0);
+  Tensor a = rand_normal({m, k}, g, 0, 1, TensorOptions(t, d));
+  Tensor b = rand_normal({k, n}, g, 0, 1, TensorOptions(t, d));
+  double ms = best_ms([&] { matmul(a, b); }, d, reps);
+  fmt::print("{{\"bench\": \"gemm_{}_{}x{}x{}\", \"device\": \"{}\", \"ms\": {:.3f}, \"gflops\": {:.1f}}}\n",
+             dtype_name(t), m, n, k, d.str(), ms, 2.0 * m * n * k / ms / 1e6);
+}
+
+int main(int argc, char** argv) {
+  NoGradGuard ng;
+  bool gpu_only = argc > 1 && std::string(argv[1]) == "--gpu";
+  Device cpu = Device::cpu();
+  if (!gpu_only) {
+    gemm(cpu, DType::f32, 1024, 1024, 1024, 10);
+    gemm(cpu, DType::f32, 4096, 4096, 512, 5);
+    Generator g(0);
+    int64_t n = 16 * 1024 * 1024;
+    Tensor x = rand_normal({n}, g), y = rand_normal({n}, g);
+    double ms = best_ms([&] { add(x, y); }, cpu, 10);
+    fmt::print("{{\"bench\": \"add_f32_16M\", \"device\": \"cpu\", \"ms\": {:.3f}, \"gbps\": {:.1f}}}\n", ms,
+               3.0 * 4 * n / ms / 1e6);
+    Tensor s = rand_normal({4096, 4096}, g);
+    ms = best_ms([&] { softmax(s, -1); }, cpu, 10);
+    fmt::print("{{\"bench\": \"softmax_f32_4096x4096\", \"device\": \"cpu\", \"ms\": {:.3f}, \"gbps\": {:.1f}}}\n",
+               ms, 2.0 * 4 * 4096 * 4096 / ms / 1e6);
+  }
+  if (cuda_device_count() > 0) {
+    Device d = Device::cuda(0);
+    for (int64_t sz : {4096, 8192}) gemm(d, DType::bf16, sz, sz, sz, 20);
+    Tensor src = empty({int64_t(1) << 28}, TensorOptions(DType::f32, d));  // 1 GiB
+    Tensor dst = empty_like(src);
+    double ms = best_ms([&] { dst.copy_(src); }, d, 20);
+    fmt::print("{{\"bench\": \"copy_d2d_1GiB\", \"device\": \"{}\", \"ms\": {:.3f}, \"gbps\": {:.1f}}}\n", d.str(),
+               ms, 2.0 * double(src.nbytes()) / ms / 1e6);
+  }
+  return 0;
+}

@@ -1,0 +1,168 @@
+#pragma once
+// The kernel table one device type implements. tensor/ops.cpp checks
+// arguments, allocates outputs and calls these; kernels never allocate
+// user-visible tensors. Layout contracts are stated per entry: "contig" means
+// Tensor::is_contiguous() holds. Mixed dtypes never reach a kernel except
+// where stated (copy casts; comparisons write bool; index tensors are i64).
+#include <cstdint>
+#include <memory>
+
+#include "tensor/tensor.h"
+
+namespace areno {
+
+enum class UnaryOp : uint8_t {
+  neg, exp, log, sqrt, rsqrt, abs, sin, cos, square, reciprocal,
+  relu, silu, sigmoid, tanh, gelu, gelu_tanh,
+  logical_not,  // out is bool
+  affine,       // x * p0 + p1
+  pow_scalar,   // x ^ p0
+  clamp,        // min(max(x, p0), p1); NaN stays NaN
+};
+
+enum class BinaryOp : uint8_t {
+  add,  // a + alpha * b
+  sub,  // a - alpha * b
+  mul, div, pow, maximum, minimum,
+  eq, ne, lt, le, gt, ge,  // out is bool
+  logical_and, logical_or, // inputs and out bool
+  // backward of activations: a is the forward input x (or output y), b is dy
+  relu_backward,       // a = x
+  silu_backward,       // a = x
+  sigmoid_backward,    // a = y
+  tanh_backward,       // a = y
+  gelu_backward,       // a = x
+  gelu_tanh_backward,  // a = x
+};
+
+enum class ReduceOp : uint8_t { sum, max, min, argmax, argmin };  // arg*: out i64
+
+enum class RandomKind : uint8_t { uniform, normal };
+
+struct ConvGeom {  // 2-D geometry; 1-D convolutions use H = KH = 1
+  int64_t n, c, h, w;    // input [n, c, h, w]
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+  int64_t ho, wo;        // output spatial size
+};
+
+struct PoolGeom {
+  int64_t n, c, h, w, kh, kw, sh, sw, ph, pw, ho, wo;
+};
+
+struct AdamWArgs {
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step;  // 1-based, for bias correction
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // ---- memory ----
+  virtual std::shared_ptr<Storage> allocate(size_t nbytes, Device device) = 0;
+  // dst[...] = cast(src[...]); same shape (src may be a broadcast view with
+  // zero strides), any strides and dtypes. One side may be on the CPU when the
+  // other is on this backend's device.
+  virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+  virtual void fill(const Tensor& dst, double value) = 0;       // any strides
+  virtual void arange(const Tensor& dst, double start, double step) = 0;  // 1-D contig
+  // dst contig floating; Philox4x32-10 stream (seed, offset): uniform in [a, b)
+  // or normal with mean a and std b.
+  virtual void random(const Tensor& dst, RandomKind kind, double a, double b, uint64_t seed,
+                      uint64_t offset) = 0;
+  virtual void synchronize(Device device) = 0;
+
+  // ---- elementwise: operands have out's shape (broadcast views allowed), any strides ----
+  virtual void unary(UnaryOp op, const Tensor& x, const Tensor& out, double p0, double p1) = 0;
+  // a and b share one dtype; out has it too except for comparisons (bool).
+  virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out,
+                      double alpha) = 0;
+  // cond bool; a, b, out share one dtype.
+  virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+
+  // ---- reductions: x contig viewed as [outer, n, inner], out contig [outer, inner] ----
+  // sum accumulates in f32 (f64 for f64, i64 for integers).
+  virtual void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t n, int64_t inner,
+                      const Tensor& out) = 0;
+  virtual void cumsum(const Tensor& x, int64_t outer, int64_t n, int64_t inner,
+                      const Tensor& out) = 0;
+
+  // ---- rows: x contig [m, n], operations along n ----
+  virtual void softmax(const Tensor& x, const Tensor& out, bool log) = 0;
+  // dx = softmax'(y) dy (log: dy - exp(y) * sum(dy))
+  virtual void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log) = 0;
+  // The first k of each row in sorted order; values [m, k] (x's dtype), indices [m, k] i64.
+  // Ties keep the lower index first (a stable sort).
+  virtual void sort(const Tensor& x, int64_t k, bool descending, const Tensor& values,
+                    const Tensor& indices) = 0;
+  // weight, bias [n] (bias may be undefined); mean, rstd [m] f32 (f64 for f64 input).
+  virtual void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                          const Tensor& y, const Tensor& mean, const Tensor& rstd) = 0;
+  // dweight / dbias may be undefined; when defined they are overwritten.
+  virtual void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                   const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                                   const Tensor& dweight, const Tensor& dbias) = 0;
+  // y = x * rsqrt(mean(x^2) + eps) * weight, computed in f32 (f64 for f64).
+  virtual void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& y,
+                        const Tensor& rstd) = 0;
+  virtual void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                                 const Tensor& dy, const Tensor& dx, const Tensor& dweight) = 0;
+
+  // ---- matmul: a [B, M, K], b [B, K, N], out [B, M, N] contig, one dtype ----
+  // For a and b the last two dims are row-major (stride 1 on the last dim) or
+  // column-major (stride 1 on the middle dim); the batch stride may be 0.
+  // out = alpha * a @ b + beta * out; bf16/f16 accumulate in f32.
+  virtual void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha,
+                      double beta) = 0;
+
+  // ---- indexing; index tensors are i64 contig; values are checked by the caller ----
+  // x contig [outer, n, inner], index [m], out contig [outer, m, inner]
+  virtual void index_select(const Tensor& x, const Tensor& index, const Tensor& out) = 0;
+  // out [outer, n, inner] += src [outer, m, inner] at rows index[m] (duplicates add)
+  virtual void index_add(const Tensor& out, const Tensor& index, const Tensor& src) = 0;
+  // x contig, index and out contig with one shape: out[..i..] = x[..index[..i..]..] along dim
+  virtual void gather(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& out) = 0;
+  // out contig; index, src contig with one shape; accumulate adds, else writes.
+  virtual void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src,
+                       bool accumulate) = 0;
+  // out contig (already holding x), mask bool contig of out's shape, src contig:
+  // the k-th true position of mask takes src.flat[k].
+  virtual void masked_scatter(const Tensor& out, const Tensor& mask, const Tensor& src) = 0;
+
+  // ---- convolution and pooling ----
+  // x contig [n, c, h, w] -> cols contig [n, c*kh*kw, ho*wo] (zero padding)
+  virtual void im2col(const Tensor& x, const ConvGeom& g, const Tensor& cols) = 0;
+  // dx contig [n, c, h, w] (zeroed by the caller) += fold(cols)
+  virtual void col2im(const Tensor& cols, const ConvGeom& g, const Tensor& dx) = 0;
+  // count_include_pad = true, as torch's default
+  virtual void avg_pool2d(const Tensor& x, const PoolGeom& g, const Tensor& out) = 0;
+  virtual void avg_pool2d_backward(const Tensor& dy, const PoolGeom& g, const Tensor& dx) = 0;
+
+  // ---- optimizer ----
+  // In place on contig tensors of one shape. param may be bf16/f16 with an f32
+  // master copy (then master is updated and param = round(master)); m, v f32.
+  virtual void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
+                          const Tensor& v, const Tensor& master, const AdamWArgs& args) = 0;
+};
+
+// The backend of a device type. CUDA without a CUDA build throws
+// std::runtime_error("areno was built without CUDA ...").
+Backend& backend(Device device);
+Backend& cpu_backend();
+Backend& cuda_backend();  // kernels/cuda (or the stub)
+
+// CUDA runtime queries, for `areno env` and tests (the stub reports 0 devices).
+struct CudaDeviceInfo {
+  int index;
+  std::string name;
+  size_t total_bytes, free_bytes;
+  int sm_major, sm_minor;
+};
+bool cuda_compiled();
+int cuda_device_count();  // 0 when none or not compiled
+std::vector<CudaDeviceInfo> cuda_devices();
+std::string cuda_runtime_version();  // "" when not compiled
+std::string cublas_version();
+std::string nccl_version();
+
+}  // namespace areno

@@ -1,0 +1,151 @@
+#pragma once
+// CPU kernels (declared here, defined per file) and the strided loop they share.
+#include <omp.h>
+
+#include <array>
+#include <cstring>
+#include <vector>
+
+#include "kernels/backend.h"
+
+namespace areno::cpu {
+
+// Work below this many elements runs on one thread.
+constexpr int64_t kParallelGrain = 32768;
+
+inline int num_threads() { return omp_get_max_threads(); }
+
+// Splits [0, n) into one range per thread (or one range for small n) and
+// calls f(begin, end) on each, in parallel.
+template <typename F>
+void parallel_for(int64_t n, int64_t cost_per_item, F&& f) {
+  int64_t work = n * std::max<int64_t>(cost_per_item, 1);
+  int nt = num_threads();
+  if (work < kParallelGrain || nt <= 1 || n <= 1) {
+    if (n > 0) f(int64_t(0), n);
+    return;
+  }
+  int parts = int(std::min<int64_t>(nt, n));
+#pragma omp parallel for num_threads(parts) schedule(static)
+  for (int p = 0; p < parts; ++p) {
+    int64_t b = n * p / parts, e = n * (p + 1) / parts;
+    if (b < e) f(b, e);
+  }
+}
+
+// Iterates over a shape with N operands of possibly different strides,
+// calling inner(ptrs, byte_strides, count) on runs along the last coalesced dim.
+template <size_t N, typename F>
+void strided_loop(const Shape& shape, const std::array<const Tensor*, N>& ts, F&& inner) {
+  std::vector<int64_t> sz;
+  std::vector<std::array<int64_t, N>> st;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    std::array<int64_t, N> s;
+    for (size_t k = 0; k < N; ++k) s[k] = ts[k]->strides()[d] * int64_t(ts[k]->element_size());
+    sz.push_back(shape[d]);
+    st.push_back(s);
+  }
+  // Merge dim i into i+1 when contiguous for every operand.
+  for (int64_t i = int64_t(sz.size()) - 2; i >= 0; --i) {
+    bool ok = true;
+    for (size_t k = 0; k < N; ++k) ok = ok && st[i][k] == st[i + 1][k] * sz[i + 1];
+    if (ok) {
+      sz[i + 1] *= sz[i];
+      sz.erase(sz.begin() + i);
+      st.erase(st.begin() + i);
+    }
+  }
+  if (sz.empty()) {
+    sz.push_back(1);
+    st.push_back({});
+  }
+  int64_t nd = int64_t(sz.size());
+  int64_t inner_n = sz.back();
+  int64_t total = 1;
+  for (auto s : sz) total *= s;
+  std::array<char*, N> base;
+  for (size_t k = 0; k < N; ++k) base[k] = static_cast<char*>(ts[k]->data_ptr());
+  std::array<int64_t, N> inner_st = st.back();
+
+  parallel_for(total, 1, [&](int64_t lo, int64_t hi) {
+    int64_t pos = lo;
+    std::vector<int64_t> idx(nd, 0);
+    int64_t o = lo / inner_n, i = lo % inner_n;
+    for (int64_t d = nd - 2; d >= 0; --d) {
+      idx[d] = o % sz[d];
+      o /= sz[d];
+    }
+    while (pos < hi) {
+      std::array<char*, N> p;
+      for (size_t k = 0; k < N; ++k) {
+        int64_t off = i * inner_st[k];
+        for (int64_t d = 0; d < nd - 1; ++d) off += idx[d] * st[d][k];
+        p[k] = base[k] + off;
+      }
+      int64_t run = std::min(inner_n - i, hi - pos);
+      inner(p, inner_st, run);
+      pos += run;
+      i = 0;
+      for (int64_t d = nd - 2; d >= 0; --d) {
+        if (++idx[d] < sz[d]) break;
+        idx[d] = 0;
+      }
+    }
+  });
+}
+
+void copy(const Tensor& src, const Tensor& dst);
+void fill(const Tensor& dst, double value);
+void arange(const Tensor& dst, double start, double step);
+void random(const Tensor& dst, RandomKind kind, double a, double b, uint64_t seed, uint64_t offset);
+void unary(UnaryOp op, const Tensor& x, const Tensor& out, double p0, double p1);
+void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out, double alpha);
+void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out);
+void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t n, int64_t inner, const Tensor& out);
+void cumsum(const Tensor& x, int64_t outer, int64_t n, int64_t inner, const Tensor& out);
+void softmax(const Tensor& x, const Tensor& out, bool log);
+void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log);
+void sort(const Tensor& x, int64_t k, bool descending, const Tensor& values, const Tensor& indices);
+void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
+                const Tensor& mean, const Tensor& rstd);
+void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& dy, const Tensor& dx, const Tensor& dw, const Tensor& db);
+void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd);
+void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                       const Tensor& dx, const Tensor& dw);
+void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta);
+void index_select(const Tensor& x, const Tensor& index, const Tensor& out);
+void index_add(const Tensor& out, const Tensor& index, const Tensor& src);
+void gather(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& out);
+void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate);
+void masked_scatter(const Tensor& out, const Tensor& mask, const Tensor& src);
+void im2col(const Tensor& x, const ConvGeom& g, const Tensor& cols);
+void col2im(const Tensor& cols, const ConvGeom& g, const Tensor& dx);
+void avg_pool2d(const Tensor& x, const PoolGeom& g, const Tensor& out);
+void avg_pool2d_backward(const Tensor& dy, const PoolGeom& g, const Tensor& dx);
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                const Tensor& master, const AdamWArgs& args);
+
+// Converts between storage type T and its compute type.
+template <typename T> struct compute_of { using type = T; };
+template <> struct compute_of<BFloat16> { using type = float; };
+template <> struct compute_of<Half> { using type = float; };
+template <> struct compute_of<int32_t> { using type = int64_t; };
+template <typename T> using compute_t = typename compute_of<T>::type;
+
+// Row data as f32 (or f64) scratch: used by row kernels for 16-bit inputs.
+template <typename T, typename C>
+inline void load_row(const T* src, C* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = C(float(src[i]));
+}
+template <typename C>
+inline void load_row(const double* src, C* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = C(src[i]);
+}
+template <typename T, typename C>
+inline void store_row(const C* src, T* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = T(src[i]);
+}
+
+}  // namespace areno::cpu

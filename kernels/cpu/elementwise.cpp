@@ -1,0 +1,286 @@
+// Elementwise CPU kernels: copy/cast, fill, arange, unary, binary, where.
+#include <Eigen/Core>
+#include <cmath>
+#include <stdexcept>
+#include <type_traits>
+
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace areno::cpu {
+
+namespace {
+
+template <typename T> inline T load(const char* p) { return *reinterpret_cast<const T*>(p); }
+template <typename T> inline void store(char* p, T v) { *reinterpret_cast<T*>(p) = v; }
+
+template <typename To, typename From>
+inline To convert(From v) {
+  if constexpr (std::is_same_v<To, From>) {
+    return v;
+  } else if constexpr (std::is_same_v<From, BFloat16> || std::is_same_v<From, Half>) {
+    return convert<To>(float(v));
+  } else if constexpr (std::is_same_v<To, BFloat16> || std::is_same_v<To, Half>) {
+    return To(float(v));
+  } else if constexpr (std::is_same_v<To, bool>) {
+    return v != From(0);
+  } else {
+    return static_cast<To>(v);
+  }
+}
+
+// out[i] = f(x[i]) with x: T, out: O; f works on compute types.
+template <typename T, typename O, typename F>
+void map1(const Tensor& x, const Tensor& out, F f) {
+  using C = compute_t<T>;
+  strided_loop<2>(out.shape(), {&x, &out}, [&](const std::array<char*, 2>& p, const std::array<int64_t, 2>& s, int64_t n) {
+    if (s[0] == int64_t(sizeof(T)) && s[1] == int64_t(sizeof(O))) {
+      const T* xi = reinterpret_cast<const T*>(p[0]);
+      O* o = reinterpret_cast<O*>(p[1]);
+      for (int64_t i = 0; i < n; ++i) o[i] = convert<O>(f(convert<C>(xi[i])));
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        store<O>(p[1] + i * s[1], convert<O>(f(convert<C>(load<T>(p[0] + i * s[0])))));
+    }
+  });
+}
+
+template <typename T, typename O, typename F>
+void map2(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
+  using C = compute_t<T>;
+  strided_loop<3>(out.shape(), {&a, &b, &out},
+                  [&](const std::array<char*, 3>& p, const std::array<int64_t, 3>& s, int64_t n) {
+    if (s[0] == int64_t(sizeof(T)) && s[1] == int64_t(sizeof(T)) && s[2] == int64_t(sizeof(O))) {
+      const T* ai = reinterpret_cast<const T*>(p[0]);
+      const T* bi = reinterpret_cast<const T*>(p[1]);
+      O* o = reinterpret_cast<O*>(p[2]);
+      for (int64_t i = 0; i < n; ++i) o[i] = convert<O>(f(convert<C>(ai[i]), convert<C>(bi[i])));
+    } else if (s[1] == 0 && s[0] == int64_t(sizeof(T)) && s[2] == int64_t(sizeof(O))) {
+      const T* ai = reinterpret_cast<const T*>(p[0]);
+      C bv = convert<C>(load<T>(p[1]));
+      O* o = reinterpret_cast<O*>(p[2]);
+      for (int64_t i = 0; i < n; ++i) o[i] = convert<O>(f(convert<C>(ai[i]), bv));
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        store<O>(p[2] + i * s[2], convert<O>(f(convert<C>(load<T>(p[0] + i * s[0])),
+                                              convert<C>(load<T>(p[1] + i * s[1])))));
+    }
+  });
+}
+
+template <typename To>
+void copy_to(const Tensor& src, const Tensor& dst) {
+  visit_dtype(src.dtype(), [&](auto tag) {
+    using From = decltype(tag);
+    strided_loop<2>(dst.shape(), {&src, &dst}, [&](const std::array<char*, 2>& p, const std::array<int64_t, 2>& s, int64_t n) {
+      if (s[0] == int64_t(sizeof(From)) && s[1] == int64_t(sizeof(To))) {
+        if constexpr (std::is_same_v<From, To>) {
+          std::memcpy(p[1], p[0], size_t(n) * sizeof(To));
+        } else {
+          const From* a = reinterpret_cast<const From*>(p[0]);
+          To* o = reinterpret_cast<To*>(p[1]);
+          for (int64_t i = 0; i < n; ++i) o[i] = convert<To>(a[i]);
+        }
+      } else {
+        for (int64_t i = 0; i < n; ++i) store<To>(p[1] + i * s[1], convert<To>(load<From>(p[0] + i * s[0])));
+      }
+    });
+  });
+}
+
+inline double gelu_exact(double x) { return 0.5 * x * (1.0 + std::erf(x * M_SQRT1_2)); }
+inline float gelu_exact(float x) { return 0.5f * x * (1.0f + std::erf(x * float(M_SQRT1_2))); }
+template <typename C> inline C gelu_tanh_f(C x) {
+  const C k = C(0.7978845608028654);
+  return C(0.5) * x * (C(1) + std::tanh(k * (x + C(0.044715) * x * x * x)));
+}
+template <typename C> inline C sigmoid_f(C x) { return C(1) / (C(1) + std::exp(-x)); }
+
+// Eigen's vectorised transcendental functions for contiguous f32.
+bool unary_f32_fast(UnaryOp op, const Tensor& x, const Tensor& out) {
+  if (x.dtype() != DType::f32 || out.dtype() != DType::f32 || !x.is_contiguous() || !out.is_contiguous())
+    return false;
+  switch (op) {
+    case UnaryOp::exp: case UnaryOp::log: case UnaryOp::tanh: case UnaryOp::sigmoid:
+    case UnaryOp::sqrt: case UnaryOp::rsqrt: case UnaryOp::silu: case UnaryOp::gelu_tanh:
+      break;
+    default:
+      return false;
+  }
+  const float* xi = static_cast<const float*>(x.data_ptr());
+  float* o = static_cast<float*>(out.data_ptr());
+  parallel_for(x.numel(), 8, [&](int64_t lo, int64_t hi) {
+    Eigen::Map<const Eigen::ArrayXf> a(xi + lo, hi - lo);
+    Eigen::Map<Eigen::ArrayXf> r(o + lo, hi - lo);
+    switch (op) {
+      case UnaryOp::exp: r = a.exp(); break;
+      case UnaryOp::log: r = a.log(); break;
+      case UnaryOp::tanh: r = a.tanh(); break;
+      case UnaryOp::sigmoid: r = a.logistic(); break;
+      case UnaryOp::sqrt: r = a.sqrt(); break;
+      case UnaryOp::rsqrt: r = a.rsqrt(); break;
+      case UnaryOp::silu: r = a * a.logistic(); break;
+      case UnaryOp::gelu_tanh:
+        r = 0.5f * a * (1.0f + (0.7978845608028654f * (a + 0.044715f * a * a * a)).tanh());
+        break;
+      default: break;
+    }
+  });
+  return true;
+}
+
+}  // namespace
+
+void copy(const Tensor& src, const Tensor& dst) {
+  visit_dtype(dst.dtype(), [&](auto tag) { copy_to<decltype(tag)>(src, dst); });
+}
+
+void fill(const Tensor& dst, double value) {
+  visit_dtype(dst.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T v = convert<T>(value);
+    strided_loop<1>(dst.shape(), {&dst}, [&](const std::array<char*, 1>& p, const std::array<int64_t, 1>& s, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) store<T>(p[0] + i * s[0], v);
+    });
+  });
+}
+
+void arange(const Tensor& dst, double start, double step) {
+  visit_dtype(dst.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* p = static_cast<T*>(dst.data_ptr());
+    for (int64_t i = 0; i < dst.numel(); ++i) p[i] = convert<T>(start + double(i) * step);
+  });
+}
+
+void unary(UnaryOp op, const Tensor& x, const Tensor& out, double p0, double p1) {
+  if (op == UnaryOp::logical_not) {
+    map1<bool, bool>(x, out, [](bool v) { return !v; });
+    return;
+  }
+  if (unary_f32_fast(op, x, out)) return;
+  visit_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    if constexpr (std::is_same_v<T, bool>) {
+      throw std::invalid_argument("unary op on a bool tensor");
+    } else {
+      switch (op) {
+        case UnaryOp::neg: return map1<T, T>(x, out, [](C v) { return C(-v); });
+        case UnaryOp::abs: return map1<T, T>(x, out, [](C v) { return v < C(0) ? C(-v) : v; });
+        case UnaryOp::square: return map1<T, T>(x, out, [](C v) { return C(v * v); });
+        case UnaryOp::relu: return map1<T, T>(x, out, [](C v) { return v != v ? v : v > C(0) ? v : C(0); });
+        case UnaryOp::affine: {
+          C a = C(p0), b = C(p1);
+          return map1<T, T>(x, out, [a, b](C v) { return C(v * a + b); });
+        }
+        case UnaryOp::clamp: {
+          C lo = std::isinf(p0) ? std::numeric_limits<C>::lowest() : C(p0);
+          C hi = std::isinf(p1) ? std::numeric_limits<C>::max() : C(p1);
+          return map1<T, T>(x, out, [lo, hi](C v) { return v != v ? v : v < lo ? lo : v > hi ? hi : v; });
+        }
+        default: break;
+      }
+      if constexpr (std::is_floating_point_v<C>) {
+        switch (op) {
+          case UnaryOp::exp: return map1<T, T>(x, out, [](C v) { return std::exp(v); });
+          case UnaryOp::log: return map1<T, T>(x, out, [](C v) { return std::log(v); });
+          case UnaryOp::sqrt: return map1<T, T>(x, out, [](C v) { return std::sqrt(v); });
+          case UnaryOp::rsqrt: return map1<T, T>(x, out, [](C v) { return C(1) / std::sqrt(v); });
+          case UnaryOp::sin: return map1<T, T>(x, out, [](C v) { return std::sin(v); });
+          case UnaryOp::cos: return map1<T, T>(x, out, [](C v) { return std::cos(v); });
+          case UnaryOp::reciprocal: return map1<T, T>(x, out, [](C v) { return C(1) / v; });
+          case UnaryOp::silu: return map1<T, T>(x, out, [](C v) { return v * sigmoid_f(v); });
+          case UnaryOp::sigmoid: return map1<T, T>(x, out, [](C v) { return sigmoid_f(v); });
+          case UnaryOp::tanh: return map1<T, T>(x, out, [](C v) { return std::tanh(v); });
+          case UnaryOp::gelu: return map1<T, T>(x, out, [](C v) { return gelu_exact(v); });
+          case UnaryOp::gelu_tanh: return map1<T, T>(x, out, [](C v) { return gelu_tanh_f(v); });
+          case UnaryOp::pow_scalar: {
+            C e = C(p0);
+            return map1<T, T>(x, out, [e](C v) { return std::pow(v, e); });
+          }
+          default: break;
+        }
+      }
+      throw std::invalid_argument("unary op not supported for dtype " + std::string(dtype_name(x.dtype())));
+    }
+  });
+}
+
+void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out, double alpha) {
+  if (op == BinaryOp::logical_and) return map2<bool, bool>(a, b, out, [](bool x, bool y) { return x && y; });
+  if (op == BinaryOp::logical_or) return map2<bool, bool>(a, b, out, [](bool x, bool y) { return x || y; });
+  visit_dtype(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    switch (op) {
+      case BinaryOp::eq: return map2<T, bool>(a, b, out, [](C x, C y) { return x == y; });
+      case BinaryOp::ne: return map2<T, bool>(a, b, out, [](C x, C y) { return x != y; });
+      case BinaryOp::lt: return map2<T, bool>(a, b, out, [](C x, C y) { return x < y; });
+      case BinaryOp::le: return map2<T, bool>(a, b, out, [](C x, C y) { return x <= y; });
+      case BinaryOp::gt: return map2<T, bool>(a, b, out, [](C x, C y) { return x > y; });
+      case BinaryOp::ge: return map2<T, bool>(a, b, out, [](C x, C y) { return x >= y; });
+      default: break;
+    }
+    if constexpr (std::is_same_v<T, bool>) {
+      throw std::invalid_argument("arithmetic on bool tensors");
+    } else {
+      switch (op) {
+        case BinaryOp::add:
+          if (alpha == 1.0) return map2<T, T>(a, b, out, [](C x, C y) { return C(x + y); });
+          return map2<T, T>(a, b, out, [al = C(alpha)](C x, C y) { return C(x + al * y); });
+        case BinaryOp::sub:
+          if (alpha == 1.0) return map2<T, T>(a, b, out, [](C x, C y) { return C(x - y); });
+          return map2<T, T>(a, b, out, [al = C(alpha)](C x, C y) { return C(x - al * y); });
+        case BinaryOp::mul: return map2<T, T>(a, b, out, [](C x, C y) { return C(x * y); });
+        case BinaryOp::div: return map2<T, T>(a, b, out, [](C x, C y) { return C(x / y); });
+        case BinaryOp::pow: return map2<T, T>(a, b, out, [](C x, C y) { return C(std::pow(x, y)); });
+        case BinaryOp::maximum:
+          return map2<T, T>(a, b, out, [](C x, C y) { return x != x ? x : y != y ? y : x > y ? x : y; });
+        case BinaryOp::minimum:
+          return map2<T, T>(a, b, out, [](C x, C y) { return x != x ? x : y != y ? y : x < y ? x : y; });
+        case BinaryOp::relu_backward: return map2<T, T>(a, b, out, [](C x, C dy) { return x > C(0) ? dy : C(0); });
+        default: break;
+      }
+      if constexpr (std::is_floating_point_v<C>) {
+        switch (op) {
+          case BinaryOp::silu_backward:
+            return map2<T, T>(a, b, out, [](C x, C dy) {
+              C s = sigmoid_f(x);
+              return dy * s * (C(1) + x * (C(1) - s));
+            });
+          case BinaryOp::sigmoid_backward:
+            return map2<T, T>(a, b, out, [](C y, C dy) { return dy * y * (C(1) - y); });
+          case BinaryOp::tanh_backward:
+            return map2<T, T>(a, b, out, [](C y, C dy) { return dy * (C(1) - y * y); });
+          case BinaryOp::gelu_backward:
+            return map2<T, T>(a, b, out, [](C x, C dy) {
+              C cdf = C(0.5) * (C(1) + std::erf(x * C(M_SQRT1_2)));
+              C pdf = std::exp(C(-0.5) * x * x) * C(0.3989422804014327);
+              return dy * (cdf + x * pdf);
+            });
+          case BinaryOp::gelu_tanh_backward:
+            return map2<T, T>(a, b, out, [](C x, C dy) {
+              const C k = C(0.7978845608028654), c = C(0.044715);
+              C t = std::tanh(k * (x + c * x * x * x));
+              return dy * (C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * k * (C(1) + C(3) * c * x * x));
+            });
+          default: break;
+        }
+      }
+      throw std::invalid_argument("binary op not supported for dtype " + std::string(dtype_name(a.dtype())));
+    }
+  });
+}
+
+void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+  visit_dtype(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    strided_loop<4>(out.shape(), {&cond, &a, &b, &out},
+                    [&](const std::array<char*, 4>& p, const std::array<int64_t, 4>& s, int64_t n) {
+      for (int64_t i = 0; i < n; ++i)
+        store<T>(p[3] + i * s[3], load<bool>(p[0] + i * s[0]) ? load<T>(p[1] + i * s[1]) : load<T>(p[2] + i * s[2]));
+    });
+  });
+}
+
+}  // namespace areno::cpu

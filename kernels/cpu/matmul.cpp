@@ -1,0 +1,128 @@
+// Batched GEMM on Eigen. 16-bit operands are widened to f32 per matrix.
+#include <Eigen/Core>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace areno::cpu {
+
+namespace {
+
+template <typename C>
+using RowMat = Eigen::Matrix<C, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename C>
+using ColMat = Eigen::Matrix<C, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
+
+// One [r, c] operand: pointer, row-major or not, outer stride.
+struct MatRef {
+  int64_t r, c, outer;
+  bool row_major;
+};
+
+MatRef describe(const Tensor& t) {
+  MatRef m{t.size(1), t.size(2), 0, true};
+  if (t.stride(2) == 1 || m.c == 1) {
+    m.row_major = true;
+    m.outer = m.r == 1 ? m.c : t.stride(1);
+  } else {
+    m.row_major = false;
+    m.outer = m.c == 1 ? m.r : t.stride(2);
+  }
+  m.outer = std::max<int64_t>(m.outer, 1);
+  return m;
+}
+
+template <typename C, typename F>
+void with_map(const C* p, const MatRef& m, F&& f) {
+  using Outer = Eigen::OuterStride<>;
+  if (m.row_major)
+    f(Eigen::Map<const RowMat<C>, 0, Outer>(p, m.r, m.c, Outer(m.outer)));
+  else
+    f(Eigen::Map<const ColMat<C>, 0, Outer>(p, m.r, m.c, Outer(m.outer)));
+}
+
+template <typename C>
+void gemm_one(const C* a, const MatRef& ma, const C* b, const MatRef& mb, C* out, C alpha, C beta) {
+  Eigen::Map<RowMat<C>> o(out, ma.r, mb.c);
+  with_map(a, ma, [&](const auto& A) {
+    with_map(b, mb, [&](const auto& B) {
+      if (beta == C(0)) {
+        o.noalias() = alpha * (A * B);
+      } else {
+        o *= beta;
+        o.noalias() += alpha * (A * B);
+      }
+    });
+  });
+}
+
+// Widens a 16-bit [r, c] matrix with the given layout to a dense row-major f32 buffer.
+template <typename T>
+void widen(const T* p, const MatRef& m, std::vector<float>& buf) {
+  buf.resize(size_t(m.r * m.c));
+  for (int64_t i = 0; i < m.r; ++i)
+    for (int64_t j = 0; j < m.c; ++j)
+      buf[size_t(i * m.c + j)] = float(m.row_major ? p[i * m.outer + j] : p[j * m.outer + i]);
+}
+
+}  // namespace
+
+void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
+  int64_t batch = out.size(0), M = out.size(1), N = out.size(2);
+  MatRef ma = describe(a), mb = describe(b);
+  int64_t sa = a.stride(0), sb = b.stride(0);
+  auto dispatch = [&](auto tag) {
+    using T = decltype(tag);
+    const T* ap = static_cast<const T*>(a.data_ptr());
+    const T* bp = static_cast<const T*>(b.data_ptr());
+    T* op = static_cast<T*>(out.data_ptr());
+    auto one = [&](int64_t i) {
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+        gemm_one<T>(ap + i * sa, ma, bp + i * sb, mb, op + i * M * N, T(alpha), T(beta));
+      } else {
+        std::vector<float> wa, wb, wo(size_t(M * N));
+        widen(ap + i * sa, ma, wa);
+        widen(bp + i * sb, mb, wb);
+        MatRef ra{ma.r, ma.c, ma.c, true}, rb{mb.r, mb.c, mb.c, true};
+        T* o = op + i * M * N;
+        if (beta != 0)
+          for (int64_t j = 0; j < M * N; ++j) wo[size_t(j)] = float(o[j]);
+        gemm_one<float>(wa.data(), ra, wb.data(), rb, wo.data(), float(alpha), float(beta));
+        for (int64_t j = 0; j < M * N; ++j) o[j] = T(wo[size_t(j)]);
+      }
+    };
+    if (batch == 1) {
+      // Split the rows of one large GEMM across threads, each running Eigen
+      // single-threaded on its block: faster than Eigen's own parallel GEMM here.
+      int64_t parts = std::min<int64_t>(num_threads(), M / 64);
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+        if (parts > 1 && M * N * a.size(2) >= (int64_t(1) << 21)) {
+#pragma omp parallel for num_threads(int(parts)) schedule(static)
+          for (int64_t p = 0; p < parts; ++p) {
+            int64_t r0 = M * p / parts, r1 = M * (p + 1) / parts;
+            MatRef sub = ma;
+            sub.r = r1 - r0;
+            const T* a0 = ap + r0 * (ma.row_major ? ma.outer : 1);
+            gemm_one<T>(a0, sub, bp, mb, op + r0 * N, T(alpha), T(beta));
+          }
+          return;
+        }
+      }
+      one(0);
+    } else {
+      parallel_for(batch, M * N * a.size(2), [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) one(i);
+      });
+    }
+  };
+  switch (out.dtype()) {
+    case DType::f32: return dispatch(float{});
+    case DType::f64: return dispatch(double{});
+    case DType::bf16: return dispatch(BFloat16{});
+    case DType::f16: return dispatch(Half{});
+    default: throw std::invalid_argument("matmul needs floating-point tensors");
+  }
+}
+
+}  // namespace areno::cpu

@@ -1,0 +1,291 @@
+// Row kernels over contiguous [m, n]: softmax, sort/top-k, layer norm, RMS norm.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <type_traits>
+
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace areno::cpu {
+
+namespace {
+
+template <typename T> constexpr bool is_half_v = std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>;
+// Compute type of row kernels: f64 for f64, else f32.
+template <typename T> using row_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <typename F>
+void for_float_dtype(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: return f(float{});
+    case DType::f64: return f(double{});
+    case DType::bf16: return f(BFloat16{});
+    case DType::f16: return f(Half{});
+    default: throw std::invalid_argument(std::string(op) + " needs a floating-point tensor");
+  }
+}
+
+// out may alias in.
+template <typename C>
+void softmax_row(const C* in, C* out, int64_t n, bool log) {
+  using Arr = Eigen::Array<C, Eigen::Dynamic, 1>;
+  Eigen::Map<const Arr> a(in, n);
+  Eigen::Map<Arr> o(out, n);
+  C mx = a.maxCoeff();
+  if (std::isinf(mx) && mx < 0) {  // all -inf: torch gives NaN
+    o.setConstant(std::numeric_limits<C>::quiet_NaN());
+    return;
+  }
+  if (log) {
+    C lse = std::log((a - mx).exp().sum()) + mx;
+    o = a - lse;
+  } else {
+    o = (a - mx).exp();
+    o *= C(1) / o.sum();
+  }
+}
+
+}  // namespace
+
+void softmax(const Tensor& x, const Tensor& out, bool log) {
+  int64_t m = x.size(0), n = x.size(1);
+  for_float_dtype(x.dtype(), "softmax", [&](auto tag) {
+    using T = decltype(tag);
+    using C = row_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    T* op = static_cast<T*>(out.data_ptr());
+    parallel_for(m, n * 4, [&](int64_t lo, int64_t hi) {
+      std::vector<C> buf(is_half_v<T> ? n : 0);
+      for (int64_t i = lo; i < hi; ++i) {
+        if constexpr (is_half_v<T>) {
+          load_row(xp + i * n, buf.data(), n);
+          softmax_row(buf.data(), buf.data(), n, log);
+          store_row(buf.data(), op + i * n, n);
+        } else {
+          softmax_row(xp + i * n, op + i * n, n, log);
+        }
+      }
+    });
+  });
+}
+
+void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log) {
+  int64_t m = y.size(0), n = y.size(1);
+  for_float_dtype(y.dtype(), "softmax_backward", [&](auto tag) {
+    using T = decltype(tag);
+    using C = row_t<T>;
+    const T* yp = static_cast<const T*>(y.data_ptr());
+    const T* gp = static_cast<const T*>(dy.data_ptr());
+    T* op = static_cast<T*>(dx.data_ptr());
+    parallel_for(m, n * 4, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const T* yr = yp + i * n;
+        const T* gr = gp + i * n;
+        T* o = op + i * n;
+        C s = 0;
+        if (log) {
+          for (int64_t j = 0; j < n; ++j) s += C(gr[j]);
+          for (int64_t j = 0; j < n; ++j) o[j] = T(C(gr[j]) - std::exp(C(yr[j])) * s);
+        } else {
+          for (int64_t j = 0; j < n; ++j) s += C(gr[j]) * C(yr[j]);
+          for (int64_t j = 0; j < n; ++j) o[j] = T(C(yr[j]) * (C(gr[j]) - s));
+        }
+      }
+    });
+  });
+}
+
+void sort(const Tensor& x, int64_t k, bool descending, const Tensor& values, const Tensor& indices) {
+  int64_t m = x.size(0), n = x.size(1);
+  visit_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using C = std::conditional_t<std::is_same_v<T, bool>, int, compute_t<T>>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    T* vp = static_cast<T*>(values.data_ptr());
+    int64_t* ip = static_cast<int64_t*>(indices.data_ptr());
+    parallel_for(m, n * 8, [&](int64_t lo, int64_t hi) {
+      std::vector<int64_t> idx(n);
+      for (int64_t i = lo; i < hi; ++i) {
+        const T* r = xp + i * n;
+        std::iota(idx.begin(), idx.end(), 0);
+        // NaN sorts as the largest value, as in torch.
+        auto key = [&](int64_t j) { return C(r[j]); };
+        auto less = [&](int64_t a, int64_t b) {
+          C va = key(a), vb = key(b);
+          bool na = va != va, nb = vb != vb;
+          if (descending) {
+            if (na != nb) return na;
+            if (va != vb && !na) return va > vb;
+          } else {
+            if (na != nb) return nb;
+            if (va != vb && !na) return va < vb;
+          }
+          return a < b;
+        };
+        if (k < n) {
+          std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), less);
+        } else {
+          std::sort(idx.begin(), idx.end(), less);
+        }
+        for (int64_t j = 0; j < k; ++j) {
+          vp[i * k + j] = r[idx[j]];
+          ip[i * k + j] = idx[j];
+        }
+      }
+    });
+  });
+}
+
+void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
+                const Tensor& mean, const Tensor& rstd) {
+  int64_t m = x.size(0), n = x.size(1);
+  for_float_dtype(x.dtype(), "layer_norm", [&](auto tag) {
+    using T = decltype(tag);
+    using C = row_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    const T* wp = static_cast<const T*>(w.data_ptr());
+    const T* bp = b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr;
+    T* yp = static_cast<T*>(y.data_ptr());
+    C* mp = static_cast<C*>(mean.data_ptr());
+    C* rp = static_cast<C*>(rstd.data_ptr());
+    parallel_for(m, n * 4, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const T* r = xp + i * n;
+        double s = 0;
+        for (int64_t j = 0; j < n; ++j) s += double(C(r[j]));
+        C mu = C(s / double(n));
+        double v = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          double d = double(C(r[j]) - mu);
+          v += d * d;
+        }
+        C rs = C(1.0 / std::sqrt(v / double(n) + eps));
+        mp[i] = mu;
+        rp[i] = rs;
+        for (int64_t j = 0; j < n; ++j) {
+          C val = (C(r[j]) - mu) * rs * C(wp[j]);
+          if (bp) val += C(bp[j]);
+          yp[i * n + j] = T(val);
+        }
+      }
+    });
+  });
+}
+
+void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& dy, const Tensor& dx, const Tensor& dw, const Tensor& db) {
+  int64_t m = x.size(0), n = x.size(1);
+  for_float_dtype(x.dtype(), "layer_norm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    using C = row_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    const T* wp = static_cast<const T*>(w.data_ptr());
+    const T* gp = static_cast<const T*>(dy.data_ptr());
+    const C* mp = static_cast<const C*>(mean.data_ptr());
+    const C* rp = static_cast<const C*>(rstd.data_ptr());
+    T* dxp = static_cast<T*>(dx.data_ptr());
+    parallel_for(m, n * 6, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const T* r = xp + i * n;
+        const T* g = gp + i * n;
+        C mu = mp[i], rs = rp[i];
+        double sum_g = 0, sum_gx = 0;  // over g*w and g*w*xhat
+        for (int64_t j = 0; j < n; ++j) {
+          C xh = (C(r[j]) - mu) * rs;
+          C gw = C(g[j]) * C(wp[j]);
+          sum_g += gw;
+          sum_gx += gw * xh;
+        }
+        C a = C(sum_g / double(n)), bb = C(sum_gx / double(n));
+        for (int64_t j = 0; j < n; ++j) {
+          C xh = (C(r[j]) - mu) * rs;
+          C gw = C(g[j]) * C(wp[j]);
+          dxp[i * n + j] = T(rs * (gw - a - xh * bb));
+        }
+      }
+    });
+    // Parameter gradients: column sums, parallel over columns.
+    if (dw.defined() || db.defined()) {
+      T* dwp = dw.defined() ? static_cast<T*>(dw.data_ptr()) : nullptr;
+      T* dbp = db.defined() ? static_cast<T*>(db.data_ptr()) : nullptr;
+      parallel_for(n, m * 2, [&](int64_t lo, int64_t hi) {
+        for (int64_t j = lo; j < hi; ++j) {
+          double sw = 0, sb = 0;
+          for (int64_t i = 0; i < m; ++i) {
+            C g = C(gp[i * n + j]);
+            sw += double(g * (C(xp[i * n + j]) - mp[i]) * rp[i]);
+            sb += double(g);
+          }
+          if (dwp) dwp[j] = T(C(sw));
+          if (dbp) dbp[j] = T(C(sb));
+        }
+      });
+    }
+  });
+}
+
+void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) {
+  int64_t m = x.size(0), n = x.size(1);
+  for_float_dtype(x.dtype(), "rms_norm", [&](auto tag) {
+    using T = decltype(tag);
+    using C = row_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    const T* wp = static_cast<const T*>(w.data_ptr());
+    T* yp = static_cast<T*>(y.data_ptr());
+    C* rp = static_cast<C*>(rstd.data_ptr());
+    parallel_for(m, n * 3, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const T* r = xp + i * n;
+        C ss = 0;
+        for (int64_t j = 0; j < n; ++j) ss += C(r[j]) * C(r[j]);
+        C rs = C(1) / std::sqrt(ss / C(n) + C(eps));
+        rp[i] = rs;
+        for (int64_t j = 0; j < n; ++j) {
+          if constexpr (is_half_v<T>) {
+            // Reference rounding: normalised value to the input dtype, then weight * it.
+            yp[i * n + j] = T(float(wp[j]) * float(T(C(r[j]) * rs)));
+          } else {
+            yp[i * n + j] = T(C(r[j]) * rs * C(wp[j]));
+          }
+        }
+      }
+    });
+  });
+}
+
+void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                       const Tensor& dx, const Tensor& dw) {
+  int64_t m = x.size(0), n = x.size(1);
+  for_float_dtype(x.dtype(), "rms_norm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    using C = row_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    const T* wp = static_cast<const T*>(w.data_ptr());
+    const T* gp = static_cast<const T*>(dy.data_ptr());
+    const C* rp = static_cast<const C*>(rstd.data_ptr());
+    T* dxp = static_cast<T*>(dx.data_ptr());
+    parallel_for(m, n * 4, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        C rs = rp[i];
+        double dot = 0;  // sum of g*w*x
+        for (int64_t j = 0; j < n; ++j) dot += double(C(gp[i * n + j]) * C(wp[j]) * C(xp[i * n + j]));
+        C c = C(dot / double(n)) * rs * rs * rs;
+        for (int64_t j = 0; j < n; ++j)
+          dxp[i * n + j] = T(C(gp[i * n + j]) * C(wp[j]) * rs - C(xp[i * n + j]) * c);
+      }
+    });
+    if (dw.defined()) {
+      T* dwp = static_cast<T*>(dw.data_ptr());
+      parallel_for(n, m * 2, [&](int64_t lo, int64_t hi) {
+        for (int64_t j = lo; j < hi; ++j) {
+          double s = 0;
+          for (int64_t i = 0; i < m; ++i) s += double(C(gp[i * n + j]) * C(xp[i * n + j]) * rp[i]);
+          dwp[j] = T(C(s));
+        }
+      });
+    }
+  });
+}
+
+}  // namespace areno::cpu

@@ -1,0 +1,153 @@
+// im2col / col2im for convolutions and average pooling (count_include_pad:
+// the divisor is always kh * kw, as the CPU kernel). The backward kernels
+// gather per input element instead of scattering, so they need no atomics
+// and are deterministic.
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace areno::cuda {
+namespace {
+
+// cols[n, (c, ki, kj), (oy, ox)] = x[n, c, oy*sh - ph + ki*dh, ox*sw - pw + kj*dw] (0 outside)
+template <typename T>
+__global__ void im2col_kernel(const T* x, ConvGeom g, T* cols) {
+  int64_t l = g.ho * g.wo, rows = g.c * g.kh * g.kw;
+  ARENO_GRID_STRIDE_LOOP(i, g.n * rows * l) {
+    int64_t p = i % l, r = i / l;
+    int64_t n = r / rows, q = r % rows;
+    int64_t c = q / (g.kh * g.kw), ki = (q / g.kw) % g.kh, kj = q % g.kw;
+    int64_t oy = p / g.wo, ox = p % g.wo;
+    int64_t iy = oy * g.sh - g.ph + ki * g.dh, ix = ox * g.sw - g.pw + kj * g.dw;
+    bool in = iy >= 0 && iy < g.h && ix >= 0 && ix < g.w;
+    cols[i] = in ? x[((n * g.c + c) * g.h + iy) * g.w + ix] : cast_value<T>(0.0f);
+  }
+}
+
+// dx[n, c, iy, ix] += sum over the (ki, kj, oy, ox) that read it.
+template <typename T>
+__global__ void col2im_kernel(const T* cols, ConvGeom g, T* dx) {
+  using A = acc_t<T>;
+  int64_t l = g.ho * g.wo, k = g.kh * g.kw;
+  ARENO_GRID_STRIDE_LOOP(i, g.n * g.c * g.h * g.w) {
+    int64_t ix = i % g.w, iy = (i / g.w) % g.h, nc = i / (g.w * g.h);
+    A s = A(0);
+    for (int64_t ki = 0; ki < g.kh; ++ki) {
+      int64_t ty = iy + g.ph - ki * g.dh;  // = oy * sh
+      if (ty < 0 || ty % g.sh != 0) continue;
+      int64_t oy = ty / g.sh;
+      if (oy >= g.ho) continue;
+      for (int64_t kj = 0; kj < g.kw; ++kj) {
+        int64_t tx = ix + g.pw - kj * g.dw;
+        if (tx < 0 || tx % g.sw != 0) continue;
+        int64_t ox = tx / g.sw;
+        if (ox >= g.wo) continue;
+        s += load_acc(cols, (nc * k + ki * g.kw + kj) * l + oy * g.wo + ox);
+      }
+    }
+    dx[i] = cast_value<T>(load_acc(dx, i) + s);
+  }
+}
+
+template <typename T>
+__global__ void avg_pool2d_kernel(const T* x, PoolGeom g, T* out) {
+  using A = acc_t<T>;
+  ARENO_GRID_STRIDE_LOOP(i, g.n * g.c * g.ho * g.wo) {
+    int64_t ox = i % g.wo, oy = (i / g.wo) % g.ho, nc = i / (g.wo * g.ho);
+    const T* xc = x + nc * g.h * g.w;
+    A s = A(0);
+    for (int64_t a = 0; a < g.kh; ++a) {
+      int64_t iy = oy * g.sh - g.ph + a;
+      if (iy < 0 || iy >= g.h) continue;
+      for (int64_t b = 0; b < g.kw; ++b) {
+        int64_t ix = ox * g.sw - g.pw + b;
+        if (ix >= 0 && ix < g.w) s += load_acc(xc, iy * g.w + ix);
+      }
+    }
+    out[i] = cast_value<T>(s / A(g.kh * g.kw));
+  }
+}
+
+template <typename T>
+__global__ void avg_pool2d_backward_kernel(const T* dy, PoolGeom g, T* dx) {
+  using A = acc_t<T>;
+  ARENO_GRID_STRIDE_LOOP(i, g.n * g.c * g.h * g.w) {
+    int64_t ix = i % g.w, iy = (i / g.w) % g.h, nc = i / (g.w * g.h);
+    const T* gc = dy + nc * g.ho * g.wo;
+    A s = A(0);
+    for (int64_t a = 0; a < g.kh; ++a) {
+      int64_t ty = iy + g.ph - a;
+      if (ty < 0 || ty % g.sh != 0 || ty / g.sh >= g.ho) continue;
+      for (int64_t b = 0; b < g.kw; ++b) {
+        int64_t tx = ix + g.pw - b;
+        if (tx < 0 || tx % g.sw != 0 || tx / g.sw >= g.wo) continue;
+        s += load_acc(gc, (ty / g.sh) * g.wo + tx / g.sw);
+      }
+    }
+    dx[i] = cast_value<T>(load_acc(dx, i) + s / A(g.kh * g.kw));
+  }
+}
+
+void check_numel(const Tensor& t, int64_t want, const char* op, const char* name) {
+  require_contiguous(t, op, name);
+  if (t.numel() != want)
+    throw std::invalid_argument(std::string("cuda ") + op + ": " + name + " " + t.str() + " should hold " +
+                                std::to_string(want) + " elements for the given geometry");
+}
+
+}  // namespace
+}  // namespace areno::cuda
+
+namespace areno {
+
+using namespace cuda;
+
+void CudaBackend::im2col(const Tensor& x, const ConvGeom& g, const Tensor& cols) {
+  check_numel(x, g.n * g.c * g.h * g.w, "im2col", "x");
+  check_numel(cols, g.n * g.c * g.kh * g.kw * g.ho * g.wo, "im2col", "cols");
+  if (cols.numel() == 0) return;
+  Launch l(cols);
+  visit_floating(x.dtype(), "im2col", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    im2col_kernel<T><<<grid_for(cols.numel()), kBlock, 0, l.stream>>>(ptr<const T>(x), g, ptr<T>(cols));
+    ARENO_LAUNCH_CHECK("im2col_kernel");
+  });
+}
+
+void CudaBackend::col2im(const Tensor& cols, const ConvGeom& g, const Tensor& dx) {
+  check_numel(dx, g.n * g.c * g.h * g.w, "col2im", "dx");
+  check_numel(cols, g.n * g.c * g.kh * g.kw * g.ho * g.wo, "col2im", "cols");
+  if (dx.numel() == 0) return;
+  Launch l(dx);
+  visit_floating(dx.dtype(), "col2im", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    col2im_kernel<T><<<grid_for(dx.numel()), kBlock, 0, l.stream>>>(ptr<const T>(cols), g, ptr<T>(dx));
+    ARENO_LAUNCH_CHECK("col2im_kernel");
+  });
+}
+
+void CudaBackend::avg_pool2d(const Tensor& x, const PoolGeom& g, const Tensor& out) {
+  check_numel(x, g.n * g.c * g.h * g.w, "avg_pool2d", "x");
+  check_numel(out, g.n * g.c * g.ho * g.wo, "avg_pool2d", "out");
+  if (out.numel() == 0) return;
+  Launch l(out);
+  visit_floating(x.dtype(), "avg_pool2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    avg_pool2d_kernel<T><<<grid_for(out.numel()), kBlock, 0, l.stream>>>(ptr<const T>(x), g, ptr<T>(out));
+    ARENO_LAUNCH_CHECK("avg_pool2d_kernel");
+  });
+}
+
+void CudaBackend::avg_pool2d_backward(const Tensor& dy, const PoolGeom& g, const Tensor& dx) {
+  check_numel(dx, g.n * g.c * g.h * g.w, "avg_pool2d_backward", "dx");
+  check_numel(dy, g.n * g.c * g.ho * g.wo, "avg_pool2d_backward", "dy");
+  if (dx.numel() == 0) return;
+  Launch l(dx);
+  visit_floating(dx.dtype(), "avg_pool2d_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    avg_pool2d_backward_kernel<T><<<grid_for(dx.numel()), kBlock, 0, l.stream>>>(ptr<const T>(dy), g,
+                                                                                  ptr<T>(dx));
+    ARENO_LAUNCH_CHECK("avg_pool2d_backward_kernel");
+  });
+}
+
+}  // namespace areno

@@ -1,0 +1,397 @@
+// Row ops on x contig [m, n]: softmax / log_softmax and their backward,
+// layer_norm and rms_norm with their backward. One block per row with
+// block-wide reductions in acc_t<T> (f32, f64 for f64); parameter gradients
+// reduce over rows in fixed-size chunks (deterministic, no atomics).
+#include "kernels/cuda/allocator.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace areno::cuda {
+namespace {
+
+// [m, n] geometry of a row op from x's last dim.
+struct Rows {
+  int64_t m, n;
+};
+
+Rows rows_of(const Tensor& x, const char* op) {
+  require_contiguous(x, op, "x");
+  if (x.dim() == 0) return {1, 1};
+  int64_t n = x.size(-1);
+  return {n == 0 ? 0 : x.numel() / n, n};
+}
+
+void check_like(const Tensor& t, const Tensor& x, const char* op, const char* name) {
+  require_contiguous(t, op, name);
+  if (t.shape() != x.shape() || t.dtype() != x.dtype())
+    throw std::invalid_argument(std::string("cuda ") + op + ": " + name + " " + t.str() +
+                                " must match x " + x.str());
+}
+
+// Per-row statistics are f32, or f64 for f64 input.
+template <typename T>
+void check_stats(const Tensor& t, int64_t m, const char* op, const char* name) {
+  if (!t.defined()) return;
+  DType want = std::is_same_v<T, double> ? DType::f64 : DType::f32;
+  require_contiguous(t, op, name);
+  if (t.dtype() != want || t.numel() != m)
+    throw std::invalid_argument(std::string("cuda ") + op + ": " + name + " " + t.str() +
+                                " must hold " + std::to_string(m) + " " +
+                                std::string(dtype_name(want)) + " values");
+}
+
+void check_param(const Tensor& t, const Tensor& x, int64_t n, const char* op, const char* name) {
+  if (!t.defined()) return;
+  require_contiguous(t, op, name);
+  if (t.numel() != n || t.dtype() != x.dtype())
+    throw std::invalid_argument(std::string("cuda ") + op + ": " + name + " " + t.str() +
+                                " must hold " + std::to_string(n) + " values of x's dtype");
+}
+
+unsigned row_grid(int64_t m) { return unsigned(std::min<int64_t>(m, 1 << 20)); }
+
+// ---- softmax ----
+
+template <typename T>
+__global__ void softmax_kernel(const T* x, T* y, int64_t m, int64_t n, bool log) {
+  using A = acc_t<T>;
+  __shared__ A shared[32];
+  for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
+    const T* xr = x + r * n;
+    T* yr = y + r * n;
+    A mx = A(-INFINITY);
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) mx = fmax(mx, load_acc(xr, k));
+    mx = block_max(mx, shared);
+    A s = A(0);
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) s += exp(load_acc(xr, k) - mx);
+    s = block_sum(s, shared);
+    if (log) {
+      A lse = ::log(s);
+      for (int64_t k = threadIdx.x; k < n; k += blockDim.x)
+        yr[k] = cast_value<T>(load_acc(xr, k) - mx - lse);
+    } else {
+      A inv = A(1) / s;
+      for (int64_t k = threadIdx.x; k < n; k += blockDim.x)
+        yr[k] = cast_value<T>(exp(load_acc(xr, k) - mx) * inv);
+    }
+  }
+}
+
+template <typename T>
+__global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, int64_t m, int64_t n,
+                                        bool log) {
+  using A = acc_t<T>;
+  __shared__ A shared[32];
+  for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
+    const T* yr = y + r * n;
+    const T* dyr = dy + r * n;
+    T* dxr = dx + r * n;
+    A s = A(0);
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x)
+      s += log ? load_acc(dyr, k) : load_acc(dyr, k) * load_acc(yr, k);
+    s = block_sum(s, shared);
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+      A yv = load_acc(yr, k), g = load_acc(dyr, k);
+      dxr[k] = cast_value<T>(log ? g - exp(yv) * s : yv * (g - s));
+    }
+  }
+}
+
+// ---- layer norm / rms norm ----
+
+template <typename T>
+__global__ void layer_norm_kernel(const T* x, const T* w, const T* b, double eps, T* y,
+                                  acc_t<T>* mean_out, acc_t<T>* rstd_out, int64_t m, int64_t n) {
+  using A = acc_t<T>;
+  __shared__ A shared[32];
+  for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
+    const T* xr = x + r * n;
+    T* yr = y + r * n;
+    A s = A(0);
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) s += load_acc(xr, k);
+    A mean = block_sum(s, shared) / A(n);
+    A q = A(0);  // second pass: the variance of centred values stays accurate
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+      A d = load_acc(xr, k) - mean;
+      q += d * d;
+    }
+    A var = block_sum(q, shared) / A(n);
+    A rstd = A(1) / sqrt(var + A(eps));
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+      A v = (load_acc(xr, k) - mean) * rstd;
+      if (w) v *= load_acc(w, k);
+      if (b) v += load_acc(b, k);
+      yr[k] = cast_value<T>(v);
+    }
+    if (threadIdx.x == 0) {
+      if (mean_out) mean_out[r] = mean;
+      if (rstd_out) rstd_out[r] = rstd;
+    }
+  }
+}
+
+template <typename T>
+__global__ void rms_norm_kernel(const T* x, const T* w, double eps, T* y, acc_t<T>* rstd_out,
+                                int64_t m, int64_t n) {
+  using A = acc_t<T>;
+  __shared__ A shared[32];
+  for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
+    const T* xr = x + r * n;
+    T* yr = y + r * n;
+    A q = A(0);
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+      A v = load_acc(xr, k);
+      q += v * v;
+    }
+    A rstd = A(1) / sqrt(block_sum(q, shared) / A(n) + A(eps));
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+      A v = load_acc(xr, k) * rstd;
+      if (w) v *= load_acc(w, k);
+      yr[k] = cast_value<T>(v);
+    }
+    if (threadIdx.x == 0 && rstd_out) rstd_out[r] = rstd;
+  }
+}
+
+// dx of both norms: xhat = (x - mean) * rstd (mean = 0 for rms), g = dy * w,
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) (no mean(g) term for rms).
+template <typename T>
+__global__ void norm_backward_dx_kernel(const T* x, const T* w, const acc_t<T>* mean,
+                                        const acc_t<T>* rstd, const T* dy, T* dx, int64_t m,
+                                        int64_t n) {
+  using A = acc_t<T>;
+  __shared__ A shared[32];
+  for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
+    const T* xr = x + r * n;
+    const T* dyr = dy + r * n;
+    T* dxr = dx + r * n;
+    A mu = mean ? mean[r] : A(0), rs = rstd[r];
+    A sg = A(0), sgx = A(0);
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+      A g = load_acc(dyr, k) * (w ? load_acc(w, k) : A(1));
+      A xh = (load_acc(xr, k) - mu) * rs;
+      sg += g;
+      sgx += g * xh;
+    }
+    A mean_g = mean ? block_sum(sg, shared) / A(n) : A(0);
+    A mean_gx = block_sum(sgx, shared) / A(n);
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+      A g = load_acc(dyr, k) * (w ? load_acc(w, k) : A(1));
+      A xh = (load_acc(xr, k) - mu) * rs;
+      dxr[k] = cast_value<T>(rs * (g - mean_g - xh * mean_gx));
+    }
+  }
+}
+
+constexpr int kParamRowsPerThread = 8;  // y-threads per block in the column pass
+
+// Partial column sums over a chunk of rows: pw[c, j] = sum dy * xhat, pb[c, j] = sum dy.
+template <typename T>
+__global__ void norm_param_partial_kernel(const T* x, const acc_t<T>* mean, const acc_t<T>* rstd,
+                                          const T* dy, int64_t m, int64_t n, int64_t chunk_rows,
+                                          acc_t<T>* pw, acc_t<T>* pb) {
+  using A = acc_t<T>;
+  __shared__ A sw[kParamRowsPerThread][32];
+  __shared__ A sb[kParamRowsPerThread][32];
+  int64_t j = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  int64_t chunk = blockIdx.y;
+  int64_t r0 = chunk * chunk_rows, r1 = min(m, r0 + chunk_rows);
+  A aw = A(0), ab = A(0);
+  if (j < n) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kParamRowsPerThread) {
+      A g = load_acc(dy, r * n + j);
+      A xh = (load_acc(x, r * n + j) - (mean ? mean[r] : A(0))) * rstd[r];
+      aw += g * xh;
+      ab += g;
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = aw;
+  sb[threadIdx.y][threadIdx.x] = ab;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < n) {
+    for (int y = 1; y < kParamRowsPerThread; ++y) {
+      aw += sw[y][threadIdx.x];
+      ab += sb[y][threadIdx.x];
+    }
+    pw[chunk * n + j] = aw;
+    if (pb) pb[chunk * n + j] = ab;
+  }
+}
+
+template <typename T>
+__global__ void norm_param_final_kernel(const acc_t<T>* pw, const acc_t<T>* pb, int64_t chunks,
+                                        int64_t n, T* dw, T* db) {
+  using A = acc_t<T>;
+  ARENO_GRID_STRIDE_LOOP(j, n) {
+    A aw = A(0), ab = A(0);
+    for (int64_t c = 0; c < chunks; ++c) {
+      aw += pw[c * n + j];
+      if (pb) ab += pb[c * n + j];
+    }
+    if (dw) dw[j] = cast_value<T>(aw);
+    if (db) db[j] = cast_value<T>(ab);
+  }
+}
+
+// dweight (and dbias) = column sums over rows; nothing to do when both are undefined.
+template <typename T>
+void norm_param_grads(const Launch& l, const Tensor& x, const acc_t<T>* mean, const acc_t<T>* rstd,
+                      const Tensor& dy, int64_t m, int64_t n, const Tensor& dweight,
+                      const Tensor& dbias) {
+  using A = acc_t<T>;
+  if (!dweight.defined() && !dbias.defined()) return;
+  if (m == 0) {  // no rows: the sums are zero
+    if (dweight.defined()) ARENO_CUDA_CHECK(cudaMemsetAsync(dweight.data_ptr(), 0, dweight.nbytes(), l.stream));
+    if (dbias.defined()) ARENO_CUDA_CHECK(cudaMemsetAsync(dbias.data_ptr(), 0, dbias.nbytes(), l.stream));
+    return;
+  }
+  int64_t chunks = std::min<int64_t>(ceil_div(m, 64), 512);
+  int64_t chunk_rows = ceil_div(m, chunks);
+  chunks = ceil_div(m, chunk_rows);
+  int device = x.device().index;
+  auto pw = allocate_scratch(size_t(chunks * n) * sizeof(A), device);
+  std::shared_ptr<void> pb;
+  if (dbias.defined()) pb = allocate_scratch(size_t(chunks * n) * sizeof(A), device);
+  dim3 grid(unsigned(ceil_div(n, 32)), unsigned(chunks));
+  norm_param_partial_kernel<T><<<grid, dim3(32, kParamRowsPerThread), 0, l.stream>>>(
+      ptr<const T>(x), mean, rstd, ptr<const T>(dy), m, n, chunk_rows, static_cast<A*>(pw.get()),
+      static_cast<A*>(pb.get()));
+  ARENO_LAUNCH_CHECK("norm_param_partial_kernel");
+  norm_param_final_kernel<T><<<grid_for(n), kBlock, 0, l.stream>>>(
+      static_cast<const A*>(pw.get()), static_cast<const A*>(pb.get()), chunks, n,
+      dweight.defined() ? ptr<T>(dweight) : nullptr, dbias.defined() ? ptr<T>(dbias) : nullptr);
+  ARENO_LAUNCH_CHECK("norm_param_final_kernel");
+}
+
+template <typename T>
+const T* opt_ptr(const Tensor& t) {
+  return t.defined() ? ptr<const T>(t) : nullptr;
+}
+
+template <typename T>
+T* opt_mut_ptr(const Tensor& t) {
+  return t.defined() ? ptr<T>(t) : nullptr;
+}
+
+}  // namespace
+}  // namespace areno::cuda
+
+namespace areno {
+
+using namespace cuda;
+
+void CudaBackend::softmax(const Tensor& x, const Tensor& out, bool log) {
+  Rows r = rows_of(x, "softmax");
+  check_like(out, x, "softmax", "out");
+  if (r.m == 0 || r.n == 0) return;
+  Launch l(out);
+  visit_floating(x.dtype(), "softmax", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    softmax_kernel<T><<<row_grid(r.m), row_block(r.n), 0, l.stream>>>(ptr<const T>(x), ptr<T>(out),
+                                                                      r.m, r.n, log);
+    ARENO_LAUNCH_CHECK("softmax_kernel");
+  });
+}
+
+void CudaBackend::softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log) {
+  Rows r = rows_of(y, "softmax_backward");
+  check_like(dy, y, "softmax_backward", "dy");
+  check_like(dx, y, "softmax_backward", "dx");
+  if (r.m == 0 || r.n == 0) return;
+  Launch l(dx);
+  visit_floating(y.dtype(), "softmax_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    softmax_backward_kernel<T><<<row_grid(r.m), row_block(r.n), 0, l.stream>>>(
+        ptr<const T>(y), ptr<const T>(dy), ptr<T>(dx), r.m, r.n, log);
+    ARENO_LAUNCH_CHECK("softmax_backward_kernel");
+  });
+}
+
+void CudaBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                             const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  Rows r = rows_of(x, "layer_norm");
+  check_like(y, x, "layer_norm", "y");
+  check_param(weight, x, r.n, "layer_norm", "weight");
+  check_param(bias, x, r.n, "layer_norm", "bias");
+  if (r.m == 0) return;
+  Launch l(y);
+  visit_floating(x.dtype(), "layer_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    check_stats<T>(mean, r.m, "layer_norm", "mean");
+    check_stats<T>(rstd, r.m, "layer_norm", "rstd");
+    layer_norm_kernel<T><<<row_grid(r.m), row_block(r.n), 0, l.stream>>>(
+        ptr<const T>(x), opt_ptr<T>(weight), opt_ptr<T>(bias), eps, ptr<T>(y), opt_mut_ptr<A>(mean),
+        opt_mut_ptr<A>(rstd), r.m, r.n);
+    ARENO_LAUNCH_CHECK("layer_norm_kernel");
+  });
+}
+
+void CudaBackend::layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                      const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                                      const Tensor& dweight, const Tensor& dbias) {
+  Rows r = rows_of(x, "layer_norm_backward");
+  check_like(dy, x, "layer_norm_backward", "dy");
+  if (dx.defined()) check_like(dx, x, "layer_norm_backward", "dx");
+  check_param(weight, x, r.n, "layer_norm_backward", "weight");
+  check_param(dweight, x, r.n, "layer_norm_backward", "dweight");
+  check_param(dbias, x, r.n, "layer_norm_backward", "dbias");
+  Launch l(x);
+  visit_floating(x.dtype(), "layer_norm_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    check_stats<T>(mean, r.m, "layer_norm_backward", "mean");
+    check_stats<T>(rstd, r.m, "layer_norm_backward", "rstd");
+    if (!mean.defined() || !rstd.defined())
+      throw std::invalid_argument("cuda layer_norm_backward: mean and rstd are required");
+    if (dx.defined() && r.m > 0) {
+      norm_backward_dx_kernel<T><<<row_grid(r.m), row_block(r.n), 0, l.stream>>>(
+          ptr<const T>(x), opt_ptr<T>(weight), ptr<const A>(mean), ptr<const A>(rstd),
+          ptr<const T>(dy), ptr<T>(dx), r.m, r.n);
+      ARENO_LAUNCH_CHECK("norm_backward_dx_kernel");
+    }
+    norm_param_grads<T>(l, x, ptr<const A>(mean), ptr<const A>(rstd), dy, r.m, r.n, dweight, dbias);
+  });
+}
+
+void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& y,
+                           const Tensor& rstd) {
+  Rows r = rows_of(x, "rms_norm");
+  check_like(y, x, "rms_norm", "y");
+  check_param(weight, x, r.n, "rms_norm", "weight");
+  if (r.m == 0) return;
+  Launch l(y);
+  visit_floating(x.dtype(), "rms_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    check_stats<T>(rstd, r.m, "rms_norm", "rstd");
+    rms_norm_kernel<T><<<row_grid(r.m), row_block(r.n), 0, l.stream>>>(
+        ptr<const T>(x), opt_ptr<T>(weight), eps, ptr<T>(y), opt_mut_ptr<A>(rstd), r.m, r.n);
+    ARENO_LAUNCH_CHECK("rms_norm_kernel");
+  });
+}
+
+void CudaBackend::rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                                    const Tensor& dy, const Tensor& dx, const Tensor& dweight) {
+  Rows r = rows_of(x, "rms_norm_backward");
+  check_like(dy, x, "rms_norm_backward", "dy");
+  if (dx.defined()) check_like(dx, x, "rms_norm_backward", "dx");
+  check_param(weight, x, r.n, "rms_norm_backward", "weight");
+  check_param(dweight, x, r.n, "rms_norm_backward", "dweight");
+  Launch l(x);
+  visit_floating(x.dtype(), "rms_norm_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    check_stats<T>(rstd, r.m, "rms_norm_backward", "rstd");
+    if (!rstd.defined()) throw std::invalid_argument("cuda rms_norm_backward: rstd is required");
+    if (dx.defined() && r.m > 0) {
+      norm_backward_dx_kernel<T><<<row_grid(r.m), row_block(r.n), 0, l.stream>>>(
+          ptr<const T>(x), opt_ptr<T>(weight), nullptr, ptr<const A>(rstd), ptr<const T>(dy),
+          ptr<T>(dx), r.m, r.n);
+      ARENO_LAUNCH_CHECK("norm_backward_dx_kernel");
+    }
+    norm_param_grads<T>(l, x, nullptr, ptr<const A>(rstd), dy, r.m, r.n, dweight, Tensor());
+  });
+}
+
+}  // namespace areno

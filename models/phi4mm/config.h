@@ -1,0 +1,93 @@
+#pragma once
+// Phi-4-multimodal configuration (spec text.md sections 1 and 7.2).
+//
+// Reads config.json in the original remote-code layout (model_type "phi4mm")
+// and in the transformers-native layout (model_type "phi4_multimodal"), plus
+// generation_config.json. Everything is validated before any weight is read;
+// errors name the file and the key.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace areno::phi4mm {
+
+// One modality adapter (spec 3.1): scaling = alpha / r.
+struct LoraConfig {
+  int64_t r = 0;
+  double alpha = 0;
+  double dropout = 0;
+  std::string layer_regex;  // as written in config.json (informational once validated)
+  double scaling() const { return alpha / double(r); }
+};
+
+struct TextConfig {
+  int64_t vocab_size = 200064;
+  int64_t hidden_size = 3072;
+  int64_t intermediate_size = 8192;
+  int64_t num_hidden_layers = 32;
+  int64_t num_attention_heads = 24;
+  int64_t num_key_value_heads = 8;
+  double rms_norm_eps = 1e-5;
+  int64_t max_position_embeddings = 131072;
+  int64_t original_max_position_embeddings = 4096;
+  double rope_theta = 10000.0;
+  double partial_rotary_factor = 0.75;
+  std::vector<double> short_factor;  // rotary_dim / 2 entries
+  std::vector<double> long_factor;
+  std::optional<double> rope_attention_factor;  // rope "attention_factor" override, rarely set
+  bool tie_word_embeddings = true;
+  int64_t bos_token_id = 199999;
+  int64_t pad_token_id = 199999;
+  std::vector<int64_t> eos_token_ids{199999};
+
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t q_size() const { return num_attention_heads * head_dim(); }
+  int64_t kv_size() const { return num_key_value_heads * head_dim(); }
+  int64_t qkv_size() const { return q_size() + 2 * kv_size(); }
+  // int(head_dim * partial_rotary_factor), as the reference truncates.
+  int64_t rotary_dim() const { return int64_t(double(head_dim()) * partial_rotary_factor); }
+  // LongRoPE mscale (spec 1.4, 2.4): from the config ratio, both regimes.
+  double rope_mscale() const;
+};
+
+struct GenerationConfig {
+  int64_t bos_token_id = 199999;
+  int64_t pad_token_id = 199999;
+  std::vector<int64_t> eos_token_ids{200020, 199999};  // stop on any
+};
+
+enum class Layout { original, native };
+
+struct Config {
+  Layout layout = Layout::original;
+  TextConfig text;
+  // Absent in the native layout (adapters live in PEFT folders there).
+  std::optional<LoraConfig> vision_lora;
+  std::optional<LoraConfig> speech_lora;
+  GenerationConfig generation;
+  // The parsed config.json, kept so that saving writes back every key we do
+  // not interpret (towers, processor settings).
+  nlohmann::json raw;
+};
+
+// Parses and validates a config.json object. `source` names the file in errors.
+Config parse_config(const nlohmann::json& j, const std::string& source = "config.json");
+// Reads <dir>/config.json and, when present, <dir>/generation_config.json.
+Config load_config(const std::string& dir);
+// Parses generation_config.json (eos may be a number or a list).
+GenerationConfig parse_generation_config(const nlohmann::json& j,
+                                         const std::string& source = "generation_config.json");
+
+// config.json in the original (phi4mm) layout, whatever layout was read.
+nlohmann::json to_original_json(const Config& c);
+nlohmann::json to_generation_json(const GenerationConfig& g);
+
+// The released adapter target patterns (spec 1.1). Any other pattern is
+// rejected: we would not know which modules it wraps.
+extern const char* const kVisionLoraRegex;
+extern const char* const kSpeechLoraRegex;
+
+}  // namespace areno::phi4mm

@@ -1,0 +1,365 @@
+#include "models/phi4mm/text.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "autograd/autograd.h"
+
+namespace areno::phi4mm {
+
+Adapter adapter_from_name(const std::string& name) {
+  if (name == "none") return Adapter::none;
+  if (name == "vision") return Adapter::vision;
+  if (name == "speech") return Adapter::speech;
+  throw std::invalid_argument(
+      fmt::format("unknown adapter '{}' (expected none, vision or speech)", name));
+}
+
+const char* adapter_name(Adapter a) {
+  switch (a) {
+    case Adapter::none: return "none";
+    case Adapter::vision: return "vision";
+    case Adapter::speech: return "speech";
+  }
+  return "?";
+}
+
+Weight::Weight(const std::string& type, Shape shape, TensorOptions opts) : Module(type) {
+  weight = register_parameter("weight", empty(std::move(shape), opts));
+}
+
+// ---- LoraLinear ----
+
+LoraLinear::LoraLinear(int64_t in, int64_t out, const std::optional<LoraConfig>& vision,
+                       const std::optional<LoraConfig>& speech, TensorOptions opts)
+    : Module("LoraLinear"), in_features(in), out_features(out) {
+  base_layer = register_module("base_layer", std::make_shared<Weight>("Linear", Shape{out, in}, opts));
+  if (!vision && !speech) return;
+  auto a_dict = register_module("lora_A", std::make_shared<Module>("ModuleDict"));
+  auto b_dict = register_module("lora_B", std::make_shared<Module>("ModuleDict"));
+  auto add = [&](Adapter which, const std::optional<LoraConfig>& cfg) {
+    if (!cfg) return;
+    const char* name = adapter_name(which);
+    auto a = a_dict->register_module(name, std::make_shared<Weight>("Linear", Shape{cfg->r, in}, opts));
+    auto b = b_dict->register_module(name, std::make_shared<Weight>("Linear", Shape{out, cfg->r}, opts));
+    lora_a_[int(which)] = a->weight;
+    lora_b_[int(which)] = b->weight;
+    scaling_[int(which)] = cfg->scaling();
+  };
+  add(Adapter::vision, vision);
+  add(Adapter::speech, speech);
+}
+
+Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
+  Tensor y = linear(x, base_layer->weight);
+  for (Adapter a : {Adapter::vision, Adapter::speech}) {
+    const int k = int(a);
+    if (!rows.any(a)) continue;
+    if (!has(a))
+      throw std::runtime_error(fmt::format(
+          "the batch asks for the {} adapter but the model has no {} LoRA weights", adapter_name(a),
+          adapter_name(a)));
+    // PEFT rounding order: (x·Aᵀ)·Bᵀ, times the scaling, then added.
+    if (rows.all[k]) {
+      y = add(y, mul(linear(linear(x, lora_a_[k]), lora_b_[k]), scaling_[k]));
+    } else {
+      // Only the rows of sequences that use this adapter pay for it.
+      Tensor xs = index_select(x, 0, rows.rows[k]);
+      Tensor d = mul(linear(linear(xs, lora_a_[k]), lora_b_[k]), scaling_[k]);
+      y = index_add(y, 0, rows.rows[k], d);
+    }
+  }
+  return y;
+}
+
+// ---- rotary and attention cores ----
+
+Tensor apply_rotary(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const int64_t d = x.size(-1), r = cos.size(-1);
+  Tensor x_rot = r == d ? x : x.narrow(-1, 0, r);
+  Tensor x1 = x_rot.narrow(-1, 0, r / 2), x2 = x_rot.narrow(-1, r / 2, r / 2);
+  Tensor rotated = cat({neg(x2), x1}, -1);
+  // Same op order as the reference: (x·cos) + (rotate_half(x)·sin), each rounded.
+  Tensor out = add(mul(x_rot, cos), mul(rotated, sin));
+  if (r == d) return out;
+  return cat({out, x.narrow(-1, r, d - r)}, -1);
+}
+
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const int64_t lq = q.size(0), nq = q.size(1), d = q.size(2);
+  auto heads = [](const Tensor& t) { return t.transpose(0, 1).unsqueeze(0); };  // [L, NH, D] -> [1, NH, L, D]
+  AttentionOptions ao;
+  ao.causal = true;  // aligns the last query with the last key
+  Tensor o = scaled_dot_product_attention(heads(q), heads(k), heads(v), ao);  // [1, nq, lq, D]
+  return o.squeeze(0).transpose(0, 1).reshape({lq, nq * d});
+}
+
+// ---- Attention ----
+
+Attention::Attention(const Config& c, TensorOptions opts) : Module("Attention"), cfg_(c.text) {
+  const TextConfig& t = c.text;
+  qkv_proj = register_module("qkv_proj", std::make_shared<LoraLinear>(t.hidden_size, t.qkv_size(),
+                                                                       c.vision_lora, c.speech_lora, opts));
+  o_proj = register_module("o_proj", std::make_shared<LoraLinear>(t.q_size(), t.hidden_size,
+                                                                   c.vision_lora, c.speech_lora, opts));
+}
+
+Tensor Attention::forward(const Tensor& x, const Tensor& cos, const Tensor& sin,
+                          const std::vector<int64_t>& cu_seqlens, const AdapterRows& rows) const {
+  const int64_t T = x.size(0), hd = cfg_.head_dim();
+  const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads;
+  Tensor qkv = qkv_proj->forward(x, rows);  // [T, q + 2 kv]: Q rows, then K, then V
+  Tensor q = qkv.narrow(1, 0, nq * hd).reshape({T, nq, hd});
+  Tensor k = qkv.narrow(1, nq * hd, nkv * hd).reshape({T, nkv, hd});
+  Tensor v = qkv.narrow(1, (nq + nkv) * hd, nkv * hd).reshape({T, nkv, hd});
+  q = apply_rotary(q, cos, sin);
+  k = apply_rotary(k, cos, sin);
+  // One causal attention per sequence: rows of different sequences never see
+  // each other. The incremental path (KV cache) will call causal_attention
+  // with the cached keys/values prepended to k and v.
+  std::vector<Tensor> outs;
+  const size_t S = cu_seqlens.size() - 1;
+  for (size_t s = 0; s < S; ++s) {
+    const int64_t b = cu_seqlens[s], len = cu_seqlens[s + 1] - b;
+    if (S == 1)
+      outs.push_back(causal_attention(q, k, v));
+    else
+      outs.push_back(causal_attention(q.narrow(0, b, len), k.narrow(0, b, len), v.narrow(0, b, len)));
+  }
+  Tensor o = outs.size() == 1 ? outs[0] : cat(outs, 0);
+  return o_proj->forward(o, rows);
+}
+
+// ---- MLP ----
+
+Mlp::Mlp(const Config& c, TensorOptions opts) : Module("Mlp"), intermediate_(c.text.intermediate_size) {
+  const TextConfig& t = c.text;
+  gate_up_proj = register_module("gate_up_proj",
+                                 std::make_shared<LoraLinear>(t.hidden_size, 2 * t.intermediate_size,
+                                                              c.vision_lora, c.speech_lora, opts));
+  down_proj = register_module("down_proj", std::make_shared<LoraLinear>(t.intermediate_size, t.hidden_size,
+                                                                         c.vision_lora, c.speech_lora, opts));
+}
+
+Tensor Mlp::forward(const Tensor& x, const AdapterRows& rows) const {
+  Tensor gu = gate_up_proj->forward(x, rows);  // [T, 2I]
+  Tensor gate = gu.narrow(1, 0, intermediate_), up = gu.narrow(1, intermediate_, intermediate_);
+  return down_proj->forward(mul(up, silu(gate)), rows);
+}
+
+// ---- DecoderLayer ----
+
+DecoderLayer::DecoderLayer(const Config& c, TensorOptions opts)
+    : Module("DecoderLayer"), eps_(c.text.rms_norm_eps) {
+  const int64_t H = c.text.hidden_size;
+  self_attn = register_module("self_attn", std::make_shared<Attention>(c, opts));
+  mlp = register_module("mlp", std::make_shared<Mlp>(c, opts));
+  input_layernorm = register_module("input_layernorm", std::make_shared<Weight>("RMSNorm", Shape{H}, opts));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", std::make_shared<Weight>("RMSNorm", Shape{H}, opts));
+}
+
+Tensor DecoderLayer::forward(const Tensor& h, const Tensor& cos, const Tensor& sin,
+                             const std::vector<int64_t>& cu_seqlens, const AdapterRows& rows) const {
+  Tensor x = add(h, self_attn->forward(rms_norm(h, input_layernorm->weight, eps_), cos, sin, cu_seqlens, rows));
+  return add(x, mlp->forward(rms_norm(x, post_attention_layernorm->weight, eps_), rows));
+}
+
+// ---- TextModel ----
+
+TextModel::TextModel(const Config& c, TensorOptions opts) : Module("Phi4MMModel") {
+  const TextConfig& t = c.text;
+  embed_tokens = register_module("embed_tokens",
+                                 std::make_shared<Weight>("Embedding", Shape{t.vocab_size, t.hidden_size}, opts));
+  layers = register_module("layers", std::make_shared<ModuleList>());
+  for (int64_t i = 0; i < t.num_hidden_layers; ++i) layers->push_back(std::make_shared<DecoderLayer>(c, opts));
+  norm = register_module("norm", std::make_shared<Weight>("RMSNorm", Shape{t.hidden_size}, opts));
+}
+
+// ---- PackedBatch ----
+
+PackedBatch PackedBatch::single(const std::vector<int64_t>& ids, Adapter a, RopeTable r) {
+  PackedBatch b;
+  b.token_ids = from_vector(ids, {int64_t(ids.size())});
+  b.cu_seqlens = {0, int64_t(ids.size())};
+  b.adapters = {a};
+  b.rope = {r};
+  return b;
+}
+
+PackedBatch PackedBatch::pack(const std::vector<std::vector<int64_t>>& seqs,
+                              const std::vector<Adapter>& adapters) {
+  PackedBatch b;
+  std::vector<int64_t> all;
+  b.cu_seqlens = {0};
+  for (auto& s : seqs) {
+    all.insert(all.end(), s.begin(), s.end());
+    b.cu_seqlens.push_back(int64_t(all.size()));
+  }
+  b.token_ids = from_vector(all, {int64_t(all.size())});
+  b.adapters = adapters;
+  return b;
+}
+
+// ---- Phi4MMForCausalLM ----
+
+Phi4MMForCausalLM::Phi4MMForCausalLM(const Config& c, TensorOptions opts, bool with_lora)
+    : Module("Phi4MMForCausalLM"), cfg_(c) {
+  if (!with_lora) {
+    cfg_.vision_lora.reset();
+    cfg_.speech_lora.reset();
+  }
+  model = register_module("model", std::make_shared<TextModel>(cfg_, opts));
+}
+
+DType Phi4MMForCausalLM::dtype() const { return model->embed_tokens->weight.dtype(); }
+Device Phi4MMForCausalLM::device() const { return model->embed_tokens->weight.device(); }
+
+bool Phi4MMForCausalLM::has_adapter(Adapter a) const {
+  if (a == Adapter::none) return true;
+  return a == Adapter::vision ? cfg_.vision_lora.has_value() : cfg_.speech_lora.has_value();
+}
+
+void Phi4MMForCausalLM::check_batch(const PackedBatch& b) const {
+  if (!b.token_ids.defined() || b.token_ids.dim() != 1 || !is_integral(b.token_ids.dtype()))
+    throw std::invalid_argument("PackedBatch: token_ids must be a 1-D integer tensor");
+  const int64_t T = b.token_ids.size(0);
+  const auto& cu = b.cu_seqlens;
+  if (cu.size() < 2 || cu.front() != 0 || cu.back() != T)
+    throw std::invalid_argument(fmt::format(
+        "PackedBatch: cu_seqlens must start at 0 and end at the token count {}", T));
+  for (size_t i = 1; i < cu.size(); ++i)
+    if (cu[i] <= cu[i - 1])
+      throw std::invalid_argument("PackedBatch: cu_seqlens must be strictly increasing (no empty sequence)");
+  const size_t S = cu.size() - 1;
+  if (!b.adapters.empty() && b.adapters.size() != S)
+    throw std::invalid_argument(fmt::format("PackedBatch: {} adapters for {} sequences", b.adapters.size(), S));
+  if (!b.rope.empty() && b.rope.size() != S)
+    throw std::invalid_argument(fmt::format("PackedBatch: {} rope tables for {} sequences", b.rope.size(), S));
+  for (Adapter a : b.adapters)
+    if (!has_adapter(a))
+      throw std::invalid_argument(
+          fmt::format("PackedBatch: the model was loaded without the {} adapter", adapter_name(a)));
+  if (b.positions.defined() && (b.positions.dim() != 1 || b.positions.size(0) != T))
+    throw std::invalid_argument("PackedBatch: positions must be [T]");
+  if (b.media_mask.defined() != b.media_rows.defined())
+    throw std::invalid_argument("PackedBatch: media_rows and media_mask go together");
+  if (b.media_rows.defined() &&
+      (b.media_rows.dim() != 2 || b.media_rows.size(1) != cfg_.text.hidden_size ||
+       b.media_mask.dim() != 1 || b.media_mask.size(0) != T))
+    throw std::invalid_argument(fmt::format("PackedBatch: media_rows must be [M, {}] and media_mask [{}]",
+                                            cfg_.text.hidden_size, T));
+}
+
+bool Phi4MMForCausalLM::uses_long_table(int64_t last_position, RopeTable r) const {
+  if (r == RopeTable::long_table) return true;
+  if (r == RopeTable::short_table) return false;
+  return last_position + 1 > cfg_.text.original_max_position_embeddings;
+}
+
+std::pair<Tensor, Tensor> Phi4MMForCausalLM::rope_tables(const PackedBatch& b) const {
+  const TextConfig& t = cfg_.text;
+  const int64_t T = b.token_ids.size(0), R = t.rotary_dim(), F = R / 2;
+  std::vector<int64_t> pos(static_cast<size_t>(T));
+  if (b.positions.defined()) {
+    pos = b.positions.to(DType::i64).to_vector<int64_t>();
+  } else {
+    for (size_t s = 0; s + 1 < b.cu_seqlens.size(); ++s)
+      for (int64_t i = b.cu_seqlens[s]; i < b.cu_seqlens[s + 1]; ++i) pos[size_t(i)] = i - b.cu_seqlens[s];
+  }
+  // inv_freq in float32 exactly as the reference: 1 / (factor * theta^(2j/R)).
+  auto inv_freq = [&](const std::vector<double>& factor) {
+    std::vector<float> f(static_cast<size_t>(F));
+    for (int64_t j = 0; j < F; ++j) {
+      float e = float(2 * j) / float(R);
+      f[size_t(j)] = 1.0f / (float(factor[size_t(j)]) * std::pow(float(t.rope_theta), e));
+    }
+    return f;
+  };
+  const std::vector<float> short_f = inv_freq(t.short_factor), long_f = inv_freq(t.long_factor);
+  const float m = float(t.rope_mscale());
+  std::vector<float> c(static_cast<size_t>(T * R)), s(static_cast<size_t>(T * R));
+  for (size_t q = 0; q + 1 < b.cu_seqlens.size(); ++q) {
+    const int64_t b0 = b.cu_seqlens[q], b1 = b.cu_seqlens[q + 1];
+    int64_t last = 0;
+    for (int64_t i = b0; i < b1; ++i) last = std::max(last, pos[size_t(i)]);
+    const RopeTable r = b.rope.empty() ? RopeTable::automatic : b.rope[q];
+    const std::vector<float>& f = uses_long_table(last, r) ? long_f : short_f;
+    if (last >= t.max_position_embeddings)
+      throw std::invalid_argument(fmt::format("sequence {} reaches position {} but max_position_embeddings is {}",
+                                              q, last, t.max_position_embeddings));
+    for (int64_t i = b0; i < b1; ++i) {
+      const float p = float(pos[size_t(i)]);
+      for (int64_t j = 0; j < F; ++j) {
+        const float th = p * f[size_t(j)];
+        const float cv = std::cos(th) * m, sv = std::sin(th) * m;
+        c[size_t(i * R + j)] = c[size_t(i * R + j + F)] = cv;
+        s[size_t(i * R + j)] = s[size_t(i * R + j + F)] = sv;
+      }
+    }
+  }
+  TensorOptions o(dtype(), device());
+  return {from_vector(c, {T, 1, R}, o), from_vector(s, {T, 1, R}, o)};
+}
+
+AdapterRows Phi4MMForCausalLM::adapter_rows(const PackedBatch& b) const {
+  AdapterRows ar;
+  const size_t S = b.cu_seqlens.size() - 1;
+  for (Adapter a : {Adapter::vision, Adapter::speech}) {
+    std::vector<int64_t> rows;
+    for (size_t s = 0; s < S && !b.adapters.empty(); ++s)
+      if (b.adapters[s] == a)
+        for (int64_t i = b.cu_seqlens[s]; i < b.cu_seqlens[s + 1]; ++i) rows.push_back(i);
+    if (rows.empty()) continue;
+    if (int64_t(rows.size()) == b.cu_seqlens.back())
+      ar.all[int(a)] = true;
+    else
+      ar.rows[int(a)] = from_vector(rows, {int64_t(rows.size())}, TensorOptions(DType::i64, device()));
+  }
+  return ar;
+}
+
+Tensor Phi4MMForCausalLM::hidden_states(const PackedBatch& b) const {
+  check_batch(b);
+  auto [cos, sin] = rope_tables(b);
+  AdapterRows rows = adapter_rows(b);
+  Tensor h = embedding(model->embed_tokens->weight, b.token_ids.to(device()));  // [T, H]
+  if (b.media_rows.defined()) {
+    Tensor mask = b.media_mask.to(device()).unsqueeze(1).expand({-1, h.size(1)});
+    h = masked_scatter(h, mask.contiguous(), b.media_rows.to(device(), dtype()));
+  }
+  for (size_t i = 0; i < model->layers->size(); ++i)
+    h = model->layers->at<DecoderLayer>(i)->forward(h, cos, sin, b.cu_seqlens, rows);
+  return rms_norm(h, model->norm->weight, cfg_.text.rms_norm_eps);
+}
+
+Tensor Phi4MMForCausalLM::logits(const PackedBatch& b) const {
+  return linear(hidden_states(b), model->embed_tokens->weight);  // tied head
+}
+
+Tensor Phi4MMForCausalLM::logits_at(const PackedBatch& b, const std::vector<int64_t>& rows) const {
+  Tensor h = hidden_states(b);
+  Tensor idx = from_vector(rows, {int64_t(rows.size())}, TensorOptions(DType::i64, device()));
+  return linear(index_select(h, 0, idx), model->embed_tokens->weight);
+}
+
+Tensor Phi4MMForCausalLM::token_logprobs(const PackedBatch& b, const Tensor& targets) const {
+  const int64_t T = b.token_ids.size(0);
+  if (!targets.defined() || targets.dim() != 1 || targets.size(0) != T)
+    throw std::invalid_argument(fmt::format("token_logprobs: targets must be [{}]", T));
+  Tensor tg = targets.to(device(), DType::i64);
+  Tensor lp = log_softmax(logits(b).to(DType::f32), -1);  // [T, V]
+  Tensor invalid = lt(tg, scalar_tensor(0, TensorOptions(DType::i64, device())));
+  Tensor picked = gather(lp, 1, masked_fill(tg, invalid, 0.0).unsqueeze(1)).squeeze(1);
+  return masked_fill(picked, invalid, 0.0);
+}
+
+int64_t text_parameter_count(const TextConfig& t) {
+  const int64_t H = t.hidden_size, I = t.intermediate_size;
+  const int64_t layer = t.qkv_size() * H + H * t.q_size() + 2 * I * H + H * I + 2 * H;
+  return t.vocab_size * H + t.num_hidden_layers * layer + H;
+}
+
+}  // namespace areno::phi4mm

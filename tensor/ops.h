@@ -1,0 +1,157 @@
+#pragma once
+// The op API. Every function here checks its arguments, allocates its output,
+// runs the kernel of the inputs' device (tensor/dispatch.cpp) and, when grad
+// mode is on and an input requires grad, records its backward on the tape.
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace areno {
+
+// ---- elementwise ----
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double b);
+Tensor mul(const Tensor& a, double b);
+Tensor pow(const Tensor& a, double exponent);
+Tensor add_scaled(const Tensor& a, const Tensor& b, double alpha);  // a + alpha*b
+
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor logical_and(const Tensor& a, const Tensor& b);
+Tensor logical_or(const Tensor& a, const Tensor& b);
+Tensor logical_not(const Tensor& a);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor sin(const Tensor& x);
+Tensor cos(const Tensor& x);
+Tensor square(const Tensor& x);
+Tensor reciprocal(const Tensor& x);
+Tensor clamp(const Tensor& x, std::optional<double> lo, std::optional<double> hi);
+Tensor relu(const Tensor& x);
+Tensor silu(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor gelu(const Tensor& x);       // exact (erf)
+Tensor gelu_tanh(const Tensor& x);  // tanh approximation
+Tensor cast(const Tensor& x, DType dtype);
+
+// ---- reductions (dims may be negative; empty dims = all) ----
+Tensor sum(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
+Tensor max(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor min(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor max(const Tensor& x);  // over all elements
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);  // i64
+Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor var(const Tensor& x, std::vector<int64_t> dims = {}, int64_t correction = 1,
+           bool keepdim = false);
+// Sums `x` down to `shape` (the inverse of broadcasting).
+Tensor sum_to(const Tensor& x, const Shape& shape);
+
+Tensor softmax(const Tensor& x, int64_t dim = -1);
+Tensor log_softmax(const Tensor& x, int64_t dim = -1);
+Tensor cumsum(const Tensor& x, int64_t dim);
+// Values and i64 indices of the k largest (or smallest) along `dim`, sorted.
+std::pair<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true);
+std::pair<Tensor, Tensor> sort(const Tensor& x, int64_t dim = -1, bool descending = false);
+
+// ---- linear algebra ----
+// a: [..., M, K], b: [..., K, N] (leading dims broadcast) -> [..., M, N].
+// 1-D operands are treated as in torch.matmul. bf16/f16 accumulate in f32.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// x: [..., in], weight: [out, in], bias: [out] -> [..., out]
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// ---- indexing ----
+Tensor embedding(const Tensor& weight, const Tensor& ids);  // weight[V, C], ids any int shape
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+// out = x with out[index[i][j]][j] += src[i][j] along dim (torch.scatter_add)
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+// out = x with out[index...] = src[...] along dim (torch.scatter; later writes win)
+Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+// out[i] = x[i] + sum over j with index[j] == i of src[j] along dim (torch.index_add)
+Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+// Positions where mask (broadcast to x) is true take consecutive elements of src.
+Tensor masked_scatter(const Tensor& x, const Tensor& mask, const Tensor& src);
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+
+// ---- shape ----
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim = 0);
+Tensor stack(const std::vector<Tensor>& xs, int64_t dim = 0);
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0);
+std::vector<Tensor> split_sizes(const Tensor& x, const std::vector<int64_t>& sizes,
+                                int64_t dim = 0);
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
+// pads: (before, after) pairs from the last dim backwards, as torch.nn.functional.pad.
+Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, double value = 0.0);
+
+// ---- neural network ----
+// x: [N, Cin, L], w: [Cout, Cin/groups, K] -> [N, Cout, Lout]
+Tensor conv1d(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor(), int64_t stride = 1,
+              int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1);
+// x: [N, Cin, H, W], w: [Cout, Cin/groups, KH, KW] -> [N, Cout, Ho, Wo]
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor(),
+              std::pair<int64_t, int64_t> stride = {1, 1}, std::pair<int64_t, int64_t> padding = {0, 0},
+              std::pair<int64_t, int64_t> dilation = {1, 1}, int64_t groups = 1);
+// x: [N, C, H, W]; count_include_pad semantics of torch (default true).
+Tensor avg_pool2d(const Tensor& x, std::pair<int64_t, int64_t> kernel,
+                  std::pair<int64_t, int64_t> stride = {0, 0},
+                  std::pair<int64_t, int64_t> padding = {0, 0});
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
+// logits: [N, C], target: [N] int; mean over targets != ignore_index.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
+                     const std::string& reduction = "mean");
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
+
+// q: [B, Hq, Tq, D], k/v: [B, Hkv, Tk, D] with Hq % Hkv == 0 (GQA).
+// bias: additive, broadcastable to [B, Hq, Tq, Tk]; key_padding_mask: [B, Tk] bool,
+// true = masked out. causal aligns the last query with the last key.
+struct AttentionOptions {
+  bool causal = false;
+  double scale = 0.0;  // 0: 1/sqrt(D)
+  Tensor bias;
+  Tensor key_padding_mask;
+};
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const AttentionOptions& opts = {});
+
+// ---- operators ----
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator-(const Tensor& a) { return neg(a); }
+inline Tensor operator+(const Tensor& a, double b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, double b) { return add(a, -b); }
+inline Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, double b) { return mul(a, 1.0 / b); }
+inline Tensor operator+(double a, const Tensor& b) { return add(b, a); }
+inline Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
+inline Tensor operator-(double a, const Tensor& b) { return add(neg(b), a); }
+
+// ---- helpers for tests and tools ----
+bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8);
+// max |a-b| over elements (both converted to f64 on the CPU)
+double max_abs_diff(const Tensor& a, const Tensor& b);
+
+}  // namespace areno

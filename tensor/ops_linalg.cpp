@@ -1,0 +1,107 @@
+#include "tensor/ops_util.h"
+
+namespace areno {
+using namespace detail;
+
+namespace {
+
+// A matrix operand the kernel accepts: last two dims row- or column-major.
+bool kernel_layout_ok(const Tensor& t) {
+  int64_t r = t.size(-2), c = t.size(-1);
+  int64_t sr = t.stride(-2), sc = t.stride(-1);
+  if (c == 1 || r == 1) return true;
+  return (sc == 1 && sr >= c) || (sr == 1 && sc >= r);
+}
+
+// x expanded to batch + [r, c] as a [B, r, c] tensor the kernel accepts.
+Tensor as_batched(const Tensor& x, const Shape& batch) {
+  Shape full = batch;
+  full.push_back(x.size(-2));
+  full.push_back(x.size(-1));
+  Tensor e = x.expand(full);
+  int64_t b = shape_numel(batch);
+  Tensor v;
+  // One batch dim of stride 0 (pure broadcast) keeps the data shared.
+  bool all_broadcast = true;
+  for (size_t i = 0; i < batch.size(); ++i)
+    if (e.stride(int64_t(i)) != 0 && batch[i] != 1) all_broadcast = false;
+  if (all_broadcast) {
+    v = make_tensor(e.storage(), e.offset(), {b, full[full.size() - 2], full.back()},
+                    {0, e.stride(-2), e.stride(-1)}, e.dtype());
+  } else {
+    Tensor r = e.reshape({b, full[full.size() - 2], full.back()});
+    v = r;
+  }
+  if (!kernel_layout_ok(v)) v = v.contiguous();
+  return v;
+}
+
+Tensor matmul_raw(const Tensor& a, const Tensor& b) {
+  // a: [..., M, K], b: [..., K, N], both at least 2-D
+  int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  if (b.size(-2) != K)
+    throw std::invalid_argument(fmt::format("matmul: {} @ {}: inner dimensions differ ({} vs {})",
+                                            shape_str(a.shape()), shape_str(b.shape()), K, b.size(-2)));
+  DType t = promote_types(a.dtype(), b.dtype());
+  if (!is_floating(t)) throw std::invalid_argument("matmul needs floating-point operands");
+  Tensor ad = a.detach().to(t), bd = b.detach().to(t);
+  Shape ab(a.shape().begin(), a.shape().end() - 2), bb(b.shape().begin(), b.shape().end() - 2);
+  Shape batch = broadcast_shapes(ab, bb);
+  Shape out_shape = batch;
+  out_shape.push_back(M);
+  out_shape.push_back(N);
+  // Fold a's batch into rows when b is one shared matrix: one large GEMM.
+  if (bb.empty() && !ab.empty()) {
+    Tensor a2 = ad.reshape({-1, K});
+    if (!kernel_layout_ok(a2)) a2 = a2.contiguous();
+    Tensor b2 = kernel_layout_ok(bd) ? bd : bd.contiguous();
+    Tensor out = empty({1, a2.size(0), N}, TensorOptions(t, a.device()));
+    if (out.numel()) {
+      if (K == 0) out.fill_(0);
+      else backend(a.device()).matmul(a2.unsqueeze(0), b2.unsqueeze(0), out, 1.0, 0.0);
+    }
+    return out.reshape(out_shape);
+  }
+  Tensor a3 = as_batched(ad, batch), b3 = as_batched(bd, batch);
+  Tensor out = empty({shape_numel(batch), M, N}, TensorOptions(t, a.device()));
+  if (out.numel()) {
+    if (K == 0) out.fill_(0);
+    else backend(a.device()).matmul(a3, b3, out, 1.0, 0.0);
+  }
+  return out.reshape(out_shape);
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_defined(a, "matmul", "a");
+  check_defined(b, "matmul", "b");
+  check_same_device(a, b, "matmul");
+  if (a.dim() == 0 || b.dim() == 0) throw std::invalid_argument("matmul of a 0-d tensor");
+  if (a.dim() == 1 && b.dim() == 1) return sum(mul(a, b));
+  if (a.dim() == 1) return matmul(a.unsqueeze(0), b).squeeze(-2);
+  if (b.dim() == 1) return matmul(a, b.unsqueeze(-1)).squeeze(-1);
+  Tensor out = matmul_raw(a, b);
+  if (needs_grad({a, b})) {
+    bool ga = a.requires_grad(), gb = b.requires_grad();
+    record(out, "matmul", {a, b}, [a, b, ga, gb](const Tensor& g) {
+      Tensor da = ga ? sum_to(matmul(g, b.transpose(-1, -2)), a.shape()) : Tensor();
+      Tensor db = gb ? sum_to(matmul(a.transpose(-1, -2), g), b.shape()) : Tensor();
+      return std::vector<Tensor>{da, db};
+    });
+  }
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (weight.dim() != 2)
+    throw std::invalid_argument("linear: weight must be [out, in], got " + weight.str());
+  if (x.size(-1) != weight.size(1))
+    throw std::invalid_argument(fmt::format("linear: input {} has {} features, weight {} expects {}",
+                                            x.str(), x.size(-1), weight.str(), weight.size(1)));
+  Tensor y = matmul(x, weight.t());
+  if (bias.defined()) y = add(y, bias);
+  return y;
+}
+
+}  // namespace areno

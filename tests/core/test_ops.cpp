@@ -1,0 +1,464 @@
+// Every op of tensor/ops.h, on every available device and every dtype it
+// supports, against an f64 evaluation on the CPU of the same (rounded) inputs
+// made contiguous — ggml's test-backend-ops. Elementwise ops are also checked
+// against a scalar formula written here, so the f64 CPU path is not only
+// compared with itself; the other ops have naive loops in test_ops_naive.cpp
+// and PyTorch values in test_ops_golden.cpp.
+//
+// Adding an op is one line in op_table(). ARENO_OP=<substring> runs only the
+// matching ops (e.g. ARENO_OP=conv ./test_ops).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tensor/ops.h"
+#include "tests/core/op_harness.h"
+#include "tests/test_util.h"
+
+using namespace areno;
+using namespace areno::testing;
+
+namespace {
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+using Naive = std::function<double(const std::vector<double>&)>;
+using DTypes = std::vector<DType>;
+
+struct OpCase {
+  std::string name;
+  DTypes dtypes;
+  std::vector<std::vector<In>> shapes;
+  Fn fn;
+  double tol_mult = 1.0;  // on top of the dtype's bound (matmul/reductions over long K)
+  Naive naive;            // elementwise formula over broadcast inputs, checked on the CPU
+  bool cpu_only = false;  // e.g. casts to f64, which only the CPU supports
+  // A 16-bit input may give an f32 output (losses are reported in f32; a
+  // 16-bit operand promotes with an f32 one).
+  bool f32_out_ok = false;
+};
+
+#define F(expr) [](const std::vector<Tensor>& x) -> Tensor { return expr; }
+#define N(expr) [](const std::vector<double>& v) -> double { return expr; }
+
+const DTypes FL = {DType::f32, DType::f64, DType::bf16, DType::f16};
+const DTypes NUM = {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64};
+const DTypes BOOL = {DType::boolean};
+
+In with_kind(In in, Kind k) {
+  in.kind = k;
+  return in;
+}
+
+// Scalars, odd sizes, a size past any vectorisation/threading threshold,
+// and the three non-contiguous layouts.
+std::vector<std::vector<In>> unary_shapes(Kind k = Kind::normal) {
+  std::vector<In> base = {In({1}), In({7}), In({3, 33}), In({1031}), In({129, 1031}),
+                          tr({33, 7}), step2({5, 33}), bcast({4, 33})};
+  std::vector<std::vector<In>> out;
+  for (auto& in : base) out.push_back({with_kind(in, k)});
+  return out;
+}
+
+std::vector<std::vector<In>> binary_shapes(Kind ka = Kind::normal, Kind kb = Kind::normal) {
+  std::vector<std::pair<In, In>> base = {
+      {In({1}), In({1})},
+      {In({7, 33}), In({7, 33})},
+      {In({4, 1, 33}), In({5, 1})},          // broadcast both ways
+      {In({1}), In({1031})},                 // scalar-like against a long vector
+      {In({129, 1031}), In({129, 1031})},    // large
+      {tr({33, 7}), In({33, 7})},            // transposed
+      {step2({5, 33}), bcast({5, 33})},      // strided with expanded
+      {In({2, 3, 1, 7}), In({1, 3, 5, 1})},  // 4-D broadcast
+  };
+  std::vector<std::vector<In>> out;
+  for (auto& [a, b] : base) out.push_back({with_kind(a, ka), with_kind(b, kb)});
+  return out;
+}
+
+std::vector<std::vector<In>> reduce_shapes(bool min_2d = false) {
+  std::vector<std::vector<In>> out = {{In({7, 33})},  {In({3, 1031})}, {In({4, 5, 33})},
+                                      {tr({33, 7})},  {step2({5, 33})}, {bcast({4, 33})},
+                                      {In({64, 1031})}, {In({1031, 3})}};
+  if (!min_2d) out.insert(out.begin(), {In({1})});
+  return out;
+}
+
+std::vector<OpCase> op_table() {
+  auto U = [](std::string name, DTypes d, Fn fn, Naive naive, Kind k = Kind::normal) {
+    return OpCase{std::move(name), std::move(d), unary_shapes(k), std::move(fn), 1.0,
+                  std::move(naive)};
+  };
+  auto B = [](std::string name, DTypes d, Fn fn, Naive naive, Kind ka = Kind::normal,
+              Kind kb = Kind::normal) {
+    return OpCase{std::move(name), std::move(d), binary_shapes(ka, kb), std::move(fn), 1.0,
+                  std::move(naive)};
+  };
+  auto R = [](std::string name, DTypes d, Fn fn, double tol = 1.0, bool min_2d = false) {
+    return OpCase{std::move(name), std::move(d), reduce_shapes(min_2d), std::move(fn), tol, {}};
+  };
+  auto C = [](std::string name, DTypes d, std::vector<std::vector<In>> shapes, Fn fn,
+              double tol = 1.0) {
+    return OpCase{std::move(name), std::move(d), std::move(shapes), std::move(fn), tol, {}};
+  };
+  auto f32_ok = [](OpCase c) {  // see OpCase::f32_out_ok
+    c.f32_out_ok = true;
+    return c;
+  };
+
+  std::vector<OpCase> t = {
+      // ---- elementwise binary ----
+      B("add", NUM, F(add(x[0], x[1])), N(v[0] + v[1])),
+      B("sub", NUM, F(sub(x[0], x[1])), N(v[0] - v[1])),
+      B("mul", NUM, F(mul(x[0], x[1])), N(v[0] * v[1])),
+      B("div", FL, F(div(x[0], x[1])), N(v[0] / v[1]), Kind::normal, Kind::positive),
+      B("pow", FL, F(pow(x[0], x[1])), N(std::pow(v[0], v[1])), Kind::positive),
+      B("maximum", NUM, F(maximum(x[0], x[1])), N(std::max(v[0], v[1]))),
+      B("minimum", NUM, F(minimum(x[0], x[1])), N(std::min(v[0], v[1]))),
+      B("add_scaled", FL, F(add_scaled(x[0], x[1], -0.5)), N(v[0] - 0.5 * v[1])),
+      B("eq", NUM, F(eq(x[0], x[1])), N(v[0] == v[1]), Kind::few, Kind::few),
+      B("ne", NUM, F(ne(x[0], x[1])), N(v[0] != v[1]), Kind::few, Kind::few),
+      B("lt", NUM, F(lt(x[0], x[1])), N(v[0] < v[1]), Kind::few, Kind::few),
+      B("le", NUM, F(le(x[0], x[1])), N(v[0] <= v[1]), Kind::few, Kind::few),
+      B("gt", NUM, F(gt(x[0], x[1])), N(v[0] > v[1]), Kind::few, Kind::few),
+      B("ge", NUM, F(ge(x[0], x[1])), N(v[0] >= v[1]), Kind::few, Kind::few),
+      B("logical_and", BOOL, F(logical_and(x[0], x[1])), N(v[0] != 0 && v[1] != 0),
+        Kind::boolean, Kind::boolean),
+      B("logical_or", BOOL, F(logical_or(x[0], x[1])), N(v[0] != 0 || v[1] != 0),
+        Kind::boolean, Kind::boolean),
+      f32_ok(C("add_promotes_with_f32", FL, {{In({7, 33}), In({33})}, {tr({33, 7}), bcast({33, 7})}},
+        F(add(x[0], cast(x[1], DType::f32))))),
+      C("mul_promotes_int_with_float", {DType::i32, DType::i64}, {{In({7, 33}), In({33})}},
+        F(mul(x[0], cast(x[1], DType::f32)))),
+      C("where", NUM,
+        {{mask({7, 33}), In({7, 33}), In({7, 33})},
+         {mask({4, 1, 33}), In({5, 1}), In({33})},
+         {mask({1031}), step2({1031}), bcast({1031})},
+         {mask({129, 1031}), In({129, 1031}), tr({129, 1031})}},
+        F(where(x[0], x[1], x[2]))),
+      C("masked_fill", FL, {{In({7, 33}), mask({7, 33})}, {tr({33, 7}), mask({1, 7})}, {In({129, 1031}), mask({129, 1031})}},
+        F(masked_fill(x[0], x[1], -2.5))),
+
+      // ---- elementwise with a scalar ----
+      U("add_scalar", FL, F(add(x[0], 2.5)), N(v[0] + 2.5)),
+      U("mul_scalar", FL, F(mul(x[0], -1.5)), N(v[0] * -1.5)),
+      U("pow_scalar_3", FL, F(pow(x[0], 3.0)), N(v[0] * v[0] * v[0])),
+      U("pow_scalar_0.5", FL, F(pow(x[0], 0.5)), N(std::sqrt(v[0])), Kind::positive),
+      U("pow_scalar_-1.5", FL, F(pow(x[0], -1.5)), N(std::pow(v[0], -1.5)), Kind::positive),
+
+      // ---- elementwise unary ----
+      U("neg", NUM, F(neg(x[0])), N(-v[0])),
+      U("abs", NUM, F(abs(x[0])), N(std::abs(v[0]))),
+      U("square", NUM, F(square(x[0])), N(v[0] * v[0])),
+      U("exp", FL, F(exp(x[0])), N(std::exp(v[0]))),
+      U("log", FL, F(log(x[0])), N(std::log(v[0])), Kind::positive),
+      U("sqrt", FL, F(sqrt(x[0])), N(std::sqrt(v[0])), Kind::positive),
+      U("rsqrt", FL, F(rsqrt(x[0])), N(1.0 / std::sqrt(v[0])), Kind::positive),
+      U("reciprocal", FL, F(reciprocal(x[0])), N(1.0 / v[0]), Kind::positive),
+      U("sin", FL, F(sin(x[0])), N(std::sin(v[0]))),
+      U("cos", FL, F(cos(x[0])), N(std::cos(v[0]))),
+      U("clamp", FL, F(clamp(x[0], -0.5, 0.7)), N(std::min(std::max(v[0], -0.5), 0.7))),
+      U("clamp_lo", FL, F(clamp(x[0], -0.5, std::nullopt)), N(std::max(v[0], -0.5))),
+      U("clamp_hi", FL, F(clamp(x[0], std::nullopt, 0.25)), N(std::min(v[0], 0.25))),
+      U("relu", FL, F(relu(x[0])), N(std::max(v[0], 0.0))),
+      U("silu", FL, F(silu(x[0])), N(v[0] / (1.0 + std::exp(-v[0])))),
+      U("sigmoid", FL, F(sigmoid(x[0])), N(1.0 / (1.0 + std::exp(-v[0])))),
+      U("tanh", FL, F(tanh(x[0])), N(std::tanh(v[0]))),
+      U("gelu", FL, F(gelu(x[0])), N(0.5 * v[0] * (1.0 + std::erf(v[0] / std::sqrt(2.0))))),
+      U("gelu_tanh", FL, F(gelu_tanh(x[0])),
+        N(0.5 * v[0] *
+          (1.0 + std::tanh(std::sqrt(2.0 / std::acos(-1.0)) * (v[0] + 0.044715 * v[0] * v[0] * v[0]))))),
+      U("logical_not", BOOL, F(logical_not(x[0])), N(v[0] == 0), Kind::boolean),
+
+      // ---- casts (the output dtype is fixed; casts to floats truncate toward zero) ----
+      U("cast_f32", NUM, F(cast(x[0], DType::f32)), N(float(v[0]))),
+      U("cast_bf16", NUM, F(cast(x[0], DType::bf16)), N(float(BFloat16(float(v[0]))))),
+      U("cast_f16", NUM, F(cast(x[0], DType::f16)), N(float(Half(float(v[0]))))),
+      U("cast_i32", NUM, F(cast(x[0], DType::i32)), N(std::trunc(v[0])), Kind::wide),
+      U("cast_i64", NUM, F(cast(x[0], DType::i64)), N(std::trunc(v[0])), Kind::wide),
+      U("cast_bool", NUM, F(cast(x[0], DType::boolean)), N(v[0] != 0), Kind::few),
+      U("cast_from_bool", BOOL, F(cast(x[0], DType::f32)), N(v[0]), Kind::boolean),
+
+      // ---- copies of views (strided copy kernels) ----
+      R("contiguous", NUM, F(x[0].contiguous())),
+      R("clone", NUM, F(x[0].clone())),
+      C("permute_contiguous", NUM, {{In({4, 5, 33})}, {In({3, 7, 1031})}, {step2({2, 3, 9})}},
+        F(x[0].permute({2, 0, 1}).contiguous())),
+      C("slice_step3", NUM, {{In({7, 33})}, {tr({1031, 5})}}, F(x[0].slice(1, 1, x[0].size(1), 3).contiguous())),
+      C("narrow_select", NUM, {{In({4, 5, 33})}, {tr({4, 33, 5})}},
+        F(x[0].narrow(2, 1, 3).select(0, 2).contiguous())),
+      C("expand_contiguous", NUM, {{In({1, 33})}, {In({1, 7})}},
+        F(x[0].expand({5, x[0].size(1)}).unsqueeze(0).expand({3, 5, x[0].size(1)}).contiguous())),
+      C("fill_strided_view", NUM, {{In({7, 33})}, {tr({33, 7})}}, [](const std::vector<Tensor>& x) {
+          Tensor y = x[0].clone();
+          y.slice(1, 1, y.size(1), 2).fill_(3.0);
+          return y;
+        }),
+      C("copy_broadcast_cast", NUM, {{In({1, 33})}, {step2({5, 1031})}}, [](const std::vector<Tensor>& x) {
+          Tensor y = zeros({3, x[0].size(0), x[0].size(1)}, TensorOptions(DType::f32, x[0].device()));
+          y.transpose(1, 2).copy_(x[0].t());  // strided destination, broadcast source, cast
+          return y;
+        }),
+      C("reshape", NUM, {{tr({6, 10})}, {step2({4, 6})}}, F(x[0].reshape({-1, 2}))),
+
+      // ---- reductions ----
+      R("sum_last", NUM, F(sum(x[0], {-1}))),
+      R("sum_first", NUM, F(sum(x[0], {0}))),
+      R("sum_all", NUM, F(sum(x[0])), 2.0),
+      R("sum_first_last_keepdim", NUM, F(sum(x[0], {0, -1}, true)), 2.0, true),
+      R("mean_last", FL, F(mean(x[0], {-1}))),
+      R("mean_all", FL, F(mean(x[0])), 2.0),
+      R("mean_first_keepdim", FL, F(mean(x[0], {0}, true))),
+      R("max_last", NUM, F(max(x[0], -1))),
+      R("min_first_keepdim", NUM, F(min(x[0], 0, true))),
+      R("max_all", NUM, F(max(x[0]))),
+      R("argmax_last", NUM, F(argmax(x[0], -1))),
+      R("argmin_first", NUM, F(argmin(x[0], 0))),
+      R("var_last", FL, F(var(x[0], {-1})), 2.0),
+      R("var_all_population", FL, F(var(x[0], {}, 0)), 2.0),
+      R("var_first_keepdim", FL, F(var(x[0], {0}, 1, true)), 2.0, true),
+      C("sum_to", NUM, {{In({4, 5, 33})}, {tr({5, 33})}, {bcast({4, 33})}},
+        F(sum_to(x[0], Shape{1, x[0].size(-1)}))),
+      R("softmax_last", FL, F(softmax(x[0], -1))),
+      R("softmax_first", FL, F(softmax(x[0], 0))),
+      R("log_softmax_last", FL, F(log_softmax(x[0], -1))),
+      R("log_softmax_first", FL, F(log_softmax(x[0], 0))),
+      R("cumsum_last", NUM, F(cumsum(x[0], -1)), 4.0),
+      R("cumsum_first", NUM, F(cumsum(x[0], 0)), 4.0),
+      R("topk_values", NUM, F(topk(x[0], 1, -1).first)),
+      C("topk3_values", NUM, {{In({7, 33})}, {tr({33, 7})}, {In({64, 1031})}}, F(topk(x[0], 3, -1).first)),
+      C("topk3_indices", NUM, {{In({7, 33})}, {tr({33, 7})}, {In({64, 1031})}}, F(topk(x[0], 3, -1).second)),
+      C("topk_smallest_dim0", NUM, {{In({33, 7})}, {step2({40, 6})}}, F(topk(x[0], 4, 0, false).first)),
+      R("sort_values", NUM, F(sort(x[0], -1).first)),
+      R("sort_indices_desc", NUM, F(sort(x[0], -1, true).second)),
+
+      // ---- linear algebra ----
+      C("matmul", FL,
+        {{In({1, 1}), In({1, 1})},
+         {In({7, 33}), In({33, 5})},
+         {In({3, 7, 33}), In({33, 9})},           // batch against a matrix
+         {In({2, 1, 5, 8}), In({3, 8, 4})},       // broadcast batch dims
+         {tr({7, 33}), tr({33, 5})},              // both column-major
+         {step2({6, 10}), In({10, 3})},           // strided: needs a copy
+         {bcast({4, 6, 10}), In({4, 10, 3})},     // batch stride 0
+         {In({33}), In({33, 7})},                 // 1-D @ 2-D
+         {In({2, 7, 33}), In({33})},              // 3-D @ 1-D
+         {In({64, 1031}), In({1031, 17})},        // long K
+         {In({129, 64}), In({64, 130})}},
+        F(matmul(x[0], x[1])), 2.0),
+      C("linear", FL,
+        {{In({7, 33}), In({5, 33}), In({5})},
+         {In({2, 3, 16}), tr({24, 16}), In({24})},
+         {In({64, 1031}), In({17, 1031}), In({17})}},
+        F(linear(x[0], x[1], x[2])), 2.0),
+      C("linear_no_bias", FL, {{In({7, 33}), In({5, 33})}, {In({2, 3, 16}), In({24, 16})}},
+        F(linear(x[0], x[1]))),
+
+      // ---- indexing ----
+      C("embedding", FL,
+        {{In({11, 8}), idx({7}, 11)}, {In({50, 33}), idx({2, 9}, 50)}, {tr({100, 16}), idx({3, 5}, 100)},
+         {In({1000, 64}), idx({8, 100}, 1000)}},
+        F(embedding(x[0], x[1]))),
+      C("embedding_i32_ids", FL, {{In({11, 8}), In({7}, Kind::index, View::contig, 11)}},
+        F(embedding(x[0], cast(x[1], DType::i32)))),
+      C("index_select_0", NUM, {{In({11, 8}), idx({7}, 11)}, {tr({40, 5}), idx({13}, 40)}},
+        F(index_select(x[0], 0, x[1]))),
+      C("index_select_last", NUM, {{In({3, 4, 11}), idx({5}, 11)}, {In({6, 1031}), idx({33}, 1031)}},
+        F(index_select(x[0], -1, x[1]))),
+      C("gather_0", NUM, {{In({11, 8}), idx({5, 8}, 11)}, {tr({9, 6}), idx({4, 3}, 9)}},
+        F(gather(x[0], 0, x[1]))),
+      C("gather_1", NUM, {{In({6, 33}), idx({6, 4}, 33)}, {In({4, 1031}), idx({4, 100}, 1031)}, {In({64, 1031}), idx({64, 600}, 1031)}},
+        F(gather(x[0], 1, x[1]))),
+      C("scatter_add_0", FL, {{In({11, 8}), idx({20, 8}, 11), In({20, 8})}, {In({5, 33}), idx({9, 3}, 5), In({9, 3})},
+                               {In({30, 1031}), idx({60, 1031}, 30), In({60, 1031})}},
+        F(scatter_add(x[0], 0, x[1], x[2])), 3.0),  // 16-bit outputs accumulate in 16 bits, as torch
+      C("scatter_add_int", {DType::i32, DType::i64}, {{In({11, 8}), idx({20, 8}, 11), In({20, 8})}},
+        F(scatter_add(x[0], 0, x[1], x[2]))),
+      C("scatter_0", NUM, {{In({11, 8}), perm({6, 8}, 11), In({6, 8})}},
+        F(scatter(x[0], 0, x[1], x[2]))),
+      C("index_add_0", FL, {{In({11, 8}), idx({20}, 11), In({20, 8})}, {tr({6, 33}), idx({9}, 6), In({9, 33})},
+                             {In({40, 1031}), idx({50}, 40), In({50, 1031})}},
+        F(index_add(x[0], 0, x[1], x[2])), 3.0),
+      C("index_add_1", FL, {{In({6, 33}), idx({9}, 33), In({6, 9})}},
+        F(index_add(x[0], 1, x[1], x[2]))),
+      C("masked_scatter", NUM,
+        {{In({7, 33}), mask({7, 33}), In({231})}, {In({4, 5, 6}), mask({5, 1}), In({200})}},
+        F(masked_scatter(x[0], x[1], x[2]))),
+
+      // ---- shape ----
+      C("cat_0", NUM, {{In({2, 33}), In({5, 33}), tr({1, 33})}, {In({1}), In({1031}), In({7})}},
+        F(cat({x[0], x[1], x[2]}, 0))),
+      C("cat_last", NUM, {{In({4, 2}), step2({4, 9}), bcast({4, 3})}},
+        F(cat({x[0], x[1], x[2]}, -1))),
+      C("stack_1", NUM, {{In({4, 7}), tr({4, 7}), In({4, 7})}}, F(stack({x[0], x[1], x[2]}, 1))),
+      C("split_piece", NUM, {{In({10, 33})}, {tr({10, 7})}}, F(split(x[0], 4, 0).at(2).contiguous())),
+      C("split_sizes_piece", NUM, {{In({3, 33})}}, F(split_sizes(x[0], {10, 20, 3}, 1).at(1).contiguous())),
+      C("chunk_piece", NUM, {{In({9, 5})}}, F(chunk(x[0], 3, 0).at(1).contiguous())),
+      C("pad_last", NUM, {{In({3, 7})}, {tr({5, 6})}, {In({2, 1031})}}, F(pad(x[0], {1, 2}, 2.0))),  // an integral value: ints cannot hold 0.5
+      C("pad_2d", FL, {{In({2, 3, 4, 5})}, {step2({1, 2, 3, 4})}}, F(pad(x[0], {1, 0, 2, 3}))),
+
+      // ---- neural network ----
+      C("conv1d", FL,
+        {{In({2, 4, 33}), In({6, 4, 3}), In({6})}, {In({1, 3, 1031}), In({5, 3, 7}), In({5})},
+         {step2({2, 4, 9}), In({6, 4, 1}), In({6})}, {In({2, 16, 1031}), In({8, 16, 3}), In({8})}},
+        F(conv1d(x[0], x[1], x[2])), 2.0),
+      C("conv1d_stride2_pad1_dil2", FL, {{In({2, 4, 33}), In({6, 4, 3}), In({6})}},
+        F(conv1d(x[0], x[1], x[2], 2, 1, 2))),
+      C("conv1d_groups2", FL, {{In({2, 4, 17}), In({6, 2, 3}), In({6})}},
+        F(conv1d(x[0], x[1], x[2], 1, 1, 1, 2))),
+      C("conv1d_depthwise_nobias", FL, {{In({2, 8, 33}), In({8, 1, 5})}},
+        F(conv1d(x[0], x[1], Tensor(), 1, 2, 1, 8))),
+      C("conv2d", FL,
+        {{In({2, 3, 9, 11}), In({4, 3, 3, 3}), In({4})}, {In({1, 2, 33, 40}), In({5, 2, 3, 2}), In({5})},
+         {In({2, 8, 33, 40}), In({8, 8, 3, 3}), In({8})}},
+        F(conv2d(x[0], x[1], x[2])), 2.0),
+      C("conv2d_stride_pad_dil", FL, {{In({2, 3, 9, 11}), In({4, 3, 3, 3}), In({4})}},
+        F(conv2d(x[0], x[1], x[2], {2, 1}, {1, 2}, {1, 2}))),
+      C("conv2d_groups", FL, {{In({2, 4, 7, 7}), In({6, 2, 3, 3}), In({6})}},
+        F(conv2d(x[0], x[1], x[2], {1, 1}, {1, 1}, {1, 1}, 2))),
+      C("conv2d_depthwise", FL, {{In({2, 6, 8, 9}), In({6, 1, 3, 3}), In({6})}},
+        F(conv2d(x[0], x[1], x[2], {2, 2}, {1, 1}, {1, 1}, 6))),
+      C("avg_pool2d_2", FL, {{In({2, 3, 8, 10})}, {tr({1, 2, 7, 9})}, {In({2, 8, 64, 66})}}, F(avg_pool2d(x[0], {2, 2}))),
+      C("avg_pool2d_3_s1_p1", FL, {{In({2, 3, 8, 10})}}, F(avg_pool2d(x[0], {3, 3}, {1, 1}, {1, 1}))),
+      C("avg_pool2d_rect", FL, {{In({1, 2, 9, 12})}}, F(avg_pool2d(x[0], {3, 2}, {2, 2}, {1, 0}))),
+      C("layer_norm", FL,
+        {{In({7, 33}), In({33}), In({33})}, {In({2, 3, 1031}), In({1031}), In({1031})},
+         {tr({16, 5}), In({5}), In({5})}, {In({1, 1}), In({1}), In({1})}},
+        F(layer_norm(x[0], x[1], x[2], 1e-5))),
+      C("layer_norm_no_bias", FL, {{In({7, 33}), In({33})}}, F(layer_norm(x[0], x[1], Tensor(), 1e-5))),
+      C("rms_norm", FL,
+        {{In({7, 33}), In({33})}, {In({2, 3, 1031}), In({1031})}, {tr({16, 5}), In({5})}, {step2({3, 8}), In({8})}},
+        F(rms_norm(x[0], x[1], 1e-6))),
+      f32_ok(C("cross_entropy_mean", FL, {{In({7, 11}), idx({7}, 11)}, {In({64, 1031}), idx({64}, 1031)}, {tr({5, 9}), idx({5}, 9)}},
+        F(cross_entropy(x[0], x[1])))),
+      f32_ok(C("cross_entropy_ignore0_mean", FL, {{In({20, 3}), idx({20}, 3)}}, F(cross_entropy(x[0], x[1], 0)))),
+      f32_ok(C("cross_entropy_ignore0_sum", FL, {{In({20, 3}), idx({20}, 3)}}, F(cross_entropy(x[0], x[1], 0, "sum")))),
+      f32_ok(C("cross_entropy_none", FL, {{In({20, 3}), idx({20}, 3)}}, F(cross_entropy(x[0], x[1], -100, "none")))),
+      C("dropout_eval", FL, {{In({7, 33})}}, [](const std::vector<Tensor>& x) {
+          Generator g(1);
+          return dropout(x[0], 0.5, false, g);
+        }),
+      C("dropout_same_stream_every_device", FL, {{In({7, 33})}, {In({129, 1031})}},
+        [](const std::vector<Tensor>& x) {
+          Generator g(7);
+          return dropout(x[0], 0.3, true, g);
+        }),
+      C("sdpa", FL, {{In({2, 4, 5, 8}), In({2, 4, 5, 8}), In({2, 4, 5, 8})}, {In({1, 2, 129, 64}), In({1, 2, 129, 64}), In({1, 2, 129, 64})}},
+        F(scaled_dot_product_attention(x[0], x[1], x[2])), 2.0),
+      C("sdpa_gqa_causal", FL, {{In({2, 4, 5, 8}), In({2, 2, 7, 8}), In({2, 2, 7, 8})}, {In({1, 6, 33, 16}), In({1, 2, 33, 16}), In({1, 2, 33, 16})}},
+        [](const std::vector<Tensor>& x) {
+          AttentionOptions o;
+          o.causal = true;
+          return scaled_dot_product_attention(x[0], x[1], x[2], o);
+        }, 2.0),
+      C("sdpa_bias_mask_scale", FL,
+        {{In({2, 4, 5, 8}), In({2, 2, 7, 8}), In({2, 2, 7, 8}), In({1, 4, 5, 7}), mask({2, 7})},
+         {tr({2, 4, 5, 8}), step2({2, 4, 7, 8}), In({2, 4, 7, 8}), In({5, 7}), mask({2, 7})}},
+        [](const std::vector<Tensor>& x) {
+          AttentionOptions o;
+          o.scale = 0.3;
+          o.bias = x[3];
+          // keep key 0 visible so that no row is fully masked
+          o.key_padding_mask = cat({zeros({2, 1}, TensorOptions(DType::boolean, x[4].device())),
+                                    x[4].narrow(1, 1, 6)}, 1);
+          return scaled_dot_product_attention(x[0], x[1], x[2], o);
+        }, 2.0),
+  };
+  return t;
+}
+
+// Evaluates `naive` elementwise over broadcast host copies of the inputs.
+Host naive_elementwise(const std::vector<Tensor>& xs, const Naive& naive) {
+  Shape out_shape;
+  for (auto& x : xs) out_shape = out_shape.empty() ? x.shape() : broadcast_shapes(out_shape, x.shape());
+  int64_t n = shape_numel(out_shape), nd = int64_t(out_shape.size());
+  std::vector<Host> hs;
+  std::vector<Shape> bstrides;  // contiguous strides of each input, 0 on broadcast dims
+  for (auto& x : xs) {
+    hs.push_back(host(x));
+    Shape s(size_t(nd), 0);
+    int64_t off = nd - x.dim(), st = 1;
+    for (int64_t d = x.dim() - 1; d >= 0; --d) {
+      s[size_t(d + off)] = x.size(d) == 1 ? 0 : st;
+      st *= x.size(d);
+    }
+    bstrides.push_back(s);
+  }
+  Host out{out_shape, std::vector<double>(size_t(n))};
+  std::vector<double> args(xs.size());
+  for (int64_t i = 0; i < n; ++i) {
+    for (size_t k = 0; k < xs.size(); ++k) {
+      int64_t rem = i, at = 0;
+      for (int64_t d = nd - 1; d >= 0; --d) {
+        at += (rem % out_shape[size_t(d)]) * bstrides[k][size_t(d)];
+        rem /= out_shape[size_t(d)];
+      }
+      args[k] = hs[k][at];
+    }
+    out.v[size_t(i)] = naive(args);
+  }
+  return out;
+}
+
+std::string case_label(const OpCase& c, DType dt, const std::vector<In>& ins, Device device) {
+  return c.name + " " + std::string(dtype_name(dt)) + " (" + describe(ins) + ") on " + device.str();
+}
+
+}  // namespace
+
+DEVICE_TEST_CASE("ops/every op and dtype matches the f64 CPU reference") {
+  const char* filter = std::getenv("ARENO_OP");
+  int64_t run = 0;
+  for (const OpCase& c : op_table()) {
+    if (filter && c.name.find(filter) == std::string::npos) continue;
+    if (c.cpu_only && !device.is_cpu()) continue;
+    for (DType dt : c.dtypes) {
+      if (dt == DType::f64 && !device.is_cpu()) continue;  // f64 is a CPU dtype
+      for (size_t si = 0; si < c.shapes.size(); ++si) {
+        const auto& ins = c.shapes[si];
+        const std::string label = case_label(c, dt, ins, device);
+        try {
+          std::vector<Tensor> xs, rs;
+          for (size_t i = 0; i < ins.size(); ++i) {
+            uint64_t seed = hash_str(c.name) ^ (uint64_t(si + 1) * 0x9E3779B97F4A7C15ull) ^
+                            (uint64_t(i + 1) * 0xC2B2AE3D27D4EB4Full);
+            Tensor x = make_input(ins[i], dt, device, seed);
+            xs.push_back(x);
+            rs.push_back(reference_input(x, ins[i]));
+          }
+          Tensor out = c.fn(xs);
+          Tensor ref = c.fn(rs);
+          ++run;
+          if (out.device() != device) {
+            FAIL_CHECK(label << ": output is on " << out.device().str());
+            continue;
+          }
+          // A floating op keeps its input dtype: its f64 reference is f64.
+          bool f32_ok = c.f32_out_ok && out.dtype() == DType::f32 && dtype_size(dt) == 2;
+          if (is_floating(dt) && ref.dtype() == DType::f64 && out.dtype() != dt && !f32_ok) {
+            FAIL_CHECK(label << ": output dtype " << dtype_name(out.dtype()) << ", expected "
+                             << dtype_name(dt));
+            continue;
+          }
+          Mismatch m = compare(out, ref, c.tol_mult * coarser_tolerance(dt, out.dtype()));
+          CHECK_MESSAGE(m.ok, label << ": " << m.message);
+          // Independent formula, once per shape (first dtype, CPU).
+          if (c.naive && device.is_cpu() && dt == c.dtypes.front()) {
+            Host want = naive_elementwise(rs, c.naive);
+            Tensor want_t = from_vector<double>(want.v, want.shape, DType::f64);
+            Mismatch n = compare(ref, want_t, is_floating(ref.dtype()) ? 1e-10 : 0.0);
+            CHECK_MESSAGE(n.ok, c.name << " (" << describe(ins)
+                                       << "): f64 CPU result differs from the formula: " << n.message);
+          }
+        } catch (const std::exception& e) {
+          FAIL_CHECK(label << " threw: " << std::string(e.what()));
+        }
+      }
+    }
+  }
+  MESSAGE("op/dtype/shape combinations run on " << device.str() << ": " << run);
+  CHECK(run > 0);
+}
