@@ -27,7 +27,7 @@ constexpr const char* kInitUsage =
     "  --seed N    random seed (same seed, same weights on every machine)\n"
     "  --dtype     bf16 (default, as released) or f32\n"
     "  --rank-file o200k_base.tiktoken to build the tokenizer files from\n"
-    "              (default: the repository copy, models/phi4mm/tokenizer/o200k_base.tiktoken)\n"
+    "              (default: the copy compiled into areno)\n"
     "  --no-tokenizer  write no tokenizer files\n";
 
 DType parse_dtype(const std::string& s) {
@@ -39,7 +39,7 @@ DType parse_dtype(const std::string& s) {
 }  // namespace
 
 int cmd_init(const Args& args) {
-  std::string preset, out, dtype = "bf16", rank_file = phi4mm::kO200kRankFile;
+  std::string preset, out, dtype = "bf16", rank_file;
   bool tokenizer = true;
   std::optional<uint64_t> seed;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -80,12 +80,14 @@ int cmd_init(const Args& args) {
     return 2;
   }
   const DType dt = parse_dtype(dtype);
-  if (tokenizer && !std::filesystem::exists(rank_file))
-    throw std::runtime_error(fmt::format("tokenizer rank file {} not found (run from the repository root, "
-                                         "pass --rank-file FILE, or --no-tokenizer)", rank_file));
+  if (tokenizer && !rank_file.empty() && !std::filesystem::exists(rank_file))
+    throw std::runtime_error(fmt::format("tokenizer rank file {} not found (pass an existing --rank-file FILE, "
+                                         "or leave it out to use the built-in copy)", rank_file));
   auto model = phi4mm::init_model(preset, *seed, dt);
   phi4mm::save_model(*model, out);
-  if (tokenizer) phi4mm::write_tokenizer_files(phi4mm::make_tokenizer(rank_file), out);
+  if (tokenizer)
+    phi4mm::write_tokenizer_files(rank_file.empty() ? phi4mm::make_tokenizer() : phi4mm::make_tokenizer(rank_file),
+                                  out);
   fmt::print("wrote {} ({} preset, seed {}, {}, {} parameters)\n", out, preset, *seed, dtype,
              model->num_parameters());
   return 0;

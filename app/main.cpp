@@ -9,6 +9,7 @@
 
 #include "app/cmd_tokenize.h"
 #include "app/commands.h"
+#include "app/commands_model.h"
 #include "areno_build_config.h"
 
 namespace {
@@ -22,6 +23,8 @@ struct Command {
 const std::vector<Command>& commands() {
   static const std::vector<Command> cmds = {
       {"env", "print version, build options, CUDA devices and library versions", areno::app::cmd_env},
+      {"init", "write a random-weight checkpoint (tiny|small|full preset)", areno::app::cmd_init},
+      {"logits", "write the logits of token ids for a checkpoint", areno::app::cmd_logits},
       {"tokenize", "tokenize text or a messages file and print the ids as JSON", areno::app::cmd_tokenize},
   };
   return cmds;

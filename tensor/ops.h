@@ -119,6 +119,8 @@ Tensor avg_pool2d(const Tensor& x, std::pair<int64_t, int64_t> kernel,
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
 // logits: [N, C], target: [N] int; mean over targets != ignore_index.
+// Computed and returned in f32 for f32/bf16/f16 logits (f64 for f64): unlike
+// torch, a 16-bit model's loss is not rounded to 16 bits.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
                      const std::string& reduction = "mean");
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);

@@ -1,4 +1,8 @@
 // Elementwise CPU kernels: copy/cast, fill, arange, unary, binary, where.
+// GCC 12 reports false "(may be) used uninitialized" inside its AVX-512
+// intrinsics once Eigen's packet code is inlined here.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <Eigen/Core>
 #include <cmath>
 #include <stdexcept>

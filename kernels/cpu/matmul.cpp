@@ -1,4 +1,8 @@
 // Batched GEMM on Eigen. 16-bit operands are widened to f32 per matrix.
+// GCC 12 reports false "(may be) used uninitialized" inside its AVX-512
+// intrinsics once Eigen's packet code is inlined here.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <Eigen/Core>
 #include <type_traits>
 #include <vector>
@@ -66,6 +70,34 @@ void widen(const T* p, const MatRef& m, std::vector<float>& buf) {
       buf[size_t(i * m.c + j)] = float(m.row_major ? p[i * m.outer + j] : p[j * m.outer + i]);
 }
 
+// A few rows of 16-bit `a` times column-major 16-bit `b` (the decode shape:
+// activations times a transposed weight): dot products straight from the
+// 16-bit columns, without widening all of b.
+template <typename T>
+void gemm_small_m(const T* a, const MatRef& ma, const T* b, const MatRef& mb, T* out, float alpha, float beta) {
+  int64_t M = ma.r, K = ma.c, N = mb.c;
+  std::vector<float> wa;
+  widen(a, ma, wa);
+  parallel_for(N, M * K, [&](int64_t lo, int64_t hi) {
+    constexpr int L = 16;
+    for (int64_t n = lo; n < hi; ++n) {
+      const T* col = b + n * mb.outer;
+      for (int64_t m = 0; m < M; ++m) {
+        const float* ar = wa.data() + m * K;
+        float acc[L] = {};
+        int64_t k = 0;
+        for (; k + L <= K; k += L)
+          for (int j = 0; j < L; ++j) acc[j] += ar[k + j] * float(col[k + j]);
+        float sum = 0;
+        for (int j = 0; j < L; ++j) sum += acc[j];
+        for (; k < K; ++k) sum += ar[k] * float(col[k]);
+        T& o = out[m * N + n];
+        o = T(beta == 0.0f ? alpha * sum : alpha * sum + beta * float(o));
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
@@ -80,6 +112,8 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, d
     auto one = [&](int64_t i) {
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
         gemm_one<T>(ap + i * sa, ma, bp + i * sb, mb, op + i * M * N, T(alpha), T(beta));
+      } else if (M <= 16 && !mb.row_major) {
+        gemm_small_m<T>(ap + i * sa, ma, bp + i * sb, mb, op + i * M * N, float(alpha), float(beta));
       } else {
         std::vector<float> wa, wb, wo(size_t(M * N));
         widen(ap + i * sa, ma, wa);

@@ -63,6 +63,13 @@ bool is_unused_id(TokenId id) {
   return id >= 200000 && id <= 200017 && id != kImageToken && id != kAudioToken;
 }
 
+tok::Tokenizer make_tokenizer() {
+  tok::Tokenizer t = tok::Tokenizer::from_tiktoken_data(embedded_o200k_ranks(), "embedded o200k_base.tiktoken",
+                                                        tok::kO200kPattern, added_tokens());
+  t.set_padded_vocab_size(kVocabSize);
+  return t;
+}
+
 tok::Tokenizer make_tokenizer(const fs::path& rank_file) {
   if (!fs::exists(rank_file)) {
     throw std::runtime_error(fmt::format(

@@ -46,8 +46,12 @@ std::vector<tok::AddedToken> added_tokens();
 // (199998, 200000..200017 except 200010/200011) and padding rows >= 200029.
 bool is_unused_id(TokenId id);
 
-// Builds the tokenizer from the o200k_base rank file.
-tok::Tokenizer make_tokenizer(const std::filesystem::path& rank_file = kO200kRankFile);
+// Builds the tokenizer from the o200k_base rank file compiled into the library
+// (so `areno` runs from any directory), or from a rank file on disk.
+tok::Tokenizer make_tokenizer();
+tok::Tokenizer make_tokenizer(const std::filesystem::path& rank_file);
+// The embedded copy of models/phi4mm/tokenizer/o200k_base.tiktoken.
+std::string_view embedded_o200k_ranks();
 
 // Loads `model_dir`/tokenizer.json. Throws with a clear message if absent.
 tok::Tokenizer load_tokenizer(const std::filesystem::path& model_dir);

@@ -186,8 +186,13 @@ std::optional<TokenId> Tokenizer::token_to_id(std::string_view token) const {
 
 Tokenizer Tokenizer::from_tiktoken_file(const std::filesystem::path& path, std::string pattern,
                                         std::vector<AddedToken> added) {
-  const std::string where = fmt::format("tiktoken rank file '{}'", path.string());
   const std::string data = read_file(path, "tiktoken rank file");
+  return from_tiktoken_data(data, path.string(), std::move(pattern), std::move(added));
+}
+
+Tokenizer Tokenizer::from_tiktoken_data(std::string_view data, std::string_view source, std::string pattern,
+                                        std::vector<AddedToken> added) {
+  const std::string where = fmt::format("tiktoken rank file '{}'", source);
   Tokenizer t;
   size_t line_no = 0, pos = 0;
   std::string bytes;

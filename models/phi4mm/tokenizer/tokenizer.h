@@ -50,6 +50,9 @@ class Tokenizer {
   // ids, pair merges follow tiktoken (rank of the merged token).
   static Tokenizer from_tiktoken_file(const std::filesystem::path& path, std::string pattern,
                                       std::vector<AddedToken> added);
+  // The same from the file's contents; `source` names it in error messages.
+  static Tokenizer from_tiktoken_data(std::string_view data, std::string_view source, std::string pattern,
+                                      std::vector<AddedToken> added);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

@@ -1,0 +1,148 @@
+#pragma once
+// Paged KV cache and forward entry point (b): the incremental forward for
+// chunked prefill and decode (spec text.md sections 2.3-2.5 and 8).
+//
+// Storage: per layer one K and one V tensor [NB, BS, NKV, D] (NB blocks of BS
+// token slots) in the model's dtype on the model's device. A sequence owns a
+// block table: block i of the table holds positions [i*BS, (i+1)*BS), so
+// position p lives in slot table[p / BS] * BS + p % BS of the flattened
+// [NB*BS, NKV, D] view. Keys are stored after the rotary embedding (mscale
+// included), as the reference does; the cache is therefore valid for one
+// LongRoPE table only, and crossing original_max_position_embeddings means
+// re-prefilling the whole sequence with the long table (needs_reprefill).
+//
+// Typical engine loop:
+//   PagedKvCache cache(model, PagedKvCache::blocks_for_budget(model, bytes));
+//   KvSequence s;
+//   IncrementalBatch b;
+//   b.add(s, chunk_ids, adapter, rope_table_for_length(model, prompt_len));  // ... more sequences
+//   Tensor logits = forward_incremental(model, cache, b);  // [S, V]: last row of each chunk
+//   ... if (needs_reprefill(model, s, s.length + 1)) { cache.release(s); re-prefill with long_table }
+//   ... cache.release(s) when the request ends.
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "models/phi4mm/text.h"
+
+namespace areno::phi4mm {
+
+// A pool of `num_blocks` block ids with a free list. Allocation is
+// all-or-nothing; freeing a block that is not in use is an error (a double
+// free would hand one block to two sequences).
+class BlockManager {
+ public:
+  explicit BlockManager(int64_t num_blocks);
+
+  int64_t num_blocks() const { return int64_t(in_use_.size()); }
+  int64_t num_free() const { return int64_t(free_.size()); }
+  int64_t num_used() const { return num_blocks() - num_free(); }
+  bool can_allocate(int64_t n) const { return n <= num_free(); }
+  bool in_use(int64_t block) const;
+
+  // `n` block ids; throws std::runtime_error (and allocates nothing) when fewer are free.
+  std::vector<int64_t> allocate(int64_t n);
+  void free(const std::vector<int64_t>& blocks);
+
+ private:
+  std::vector<int64_t> free_;   // stack: the most recently freed block is reused first
+  std::vector<uint8_t> in_use_;
+};
+
+// One sequence's state in the cache. The caller owns it; the incremental
+// forward appends to it (blocks, length) and PagedKvCache::release empties it.
+struct KvSequence {
+  std::vector<int64_t> blocks;  // block table
+  int64_t length = 0;           // tokens whose K/V are cached (= position of the next token)
+  // The LongRoPE table of the cached keys. `automatic` before the first write
+  // means: decided by the first chunk's last position; it is then fixed to
+  // short_table or long_table until release.
+  RopeTable rope = RopeTable::automatic;
+};
+
+// The explicit table a sequence of `total_length` tokens uses (HF rule), for
+// choosing the table at admission from the prompt length.
+RopeTable rope_table_for_length(const Phi4MMForCausalLM& m, int64_t total_length);
+
+// True when the sequence's cached keys were rotated with the short table and
+// growing it to `new_length` tokens crosses original_max_position_embeddings:
+// the caller must release it and re-prefill all its tokens with the long table.
+bool needs_reprefill(const Phi4MMForCausalLM& m, const KvSequence& s, int64_t new_length);
+
+class PagedKvCache {
+ public:
+  // Allocates K and V storage for every layer of `m` (its dtype and device).
+  PagedKvCache(const Phi4MMForCausalLM& m, int64_t num_blocks, int64_t block_size = 16);
+
+  // Bytes of K+V over all layers for one block.
+  static size_t bytes_per_block(const TextConfig& t, int64_t block_size, DType dtype);
+  // How many blocks fit in `bytes` (throws if not even one does).
+  static int64_t blocks_for_budget(const Phi4MMForCausalLM& m, size_t bytes, int64_t block_size = 16);
+
+  int64_t block_size() const { return block_size_; }
+  int64_t num_layers() const { return int64_t(k_.size()); }
+  int64_t num_blocks() const { return manager_.num_blocks(); }
+  const BlockManager& manager() const { return manager_; }
+  // [NB, BS, NKV, D]
+  const Tensor& keys(int64_t layer) const { return k_.at(size_t(layer)); }
+  const Tensor& values(int64_t layer) const { return v_.at(size_t(layer)); }
+
+  // Blocks needed to hold `length` tokens.
+  int64_t blocks_for(int64_t length) const { return (length + block_size_ - 1) / block_size_; }
+  // Whether `s` can grow to `new_length` tokens with the blocks now free.
+  bool can_grow(const KvSequence& s, int64_t new_length) const;
+  // Allocates the blocks `s` lacks for `new_length` tokens (all or nothing;
+  // throws std::runtime_error when the pool is exhausted). Does not change s.length.
+  void reserve(KvSequence& s, int64_t new_length);
+  // Returns every block of `s` to the pool and resets it (length 0, table automatic).
+  void release(KvSequence& s);
+
+  // Slot ids of positions [start, start + n) of a sequence with block table `blocks`.
+  std::vector<int64_t> slots(const std::vector<int64_t>& blocks, int64_t start, int64_t n) const;
+  // Writes k/v [N, NKV, D] into the slots of positions [start, start + N).
+  void write(int64_t layer, const std::vector<int64_t>& blocks, int64_t start, const Tensor& k,
+             const Tensor& v);
+  // K/V of the slots `slot_ids` ([L] i64 on the cache's device) -> [L, NKV, D] each.
+  std::pair<Tensor, Tensor> gather(int64_t layer, const Tensor& slot_ids) const;
+
+ private:
+  int64_t block_size_;
+  BlockManager manager_;
+  std::vector<Tensor> k_, v_;
+};
+
+// A step of the incremental forward: for each sequence, a chunk of new tokens
+// (chunked prefill: any length; decode: 1) appended after its cached tokens.
+struct IncrementalBatch {
+  std::vector<int64_t> token_ids;      // [T] the chunks back to back
+  std::vector<int64_t> cu_seqlens{0};  // [S + 1] chunk offsets in token_ids
+  std::vector<KvSequence*> seqs;       // [S] distinct; chunk s starts at position seqs[s]->length
+  std::vector<Adapter> adapters;       // [S]
+  // [S] the table each sequence asks for: short/long must match what the cache
+  // holds (when it holds anything); automatic takes the cached table, or for an
+  // empty cache the HF rule on the chunk's last position. A chunk that would
+  // need the long table over short cached keys is an error (needs_reprefill).
+  std::vector<RopeTable> rope;
+  // Media rows of this step (spec 5.4), as in PackedBatch: rows of token_ids
+  // where media_mask is true take consecutive rows of media_rows. The caller
+  // slices each request's media rows to the placeholders inside its chunk.
+  Tensor media_rows;  // [M, H] or undefined
+  Tensor media_mask;  // [T] bool or undefined
+  // Rows of token_ids whose logits are returned, in this order; empty = the last
+  // row of every chunk.
+  std::vector<int64_t> logit_rows;
+
+  // Appends one sequence's chunk (token_ids, cu_seqlens, seqs, adapters, rope).
+  void add(KvSequence& s, const std::vector<int64_t>& ids, Adapter a = Adapter::none,
+           RopeTable r = RopeTable::automatic);
+  size_t num_seqs() const { return seqs.size(); }
+};
+
+// Forward entry point (b). Runs the decoder on the new tokens only: writes
+// their post-rotary K and V into the cache, attends over each sequence's cached
+// history plus its chunk (causal within the chunk), advances each sequence's
+// length, and returns the logits of the requested rows [N, V] (model dtype).
+// Inference only: runs without recording autograd history.
+Tensor forward_incremental(const Phi4MMForCausalLM& m, PagedKvCache& cache, IncrementalBatch& b);
+
+}  // namespace areno::phi4mm
