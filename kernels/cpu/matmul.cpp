@@ -70,9 +70,9 @@ void widen(const T* p, const MatRef& m, std::vector<float>& buf) {
       buf[size_t(i * m.c + j)] = float(m.row_major ? p[i * m.outer + j] : p[j * m.outer + i]);
 }
 
-// A few rows of 16-bit `a` times column-major 16-bit `b` (the decode shape:
-// activations times a transposed weight): dot products straight from the
-// 16-bit columns, without widening all of b.
+// A few rows of `a` times column-major `b` (the decode shape: activations
+// times a transposed weight): dot products straight from b's columns, without
+// widening (16-bit) or repacking (Eigen) all of b.
 template <typename T>
 void gemm_small_m(const T* a, const MatRef& ma, const T* b, const MatRef& mb, T* out, float alpha, float beta) {
   int64_t M = ma.r, K = ma.c, N = mb.c;
@@ -110,6 +110,12 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, d
     const T* bp = static_cast<const T*>(b.data_ptr());
     T* op = static_cast<T*>(out.data_ptr());
     auto one = [&](int64_t i) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (M <= 16 && !mb.row_major) {  // decode shape: Eigen would repack all of b
+          gemm_small_m<T>(ap + i * sa, ma, bp + i * sb, mb, op + i * M * N, float(alpha), float(beta));
+          return;
+        }
+      }
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
         gemm_one<T>(ap + i * sa, ma, bp + i * sb, mb, op + i * M * N, T(alpha), T(beta));
       } else if (M <= 16 && !mb.row_major) {
