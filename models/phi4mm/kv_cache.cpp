@@ -258,8 +258,7 @@ Tensor forward_incremental(const Phi4MMForCausalLM& m, PagedKvCache& cache, Incr
   const TensorOptions idx_opts(DType::i64, dev);
   const auto& cu = b.cu_seqlens;
   const size_t S = b.seqs.size();
-  const int64_t T = cu.back(), hd = t.head_dim();
-  const int64_t nq = t.num_attention_heads, nkv = t.num_key_value_heads;
+  const int64_t T = cu.back();
 
   // Per sequence: table, start position, chunk length.
   std::vector<RopeTable> tables(S);
@@ -320,13 +319,8 @@ Tensor forward_incremental(const Phi4MMForCausalLM& m, PagedKvCache& cache, Incr
   for (size_t l = 0; l < m.model->layers->size(); ++l) {
     const auto layer = m.model->layers->at<DecoderLayer>(l);
     const Attention& attn = *layer->self_attn;
-    // Same ops as Attention::forward, with the cache between rotary and attention.
-    Tensor qkv = attn.qkv_proj->forward(rms_norm(h, layer->input_layernorm->weight, eps), rows);
-    Tensor q = qkv.narrow(1, 0, nq * hd).reshape({T, nq, hd});
-    Tensor k = qkv.narrow(1, nq * hd, nkv * hd).reshape({T, nkv, hd});
-    Tensor v = qkv.narrow(1, (nq + nkv) * hd, nkv * hd).reshape({T, nkv, hd});
-    q = apply_rotary(q, cos, sin);
-    k = apply_rotary(k, cos, sin);
+    // As Attention::forward, with the cache between rotary and attention.
+    auto [q, k, v] = attn.rotary_qkv(rms_norm(h, layer->input_layernorm->weight, eps), cos, sin, rows);
     std::vector<Tensor> outs;
     for (size_t s = 0; s < S; ++s) {
       cache.write(int64_t(l), b.seqs[s]->blocks, start[s], k.narrow(0, cu[s], len[s]), v.narrow(0, cu[s], len[s]));

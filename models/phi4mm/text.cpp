@@ -106,16 +106,20 @@ Attention::Attention(const Config& c, TensorOptions opts) : Module("Attention"),
                                                                    c.vision_lora, c.speech_lora, opts));
 }
 
-Tensor Attention::forward(const Tensor& x, const Tensor& cos, const Tensor& sin,
-                          const std::vector<int64_t>& cu_seqlens, const AdapterRows& rows) const {
+Attention::Qkv Attention::rotary_qkv(const Tensor& x, const Tensor& cos, const Tensor& sin,
+                                     const AdapterRows& rows) const {
   const int64_t T = x.size(0), hd = cfg_.head_dim();
   const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads;
   Tensor qkv = qkv_proj->forward(x, rows);  // [T, q + 2 kv]: Q rows, then K, then V
   Tensor q = qkv.narrow(1, 0, nq * hd).reshape({T, nq, hd});
   Tensor k = qkv.narrow(1, nq * hd, nkv * hd).reshape({T, nkv, hd});
   Tensor v = qkv.narrow(1, (nq + nkv) * hd, nkv * hd).reshape({T, nkv, hd});
-  q = apply_rotary(q, cos, sin);
-  k = apply_rotary(k, cos, sin);
+  return {apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v};
+}
+
+Tensor Attention::forward(const Tensor& x, const Tensor& cos, const Tensor& sin,
+                          const std::vector<int64_t>& cu_seqlens, const AdapterRows& rows) const {
+  auto [q, k, v] = rotary_qkv(x, cos, sin, rows);
   // One causal attention per sequence: rows of different sequences never see
   // each other. The incremental path (KV cache) will call causal_attention
   // with the cached keys/values prepended to k and v.

@@ -88,6 +88,12 @@ class Attention : public Module {
   // x: [T, H]; cos/sin: [T, 1, R] in x's dtype -> [T, H]
   Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin,
                  const std::vector<int64_t>& cu_seqlens, const AdapterRows& rows) const;
+  // The packed qkv projection split into heads, rotary applied to q and k:
+  // q [T, NQ, D], k and v [T, NKV, D]. Shared by forward() and the KV-cache path.
+  struct Qkv {
+    Tensor q, k, v;
+  };
+  Qkv rotary_qkv(const Tensor& x, const Tensor& cos, const Tensor& sin, const AdapterRows& rows) const;
 
   std::shared_ptr<LoraLinear> qkv_proj, o_proj;
 
