@@ -1,5 +1,7 @@
 #include "models/phi4mm/processor/image_io.h"
 
+#include <stb_image.h>
+
 #include <cctype>
 #include <fstream>
 #include <iterator>
@@ -31,13 +33,39 @@ int64_t header_int(const std::vector<uint8_t>& b, size_t& i, const std::string& 
   return v;
 }
 
+void check_pixels(int64_t w, int64_t h, int64_t max_pixels, const std::string& what) {
+  if (w <= 0 || h <= 0) fail(what, "image is empty (" + std::to_string(w) + "x" + std::to_string(h) + ")");
+  if (max_pixels > 0 && w * h > max_pixels)
+    fail(what, std::to_string(w) + "x" + std::to_string(h) + " has more than " + std::to_string(max_pixels) +
+                   " pixels");
+}
+
+bool is_pnm(const std::vector<uint8_t>& b) { return b.size() >= 2 && b[0] == 'P' && (b[1] == '5' || b[1] == '6'); }
+
 }  // namespace
 
+RgbImage decode_image(const std::vector<uint8_t>& b, const std::string& what, int64_t max_pixels) {
+  if (b.empty()) fail(what, "no image data (0 bytes)");
+  if (is_pnm(b)) return decode_pnm(b, what, max_pixels);
+  if (b.size() > size_t(INT32_MAX)) fail(what, "image data over 2 GiB");
+  const auto* data = reinterpret_cast<const stbi_uc*>(b.data());
+  const int len = int(b.size());
+  int w = 0, h = 0, comp = 0;
+  // Dimensions first, so an absurd header is refused before any pixel memory.
+  if (!stbi_info_from_memory(data, len, &w, &h, &comp))
+    fail(what, std::string("not a decodable image (PNG, JPEG, BMP, GIF or binary PNM expected): ") +
+                   stbi_failure_reason());
+  check_pixels(w, h, max_pixels, what);
+  // 3 channels: alpha is dropped without compositing and grey is replicated,
+  // as PIL's convert('RGB') does (spec 1.1); GIF gives its first frame.
+  stbi_uc* px = stbi_load_from_memory(data, len, &w, &h, &comp, 3);
+  if (!px) fail(what, std::string("corrupt or truncated image: ") + stbi_failure_reason());
+  RgbImage im{w, h, std::vector<uint8_t>(px, px + size_t(w) * size_t(h) * 3)};
+  stbi_image_free(px);
+  return im;
+}
+
 RgbImage decode_pnm(const std::vector<uint8_t>& b, const std::string& what, int64_t max_pixels) {
-  if (b.size() >= 8 && b[0] == 0x89 && b[1] == 'P' && b[2] == 'N' && b[3] == 'G')
-    fail(what, "PNG is not supported yet; convert it to binary PPM (P6)");
-  if (b.size() >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF)
-    fail(what, "JPEG is not supported yet; convert it to binary PPM (P6)");
   if (b.size() < 2 || b[0] != 'P' || (b[1] != '5' && b[1] != '6'))
     fail(what, "not a binary PNM image (expected magic P5 or P6)");
   const int channels = b[1] == '6' ? 3 : 1;
@@ -47,9 +75,7 @@ RgbImage decode_pnm(const std::vector<uint8_t>& b, const std::string& what, int6
   const int64_t maxval = header_int(b, i, what, "maxval");
   if (w <= 0 || h <= 0) fail(what, "image is empty (" + std::to_string(w) + "x" + std::to_string(h) + ")");
   if (maxval != 255) fail(what, "only 8-bit PNM (maxval 255) is supported, got maxval " + std::to_string(maxval));
-  if (max_pixels > 0 && w * h > max_pixels)
-    fail(what, std::to_string(w) + "x" + std::to_string(h) + " has more than " + std::to_string(max_pixels) +
-                   " pixels");
+  check_pixels(w, h, max_pixels, what);
   if (i >= b.size() || !std::isspace(b[i])) fail(what, "PNM header: missing whitespace after maxval");
   ++i;
   const size_t need = size_t(w * h * channels);
@@ -69,7 +95,7 @@ RgbImage read_image_file(const std::string& path, int64_t max_pixels) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw std::runtime_error("cannot open image file '" + path + "'");
   const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  return decode_pnm(bytes, "image file '" + path + "'", max_pixels);
+  return decode_image(bytes, "image file '" + path + "'", max_pixels);
 }
 
 std::vector<uint8_t> encode_ppm(const RgbImage& image) {

@@ -1,8 +1,8 @@
 #pragma once
-// Lossless image input for the processor. Bit-exactness with the reference
-// needs the same decoded RGB bytes (spec 1.1), so only binary PNM (P5 grey,
-// P6 RGB, 8-bit) is read for now; PNG/JPEG are recognised and rejected with a
-// clear message until a decoder is added.
+// Image input for the processor: PNG, JPEG, BMP, GIF (first frame) through
+// stb_image (Debian libstb), and binary PNM (P5 grey, P6 RGB, 8-bit) by hand.
+// Bit-exactness with the reference needs the same decoded RGB bytes (spec
+// 1.1): lossless formats decode identically; JPEG decoders may differ.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -14,6 +14,10 @@ namespace areno::phi4mm {
 // `what` names the source in error messages. Grey (P5) is expanded to RGB as
 // PIL's convert('RGB') does (R = G = B). Images over `max_pixels` are rejected
 // before allocation.
+// Any supported format, sniffed from the bytes. Images over `max_pixels` are
+// rejected from the header, before pixel memory is allocated.
+RgbImage decode_image(const std::vector<uint8_t>& bytes, const std::string& what = "image",
+                      int64_t max_pixels = ImageProcessorOptions{}.max_pixels);
 RgbImage decode_pnm(const std::vector<uint8_t>& bytes, const std::string& what = "image",
                     int64_t max_pixels = ImageProcessorOptions{}.max_pixels);
 RgbImage read_image_file(const std::string& path, int64_t max_pixels = ImageProcessorOptions{}.max_pixels);
