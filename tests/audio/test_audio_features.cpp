@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "models/phi4mm/audio/audio_features.h"
-#include "tests/audio/sha256.h"
+#include "tests/sha256.h"
 
 using namespace areno;
 using namespace areno::phi4mm;
@@ -118,7 +118,7 @@ void check_golden_case(const json& c) {
   int64_t pcm_sum = 0;
   for (int16_t v : clip.pcm) pcm_sum += v;
   CHECK(pcm_sum == c.at("pcm_sum").get<int64_t>());
-  CHECK(test::sha256_hex(clip.pcm.data(), clip.pcm.size() * 2) == c.at("pcm_sha256").get<std::string>());
+  CHECK(areno::testing::sha256_hex(clip.pcm.data(), clip.pcm.size() * 2) == c.at("pcm_sha256").get<std::string>());
 
   const AudioPlan p = plan_audio(int64_t(clip.mono.size()), sr);
   CHECK((p.analysis == AudioAnalysis::k16k ? "16k" : "8k_fillzero") == c.at("analysis").get<std::string>());
@@ -170,7 +170,7 @@ void check_golden_case(const json& c) {
 
   // Bit-exact against the reference's 'libm' variant (glibc hypotf/logf, the
   // same algorithm step by step).
-  const std::string hash = test::sha256_hex(f.data(), f.size() * sizeof(float));
+  const std::string hash = areno::testing::sha256_hex(f.data(), f.size() * sizeof(float));
   CHECK(hash == c.at("features_f32_sha256").at("libm").get<std::string>());
 }
 

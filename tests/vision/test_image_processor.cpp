@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "models/phi4mm/processor/image_processor.h"
-#include "sha256.h"
+#include "tests/sha256.h"
 
 using namespace areno;
 using namespace areno::phi4mm;
