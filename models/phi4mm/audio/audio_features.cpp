@@ -16,7 +16,8 @@
 #include <string>
 
 // Bit-exactness needs every float/double multiply and add rounded separately,
-// as numpy does: the project builds with -march=x86-64-v3, where GCC would
+// as numpy does: the project builds for FMA-capable CPUs (-march=native or
+// x86-64-v3), where GCC would
 // otherwise fuse a*b+c into FMA (pre-emphasis, window, mel sums) and change the
 // last bits of almost every feature.
 #pragma GCC optimize("fp-contract=off")

@@ -1,7 +1,7 @@
 // The released Phi-4-multimodal image processor (spec vision.md sections 1-2).
 //
 // Float arithmetic here must round exactly as the reference: the no-FMA
-// thumbnail needs every product rounded, and our build (x86-64-v3) would
+// thumbnail needs every product rounded, and our FMA-capable builds would
 // otherwise let GCC fuse a*b+c. The FMA variant calls std::fma explicitly, so
 // both variants are available whatever the compiler flags.
 #if defined(__clang__)

@@ -4,7 +4,8 @@
 //
 // Bit-exactness needs the coefficient arithmetic in double exactly as Pillow
 // compiles it for baseline x86-64, i.e. without fused multiply-add: our build
-// targets x86-64-v3 and GCC contracts a*b+c even in ISO mode, so contraction is
+// targets FMA-capable CPUs (-march=native or x86-64-v3) and GCC contracts a*b+c
+// even in ISO mode, so contraction is
 // switched off for this file.
 #if defined(__clang__)
 #pragma clang fp contract(off)
