@@ -9,6 +9,7 @@
 #include "app/commands_model.h"
 #include "models/phi4mm/checkpoint.h"
 #include "models/phi4mm/init.h"
+#include "models/phi4mm/model.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 
 namespace areno::app {
@@ -20,8 +21,12 @@ constexpr const char* kInitUsage =
     "                  [--rank-file FILE | --no-tokenizer]\n"
     "\n"
     "Writes a random-weight checkpoint (config.json, generation_config.json,\n"
-    "model*.safetensors (+ index when sharded), tokenizer files) with the text\n"
-    "model and both LoRA adapters; the towers are not written yet.\n"
+    "model*.safetensors (+ index when sharded), tokenizer files) with every\n"
+    "component: the text model, both LoRA adapters, the SigLIP vision tower with\n"
+    "its separators and projector, and the Conformer audio encoder with its\n"
+    "speech and vision projectors. tiny/small write their smaller tower sizes\n"
+    "into config.json (img_processor, audio_processor.config); full uses the\n"
+    "released sizes (5.57 B parameters).\n"
     "  --preset    tiny (tests), small (CPU benchmarks) or full (released sizes)\n"
     "  --out DIR   output directory (created)\n"
     "  --seed N    random seed (same seed, same weights on every machine)\n"
@@ -83,13 +88,15 @@ int cmd_init(const Args& args) {
   if (tokenizer && !rank_file.empty() && !std::filesystem::exists(rank_file))
     throw std::runtime_error(fmt::format("tokenizer rank file {} not found (pass an existing --rank-file FILE, "
                                          "or leave it out to use the built-in copy)", rank_file));
-  auto model = phi4mm::init_model(preset, *seed, dt);
-  phi4mm::save_model(*model, out);
+  auto model = phi4mm::init_phi4mm(preset, *seed, dt);
+  phi4mm::save_phi4mm(*model, out);
   if (tokenizer)
     phi4mm::write_tokenizer_files(rank_file.empty() ? phi4mm::make_tokenizer() : phi4mm::make_tokenizer(rank_file),
                                   out);
-  fmt::print("wrote {} ({} preset, seed {}, {}, {} parameters)\n", out, preset, *seed, dtype,
-             model->num_parameters());
+  fmt::print("wrote {} ({} preset, seed {}, {}, {} parameters: text+LoRA {}, vision {}, audio {})\n", out, preset,
+             *seed, dtype,
+             model->lm->num_parameters() + model->vision->num_parameters() + model->audio->num_parameters(),
+             model->lm->num_parameters(), model->vision->num_parameters(), model->audio->num_parameters());
   return 0;
 }
 

@@ -7,21 +7,31 @@
 #include "app/commands_model.h"
 #include "autograd/autograd.h"
 #include "models/phi4mm/checkpoint.h"
+#include "models/phi4mm/model.h"
+#include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "nn/io/safetensors.h"
+#include "serve/chat_request.h"
 
 namespace areno::app {
 
 namespace {
 
 constexpr const char* kLogitsUsage =
-    "usage: areno logits --model-path DIR --token-ids 1,2,3 [--adapter none|vision|speech]\n"
-    "                    [--dtype f32|bf16] [--device cpu|cuda] --out FILE.safetensors\n"
+    "usage: areno logits --model-path DIR (--token-ids 1,2,3 | --messages FILE.json)\n"
+    "                    [--adapter none|vision|speech] [--dtype f32|bf16] [--device cpu|cuda]\n"
+    "                    --out FILE.safetensors\n"
     "\n"
-    "Runs the language model on the token ids and writes \"logits\" [T, vocab] (f32)\n"
-    "and \"token_ids\" [T] to FILE. LongRoPE uses the short table while the sequence\n"
-    "holds at most original_max_position_embeddings tokens, the long table after.\n"
-    "  --adapter   modality LoRA to apply (default none = text only)\n"
-    "  --dtype     compute dtype (default: the checkpoint's)\n";
+    "Runs the model and writes \"logits\" [T, vocab] (f32) and \"token_ids\" [T] to\n"
+    "FILE. LongRoPE uses the short table while the sequence holds at most\n"
+    "original_max_position_embeddings tokens, the long table after.\n"
+    "  --token-ids  the language model on these ids\n"
+    "  --messages   an OpenAI chat request (array of messages, or {\"messages\": ...})\n"
+    "               with image_url / audio_url / input_audio parts (data URLs, or paths\n"
+    "               relative to the file's folder): the chat template, the processors,\n"
+    "               the towers and their rows merged at the placeholders; the adapter\n"
+    "               follows the input mode (vision with an image, speech for audio only)\n"
+    "  --adapter    modality LoRA for --token-ids (default none = text only)\n"
+    "  --dtype      compute dtype (default: the checkpoint's)\n";
 
 std::vector<int64_t> parse_ids(const std::string& s) {
   std::vector<int64_t> ids;
@@ -46,7 +56,8 @@ std::vector<int64_t> parse_ids(const std::string& s) {
 }  // namespace
 
 int cmd_logits(const Args& args) {
-  std::string model_path, ids_str, adapter = "none", dtype, out, device = "cpu";
+  std::string model_path, ids_str, messages, adapter = "none", dtype, out, device = "cpu";
+  bool adapter_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&]() -> std::string {
@@ -60,8 +71,11 @@ int cmd_logits(const Args& args) {
       model_path = value();
     } else if (a == "--token-ids") {
       ids_str = value();
+    } else if (a == "--messages") {
+      messages = value();
     } else if (a == "--adapter") {
       adapter = value();
+      adapter_given = true;
     } else if (a == "--dtype") {
       dtype = value();
     } else if (a == "--device") {
@@ -73,14 +87,17 @@ int cmd_logits(const Args& args) {
       return 2;
     }
   }
-  if (model_path.empty() || ids_str.empty() || out.empty()) {
-    fmt::print(stderr, "areno logits: --model-path, --token-ids and --out are required\n\n{}", kLogitsUsage);
+  if (model_path.empty() || (ids_str.empty() == messages.empty()) || out.empty()) {
+    fmt::print(stderr, "areno logits: --model-path, --out and one of --token-ids or --messages are required\n\n{}",
+               kLogitsUsage);
     return 2;
   }
-  const std::vector<int64_t> ids = parse_ids(ids_str);
-  const phi4mm::Adapter ad = phi4mm::adapter_from_name(adapter);
-  phi4mm::LoadOptions lo;
-  lo.with_lora = ad != phi4mm::Adapter::none;
+  if (!messages.empty() && adapter_given)
+    throw std::invalid_argument("--adapter: with --messages the adapter follows the request's media");
+  phi4mm::Adapter ad = phi4mm::adapter_from_name(adapter);
+  phi4mm::ModelLoadOptions lo;
+  lo.with_lora = !messages.empty() || ad != phi4mm::Adapter::none;
+  lo.vision = lo.audio = !messages.empty();
   if (!dtype.empty()) {
     if (dtype != "f32" && dtype != "bf16")
       throw std::invalid_argument(fmt::format("--dtype: expected f32 or bf16, got '{}'", dtype));
@@ -88,14 +105,35 @@ int cmd_logits(const Args& args) {
   }
   lo.device = Device::parse(device);
   phi4mm::LoadReport report;
-  auto model = phi4mm::load_model(model_path, lo, &report);
+  std::shared_ptr<const phi4mm::Phi4MM> mm = phi4mm::load_phi4mm(model_path, lo, &report);
+  const phi4mm::Phi4MMForCausalLM& model = *mm->lm;
   fmt::print(stderr, "loaded {}: {}\n", model_path, report.summary());
-  const int64_t vocab = model->config().text.vocab_size;
-  for (int64_t id : ids)
-    if (id >= vocab)
-      throw std::invalid_argument(fmt::format("--token-ids: id {} is outside the vocabulary (size {})", id, vocab));
+  const int64_t vocab = model.config().text.vocab_size;
+  std::vector<int64_t> ids;
+  phi4mm::PackedBatch batch;
   NoGradGuard ng;
-  Tensor logits = model->logits(phi4mm::PackedBatch::single(ids, ad)).to(Device::cpu(), DType::f32);
+  if (!messages.empty()) {
+    auto encoder = serve::make_media_encoder(mm);
+    const tok::Tokenizer tokenizer = phi4mm::load_tokenizer(model_path);
+    serve::PreparedChat pc = read_messages_file(messages, tokenizer, encoder.get());
+    ids = pc.ids();
+    ad = pc.adapter;
+    adapter = phi4mm::adapter_name(ad);
+    batch = phi4mm::PackedBatch::single(ids, ad);
+    if (!pc.media.empty()) {
+      batch.media_rows = encoder->encode(std::move(pc.media), pc.prompt.mode)();
+      std::vector<int64_t> mask;
+      for (int64_t id : ids) mask.push_back(id == phi4mm::kImageToken || id == phi4mm::kAudioToken);
+      batch.media_mask = from_vector(mask, {int64_t(mask.size())}).to(DType::boolean);
+    }
+  } else {
+    ids = parse_ids(ids_str);
+    for (int64_t id : ids)
+      if (id >= vocab)
+        throw std::invalid_argument(fmt::format("--token-ids: id {} is outside the vocabulary (size {})", id, vocab));
+    batch = phi4mm::PackedBatch::single(ids, ad);
+  }
+  Tensor logits = model.logits(batch).to(Device::cpu(), DType::f32);
   save_safetensors(out, {{"logits", logits}, {"token_ids", from_vector(ids, {int64_t(ids.size())})}},
                    {{"adapter", adapter}, {"model_path", model_path}});
   fmt::print("wrote {} (logits [{}, {}])\n", out, ids.size(), vocab);

@@ -2,6 +2,7 @@
 // Model subcommands of `areno` (issue 3): `init` writes a random-weight
 // checkpoint, `logits` runs the language model on token ids.
 #include "app/commands.h"
+#include "serve/chat_request.h"
 
 namespace areno::app {
 
@@ -10,5 +11,12 @@ int cmd_init(const Args& args);
 // areno logits --model-path DIR --token-ids 1,2,3 [--adapter none|vision|speech]
 //              [--dtype f32|bf16] --out FILE.safetensors
 int cmd_logits(const Args& args);
+// areno preprocess [--model-path DIR] --messages FILE.json --out FILE.safetensors
+int cmd_preprocess(const Args& args);
+
+// An OpenAI chat request from a JSON file (array of messages, or an object with
+// "messages" and optional "tools"); media paths resolve under the file's folder.
+serve::PreparedChat read_messages_file(const std::string& path, const tok::Tokenizer& tokenizer,
+                                       const serve::MediaEncoder* encoder);
 
 }  // namespace areno::app

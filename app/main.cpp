@@ -10,6 +10,7 @@
 #include "app/cmd_tokenize.h"
 #include "app/commands.h"
 #include "app/commands_model.h"
+#include "app/commands_serve.h"
 #include "areno_build_config.h"
 
 namespace {
@@ -24,8 +25,13 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> cmds = {
       {"env", "print version, build options, CUDA devices and library versions", areno::app::cmd_env},
       {"init", "write a random-weight checkpoint (tiny|small|full preset)", areno::app::cmd_init},
-      {"logits", "write the logits of token ids for a checkpoint", areno::app::cmd_logits},
+      {"logits", "write the logits of token ids or of a chat request with media", areno::app::cmd_logits},
+      {"preprocess", "write the processor tensors (ids, crops, masks, log-mels) of a chat request",
+       areno::app::cmd_preprocess},
       {"tokenize", "tokenize text or a messages file and print the ids as JSON", areno::app::cmd_tokenize},
+      {"serve", "OpenAI-compatible HTTP server (demo model without --model-path)", areno::app::cmd_serve},
+      {"generate", "run one chat request and stream the answer", areno::app::cmd_generate},
+      {"score", "print per-token log-probabilities of a completion (JSON)", areno::app::cmd_score},
   };
   return cmds;
 }

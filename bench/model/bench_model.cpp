@@ -99,10 +99,13 @@ int run(int argc, char** argv) {
   if (argc < 2) throw std::invalid_argument("usage: bench_model CHECKPOINT_DIR [--reps N]");
   const std::string dir = argv[1];
   int reps = 5;
+  std::string only;  // run just this benchmark (and load), for profiling
   for (int i = 2; i + 1 < argc; i += 2) {
     if (std::string(argv[i]) == "--reps") reps = std::atoi(argv[i + 1]);
-    else throw std::invalid_argument(fmt::format("unknown option '{}' (expected --reps N)", argv[i]));
+    else if (std::string(argv[i]) == "--only") only = argv[i + 1];
+    else throw std::invalid_argument(fmt::format("unknown option '{}' (expected --reps N, --only prefill|train|decode)", argv[i]));
   }
+  auto want = [&](const char* name) { return only.empty() || only == name; };
   const Device cpu = Device::cpu();
   LoadOptions lo;
   lo.with_lora = false;  // the base model, as the PyTorch peer builds it
@@ -121,7 +124,7 @@ int run(int argc, char** argv) {
   const PackedBatch b = PackedBatch::single(bench_ids(T, vocab, 0));
 
   // (a) prefill, inference mode.
-  {
+  if (want("prefill")) {
     NoGradGuard ng;
     Tensor last;
     ms = best_ms([&] { last = m.logits_at(b, {T - 1}); }, cpu, reps);
@@ -138,7 +141,7 @@ int run(int argc, char** argv) {
   }
 
   // (b) training step without optimizer: all logits, mean next-token loss, backward.
-  {
+  if (want("train")) {
     model->unfreeze();
     std::vector<int64_t> ids = bench_ids(T, vocab, 0), tgt(ids.begin() + 1, ids.end());
     tgt.push_back(-100);  // the last row has no next token
@@ -158,7 +161,7 @@ int run(int argc, char** argv) {
   }
 
   // (c) decode with the paged KV cache after a 32-token prompt.
-  {
+  if (want("decode")) {
     NoGradGuard ng;
     for (int64_t batch : {1, 8}) {
       std::vector<int64_t> first;
@@ -171,7 +174,7 @@ int run(int argc, char** argv) {
   }
 
   // Memory bandwidth for the decode bound: a 256 MiB copy (read + write).
-  {
+  if (want("decode")) {
     NoGradGuard ng;
     Tensor src = empty({int64_t(1) << 26}, TensorOptions(DType::f32, cpu));
     src.fill_(1.0);

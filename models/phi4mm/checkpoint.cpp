@@ -80,6 +80,44 @@ std::string LoadReport::summary() const {
                      expected - consumed, skipped);
 }
 
+std::vector<std::string> load_prefixed(Module& m, const SafetensorsCheckpoint& ckpt, const std::string& prefix,
+                                       const std::string& source) {
+  auto params = m.named_parameters();
+  std::vector<std::string> names, missing, bad_shape;
+  for (auto& [name, t] : params) {
+    const std::string stored = prefix + name;
+    if (!ckpt.contains(stored)) {
+      missing.push_back(stored);
+      continue;
+    }
+    const auto& e = ckpt.entry(stored);
+    if (e.shape != t.shape())
+      bad_shape.push_back(fmt::format("{} (stored {}, expected {})", stored, shape_str(e.shape), shape_str(t.shape())));
+    names.push_back(stored);
+  }
+  if (!missing.empty() || !bad_shape.empty()) {
+    std::string msg = fmt::format("{}: {} of {} tensors under '{}' missing, {} with a wrong shape", source,
+                                  missing.size(), params.size(), prefix, bad_shape.size());
+    for (size_t i = 0; i < missing.size() && i < 10; ++i) msg += "\n  missing " + missing[i];
+    for (size_t i = 0; i < bad_shape.size() && i < 10; ++i) msg += "\n  wrong shape " + bad_shape[i];
+    throw std::runtime_error(msg);
+  }
+  NoGradGuard ng;
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].second.copy_(ckpt.load(names[i]));
+    ckpt.file_of(names[i]).release_pages(names[i]);
+  }
+  return names;
+}
+
+std::vector<std::pair<std::string, Tensor>> prefixed_tensors(const Module& m, const std::string& prefix,
+                                                             DType dtype) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& [name, t] : m.named_parameters())
+    out.emplace_back(prefix + name, t.dtype() == dtype ? t.detach() : t.detach().to(dtype));
+  return out;
+}
+
 std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const LoadOptions& opts,
                                               LoadReport* report) {
   // 1. Config first: every unsupported field fails before a weight is touched.
@@ -169,7 +207,10 @@ std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const Load
   }
   {
     NoGradGuard ng;
-    for (size_t i = 0; i < params.size(); ++i) params[i].second.copy_(sources[i].file->load(sources[i].name));
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i].second.copy_(sources[i].file->load(sources[i].name));
+      sources[i].file->release_pages(sources[i].name);  // peak memory: the copies, not copies + file
+    }
   }
   model->eval();
   if (opts.device != Device::cpu()) model->to(opts.device);

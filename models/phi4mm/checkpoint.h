@@ -18,6 +18,7 @@
 #include <string>
 
 #include "models/phi4mm/text.h"
+#include "nn/io/safetensors.h"
 
 namespace areno::phi4mm {
 
@@ -33,6 +34,17 @@ struct LoadReport {
   int64_t skipped = 0;     // stored tensors not needed (towers, tied lm_head), not read
   std::string summary() const;  // "N of N tensors consumed, 0 missing, 0 unexpected (K skipped)"
 };
+
+// Copies every parameter of `m` from `ckpt`, the stored name being `prefix` +
+// the parameter's dotted name, converting to the parameter's dtype. Checks all
+// names and shapes before copying anything; throws naming `source`, the
+// missing and the wrongly shaped tensors. Returns the stored names consumed.
+// Used for the towers (prefix "model.embed_tokens_extend.image_embed." etc.).
+std::vector<std::string> load_prefixed(Module& m, const SafetensorsCheckpoint& ckpt, const std::string& prefix,
+                                       const std::string& source);
+// The parameters of `m` as (prefix + name, tensor in `dtype`) pairs, for saving.
+std::vector<std::pair<std::string, Tensor>> prefixed_tensors(const Module& m, const std::string& prefix,
+                                                             DType dtype);
 
 std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const LoadOptions& opts = {},
                                               LoadReport* report = nullptr);

@@ -5,6 +5,10 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "models/phi4mm/audio/encoder.h"
+#include "models/phi4mm/vision/vision.h"
 
 namespace areno::phi4mm {
 
@@ -120,9 +124,11 @@ std::optional<LoraConfig> parse_lora(const json& j, const std::string& source, c
 }
 
 void validate_original_towers(const json& j, const std::string& source) {
-  if (auto it = j.find("img_processor"); it != j.end() && !it->is_null())
-    fail(source, "img_processor",
-         "only the built-in SigLIP-448 tower (img_processor null or absent) is supported");
+  // img_processor: null in the released config (the SigLIP-448 sizes are
+  // implied); an object gives smaller tower sizes (presets), checked by
+  // vision_config_from before any weight is read.
+  if (auto it = j.find("img_processor"); it != j.end() && !it->is_null() && !it->is_object())
+    fail(source, "img_processor", "must be null or an object of SigLIP tower sizes");
   if (auto it = j.find("embd_layer"); it != j.end() && !it->is_null()) {
     const json& e = *it;
     expect_value(e, source + ": embd_layer", "embedding_cls", std::string("image_audio"));
@@ -295,6 +301,17 @@ Config parse_config(const json& j, const std::string& source) {
     validate_original_towers(j, source);
   } else {
     validate_native_towers(j, source);
+  }
+  // The tower sizes (explicit keys, or the released ones) must make sense too.
+  try {
+    vision_config_from(j, source);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(e.what());
+  }
+  try {
+    audio_config_from(j);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("{}: {}", source, e.what()));
   }
   // Defaults for generation come from config.json until generation_config.json says otherwise.
   c.generation.bos_token_id = t.bos_token_id;

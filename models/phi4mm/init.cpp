@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/autograd.h"
+#include "models/phi4mm/vision/vision.h"
 
 namespace areno::phi4mm {
 
@@ -66,11 +67,6 @@ json released_config_json() {
 
 Config preset_config(const std::string& preset) {
   json j = released_config_json();
-  // TODO(towers): the vision tower/projector and audio encoder/projectors are
-  // later issues; until then a preset checkpoint holds the text model and both
-  // LoRAs only. The tower sizes of these presets will be written here.
-  j["areno_towers"] = {{"written", false},
-                       {"note", "text model and LoRA only; SigLIP and Conformer towers not written yet"}};
   int64_t hidden, inter, layers, heads, kv, orig_max, max_pos, vr, sr;
   if (preset == "full") {
     // The released sizes (spec 1.1), random weights: for GPU benchmarks.
@@ -86,10 +82,16 @@ Config preset_config(const std::string& preset) {
     c.generation.eos_token_ids = {200020, 199999};
     return c;
   }
+  // Smaller towers are written explicitly (the released config leaves
+  // img_processor null and implies the SigLIP-so400m sizes): vision under
+  // "img_processor", audio under "audio_processor.config".
+  int64_t vw, vinter, vlayers, vheads, aw, aheads, aunits, ablocks;
   if (preset == "tiny") {
-    hidden = 64, inter = 128, layers = 2, heads = 4, kv = 2, orig_max = 64, max_pos = 256, vr = 8, sr = 8;
+    hidden = 64, inter = 128, layers = 2, heads = 4, kv = 2, orig_max = 64, max_pos = 4096, vr = 8, sr = 8;
+    vw = 32, vinter = 64, vlayers = 3, vheads = 2, aw = 32, aheads = 2, aunits = 48, ablocks = 2;
   } else if (preset == "small") {
     hidden = 256, inter = 768, layers = 4, heads = 8, kv = 2, orig_max = 4096, max_pos = 131072, vr = 32, sr = 40;
+    vw = 256, vinter = 512, vlayers = 5, vheads = 4, aw = 256, aheads = 4, aunits = 384, ablocks = 4;
   } else {
     throw std::invalid_argument(fmt::format("unknown preset '{}' (expected tiny, small or full)", preset));
   }
@@ -107,6 +109,16 @@ Config preset_config(const std::string& preset) {
   j["rope_scaling"] = {{"type", "longrope"},
                        {"short_factor", std::vector<double>(size_t(nfreq), 1.0)},
                        {"long_factor", released_long_factor(nfreq)}};
+  {
+    VisionConfig v;
+    v.hidden_size = vw, v.intermediate_size = vinter, v.num_hidden_layers = vlayers, v.num_attention_heads = vheads;
+    v.projection_dim = hidden;
+    j["img_processor"] = vision_config_json(v);
+    json& a = j["audio_processor"]["config"];
+    a["attention_dim"] = aw, a["attention_heads"] = aheads, a["linear_units"] = aunits, a["num_blocks"] = ablocks;
+    a["nemo_conv_settings"]["conv_channels"] = aw;
+    a["depthwise_seperable_out_channel"] = aw, a["ext_pw_out_channel"] = aw;
+  }
   j["vision_lora"]["r"] = vr;
   j["vision_lora"]["lora_alpha"] = 2 * vr;
   j["speech_lora"]["r"] = sr;

@@ -154,6 +154,21 @@ void PagedKvCache::write(int64_t layer, const std::vector<int64_t>& blocks, int6
   }
 }
 
+void PagedKvCache::copy_sequence(const KvSequence& src, KvSequence& dst) {
+  if (dst.length != 0 || !dst.blocks.empty())
+    throw std::invalid_argument("PagedKvCache::copy_sequence: the destination must be empty");
+  reserve(dst, src.length);
+  const int64_t n = blocks_for(src.length);
+  NoGradGuard ng;
+  for (size_t l = 0; l < k_.size(); ++l)
+    for (int64_t i = 0; i < n; ++i) {
+      k_[l].select(0, dst.blocks[size_t(i)]).copy_(k_[l].select(0, src.blocks[size_t(i)]));
+      v_[l].select(0, dst.blocks[size_t(i)]).copy_(v_[l].select(0, src.blocks[size_t(i)]));
+    }
+  dst.length = src.length;
+  dst.rope = src.rope;
+}
+
 std::pair<Tensor, Tensor> PagedKvCache::gather(int64_t layer, const Tensor& slot_ids) const {
   const Tensor& kc = k_.at(size_t(layer));
   const Tensor& vc = v_.at(size_t(layer));

@@ -97,6 +97,11 @@ class PagedKvCache {
   // Returns every block of `s` to the pool and resets it (length 0, table automatic).
   void release(KvSequence& s);
 
+  // Makes `dst` (empty) a copy of `src`: new blocks holding the same keys and
+  // values, same length and table (n > 1 samples share one prompt prefill).
+  // Throws std::runtime_error when the pool lacks the blocks.
+  void copy_sequence(const KvSequence& src, KvSequence& dst);
+
   // Slot ids of positions [start, start + n) of a sequence with block table `blocks`.
   std::vector<int64_t> slots(const std::vector<int64_t>& blocks, int64_t start, int64_t n) const;
   // Writes k/v [N, NKV, D] into the slots of positions [start, start + N).

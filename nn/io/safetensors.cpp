@@ -310,6 +310,14 @@ Tensor SafetensorsFile::load(const std::string& name) const {
   return make_tensor(std::move(storage), 0, e.shape, contiguous_strides(e.shape), e.dtype);
 }
 
+void SafetensorsFile::release_pages(const std::string& name) const {
+  const SafetensorsEntry& e = entry(name);
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data_of(e));
+  const uintptr_t lo = (begin + page - 1) / page * page, hi = (begin + (e.end - e.begin)) / page * page;
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
+
 Tensor SafetensorsFile::load_copy(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
   const uint8_t* p = data_of(e);

@@ -61,6 +61,10 @@ class SafetensorsFile {
   Tensor load(const std::string& name) const;
   // A CPU tensor with its own memory (the file may then be replaced).
   Tensor load_copy(const std::string& name) const;
+  // Drops the mapped pages of `name` from this process (a later load reads
+  // them from the file again): after copying a tensor out, so that loading a
+  // checkpoint does not hold the file's pages and the copies at once.
+  void release_pages(const std::string& name) const;
 
  private:
   const uint8_t* data_of(const SafetensorsEntry& e) const;

@@ -16,6 +16,7 @@
 #include "autograd/autograd.h"
 #include "tests/model/model_fixtures.h"
 #include "models/phi4mm/checkpoint.h"
+#include "models/phi4mm/model.h"
 #include "models/phi4mm/init.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "nn/io/safetensors.h"
@@ -197,16 +198,23 @@ TEST_CASE("phi4mm/areno init and areno logits") {
   CHECK(fs::exists(dir + "/tokenizer.json"));
   CHECK_NOTHROW(phi4mm::load_tokenizer(dir));
   CHECK_FALSE(fs::exists(dir2 + "/tokenizer.json"));
-  LoadReport rep;
-  auto m = load_model(dir, {}, &rep);
+  LoadReport rep, text_rep;
+  auto mm = load_phi4mm(dir, {}, &rep);
+  auto m = load_model(dir, {}, &text_rep);
   auto m2 = load_model(dir2);
-  CHECK(rep.skipped == 0);
+  CHECK(rep.skipped == 0);  // every tensor consumed, towers included
   CHECK(rep.consumed == rep.expected);
+  REQUIRE(mm->vision);
+  REQUIRE(mm->audio);
+  // The text-only load skips exactly the tower tensors, unread.
+  CHECK(text_rep.skipped ==
+        int64_t(mm->vision->named_parameters().size() + mm->audio->named_parameters().size()));
   auto a = m->named_parameters(), b = m2->named_parameters();
   for (size_t i = 0; i < a.size(); ++i) CHECK_MESSAGE(same_bits(a[i].second, b[i].second), a[i].first);  // same seed
   Config c = load_config(dir);
   CHECK(c.text.vocab_size == 200064);
-  CHECK(c.raw["areno_towers"]["written"] == false);
+  CHECK(c.raw["img_processor"]["hidden_size"] == 32);  // tiny towers are written explicitly
+  CHECK(c.raw["audio_processor"]["config"]["attention_dim"] == 32);
 
   const std::string out = tmp.str("logits.safetensors");
   REQUIRE(app::cmd_logits({"--model-path", dir, "--token-ids", "1,200019,7,42", "--adapter", "vision", "--out", out}) == 0);

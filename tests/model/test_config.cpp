@@ -163,8 +163,19 @@ TEST_CASE("phi4mm/config rejects unsupported fields naming the key") {
   }
   SUBCASE("custom image tower") {
     json j = tiny_json();
-    j["img_processor"] = {{"name", "clip_vision_model"}};
+    j["img_processor"] = "clip_vision_model";
     expect_error(j, {"img_processor"});
+  }
+  SUBCASE("image tower with an unsupported activation") {
+    json j = tiny_json();
+    j["img_processor"] = {{"hidden_act", "relu"}};
+    expect_error(j, {"hidden_act"});
+  }
+  SUBCASE("audio tower with sizes that do not divide") {
+    json j = tiny_json();
+    j["audio_processor"]["config"]["attention_dim"] = 30;
+    j["audio_processor"]["config"]["attention_heads"] = 4;
+    expect_error(j, {"attention"});
   }
   SUBCASE("model type") {
     json j = tiny_json();

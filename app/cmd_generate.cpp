@@ -1,0 +1,243 @@
+// `areno generate` and `areno score`: one request from the command line.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "app/commands_serve.h"
+#include "models/phi4mm/tokenizer/prompt_builder.h"
+#include "serve/chat_request.h"
+#include "serve/engine.h"
+#include "serve/openai.h"
+
+namespace areno::app {
+
+namespace {
+
+constexpr const char* kGenerateUsage =
+    "usage: areno generate [--model-path DIR] --prompt TEXT [--system TEXT] [--image FILE] [--audio FILE]\n"
+    "                      [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
+    "                      [--no-chat-template] [--device cpu|cuda[:N]] [--dtype f32|bf16]\n"
+    "\n"
+    "Runs one chat request and streams the answer to stdout (statistics to stderr).\n"
+    "  --model-path DIR    checkpoint (default: the embedded demo model, random weights)\n"
+    "  --prompt TEXT       the user message\n"
+    "  --system TEXT       a system message\n"
+    "  --image / --audio   media files for the user message (needs the towers: not loaded yet)\n"
+    "  --max-tokens N      generated tokens at most (default 256)\n"
+    "  --temperature T     0 = greedy (default 0)\n"
+    "  --top-p P, --top-k K  nucleus / top-k sampling (default off)\n"
+    "  --seed S            sampling seed (default 0)\n"
+    "  --no-chat-template  tokenize --prompt as is (no <|user|> ... <|assistant|>)\n";
+
+constexpr const char* kScoreUsage =
+    "usage: areno score [--model-path DIR] --prompt TEXT --completion TEXT [--no-chat-template]\n"
+    "                   [--device cpu|cuda[:N]] [--dtype f32|bf16]\n"
+    "\n"
+    "Prints, as JSON, the log-probability of each token of --completion after --prompt\n"
+    "(the packed training forward; no sampling) and their sum.\n"
+    "  --model-path DIR    checkpoint (default: the embedded demo model, random weights)\n"
+    "  --no-chat-template  tokenize --prompt as is (default: a user turn + <|assistant|>)\n";
+
+// The request as a chat (or raw text): ids, adapter and media rows.
+struct CliPrompt {
+  std::vector<int64_t> ids;
+  phi4mm::Adapter adapter = phi4mm::Adapter::none;
+  std::function<Tensor()> media;
+};
+
+CliPrompt make_prompt(const ServedModel& m, const std::string& system, const std::string& prompt, bool chat_template,
+                      const std::string& image = {}, const std::string& audio = {}) {
+  CliPrompt out;
+  if (!chat_template) {
+    if (!image.empty() || !audio.empty())
+      throw std::invalid_argument("--no-chat-template: media need the chat template (drop --image/--audio)");
+    for (tok::TokenId id : m.tokenizer->encode(prompt)) out.ids.push_back(id);
+    if (out.ids.empty()) throw std::invalid_argument("--prompt: the prompt is empty");
+    return out;
+  }
+  nlohmann::json messages = nlohmann::json::array();
+  if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
+  nlohmann::json content = nlohmann::json::array();
+  // Local files given on the command line: any path the user can read.
+  auto file = [](const std::string& flag, const std::string& path) {
+    if (!std::filesystem::is_regular_file(path)) throw std::invalid_argument(fmt::format("{}: no file '{}'", flag, path));
+    return std::filesystem::absolute(path).string();
+  };
+  if (!image.empty()) content.push_back({{"type", "image_url"}, {"image_url", {{"url", file("--image", image)}}}});
+  if (!audio.empty()) content.push_back({{"type", "audio_url"}, {"audio_url", {{"url", file("--audio", audio)}}}});
+  content.push_back({{"type", "text"}, {"text", prompt}});
+  messages.push_back({{"role", "user"}, {"content", content}});
+  serve::MediaFetchOptions fo;
+  fo.media_root = "/";
+  serve::PreparedChat pc;
+  try {
+    pc = serve::prepare_chat(*m.tokenizer, messages, nullptr, true, m.encoder.get(), fo, {});
+  } catch (const serve::ApiError& e) {
+    throw std::invalid_argument(e.what());
+  }
+  out.ids = pc.ids();
+  out.adapter = pc.adapter;
+  if (!pc.media.empty()) out.media = m.encoder->encode(std::move(pc.media), pc.prompt.mode);
+  return out;
+}
+
+}  // namespace
+
+int cmd_generate(const Args& args) {
+  std::string model_path, device = "cpu", dtype, prompt, system, image, audio;
+  bool have_prompt = false, chat_template = true;
+  serve::SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 256;
+  p.seed = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
+      return args[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      fmt::print("{}", kGenerateUsage);
+      return 0;
+    } else if (a == "--model-path") {
+      model_path = value();
+    } else if (a == "--prompt") {
+      prompt = value();
+      have_prompt = true;
+    } else if (a == "--system") {
+      system = value();
+    } else if (a == "--image") {
+      image = value();
+    } else if (a == "--audio") {
+      audio = value();
+    } else if (a == "--max-tokens") {
+      p.max_tokens = parse_int_flag(a, value(), 1);
+    } else if (a == "--temperature") {
+      p.temperature = parse_double_flag(a, value(), 0.0);
+      if (p.temperature > 2) throw std::invalid_argument("--temperature: must be in [0, 2]");
+    } else if (a == "--top-p") {
+      p.top_p = parse_double_flag(a, value(), 0.0);
+      if (p.top_p <= 0 || p.top_p > 1) throw std::invalid_argument("--top-p: must be in (0, 1]");
+    } else if (a == "--top-k") {
+      p.top_k = parse_int_flag(a, value(), -1);
+    } else if (a == "--seed") {
+      p.seed = uint64_t(parse_int_flag(a, value(), 0));
+    } else if (a == "--no-chat-template") {
+      chat_template = false;
+    } else if (a == "--device") {
+      device = value();
+    } else if (a == "--dtype") {
+      dtype = value();
+    } else {
+      fmt::print(stderr, "areno generate: unknown option '{}'\n\n{}", a, kGenerateUsage);
+      return 2;
+    }
+  }
+  if (!have_prompt) {
+    fmt::print(stderr, "areno generate: --prompt is required\n\n{}", kGenerateUsage);
+    return 2;
+  }
+  ServedModel m = load_served_model(model_path, device, dtype);
+  if (m.demo) fmt::print(stderr, "(no --model-path: the embedded demo model, random weights)\n");
+  serve::EngineOptions eo;
+  eo.eos_token_ids = m.model->config().generation.eos_token_ids;
+  eo.kv_cache_bytes = size_t(256) << 20;
+  serve::Engine engine(m.model, m.tokenizer, eo);
+  serve::Request r;
+  CliPrompt cp = make_prompt(m, system, prompt, chat_template, image, audio);
+  r.prompt = cp.ids;
+  r.adapter = cp.adapter;
+  r.media = cp.media;
+  r.params = p;
+  serve::validate(r.params, m.model->config().text.vocab_size);
+  int64_t generated = 0;
+  std::string finish = "none", error;
+  const auto t0 = std::chrono::steady_clock::now();
+  double first_token_s = -1;
+  engine.submit(std::move(r), [&](const serve::RequestOutput& o) {
+    if (!o.error.empty()) error = o.error;
+    if (o.sample < 0) return;
+    if (!o.tokens.empty() && first_token_s < 0)
+      first_token_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    generated += int64_t(o.tokens.size());
+    if (!o.text.empty()) {
+      std::fwrite(o.text.data(), 1, o.text.size(), stdout);
+      std::fflush(stdout);
+    }
+    if (o.finish != serve::FinishReason::none) finish = serve::finish_reason_name(o.finish);
+  });
+  engine.run_until_idle();
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print("\n");
+  if (!error.empty()) throw std::runtime_error(error);
+  fmt::print(stderr, "[{} tokens, finish {}, first token {:.3f} s, {:.1f} tokens/s]\n", generated, finish,
+             first_token_s, total > 0 ? double(generated) / total : 0.0);
+  return 0;
+}
+
+int cmd_score(const Args& args) {
+  std::string model_path, device = "cpu", dtype, prompt, completion;
+  bool have_prompt = false, have_completion = false, chat_template = true;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
+      return args[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      fmt::print("{}", kScoreUsage);
+      return 0;
+    } else if (a == "--model-path") {
+      model_path = value();
+    } else if (a == "--prompt") {
+      prompt = value();
+      have_prompt = true;
+    } else if (a == "--completion") {
+      completion = value();
+      have_completion = true;
+    } else if (a == "--no-chat-template") {
+      chat_template = false;
+    } else if (a == "--device") {
+      device = value();
+    } else if (a == "--dtype") {
+      dtype = value();
+    } else {
+      fmt::print(stderr, "areno score: unknown option '{}'\n\n{}", a, kScoreUsage);
+      return 2;
+    }
+  }
+  if (!have_prompt || !have_completion) {
+    fmt::print(stderr, "areno score: --prompt and --completion are required\n\n{}", kScoreUsage);
+    return 2;
+  }
+  ServedModel m = load_served_model(model_path, device, dtype);
+  const std::vector<int64_t> pids = make_prompt(m, "", prompt, chat_template).ids;
+  std::vector<int64_t> cids;
+  for (tok::TokenId id : m.tokenizer->encode(completion)) cids.push_back(id);
+  if (cids.empty()) throw std::invalid_argument("--completion: the completion is empty");
+  const std::vector<float> lps = serve::score(*m.model, pids, cids);
+  nlohmann::json tokens = nlohmann::json::array();
+  double sum = 0;
+  for (size_t i = 0; i < cids.size(); ++i) {
+    const tok::TokenId id = tok::TokenId(cids[i]);
+    tokens.push_back({{"id", cids[i]},
+                      {"token", m.tokenizer->decode(std::span<const tok::TokenId>(&id, 1))},
+                      {"logprob", lps[i]}});
+    sum += lps[i];
+  }
+  const nlohmann::json out = {{"model", m.name},
+                              {"prompt_tokens", pids.size()},
+                              {"completion_tokens", cids.size()},
+                              {"tokens", tokens},
+                              {"sum_logprob", sum}};
+  fmt::print("{}\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+  return 0;
+}
+
+}  // namespace areno::app

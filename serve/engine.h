@@ -1,0 +1,221 @@
+#pragma once
+// The inference engine (issue 7): continuous batching over the paged KV cache.
+//
+// One engine owns a model, its PagedKvCache and a scheduler. Requests are
+// submitted from any thread; the engine thread (start()) or the caller
+// (step() / run_until_idle(), for tests and offline use) runs steps. A step:
+//   1. takes new requests and aborts from the inbox;
+//   2. schedules: every running sequence in decode gets its one pending token,
+//      sequences still in prefill get chunks of at most prefill_chunk_tokens,
+//      waiting requests are admitted (oldest first) while fewer than
+//      max_running sequences run and the step's token budget lasts. A request
+//      is admitted as one sequence; its media rows are computed once, at
+//      admission (Request::media), and sliced per chunk so media slots stay
+//      aligned. With n > 1 the prompt is prefilled once and its cache copied
+//      to the other samples when the prefill ends;
+//   3. makes room: a sequence whose growth crosses the LongRoPE boundary
+//      (original_max_position_embeddings) is released and re-prefilled with
+//      the long table; when the cache lacks blocks the newest running
+//      sequence is preempted (blocks freed, re-prefilled later from its
+//      tokens and media). Neither changes any output;
+//   4. runs forward_incremental once over all chunks, samples the sequences
+//      whose last chunk ended, checks stops and reports RequestOutput events.
+//
+// Sampling is per sequence and batch-independent: the random number of
+// generated token k of sample j depends only on (seed, j, k), so a seeded
+// request gives the same tokens alone, in any batch, and after preemption.
+// Log-probabilities are those of the raw model distribution (log_softmax of
+// the logits before temperature, penalties or filtering), as vLLM reports.
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "models/phi4mm/kv_cache.h"
+#include "models/phi4mm/text.h"
+#include "models/phi4mm/tokenizer/tokenizer.h"
+
+namespace areno::serve {
+
+using phi4mm::Adapter;
+
+struct SamplingParams {
+  int64_t n = 1;                 // samples sharing the prompt
+  double temperature = 1.0;      // 0 = greedy (ties: lowest id)
+  double top_p = 1.0;            // (0, 1]
+  int64_t top_k = -1;            // <= 0: off
+  double min_p = 0.0;            // [0, 1]: drop tokens below min_p * max prob
+  double presence_penalty = 0.0;   // [-2, 2], OpenAI semantics over generated tokens
+  double frequency_penalty = 0.0;  // [-2, 2]
+  double repetition_penalty = 1.0; // > 0, vLLM semantics over prompt + generated tokens
+  std::vector<std::pair<int64_t, double>> logit_bias;  // token id -> bias added to the logit
+  std::optional<uint64_t> seed;  // none: drawn from the engine's generator at submit
+  int64_t max_tokens = 16;       // generated tokens (stop token included)
+  int64_t min_tokens = 0;        // stop tokens are masked before this many
+  std::vector<std::string> stop;        // stop strings, matched on the decoded text
+  std::vector<int64_t> stop_token_ids;  // in addition to the eos ids (unless ignore_eos)
+  bool ignore_eos = false;
+  bool include_stop_str_in_output = false;
+  bool skip_special_tokens = true;      // in the decoded text
+  int64_t logprobs = -1;         // -1: none; k >= 0: logprob of each token and the top k
+  int64_t prompt_logprobs = -1;  // -1: none; k >= 0: logprobs of the prompt tokens (echo)
+};
+
+// Validates ranges; throws std::invalid_argument naming the field.
+void validate(const SamplingParams& p, int64_t vocab_size);
+
+struct TokenLogprob {
+  int64_t token = 0;
+  float logprob = 0;
+  std::vector<std::pair<int64_t, float>> top;  // best first
+};
+
+enum class FinishReason { none, stop, length, abort };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort" (none: nullptr)
+
+struct Request {
+  std::vector<int64_t> prompt;   // expanded prompt ids (media placeholders repeated)
+  Adapter adapter = Adapter::none;  // the sequence's LoRA (vision when an image is present)
+  // Media rows [M, H] for the prompt's placeholder ids (200010 / 200011), in
+  // order of appearance; called once on the engine thread at admission.
+  // Empty when the prompt has no media.
+  std::function<Tensor()> media;
+  SamplingParams params;
+  int64_t max_context = 0;       // 0: the model's max_position_embeddings
+};
+
+// What a step reports for one request. `sample` < 0 marks request-level events
+// (prompt logprobs, errors).
+struct RequestOutput {
+  int64_t sample = 0;
+  std::vector<int64_t> tokens;          // new tokens of this sample
+  std::string text;                     // new text (complete UTF-8; stop strings held back)
+  std::vector<TokenLogprob> logprobs;   // for `tokens` when requested
+  FinishReason finish = FinishReason::none;
+  std::string stop_reason;              // the stop string matched, or the stop token id as text
+  // Request-level:
+  std::vector<std::optional<TokenLogprob>> prompt_logprobs;  // once, when requested (first is null)
+  std::string error;                    // non-empty: the request failed (engine error)
+  bool done = false;                    // last event of the request (all samples finished)
+};
+
+using OutputCallback = std::function<void(const RequestOutput&)>;
+
+struct EngineOptions {
+  int64_t max_running = 16;            // sequences in flight (samples count)
+  int64_t max_batch_tokens = 2048;     // tokens per step (decode + prefill chunks)
+  int64_t prefill_chunk_tokens = 512;  // per sequence per step
+  int64_t kv_blocks = 0;               // 0: from kv_cache_bytes
+  size_t kv_cache_bytes = size_t(1) << 30;
+  int64_t block_size = 16;
+  int64_t max_queue = 1024;            // waiting requests; submit() throws QueueFull beyond
+  std::vector<int64_t> eos_token_ids{200020, 199999};
+  uint64_t seed = 0;                   // for requests without a seed
+};
+
+struct QueueFull : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct EngineStats {
+  int64_t requests_total = 0, requests_finished = 0, requests_aborted = 0, requests_failed = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0, preemptions = 0, reprefills = 0;
+  int64_t running = 0, waiting = 0;
+  int64_t kv_blocks_total = 0, kv_blocks_used = 0;
+  int64_t steps = 0;
+  double step_seconds_total = 0, last_step_seconds = 0;
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::shared_ptr<const tok::Tokenizer> tokenizer,
+         EngineOptions opts = {});
+  ~Engine();  // stops the thread; aborts what is left
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request; returns its id. Callbacks run on the stepping thread and
+  // must not block. Throws std::invalid_argument (bad params/prompt: empty,
+  // longer than the context, ids out of range, media count mismatch) or
+  // QueueFull. Thread-safe.
+  int64_t submit(Request r, OutputCallback on_output);
+  // Frees the request's sequences at the next step; its last event has
+  // finish = abort. Unknown or finished ids are ignored. Thread-safe.
+  void abort(int64_t id);
+
+  // One scheduling step; returns false when there was nothing to do.
+  bool step();
+  void run_until_idle();
+  // Background stepping thread.
+  void start();
+  // Stops admitting; with drain, finishes the running and waiting requests
+  // first, else aborts them. Joins the thread.
+  void stop(bool drain = true);
+  bool running() const { return thread_.joinable(); }
+
+  EngineStats stats() const;
+  const EngineOptions& options() const { return opts_; }
+  const phi4mm::Phi4MMForCausalLM& model() const { return *model_; }
+  const tok::Tokenizer& tokenizer() const { return *tok_; }
+  int64_t max_context() const;
+
+ private:
+  struct Seq;
+  struct Req;
+  void take_inbox();
+  void schedule_and_run();
+  void finish_request(Req& r, FinishReason why, const std::string& error = {});
+  void preempt(Seq& s);
+  void release(Seq& s);
+
+  std::shared_ptr<phi4mm::Phi4MMForCausalLM> model_;
+  std::shared_ptr<const tok::Tokenizer> tok_;
+  EngineOptions opts_;
+  std::unique_ptr<phi4mm::PagedKvCache> cache_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Req>> inbox_;
+  std::vector<int64_t> aborts_;
+  int64_t next_id_ = 1;
+  uint64_t seed_state_;
+  bool stopping_ = false, drain_ = true;
+  std::thread thread_;
+
+  // Stepping-thread state.
+  std::deque<std::unique_ptr<Req>> waiting_;            // not yet admitted (FIFO)
+  std::vector<std::unique_ptr<Req>> active_;            // admitted, unfinished
+  std::vector<Seq*> running_;                           // in admission order
+  std::deque<Seq*> preempted_;                          // re-prefill first, oldest first
+  int64_t admit_counter_ = 0;
+  EngineStats stats_;       // stepping thread
+  EngineStats published_;   // copy under mu_, for stats()
+  int64_t requests_total_ = 0;  // under mu_
+};
+
+// Blocking batch API for offline use and the trainer (rollouts and scoring).
+struct Completion {
+  std::vector<int64_t> tokens;
+  std::vector<float> logprobs;  // of `tokens` (raw distribution)
+  std::string text;
+  FinishReason finish = FinishReason::none;
+};
+// Runs every request to completion on `engine` (which must not be started):
+// result[i][j] is sample j of request i.
+std::vector<std::vector<Completion>> generate(Engine& engine, std::vector<Request> requests);
+
+// Per-token log-probabilities of `completion` after `prompt` (media rows as in
+// Request), without sampling: entry t is log p(completion[t] | prompt,
+// completion[< t]). Runs the packed forward of the training path.
+std::vector<float> score(const phi4mm::Phi4MMForCausalLM& model, const std::vector<int64_t>& prompt,
+                         const std::vector<int64_t>& completion, Adapter adapter = Adapter::none,
+                         const Tensor& media_rows = {});
+
+}  // namespace areno::serve

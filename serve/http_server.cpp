@@ -1,0 +1,582 @@
+// HTTP endpoints of `areno serve` on cpp-httplib (see http_server.h).
+#include "serve/http_server.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <ctime>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "areno_build_config.h"
+#include "models/phi4mm/tokenizer/prompt_builder.h"
+#include "serve/chat_request.h"
+
+namespace areno::serve {
+
+using nlohmann::json;
+
+namespace {
+
+int64_t unix_now() { return int64_t(std::time(nullptr)); }
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(dump_json(body), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status, error_body(e)); }
+
+// The outputs of one HTTP request's engine requests, filled by the engine
+// thread's callbacks and drained by the handler.
+struct Pending {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<size_t, RequestOutput>> events;  // (engine request index, output)
+  size_t done = 0;
+  size_t total = 0;
+  std::vector<int64_t> ids;
+  std::vector<bool> finished;
+
+  void push(size_t i, const RequestOutput& o) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      events.emplace_back(i, o);
+      if (o.done) {
+        ++done;
+        finished[i] = true;
+      }
+    }
+    cv.notify_all();
+  }
+  // Waits up to `timeout` for events; returns them (maybe none).
+  std::deque<std::pair<size_t, RequestOutput>> take(std::chrono::milliseconds timeout, bool& all_done) {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait_for(lk, timeout, [&] { return !events.empty() || done == total; });
+    std::deque<std::pair<size_t, RequestOutput>> out;
+    out.swap(events);
+    all_done = done == total;
+    return out;
+  }
+};
+
+// Counts requests in flight for draining; lives as long as the response.
+struct InFlight {
+  std::atomic<int64_t>& n;
+  explicit InFlight(std::atomic<int64_t>& c) : n(c) { ++n; }
+  ~InFlight() { --n; }
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+  Engine& engine;
+  const MediaEncoder* encoder;
+  ServerOptions opts;
+  httplib::Server http;
+  int bound_port = -1;
+  std::atomic<bool> draining{false};
+  std::atomic<int64_t> inflight{0};
+  std::atomic<bool> stopped{false};
+  int64_t started = unix_now();
+  int64_t context = 0;
+
+  std::mutex metrics_mu;
+  std::map<std::pair<std::string, int>, int64_t> http_counts;  // (route, status) -> count
+
+  Impl(Engine& e, const MediaEncoder* enc, ServerOptions o) : engine(e), encoder(enc), opts(std::move(o)) {
+    context = engine.max_context();
+    if (opts.max_context_len > 0) context = std::min(context, opts.max_context_len);
+    opts.api.vocab_size = engine.model().config().text.vocab_size;
+    if (opts.threads == 0) opts.threads = size_t(std::max<int64_t>(64, 2 * engine.options().max_running));
+    routes();
+  }
+
+  // ---- plumbing ----------------------------------------------------------
+
+  void routes() {
+    const size_t threads = opts.threads;
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    http.set_payload_max_length(opts.max_body_bytes);
+    http.set_read_timeout(30, 0);
+    http.set_write_timeout(30, 0);
+
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      const bool api = req.path.rfind("/v1/", 0) == 0;
+      if (api && !opts.api_key.empty()) {
+        const std::string auth = req.get_header_value("Authorization");
+        if (auth != "Bearer " + opts.api_key) {
+          send_error(res, ApiError(401, auth.empty() ? "missing API key: send 'Authorization: Bearer <key>'"
+                                                     : "invalid API key",
+                                   "", "invalid_api_key"));
+          return httplib::Server::HandlerResponse::Handled;
+        }
+      }
+      return httplib::Server::HandlerResponse::Unhandled;
+    });
+    http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      std::string route = req.matches.empty() ? "other" : req.path;
+      std::lock_guard<std::mutex> lk(metrics_mu);
+      http_counts[{route, res.status}]++;
+    });
+    // httplib's own errors (404 unknown route, 413 body too large, 400 bad
+    // request line...) get OpenAI bodies too.
+    http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      std::string msg;
+      switch (res.status) {
+        case 404: msg = fmt::format("no route {} {}", req.method, req.path); break;
+        case 405: msg = fmt::format("method {} is not allowed on {}", req.method, req.path); break;
+        case 413:
+          msg = fmt::format("the request body is larger than the server's limit of {} bytes (--max-body-mb)",
+                            opts.max_body_bytes);
+          break;
+        default: msg = fmt::format("HTTP error {} on {} {}", res.status, req.method, req.path);
+      }
+      send_error(res, ApiError(res.status, msg));
+    });
+    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string what = "unknown error";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      send_error(res, ApiError(500, "internal error: " + what));
+    });
+
+    http.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) {
+      generate(ApiKind::chat, q, r);
+    });
+    http.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) {
+      generate(ApiKind::completion, q, r);
+    });
+    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& r) {
+      send_json(r, 200,
+                {{"object", "list"},
+                 {"data", json::array({{{"id", opts.served_model_name},
+                                        {"object", "model"},
+                                        {"created", started},
+                                        {"owned_by", "areno"},
+                                        {"root", opts.model_path.empty() ? opts.served_model_name : opts.model_path},
+                                        {"parent", nullptr},
+                                        {"max_model_len", context}}})}});
+    });
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& r) {
+      if (draining) send_json(r, 503, {{"status", "draining"}});
+      else send_json(r, 200, {{"status", "ok"}});
+    });
+    http.Get("/version", [](const httplib::Request&, httplib::Response& r) {
+      send_json(r, 200, {{"version", ARENO_VERSION}});
+    });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
+      r.set_content(metrics_text(), "text/plain; version=0.0.4");
+    });
+    http.Post("/tokenize", [this](const httplib::Request& q, httplib::Response& r) { tokenize(q, r); });
+    http.Post("/detokenize", [this](const httplib::Request& q, httplib::Response& r) { detokenize(q, r); });
+  }
+
+  json parse_body(const httplib::Request& req) {
+    json body;
+    try {
+      body = json::parse(req.body);
+    } catch (const json::parse_error& e) {
+      throw ApiError(400, fmt::format("malformed JSON body: {}", e.what()));
+    }
+    if (!body.is_object()) throw ApiError(400, fmt::format("the request body must be a JSON object (got {})", body.type_name()));
+    return body;
+  }
+
+  void check_model(const std::string& model) const {
+    if (model.empty() || model == opts.served_model_name || (!opts.model_path.empty() && model == opts.model_path))
+      return;
+    throw ApiError(404, fmt::format("The model `{}` does not exist (this server serves `{}`).", model,
+                                    opts.served_model_name),
+                   "model", "model_not_found");
+  }
+
+  // ---- prompts -----------------------------------------------------------
+
+  struct BuiltPrompt {
+    std::vector<int64_t> ids;
+    Adapter adapter = Adapter::none;
+    std::function<Tensor()> media;
+  };
+
+  BuiltPrompt build_chat(const json& messages, const json& tools, bool add_generation_prompt) {
+    PreparedChat pc =
+        prepare_chat(engine.tokenizer(), messages, tools, add_generation_prompt, encoder, opts.media, opts.media_limits);
+    BuiltPrompt b;
+    b.ids = pc.ids();
+    b.adapter = pc.adapter;
+    if (!pc.media.empty()) {
+      try {
+        b.media = encoder->encode(std::move(pc.media), pc.prompt.mode);
+      } catch (const MediaError& e) {
+        throw ApiError(400, e.what(), "messages");
+      }
+    }
+    return b;
+  }
+
+  // Checks the prompt length and fixes max_tokens / max_context of `r`.
+  void fit_context(Request& r, const ApiRequest& ar, const char* field) const {
+    const int64_t len = int64_t(r.prompt.size());
+    if (opts.max_prompt_tokens > 0 && len > opts.max_prompt_tokens)
+      throw ApiError(400,
+                     fmt::format("The prompt has {} tokens, more than this server's limit of {} (--max-prompt-tokens). "
+                                 "Please reduce the length of the {}.",
+                                 len, opts.max_prompt_tokens, field),
+                     field, "context_length_exceeded");
+    int64_t& max_tokens = r.params.max_tokens;
+    if (!ar.max_tokens_given) max_tokens = std::min(max_tokens, context - len);
+    const int64_t need = len + std::max<int64_t>(max_tokens, ar.max_tokens_given ? 0 : 1);
+    if (need > context)
+      throw ApiError(400,
+                     fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens "
+                                 "({} in the {}, {} in the completion). Please reduce the length of the {} or completion.",
+                                 context, len + std::max<int64_t>(max_tokens, 1), len, field,
+                                 std::max<int64_t>(max_tokens, 1), field),
+                     field, "context_length_exceeded");
+    r.params.min_tokens = std::min(r.params.min_tokens, max_tokens);
+    r.max_context = context;
+  }
+
+  // ---- generation --------------------------------------------------------
+
+  void generate(ApiKind kind, const httplib::Request& hreq, httplib::Response& res) {
+    auto guard = std::make_shared<InFlight>(inflight);
+    try {
+      if (draining) throw ApiError(503, "the server is shutting down");
+      const json body = parse_body(hreq);
+      ApiRequest ar = kind == ApiKind::chat ? parse_chat_request(body, opts.api) : parse_completion_request(body, opts.api);
+      check_model(ar.model);
+
+      std::vector<Request> reqs;
+      std::vector<std::vector<int64_t>> prompt_ids;
+      if (kind == ApiKind::chat) {
+        BuiltPrompt b = build_chat(ar.messages, ar.tools, ar.add_generation_prompt);
+        Request r;
+        r.prompt = std::move(b.ids);
+        r.adapter = b.adapter;
+        r.media = std::move(b.media);
+        r.params = ar.params;
+        fit_context(r, ar, "messages");
+        prompt_ids.push_back(r.prompt);
+        reqs.push_back(std::move(r));
+      } else {
+        for (auto& ids : completion_prompt_ids(ar, engine.tokenizer(), opts.api.vocab_size)) {
+          Request r;
+          r.prompt = ids;
+          r.params = ar.params;
+          fit_context(r, ar, "prompt");
+          prompt_ids.push_back(std::move(ids));
+          reqs.push_back(std::move(r));
+        }
+      }
+      for (const Request& r : reqs) {
+        try {
+          validate(r.params, opts.api.vocab_size);
+        } catch (const std::invalid_argument& e) {
+          throw ApiError(400, e.what());
+        }
+      }
+
+      auto pending = std::make_shared<Pending>();
+      pending->total = reqs.size();
+      pending->finished.assign(reqs.size(), false);
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        try {
+          // Not under pending->mu: the engine thread takes it in the callback.
+          const int64_t id = engine.submit(std::move(reqs[i]), [pending, i](const RequestOutput& o) {
+            pending->push(i, o);
+          });
+          std::lock_guard<std::mutex> lk(pending->mu);
+          pending->ids.push_back(id);
+        } catch (...) {
+          for (int64_t id : pending->ids) engine.abort(id);
+            try {
+              throw;
+            } catch (const QueueFull& e) {
+              throw ApiError(429, fmt::format("the server is overloaded: {}; retry later", e.what()));
+            } catch (const std::invalid_argument& e) {
+              throw ApiError(400, e.what());
+            } catch (const std::exception& e) {
+              if (draining) throw ApiError(503, "the server is shutting down");
+              throw ApiError(500, fmt::format("the engine refused the request: {}", e.what()));
+            }
+        }
+      }
+
+      ResponseHeader h{new_response_id(kind == ApiKind::chat ? "chatcmpl-" : "cmpl-"), unix_now(), opts.served_model_name};
+      if (!ar.stream) {
+        respond_once(kind, ar, h, prompt_ids, *pending, res);
+      } else {
+        stream(kind, std::move(ar), std::move(h), std::move(prompt_ids), pending, guard, res);
+      }
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  }
+
+  void respond_once(ApiKind kind, const ApiRequest& ar, const ResponseHeader& h,
+                    const std::vector<std::vector<int64_t>>& prompt_ids, Pending& pending, httplib::Response& res) {
+    const size_t n = size_t(ar.params.n);
+    std::vector<ChoiceOutput> choices(prompt_ids.size() * n);
+    std::vector<std::vector<std::optional<TokenLogprob>>> prompt_lps(prompt_ids.size());
+    std::string error;
+    bool all_done = false;
+    while (!all_done) {
+      for (auto& [i, o] : pending.take(std::chrono::milliseconds(1000), all_done)) {
+        if (!o.error.empty()) error = o.error;
+        if (o.sample < 0) {
+          if (!o.prompt_logprobs.empty()) prompt_lps[i] = o.prompt_logprobs;
+          continue;
+        }
+        choices[i * n + size_t(o.sample)].add(o);
+      }
+    }
+    if (!error.empty()) throw ApiError(500, error);
+    Usage usage;
+    for (auto& p : prompt_ids) usage.prompt_tokens += int64_t(p.size());
+    for (auto& c : choices) usage.completion_tokens += int64_t(c.tokens.size());
+    const json out = kind == ApiKind::chat
+                         ? chat_response(h, ar, engine.tokenizer(), choices, usage)
+                         : completion_response(h, ar, engine.tokenizer(), prompt_ids, prompt_lps, choices, usage);
+    send_json(res, 200, out);
+  }
+
+  void stream(ApiKind kind, ApiRequest ar, ResponseHeader h, std::vector<std::vector<int64_t>> prompt_ids,
+              std::shared_ptr<Pending> pending, std::shared_ptr<InFlight> guard, httplib::Response& res) {
+    struct State {
+      ApiRequest ar;
+      ResponseHeader h;
+      std::vector<std::vector<int64_t>> prompt_ids;
+      std::vector<std::vector<std::optional<TokenLogprob>>> prompt_lps;
+      std::vector<bool> started;        // per choice: role / echo chunk sent
+      std::vector<int64_t> text_offset; // per choice (completion logprobs)
+      Usage usage;
+    };
+    auto st = std::make_shared<State>();
+    st->ar = std::move(ar);
+    st->h = std::move(h);
+    st->prompt_ids = std::move(prompt_ids);
+    st->prompt_lps.resize(st->prompt_ids.size());
+    const size_t n = size_t(st->ar.params.n);
+    st->started.assign(st->prompt_ids.size() * n, false);
+    st->text_offset.assign(st->prompt_ids.size() * n, 0);
+    for (auto& p : st->prompt_ids) st->usage.prompt_tokens += int64_t(p.size());
+
+    Engine* eng = &engine;
+    res.status = 200;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [st, pending, kind, n, eng](size_t, httplib::DataSink& sink) {
+          const tok::Tokenizer& t = eng->tokenizer();
+          ApiRequest& ar = st->ar;
+          auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+          // The first chunk of a choice: the role (chat) or the echoed prompt (completions).
+          auto start_choice = [&](size_t i, size_t c) {
+            if (st->started[c]) return true;
+            st->started[c] = true;
+            if (kind == ApiKind::chat)
+              return write(sse_event(chat_chunk(st->h, int64_t(c), {{"role", "assistant"}, {"content", ""}})));
+            if (!ar.echo) return true;
+            std::vector<tok::TokenId> tids(st->prompt_ids[i].begin(), st->prompt_ids[i].end());
+            const std::string text = t.decode(tids, ar.params.skip_special_tokens);
+            json lp = nullptr;
+            if (ar.completion_logprobs >= 0)
+              lp = completion_logprobs_json(t, st->prompt_ids[i], st->prompt_lps[i], {}, ar.return_tokens_as_token_ids);
+            st->text_offset[c] = int64_t(text.size());
+            return write(sse_event(completion_chunk(st->h, int64_t(c), text, lp)));
+          };
+          auto idle = std::chrono::steady_clock::now();
+          bool all_done = false;
+          while (true) {
+            auto events = pending->take(std::chrono::milliseconds(200), all_done);
+            for (auto& [i, o] : events) {
+              if (!o.error.empty()) {
+                if (!write(sse_event(error_body(ApiError(500, o.error))))) return false;
+                continue;
+              }
+              if (o.sample < 0) {
+                if (!o.prompt_logprobs.empty()) st->prompt_lps[i] = o.prompt_logprobs;
+                continue;
+              }
+              const size_t c = i * n + size_t(o.sample);
+              if (!start_choice(i, c)) return false;
+              st->usage.completion_tokens += int64_t(o.tokens.size());
+              const bool want_lp = kind == ApiKind::chat ? ar.logprobs : ar.completion_logprobs >= 0;
+              if (!o.text.empty() || (want_lp && !o.logprobs.empty())) {
+                json chunk;
+                if (kind == ApiKind::chat) {
+                  json lp = want_lp ? chat_logprobs_json(t, o.logprobs, ar.top_logprobs, ar.return_tokens_as_token_ids)
+                                    : json(nullptr);
+                  chunk = chat_chunk(st->h, int64_t(c), {{"content", o.text}}, lp);
+                } else {
+                  json lp = want_lp ? completion_logprobs_json(t, {}, {}, o.logprobs, ar.return_tokens_as_token_ids,
+                                                               st->text_offset[c])
+                                    : json(nullptr);
+                  st->text_offset[c] += int64_t(o.text.size());
+                  chunk = completion_chunk(st->h, int64_t(c), o.text, lp);
+                }
+                if (!write(sse_event(chunk))) return false;
+              }
+              if (o.finish != FinishReason::none) {
+                ChoiceOutput co;
+                co.finish = o.finish;
+                co.stop_reason = o.stop_reason;
+                const json stop = stop_reason_json(co, ar.params);
+                const json finish = finish_reason_name(o.finish);
+                const json chunk = kind == ApiKind::chat ? chat_chunk(st->h, int64_t(c), json::object(), nullptr, finish, stop)
+                                                         : completion_chunk(st->h, int64_t(c), "", nullptr, finish, stop);
+                if (!write(sse_event(chunk))) return false;
+              }
+            }
+            if (all_done) break;
+            const auto now = std::chrono::steady_clock::now();
+            if (!events.empty()) {
+              idle = now;
+            } else if (now - idle > std::chrono::seconds(2)) {
+              // An SSE comment: clients ignore it, and a gone client fails the write.
+              if (!write(": keep-alive\n\n")) return false;
+              idle = now;
+            }
+          }
+          if (ar.include_usage && !write(sse_event(usage_chunk(st->h, kind, st->usage)))) return false;
+          if (!write(kSseDone)) return false;
+          sink.done();
+          return true;
+        },
+        [pending, guard, eng](bool success) {
+          // Client gone (or the write failed): free the engine's sequences.
+          if (!success) {
+            std::lock_guard<std::mutex> lk(pending->mu);
+            for (size_t i = 0; i < pending->ids.size(); ++i)
+              if (!pending->finished[i]) eng->abort(pending->ids[i]);
+          }
+        });
+  }
+
+  // ---- helpers -------------------------------------------------------------
+
+  void tokenize(const httplib::Request& hreq, httplib::Response& res) {
+    InFlight g(inflight);
+    try {
+      const json body = parse_body(hreq);
+      if (body.contains("model") && body["model"].is_string()) check_model(body["model"].get<std::string>());
+      std::vector<int64_t> ids;
+      if (body.contains("messages")) {
+        const bool agp = body.value("add_generation_prompt", true);
+        ids = build_chat(body["messages"], body.value("tools", json()), agp).ids;
+      } else if (body.contains("prompt") && body["prompt"].is_string()) {
+        for (tok::TokenId t : engine.tokenizer().encode(body["prompt"].get<std::string>())) ids.push_back(t);
+      } else {
+        throw ApiError(400, "expected 'prompt' (a string) or 'messages'", "prompt");
+      }
+      send_json(res, 200, {{"count", ids.size()}, {"max_model_len", context}, {"tokens", ids}});
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    } catch (const std::exception& e) {
+      send_error(res, ApiError(400, e.what()));
+    }
+  }
+
+  void detokenize(const httplib::Request& hreq, httplib::Response& res) {
+    try {
+      const json body = parse_body(hreq);
+      if (body.contains("model") && body["model"].is_string()) check_model(body["model"].get<std::string>());
+      if (!body.contains("tokens") || !body["tokens"].is_array()) throw ApiError(400, "'tokens' must be an array of ids", "tokens");
+      std::vector<tok::TokenId> ids;
+      for (const json& x : body["tokens"]) {
+        if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= opts.api.vocab_size)
+          throw ApiError(400, fmt::format("'tokens': {} is not a token id in [0, {})", dump_json(x), opts.api.vocab_size),
+                         "tokens");
+        ids.push_back(tok::TokenId(x.get<int64_t>()));
+      }
+      send_json(res, 200, {{"prompt", engine.tokenizer().decode(ids)}});
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  }
+
+  std::string metrics_text() {
+    const EngineStats s = engine.stats();
+    std::string out;
+    auto metric = [&](const char* name, const char* type, const char* help, double v) {
+      out += fmt::format("# HELP {0} {1}\n# TYPE {0} {2}\n{0} {3}\n", name, help, type, v);
+    };
+    metric("areno_requests_total", "counter", "Requests submitted to the engine.", double(s.requests_total));
+    metric("areno_requests_finished_total", "counter", "Requests that finished normally.", double(s.requests_finished));
+    metric("areno_requests_aborted_total", "counter", "Requests aborted (client gone, shutdown).", double(s.requests_aborted));
+    metric("areno_requests_failed_total", "counter", "Requests that failed in the engine.", double(s.requests_failed));
+    metric("areno_prompt_tokens_total", "counter", "Prompt tokens admitted (expanded media included).", double(s.prompt_tokens));
+    metric("areno_generation_tokens_total", "counter", "Tokens generated.", double(s.generated_tokens));
+    metric("areno_preemptions_total", "counter", "Sequences preempted when the KV cache was full.", double(s.preemptions));
+    metric("areno_reprefills_total", "counter", "Sequence caches rebuilt (preemption, LongRoPE switch).", double(s.reprefills));
+    metric("areno_requests_running", "gauge", "Sequences in the running batch.", double(s.running));
+    metric("areno_requests_waiting", "gauge", "Requests waiting for admission.", double(s.waiting));
+    metric("areno_kv_blocks_used", "gauge", "KV cache blocks in use.", double(s.kv_blocks_used));
+    metric("areno_kv_blocks_total", "gauge", "KV cache blocks.", double(s.kv_blocks_total));
+    metric("areno_kv_cache_usage_ratio", "gauge", "Fraction of KV blocks in use.",
+           s.kv_blocks_total ? double(s.kv_blocks_used) / double(s.kv_blocks_total) : 0.0);
+    metric("areno_engine_steps_total", "counter", "Engine steps run.", double(s.steps));
+    metric("areno_engine_step_seconds_total", "counter", "Seconds spent in engine steps.", s.step_seconds_total);
+    metric("areno_engine_last_step_seconds", "gauge", "Duration of the last engine step.", s.last_step_seconds);
+    metric("areno_http_requests_in_flight", "gauge", "HTTP requests being handled (streams included).", double(inflight.load()));
+    out += "# HELP areno_http_requests_total HTTP requests answered, by route and status.\n"
+           "# TYPE areno_http_requests_total counter\n";
+    std::lock_guard<std::mutex> lk(metrics_mu);
+    for (const auto& [key, count] : http_counts)
+      out += fmt::format("areno_http_requests_total{{route=\"{}\",status=\"{}\"}} {}\n", key.first, key.second, count);
+    return out;
+  }
+};
+
+HttpServer::HttpServer(Engine& engine, const MediaEncoder* encoder, ServerOptions opts)
+    : impl_(std::make_unique<Impl>(engine, encoder, std::move(opts))) {}
+
+HttpServer::~HttpServer() { stop(); }
+
+int HttpServer::bind() {
+  Impl& m = *impl_;
+  if (m.opts.port == 0) {
+    m.bound_port = m.http.bind_to_any_port(m.opts.host);
+  } else {
+    m.bound_port = m.http.bind_to_port(m.opts.host, m.opts.port) ? m.opts.port : -1;
+  }
+  if (m.bound_port < 0)
+    throw std::runtime_error(fmt::format("cannot listen on {}:{} (address in use or not available)", m.opts.host,
+                                         m.opts.port));
+  return m.bound_port;
+}
+
+void HttpServer::listen() { impl_->http.listen_after_bind(); }
+int HttpServer::port() const { return impl_->bound_port; }
+void HttpServer::begin_drain() { impl_->draining = true; }
+bool HttpServer::draining() const { return impl_->draining; }
+int64_t HttpServer::in_flight() const { return impl_->inflight; }
+
+bool HttpServer::wait_idle(double seconds) const {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (impl_->inflight > 0) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+void HttpServer::stop() {
+  if (impl_ && !impl_->stopped.exchange(true)) impl_->http.stop();
+}
+
+}  // namespace areno::serve

@@ -1,0 +1,75 @@
+#pragma once
+// The OpenAI-compatible HTTP front end of `areno serve` (issue 7), on
+// cpp-httplib:
+//
+//   POST /v1/chat/completions   chat, non-streaming or SSE (`stream: true`)
+//   POST /v1/completions        text / token-id prompts, echo + logprobs scoring
+//   GET  /v1/models             the served model
+//   GET  /health                200 {"status":"ok"}; 503 while draining
+//   GET  /metrics               Prometheus text from Engine::stats()
+//   GET  /version
+//   POST /tokenize, /detokenize vLLM-style helpers
+//
+// Every error carries OpenAI's body {"error": {"message", "type", "param",
+// "code"}}: 400 bad JSON / fields / media / prompt too long (code
+// "context_length_exceeded", as OpenAI and vLLM), 401 bad bearer token, 404
+// unknown model or route, 413 body over --max-body-mb, 429 engine queue full,
+// 503 draining. A streaming client that disconnects aborts its request in the
+// engine, which frees its KV blocks.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "serve/engine.h"
+#include "serve/media.h"
+#include "serve/media_fetch.h"
+#include "serve/openai.h"
+
+namespace areno::serve {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                  // 0: any free port (see HttpServer::port())
+  std::string served_model_name = "areno-demo";
+  std::string model_path;           // also accepted as `model`; reported as `root`
+  std::string api_key;              // non-empty: /v1/* needs "Authorization: Bearer <key>"
+  size_t max_body_bytes = size_t(32) << 20;
+  int64_t max_prompt_tokens = 0;    // 0: only the context length limits prompts
+  int64_t max_context_len = 0;      // 0: the engine's (the model's max_position_embeddings)
+  size_t threads = 0;               // HTTP worker threads; 0: max(64, 2 * engine max_running)
+  ApiLimits api;
+  MediaFetchOptions media;
+  MediaLimits media_limits;
+};
+
+class HttpServer {
+ public:
+  // `encoder` null: the model serves text only (media parts are refused).
+  HttpServer(Engine& engine, const MediaEncoder* encoder, ServerOptions opts);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds the listening socket; returns the port. Throws with the address on failure.
+  int bind();
+  // Serves until stop() (blocking). bind() first.
+  void listen();
+  int port() const;
+
+  // Draining: /health answers 503 and new API requests get 503; requests in
+  // flight continue.
+  void begin_drain();
+  bool draining() const;
+  // Requests being handled (streams included).
+  int64_t in_flight() const;
+  // Waits until no request is in flight or `seconds` pass; true when idle.
+  bool wait_idle(double seconds) const;
+  // Stops listening and joins the worker threads. Idempotent.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace areno::serve

@@ -1,0 +1,619 @@
+// OpenAI request validation and response building (spec tokens-api.md 3, 5.2).
+#include "serve/openai.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+namespace areno::serve {
+
+using nlohmann::json;
+
+ApiError::ApiError(int status_, const std::string& message, std::string param_, std::string code_)
+    : std::runtime_error(message), status(status_), param(std::move(param_)), code(std::move(code_)) {}
+
+const char* error_type(int status) {
+  switch (status) {
+    case 401: return "authentication_error";
+    case 429: return "rate_limit_error";
+    case 503: return "service_unavailable_error";
+    default: return status >= 500 ? "server_error" : "invalid_request_error";
+  }
+}
+
+json error_body(const ApiError& e) {
+  json err = {{"message", e.what()}, {"type", error_type(e.status)}};
+  err["param"] = e.param.empty() ? json(nullptr) : json(e.param);
+  err["code"] = e.code.empty() ? json(nullptr) : json(e.code);
+  return {{"error", err}};
+}
+
+std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// ---- field readers ---------------------------------------------------------
+
+namespace {
+
+ApiError bad(const std::string& field, const std::string& message) { return ApiError(400, message, field); }
+
+// Present and not null.
+bool has(const json& body, const char* key) { return body.contains(key) && !body[key].is_null(); }
+
+bool get_bool(const json& body, const char* key, bool dflt) {
+  if (!has(body, key)) return dflt;
+  if (!body[key].is_boolean()) throw bad(key, fmt::format("'{}' must be a boolean (got {})", key, body[key].type_name()));
+  return body[key].get<bool>();
+}
+
+double get_number(const json& body, const char* key, double dflt, double lo, double hi, bool lo_open = false) {
+  if (!has(body, key)) return dflt;
+  const json& v = body[key];
+  if (!v.is_number()) throw bad(key, fmt::format("'{}' must be a number (got {})", key, v.type_name()));
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo))
+    throw bad(key, fmt::format("'{}' must be in {}{}, {}] (got {})", key, lo_open ? "(" : "[", lo, hi, x));
+  return x;
+}
+
+int64_t as_int(const json& v, const std::string& field) {
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_float()) {
+    const double x = v.get<double>();
+    if (std::isfinite(x) && x == std::floor(x) && std::fabs(x) < 9.0e18) return int64_t(x);
+  }
+  throw bad(field, fmt::format("'{}' must be an integer (got {})", field, v.is_number() ? dump_json(v) : v.type_name()));
+}
+
+int64_t get_int(const json& body, const char* key, int64_t dflt, int64_t lo, int64_t hi) {
+  if (!has(body, key)) return dflt;
+  const int64_t x = as_int(body[key], key);
+  if (x < lo || x > hi) {
+    if (hi == std::numeric_limits<int64_t>::max())
+      throw bad(key, fmt::format("'{}' must be >= {} (got {})", key, lo, x));
+    throw bad(key, fmt::format("'{}' must be in [{}, {}] (got {})", key, lo, hi, x));
+  }
+  return x;
+}
+
+constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
+
+int64_t token_id(const json& v, const std::string& field, int64_t vocab) {
+  const int64_t id = as_int(v, field);
+  if (id < 0 || id >= vocab) throw bad(field, fmt::format("'{}': token id {} is outside the vocabulary [0, {})", field, id, vocab));
+  return id;
+}
+
+// Fields both endpoints share.
+void parse_common(const json& body, const ApiLimits& lim, ApiRequest& r) {
+  if (!body.is_object()) throw ApiError(400, fmt::format("the request body must be a JSON object (got {})", body.type_name()));
+  if (has(body, "model")) {
+    if (!body["model"].is_string()) throw bad("model", "'model' must be a string");
+    r.model = body["model"].get<std::string>();
+  }
+  SamplingParams& p = r.params;
+  p.n = get_int(body, "n", 1, 1, lim.max_n);
+  p.temperature = get_number(body, "temperature", 1.0, 0.0, 2.0);
+  p.top_p = get_number(body, "top_p", 1.0, 0.0, 1.0, true);
+  if (has(body, "top_k")) {
+    p.top_k = as_int(body["top_k"], "top_k");
+    if (p.top_k < -1) throw bad("top_k", fmt::format("'top_k' must be -1 (off), 0 (off) or >= 1 (got {})", p.top_k));
+  }
+  p.min_p = get_number(body, "min_p", 0.0, 0.0, 1.0);
+  p.presence_penalty = get_number(body, "presence_penalty", 0.0, -2.0, 2.0);
+  p.frequency_penalty = get_number(body, "frequency_penalty", 0.0, -2.0, 2.0);
+  p.repetition_penalty = get_number(body, "repetition_penalty", 1.0, 0.0, 2.0, true);
+  if (has(body, "seed")) {
+    const int64_t s = as_int(body["seed"], "seed");
+    p.seed = uint64_t(s);
+  }
+  if (has(body, "stop")) {
+    const json& s = body["stop"];
+    if (s.is_string()) {
+      p.stop.push_back(s.get<std::string>());
+    } else if (s.is_array()) {
+      if (s.size() > 4) throw bad("stop", fmt::format("'stop' takes at most 4 strings (got {})", s.size()));
+      for (const json& x : s) {
+        if (!x.is_string()) throw bad("stop", "'stop' must be a string or an array of strings");
+        p.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      throw bad("stop", "'stop' must be a string or an array of strings");
+    }
+    for (const std::string& x : p.stop)
+      if (x.empty()) throw bad("stop", "'stop' strings must not be empty");
+  }
+  if (has(body, "stop_token_ids")) {
+    const json& s = body["stop_token_ids"];
+    if (!s.is_array()) throw bad("stop_token_ids", "'stop_token_ids' must be an array of token ids");
+    for (const json& x : s) p.stop_token_ids.push_back(token_id(x, "stop_token_ids", lim.vocab_size));
+  }
+  if (has(body, "logit_bias")) {
+    const json& b = body["logit_bias"];
+    if (!b.is_object()) throw bad("logit_bias", "'logit_bias' must be an object mapping token ids to biases");
+    for (auto it = b.begin(); it != b.end(); ++it) {
+      int64_t id = -1;
+      try {
+        size_t used = 0;
+        id = std::stoll(it.key(), &used);
+        if (used != it.key().size()) id = -1;
+      } catch (const std::exception&) {
+        id = -1;
+      }
+      if (id < 0 || id >= lim.vocab_size)
+        throw bad("logit_bias", fmt::format("'logit_bias': key '{}' is not a token id in [0, {})", it.key(), lim.vocab_size));
+      if (!it.value().is_number()) throw bad("logit_bias", "'logit_bias' values must be numbers");
+      const double v = it.value().get<double>();
+      if (!(v >= -100 && v <= 100))
+        throw bad("logit_bias", fmt::format("'logit_bias' values must be in [-100, 100] (got {} for {})", v, it.key()));
+      p.logit_bias.emplace_back(id, v);
+    }
+  }
+  p.ignore_eos = get_bool(body, "ignore_eos", false);
+  p.skip_special_tokens = get_bool(body, "skip_special_tokens", true);
+  p.include_stop_str_in_output = get_bool(body, "include_stop_str_in_output", false);
+  r.return_tokens_as_token_ids = get_bool(body, "return_tokens_as_token_ids", false);
+  r.stream = get_bool(body, "stream", false);
+  if (has(body, "stream_options")) {
+    const json& so = body["stream_options"];
+    if (!so.is_object()) throw bad("stream_options", "'stream_options' must be an object");
+    if (!r.stream) throw bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
+    r.include_usage = get_bool(so, "include_usage", false);
+  }
+}
+
+void parse_min_tokens(const json& body, ApiRequest& r) {
+  r.params.min_tokens = get_int(body, "min_tokens", 0, 0, kMaxInt);
+  if (r.max_tokens_given && r.params.min_tokens > r.params.max_tokens)
+    throw bad("min_tokens", fmt::format("'min_tokens' ({}) must not exceed the maximum number of tokens ({})",
+                                        r.params.min_tokens, r.params.max_tokens));
+}
+
+}  // namespace
+
+ApiRequest parse_chat_request(const json& body, const ApiLimits& lim) {
+  ApiRequest r;
+  r.kind = ApiKind::chat;
+  parse_common(body, lim, r);
+  if (!body.contains("messages")) throw bad("messages", "'messages' is required");
+  if (!body["messages"].is_array()) throw bad("messages", fmt::format("'messages' must be an array (got {})", body["messages"].type_name()));
+  if (body["messages"].empty()) throw bad("messages", "'messages' must be a non-empty array");
+  r.messages = body["messages"];
+
+  for (const char* key : {"max_completion_tokens", "max_tokens"}) {
+    if (has(body, key)) {
+      r.params.max_tokens = get_int(body, key, 0, 1, kMaxInt);
+      r.max_tokens_given = true;
+      break;
+    }
+  }
+  if (!r.max_tokens_given) r.params.max_tokens = lim.default_max_tokens;
+  parse_min_tokens(body, r);
+
+  r.logprobs = get_bool(body, "logprobs", false);
+  if (has(body, "top_logprobs")) {
+    r.top_logprobs = get_int(body, "top_logprobs", 0, 0, lim.max_logprobs);
+    if (!r.logprobs) throw bad("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
+  }
+  r.params.logprobs = r.logprobs ? r.top_logprobs : -1;
+
+  if (has(body, "tools")) {
+    const json& t = body["tools"];
+    if (!t.is_array()) throw bad("tools", "'tools' must be an array");
+    if (t.empty()) throw bad("tools", "'tools' must not be an empty array (leave it out instead)");
+    for (size_t i = 0; i < t.size(); ++i) {
+      const json& f = t[i].is_object() ? t[i].value("function", json()) : json();
+      if (!f.is_object() || !f.contains("name") || !f["name"].is_string())
+        throw bad(fmt::format("tools[{}]", i), fmt::format("tools[{}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}", i));
+    }
+    r.tools = t;
+    r.tool_choice = "auto";
+  }
+  if (has(body, "tool_choice")) {
+    const json& tc = body["tool_choice"];
+    if (tc.is_string()) {
+      const std::string s = tc.get<std::string>();
+      if (s != "none" && s != "auto" && s != "required")
+        throw bad("tool_choice", fmt::format("'tool_choice' must be none, auto, required or a function (got '{}')", s));
+      if (s != "none" && r.tools.is_null()) throw bad("tool_choice", fmt::format("'tool_choice' '{}' needs 'tools'", s));
+      r.tool_choice = s;
+    } else if (tc.is_object() && tc.contains("function") && tc["function"].is_object() &&
+               tc["function"].contains("name") && tc["function"]["name"].is_string()) {
+      const std::string name = tc["function"]["name"].get<std::string>();
+      bool known = false;
+      if (r.tools.is_array())
+        for (const json& t : r.tools) known = known || t["function"]["name"] == name;
+      if (!known) throw bad("tool_choice", fmt::format("'tool_choice' names function '{}', which is not in 'tools'", name));
+      r.tool_choice = name;
+    } else {
+      throw bad("tool_choice", "'tool_choice' must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+  }
+  if (has(body, "response_format")) {
+    const json& rf = body["response_format"];
+    if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
+      throw bad("response_format", "'response_format' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\"}");
+    if (rf["type"] != "text")
+      throw bad("response_format", fmt::format("'response_format' type '{}' is not supported (structured output is not "
+                                               "implemented; use \"text\")", rf["type"].get<std::string>()));
+  }
+  if (has(body, "modalities")) {
+    const json& m = body["modalities"];
+    if (!m.is_array()) throw bad("modalities", "'modalities' must be an array");
+    for (const json& x : m)
+      if (x != "text") throw bad("modalities", "this model only produces text ('modalities': [\"text\"])");
+  }
+  r.add_generation_prompt = get_bool(body, "add_generation_prompt", true);
+  return r;
+}
+
+ApiRequest parse_completion_request(const json& body, const ApiLimits& lim) {
+  ApiRequest r;
+  r.kind = ApiKind::completion;
+  parse_common(body, lim, r);
+  r.echo = get_bool(body, "echo", false);
+  if (has(body, "max_tokens")) {
+    // max_tokens 0 with echo scores the prompt without generating.
+    r.params.max_tokens = get_int(body, "max_tokens", 0, r.echo ? 0 : 1, kMaxInt);
+    r.max_tokens_given = true;
+  } else {
+    r.params.max_tokens = lim.completion_default_max_tokens;
+  }
+  parse_min_tokens(body, r);
+  if (has(body, "logprobs")) {
+    if (body["logprobs"].is_boolean()) throw bad("logprobs", "'logprobs' of /v1/completions is an integer (the number of top tokens)");
+    r.completion_logprobs = get_int(body, "logprobs", -1, 0, lim.max_logprobs);
+  }
+  r.params.logprobs = r.completion_logprobs;
+  if (r.echo && r.completion_logprobs >= 0) r.params.prompt_logprobs = r.completion_logprobs;
+  if (has(body, "suffix")) {
+    if (!body["suffix"].is_string() || !body["suffix"].get<std::string>().empty())
+      throw bad("suffix", "'suffix' is not supported");
+  }
+  if (has(body, "best_of") && as_int(body["best_of"], "best_of") != r.params.n)
+    throw bad("best_of", "'best_of' other than 'n' is not supported");
+
+  if (!has(body, "prompt")) throw bad("prompt", "'prompt' is required");
+  const json& p = body["prompt"];
+  auto is_id_list = [](const json& a) {
+    if (!a.is_array() || a.empty()) return false;
+    for (const json& x : a)
+      if (!x.is_number()) return false;
+    return true;
+  };
+  if (p.is_string()) {
+    r.prompts.push_back(p);
+  } else if (is_id_list(p)) {
+    r.prompts.push_back(p);
+  } else if (p.is_array() && !p.empty()) {
+    for (const json& x : p) {
+      if (!x.is_string() && !is_id_list(x))
+        throw bad("prompt", "'prompt' must be a string, an array of strings, an array of token ids or an array of arrays "
+                            "of token ids");
+      r.prompts.push_back(x);
+    }
+  } else {
+    throw bad("prompt", "'prompt' must be a non-empty string, array of strings, array of token ids or array of arrays "
+                        "of token ids");
+  }
+  if (int64_t(r.prompts.size()) > lim.max_prompts)
+    throw bad("prompt", fmt::format("at most {} prompts per request (got {})", lim.max_prompts, r.prompts.size()));
+  return r;
+}
+
+std::vector<std::vector<int64_t>> completion_prompt_ids(const ApiRequest& req, const tok::Tokenizer& tokenizer,
+                                                        int64_t vocab) {
+  std::vector<std::vector<int64_t>> out;
+  for (size_t i = 0; i < req.prompts.size(); ++i) {
+    const json& p = req.prompts[i];
+    const std::string field = req.prompts.size() == 1 ? "prompt" : fmt::format("prompt[{}]", i);
+    std::vector<int64_t> ids;
+    if (p.is_string()) {
+      try {
+        for (tok::TokenId t : tokenizer.encode(p.get<std::string>())) ids.push_back(t);
+      } catch (const std::exception& e) {
+        throw bad(field, fmt::format("'{}': {}", field, e.what()));
+      }
+    } else {
+      for (const json& x : p) ids.push_back(token_id(x, field, vocab));
+    }
+    if (ids.empty()) throw bad(field, fmt::format("'{}' must not be empty", field));
+    out.push_back(std::move(ids));
+  }
+  return out;
+}
+
+// ---- responses -------------------------------------------------------------
+
+void ChoiceOutput::add(const RequestOutput& o) {
+  tokens.insert(tokens.end(), o.tokens.begin(), o.tokens.end());
+  text += o.text;
+  logprobs.insert(logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+  if (o.finish != FinishReason::none) {
+    finish = o.finish;
+    stop_reason = o.stop_reason;
+  }
+}
+
+json Usage::to_json() const {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens},
+          {"prompt_tokens_details", nullptr}};
+}
+
+std::string new_response_id(const std::string& prefix) {
+  static thread_local std::mt19937_64 gen{std::random_device{}()};
+  return prefix + fmt::format("{:016x}{:08x}", gen(), uint32_t(gen()));
+}
+
+json stop_reason_json(const ChoiceOutput& c, const SamplingParams& p) {
+  if (c.finish != FinishReason::stop || c.stop_reason.empty()) return nullptr;
+  for (const std::string& s : p.stop)
+    if (s == c.stop_reason) return s;
+  // A stop token id (eos ids included) is reported as a number, as vLLM does.
+  bool digits = true;
+  for (char ch : c.stop_reason) digits = digits && ch >= '0' && ch <= '9';
+  if (digits && c.stop_reason.size() < 19) return std::stoll(c.stop_reason);
+  return c.stop_reason;
+}
+
+namespace {
+
+float clamp_lp(float lp) { return std::isfinite(lp) ? lp : -9999.0f; }
+
+std::string token_text(const tok::Tokenizer& t, int64_t id, bool as_ids) {
+  if (as_ids) return fmt::format("token_id:{}", id);
+  const tok::TokenId tid = tok::TokenId(id);
+  return t.decode(std::span<const tok::TokenId>(&tid, 1));
+}
+
+json token_bytes(const tok::Tokenizer& t, int64_t id) {
+  const tok::TokenId tid = tok::TokenId(id);
+  const std::string b = t.decode_bytes(std::span<const tok::TokenId>(&tid, 1));
+  json arr = json::array();
+  for (unsigned char c : b) arr.push_back(int(c));
+  return arr;
+}
+
+const char* finish_name(FinishReason f) {
+  const char* n = finish_reason_name(f);
+  return n ? n : "stop";
+}
+
+}  // namespace
+
+json chat_logprobs_json(const tok::Tokenizer& t, const std::vector<TokenLogprob>& lps, int64_t top_k, bool as_ids) {
+  json content = json::array();
+  for (const TokenLogprob& lp : lps) {
+    json top = json::array();
+    for (size_t i = 0; i < lp.top.size() && int64_t(i) < top_k; ++i)
+      top.push_back({{"token", token_text(t, lp.top[i].first, as_ids)},
+                     {"logprob", clamp_lp(lp.top[i].second)},
+                     {"bytes", token_bytes(t, lp.top[i].first)}});
+    content.push_back({{"token", token_text(t, lp.token, as_ids)},
+                       {"logprob", clamp_lp(lp.logprob)},
+                       {"bytes", token_bytes(t, lp.token)},
+                       {"top_logprobs", top}});
+  }
+  return {{"content", content}, {"refusal", nullptr}};
+}
+
+json completion_logprobs_json(const tok::Tokenizer& t, const std::vector<int64_t>& prompt_ids,
+                              const std::vector<std::optional<TokenLogprob>>& prompt_lps,
+                              const std::vector<TokenLogprob>& lps, bool as_ids, int64_t offset) {
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
+  auto add = [&](int64_t id, const TokenLogprob* lp) {
+    const std::string text = token_text(t, id, as_ids);
+    tokens.push_back(text);
+    offsets.push_back(offset);
+    offset += int64_t(as_ids ? 0 : text.size());
+    if (!lp) {
+      token_lps.push_back(nullptr);
+      tops.push_back(nullptr);
+      return;
+    }
+    token_lps.push_back(clamp_lp(lp->logprob));
+    // As vLLM: the sampled token first, then the top k.
+    json top = json::object();
+    top[text] = clamp_lp(lp->logprob);
+    for (const auto& [tid, v] : lp->top) {
+      const std::string k = token_text(t, tid, as_ids);
+      if (!top.contains(k)) top[k] = clamp_lp(v);
+    }
+    tops.push_back(top);
+  };
+  for (size_t i = 0; i < prompt_ids.size(); ++i)
+    add(prompt_ids[i], i < prompt_lps.size() && prompt_lps[i] ? &*prompt_lps[i] : nullptr);
+  for (const TokenLogprob& lp : lps) add(lp.token, &lp);
+  return {{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+// ---- tool calls --------------------------------------------------------------
+
+namespace {
+
+// End (one past) of the JSON array or object starting at text[start], honouring
+// strings; npos when unbalanced.
+size_t match_bracket(const std::string& text, size_t start) {
+  int depth = 0;
+  bool in_str = false, esc = false;
+  for (size_t i = start; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_str) {
+      if (esc) esc = false;
+      else if (c == '\\') esc = true;
+      else if (c == '"') in_str = false;
+      continue;
+    }
+    if (c == '"') in_str = true;
+    else if (c == '[' || c == '{') ++depth;
+    else if (c == ']' || c == '}') {
+      if (--depth == 0) return i + 1;
+    }
+  }
+  return std::string::npos;
+}
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return {};
+  const size_t e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+
+std::optional<json> calls_from(const json& parsed, const json& tools) {
+  json list = parsed.is_array() ? parsed : json::array({parsed});
+  if (list.empty()) return std::nullopt;
+  json calls = json::array();
+  for (const json& c : list) {
+    if (!c.is_object() || !c.contains("name") || !c["name"].is_string()) return std::nullopt;
+    const std::string name = c["name"].get<std::string>();
+    bool known = !tools.is_array();
+    if (tools.is_array())
+      for (const json& t : tools) known = known || (t.contains("function") && t["function"].value("name", "") == name);
+    if (!known) return std::nullopt;
+    json args = c.contains("arguments") ? c["arguments"] : c.value("parameters", json::object());
+    const std::string arg_text = args.is_string() ? args.get<std::string>() : dump_json(args);
+    calls.push_back({{"id", new_response_id("call_")},
+                     {"type", "function"},
+                     {"function", {{"name", name}, {"arguments", arg_text}}}});
+  }
+  return calls;
+}
+
+}  // namespace
+
+ToolCallParse parse_tool_calls(const std::string& text, const json& tools) {
+  ToolCallParse r;
+  r.content = text.empty() ? json(nullptr) : json(text);
+  size_t begin = std::string::npos, body = 0, end = 0;
+  static const std::string kOpen = "<|tool_call|>", kClose = "<|/tool_call|>", kFunctools = "functools";
+  if ((begin = text.find(kOpen)) != std::string::npos) {
+    body = begin + kOpen.size();
+    const size_t close = text.find(kClose, body);
+    const size_t json_start = text.find_first_of("[{", body);
+    if (json_start == std::string::npos || (close != std::string::npos && json_start > close)) return r;
+    const size_t json_end = match_bracket(text, json_start);
+    if (json_end == std::string::npos) return r;
+    if (close != std::string::npos && json_end > close) return r;
+    body = json_start;
+    end = json_end;
+    const size_t after = close == std::string::npos ? json_end : close + kClose.size();
+    const json parsed = json::parse(text.substr(body, end - body), nullptr, false);
+    if (parsed.is_discarded()) return r;
+    auto calls = calls_from(parsed, tools);
+    if (!calls) return r;
+    r.found = true;
+    r.tool_calls = *calls;
+    const std::string rest = trim(text.substr(0, begin) + text.substr(after));
+    r.content = rest.empty() ? json(nullptr) : json(rest);
+    return r;
+  }
+  if ((begin = text.find(kFunctools + "[")) != std::string::npos) {
+    body = begin + kFunctools.size();
+    end = match_bracket(text, body);
+    if (end == std::string::npos) return r;
+    const json parsed = json::parse(text.substr(body, end - body), nullptr, false);
+    if (parsed.is_discarded()) return r;
+    auto calls = calls_from(parsed, tools);
+    if (!calls) return r;
+    r.found = true;
+    r.tool_calls = *calls;
+    const std::string rest = trim(text.substr(0, begin) + text.substr(end));
+    r.content = rest.empty() ? json(nullptr) : json(rest);
+  }
+  return r;
+}
+
+// ---- whole responses ---------------------------------------------------------
+
+json chat_response(const ResponseHeader& h, const ApiRequest& req, const tok::Tokenizer& t,
+                   const std::vector<ChoiceOutput>& choices, const Usage& usage) {
+  json out_choices = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceOutput& c = choices[i];
+    json message = {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}};
+    json finish = finish_name(c.finish);
+    if (!req.tools.is_null() && req.tool_choice != "none") {
+      ToolCallParse tc = parse_tool_calls(c.text, req.tools);
+      if (tc.found) {
+        message["content"] = tc.content;
+        message["tool_calls"] = tc.tool_calls;
+        finish = "tool_calls";
+      }
+    }
+    out_choices.push_back({{"index", i},
+                           {"message", message},
+                           {"logprobs", req.logprobs ? chat_logprobs_json(t, c.logprobs, req.top_logprobs,
+                                                                          req.return_tokens_as_token_ids)
+                                                     : json(nullptr)},
+                           {"finish_reason", finish},
+                           {"stop_reason", stop_reason_json(c, req.params)}});
+  }
+  return {{"id", h.id},           {"object", "chat.completion"}, {"created", h.created}, {"model", h.model},
+          {"system_fingerprint", nullptr}, {"choices", out_choices},  {"usage", usage.to_json()}};
+}
+
+json completion_response(const ResponseHeader& h, const ApiRequest& req, const tok::Tokenizer& t,
+                         const std::vector<std::vector<int64_t>>& prompt_ids,
+                         const std::vector<std::vector<std::optional<TokenLogprob>>>& prompt_lps,
+                         const std::vector<ChoiceOutput>& choices, const Usage& usage) {
+  json out_choices = json::array();
+  const size_t n = size_t(req.params.n);
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceOutput& c = choices[i];
+    const size_t p = i / n;
+    std::string text;
+    std::vector<int64_t> echo_ids;
+    std::vector<std::optional<TokenLogprob>> echo_lps;
+    if (req.echo && p < prompt_ids.size()) {
+      echo_ids = prompt_ids[p];
+      std::vector<tok::TokenId> tids(echo_ids.begin(), echo_ids.end());
+      text = t.decode(tids, req.params.skip_special_tokens);
+      if (p < prompt_lps.size()) echo_lps = prompt_lps[p];
+    }
+    text += c.text;
+    json lp = nullptr;
+    if (req.completion_logprobs >= 0)
+      lp = completion_logprobs_json(t, echo_ids, echo_lps, c.logprobs, req.return_tokens_as_token_ids);
+    out_choices.push_back({{"index", i},
+                           {"text", text},
+                           {"logprobs", lp},
+                           {"finish_reason", finish_name(c.finish)},
+                           {"stop_reason", stop_reason_json(c, req.params)}});
+  }
+  return {{"id", h.id},         {"object", "text_completion"}, {"created", h.created},
+          {"model", h.model},   {"system_fingerprint", nullptr}, {"choices", out_choices},
+          {"usage", usage.to_json()}};
+}
+
+json chat_chunk(const ResponseHeader& h, int64_t index, const json& delta, const json& logprobs, const json& finish,
+                const json& stop_reason) {
+  json choice = {{"index", index}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", finish}};
+  if (!finish.is_null()) choice["stop_reason"] = stop_reason;
+  return {{"id", h.id},       {"object", "chat.completion.chunk"}, {"created", h.created},
+          {"model", h.model}, {"choices", json::array({choice})}};
+}
+
+json completion_chunk(const ResponseHeader& h, int64_t index, const std::string& text, const json& logprobs,
+                      const json& finish, const json& stop_reason) {
+  json choice = {{"index", index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish}};
+  if (!finish.is_null()) choice["stop_reason"] = stop_reason;
+  return {{"id", h.id}, {"object", "text_completion"}, {"created", h.created}, {"model", h.model},
+          {"choices", json::array({choice})}};
+}
+
+json usage_chunk(const ResponseHeader& h, ApiKind kind, const Usage& usage) {
+  return {{"id", h.id},
+          {"object", kind == ApiKind::chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", h.created},
+          {"model", h.model},
+          {"choices", json::array()},
+          {"usage", usage.to_json()}};
+}
+
+std::string sse_event(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
+
+}  // namespace areno::serve

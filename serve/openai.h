@@ -1,0 +1,165 @@
+#pragma once
+// The OpenAI API surface of `areno serve` (spec tokens-api.md sections 3 and
+// 5.2), independent of HTTP: request JSON -> validated ApiRequest (sampling
+// parameters, messages or prompts), engine outputs -> response objects and
+// SSE chunks, errors -> OpenAI error bodies.
+//
+// Field semantics follow OpenAI, with vLLM's extensions (top_k, min_p,
+// repetition_penalty, min_tokens, ignore_eos, stop_token_ids,
+// skip_special_tokens, include_stop_str_in_output, return_tokens_as_token_ids).
+// Unknown fields are ignored, as vLLM does.
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/phi4mm/tokenizer/tokenizer.h"
+#include "serve/engine.h"
+
+namespace areno::serve {
+
+// A request the API refuses: HTTP status plus OpenAI's error body
+// {"error": {"message", "type", "param", "code"}}.
+struct ApiError : std::runtime_error {
+  ApiError(int status, const std::string& message, std::string param = {}, std::string code = {});
+  int status;
+  std::string param;  // the offending field ("messages[0].content"); empty: null
+  std::string code;   // "model_not_found", "context_length_exceeded"...; empty: null
+};
+
+// OpenAI error "type" for an HTTP status: invalid_request_error (400, 404,
+// 413), authentication_error (401), rate_limit_error (429), server_error
+// (500), service_unavailable_error (503).
+const char* error_type(int status);
+nlohmann::json error_body(const ApiError& e);
+
+// Serialises without ever throwing on invalid UTF-8 (replaced by U+FFFD).
+std::string dump_json(const nlohmann::json& j);
+
+enum class ApiKind { chat, completion };
+
+// Server-side defaults and caps applied while parsing.
+struct ApiLimits {
+  int64_t default_max_tokens = 1024;             // chat, when neither max_completion_tokens nor max_tokens
+  int64_t completion_default_max_tokens = 16;    // /v1/completions (OpenAI's default)
+  int64_t max_n = 16;                            // choices per prompt
+  int64_t max_logprobs = 20;                     // top_logprobs / logprobs cap
+  int64_t max_prompts = 64;                      // /v1/completions prompt list length
+  int64_t vocab_size = 200064;                   // ids in logit_bias, stop_token_ids, prompts
+};
+
+struct ApiRequest {
+  ApiKind kind = ApiKind::chat;
+  std::string model;                // as sent (empty: not sent)
+  SamplingParams params;
+  bool max_tokens_given = false;    // false: params.max_tokens is the server default (may be clamped)
+  bool stream = false;
+  bool include_usage = false;       // stream_options.include_usage
+  bool return_tokens_as_token_ids = false;
+
+  // chat
+  nlohmann::json messages;
+  nlohmann::json tools = nullptr;   // null when none
+  std::string tool_choice = "none"; // none | auto | required | the forced function's name
+  bool add_generation_prompt = true;
+  bool logprobs = false;            // chat: per-token logprobs requested
+  int64_t top_logprobs = 0;
+
+  // completions
+  std::vector<nlohmann::json> prompts;  // each a string or an array of token ids
+  bool echo = false;
+  int64_t completion_logprobs = -1;     // legacy `logprobs` int; -1: none
+};
+
+// Validate the body of POST /v1/chat/completions or /v1/completions. Throws
+// ApiError (400) naming the field.
+ApiRequest parse_chat_request(const nlohmann::json& body, const ApiLimits& limits);
+ApiRequest parse_completion_request(const nlohmann::json& body, const ApiLimits& limits);
+
+// The token ids of each completion prompt: strings are encoded with added
+// tokens matched (as vLLM does), id lists are range-checked. Throws ApiError.
+std::vector<std::vector<int64_t>> completion_prompt_ids(const ApiRequest& req, const tok::Tokenizer& tokenizer,
+                                                        int64_t vocab_size);
+
+// Everything one sample produced, accumulated from RequestOutput events.
+struct ChoiceOutput {
+  std::vector<int64_t> tokens;
+  std::string text;
+  std::vector<TokenLogprob> logprobs;
+  FinishReason finish = FinishReason::none;
+  std::string stop_reason;
+  void add(const RequestOutput& o);
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0;      // expanded prompt(s), once per prompt whatever n
+  int64_t completion_tokens = 0;  // all choices, stop tokens included
+  nlohmann::json to_json() const;
+};
+
+// What every response object and chunk of one request shares.
+struct ResponseHeader {
+  std::string id;   // "chatcmpl-..." / "cmpl-..."
+  int64_t created = 0;
+  std::string model;
+};
+// prefix + 24 random hex digits.
+std::string new_response_id(const std::string& prefix);
+
+// The JSON `stop_reason`: the stop string, the stop token id as a number, or null.
+nlohmann::json stop_reason_json(const ChoiceOutput& c, const SamplingParams& p);
+
+// Chat logprobs object (spec 3.3) for `lps`: {"content": [...], "refusal": null}.
+nlohmann::json chat_logprobs_json(const tok::Tokenizer& tokenizer, const std::vector<TokenLogprob>& lps,
+                                  int64_t top_k, bool tokens_as_ids);
+
+// Legacy completions logprobs {"tokens", "token_logprobs", "top_logprobs",
+// "text_offset"} over prompt entries (echo; the first one is null) followed by
+// generated ones. Each top_logprobs dict holds the chosen token and the top k,
+// as vLLM's. `text_offset0` is the offset of the first token in the choice's
+// text.
+nlohmann::json completion_logprobs_json(const tok::Tokenizer& tokenizer,
+                                        const std::vector<int64_t>& prompt_ids,
+                                        const std::vector<std::optional<TokenLogprob>>& prompt_lps,
+                                        const std::vector<TokenLogprob>& lps, bool tokens_as_ids,
+                                        int64_t text_offset0 = 0);
+
+// Tool calls in a completion (spec 5.2): `<|tool_call|>[...]<|/tool_call|>`
+// or `functools[...]`, each element {"name", "arguments" | "parameters"};
+// names must be among `tools`. On any parse failure nothing is found and the
+// text stays content.
+struct ToolCallParse {
+  bool found = false;
+  nlohmann::json content = nullptr;     // leftover text, or null
+  nlohmann::json tool_calls = nlohmann::json::array();
+};
+ToolCallParse parse_tool_calls(const std::string& text, const nlohmann::json& tools);
+
+// Non-streaming responses. `choices` for completions are prompt-major:
+// choices[i * n + j] is sample j of prompt i; `prompt_ids[i]` and
+// `prompt_lps[i]` are used with echo.
+nlohmann::json chat_response(const ResponseHeader& h, const ApiRequest& req, const tok::Tokenizer& tokenizer,
+                             const std::vector<ChoiceOutput>& choices, const Usage& usage);
+nlohmann::json completion_response(const ResponseHeader& h, const ApiRequest& req, const tok::Tokenizer& tokenizer,
+                                   const std::vector<std::vector<int64_t>>& prompt_ids,
+                                   const std::vector<std::vector<std::optional<TokenLogprob>>>& prompt_lps,
+                                   const std::vector<ChoiceOutput>& choices, const Usage& usage);
+
+// Streaming chunks (spec 3.5). `finish` null in all but the last chunk of a choice.
+nlohmann::json chat_chunk(const ResponseHeader& h, int64_t index, const nlohmann::json& delta,
+                          const nlohmann::json& logprobs = nullptr, const nlohmann::json& finish = nullptr,
+                          const nlohmann::json& stop_reason = nullptr);
+nlohmann::json completion_chunk(const ResponseHeader& h, int64_t index, const std::string& text,
+                                const nlohmann::json& logprobs = nullptr, const nlohmann::json& finish = nullptr,
+                                const nlohmann::json& stop_reason = nullptr);
+// The last chunk with "choices": [] and the usage (stream_options.include_usage).
+nlohmann::json usage_chunk(const ResponseHeader& h, ApiKind kind, const Usage& usage);
+
+// One server-sent event: "data: <one-line JSON>\n\n".
+std::string sse_event(const nlohmann::json& j);
+inline constexpr const char* kSseDone = "data: [DONE]\n\n";
+
+}  // namespace areno::serve

@@ -1,0 +1,579 @@
+// Inference engine (issue 7): batch invariance under chunked prefill, small
+// running limits and preemption; the LongRoPE re-prefill; scoring against the
+// packed training forward; seeded sampling; stops; aborts; limits.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <map>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <memory>
+
+#include "autograd/autograd.h"
+#include "models/phi4mm/init.h"
+#include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+#include "serve/engine.h"
+#include "tensor/ops.h"
+
+using namespace areno;
+using namespace areno::serve;
+using phi4mm::Adapter;
+
+namespace {
+
+std::shared_ptr<phi4mm::Phi4MMForCausalLM> tiny_model() {
+  static auto m = phi4mm::init_model("tiny", 11);
+  return m;
+}
+std::shared_ptr<const tok::Tokenizer> tokenizer() {
+  static auto t = std::make_shared<const tok::Tokenizer>(phi4mm::make_tokenizer());
+  return t;
+}
+
+bool banned(int64_t id) {
+  return phi4mm::is_unused_id(tok::TokenId(id)) || id == phi4mm::kImageToken || id == phi4mm::kAudioToken;
+}
+
+// Media rows for a prompt's placeholders: a fixed function of the request.
+Tensor media_rows_for(int64_t n, uint64_t seed) {
+  Generator g(seed);
+  return rand_normal({n, tiny_model()->config().text.hidden_size}, g, 0.0, 0.5);
+}
+
+struct Case {
+  std::vector<int64_t> prompt;
+  Adapter adapter = Adapter::none;
+  uint64_t media_seed = 0;  // rows for the placeholders
+  int64_t n_media() const {
+    int64_t n = 0;
+    for (int64_t id : prompt) n += id == phi4mm::kImageToken || id == phi4mm::kAudioToken;
+    return n;
+  }
+};
+
+std::vector<int64_t> ids_of(const std::string& text) {
+  auto v = tokenizer()->encode(text);
+  return std::vector<int64_t>(v.begin(), v.end());
+}
+
+// Text, "image", "audio" and "image+audio" prompts (placeholders with random rows).
+std::vector<Case> mixed_cases() {
+  std::vector<Case> cs;
+  cs.push_back({ids_of("<|user|>Tell me a story about a cat.<|end|><|assistant|>"), Adapter::none, 0});
+  {
+    Case c{ids_of("<|user|>"), Adapter::vision, 101};
+    c.prompt.insert(c.prompt.end(), 21, phi4mm::kImageToken);
+    auto tail = ids_of("Describe the picture.<|end|><|assistant|>");
+    c.prompt.insert(c.prompt.end(), tail.begin(), tail.end());
+    cs.push_back(c);
+  }
+  {
+    Case c{ids_of("<|user|>"), Adapter::speech, 202};
+    c.prompt.insert(c.prompt.end(), 13, phi4mm::kAudioToken);
+    auto tail = ids_of("Transcribe.<|end|><|assistant|>");
+    c.prompt.insert(c.prompt.end(), tail.begin(), tail.end());
+    cs.push_back(c);
+  }
+  {
+    Case c{ids_of("<|user|>"), Adapter::vision, 303};
+    c.prompt.insert(c.prompt.end(), 9, phi4mm::kImageToken);
+    c.prompt.push_back(ids_of(" and ")[0]);
+    c.prompt.insert(c.prompt.end(), 7, phi4mm::kAudioToken);
+    auto tail = ids_of("What do you see and hear?<|end|><|assistant|>");
+    c.prompt.insert(c.prompt.end(), tail.begin(), tail.end());
+    cs.push_back(c);
+  }
+  cs.push_back({ids_of("hello"), Adapter::none, 0});
+  return cs;
+}
+
+Request make_request(const Case& c, int64_t max_tokens, double temperature = 0) {
+  Request r;
+  r.prompt = c.prompt;
+  r.adapter = c.adapter;
+  const int64_t n = c.n_media();
+  const uint64_t seed = c.media_seed;
+  if (n > 0) r.media = [n, seed] { return media_rows_for(n, seed); };
+  r.params.max_tokens = max_tokens;
+  r.params.temperature = temperature;
+  r.params.ignore_eos = true;  // random weights: run to max_tokens
+  return r;
+}
+
+// Greedy continuation with the packed forward, recomputing everything each step.
+std::vector<int64_t> reference_greedy(const Case& c, int64_t steps) {
+  auto& m = *tiny_model();
+  NoGradGuard ng;
+  std::vector<int64_t> ids = c.prompt;
+  Tensor media = c.n_media() ? media_rows_for(c.n_media(), c.media_seed) : Tensor();
+  std::vector<int64_t> out;
+  for (int64_t k = 0; k < steps; ++k) {
+    phi4mm::PackedBatch b = phi4mm::PackedBatch::single(ids, c.adapter);
+    if (media.defined()) {
+      std::vector<int64_t> mask(ids.size(), 0);
+      for (size_t i = 0; i < c.prompt.size(); ++i)
+        mask[i] = c.prompt[i] == phi4mm::kImageToken || c.prompt[i] == phi4mm::kAudioToken;
+      b.media_rows = media;
+      b.media_mask = from_vector(mask, {int64_t(mask.size())}).to(DType::boolean);
+    }
+    std::vector<float> row = m.logits_at(b, {int64_t(ids.size()) - 1}).to(DType::f32).to_vector<float>();
+    int64_t best = -1;
+    for (int64_t id = 0; id < int64_t(row.size()); ++id)
+      if (!banned(id) && (best < 0 || row[size_t(id)] > row[size_t(best)])) best = id;
+    out.push_back(best);
+    ids.push_back(best);
+  }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> run_engine(const std::vector<Case>& cases, int64_t max_tokens, EngineOptions o,
+                                             EngineStats* stats = nullptr, double temperature = 0,
+                                             std::optional<uint64_t> seed = std::nullopt, int64_t n = 1) {
+  Engine e(tiny_model(), tokenizer(), o);
+  std::vector<Request> reqs;
+  for (auto& c : cases) {
+    reqs.push_back(make_request(c, max_tokens, temperature));
+    reqs.back().params.seed = seed;
+    reqs.back().params.n = n;
+    if (temperature > 0) {
+      reqs.back().params.top_p = 0.9;
+      reqs.back().params.top_k = 50;
+    }
+  }
+  auto res = generate(e, reqs);
+  if (stats) *stats = e.stats();
+  std::vector<std::vector<int64_t>> out;
+  for (auto& r : res)
+    for (auto& c : r) out.push_back(c.tokens);
+  CHECK(e.stats().kv_blocks_used == 0);
+  CHECK(e.stats().running == 0);
+  return out;
+}
+
+EngineOptions opts(int64_t max_running, int64_t chunk, int64_t blocks = 256, int64_t batch_tokens = 2048) {
+  EngineOptions o;
+  o.max_running = max_running;
+  o.prefill_chunk_tokens = chunk;
+  o.kv_blocks = blocks;
+  o.block_size = 4;
+  o.max_batch_tokens = batch_tokens;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("engine: greedy equals the packed-forward reference and is batch invariant") {
+  const auto cases = mixed_cases();
+  const int64_t steps = 12;
+  std::vector<std::vector<int64_t>> ref;
+  for (auto& c : cases) ref.push_back(reference_greedy(c, steps));
+
+  // Each request alone.
+  for (size_t i = 0; i < cases.size(); ++i) {
+    auto solo = run_engine({cases[i]}, steps, opts(8, 512));
+    CHECK(solo[0] == ref[i]);
+  }
+  // All together, small running limit, chunked prefill of 1, 16 and 512 tokens.
+  for (int64_t chunk : {1, 16, 512}) {
+    CAPTURE(chunk);
+    EngineStats st;
+    auto all = run_engine(cases, steps, opts(2, chunk, 256, 24), &st);
+    REQUIRE(all.size() == cases.size());
+    for (size_t i = 0; i < cases.size(); ++i) CHECK(all[i] == ref[i]);
+    CHECK(st.requests_finished == int64_t(cases.size()));
+  }
+  // A cache too small for all of them at once: preemption and re-prefill.
+  {
+    EngineStats st;
+    auto all = run_engine(cases, steps, opts(8, 16, 20), &st);
+    for (size_t i = 0; i < cases.size(); ++i) CHECK(all[i] == ref[i]);
+    CHECK(st.preemptions > 0);
+  }
+}
+
+TEST_CASE("engine: crossing original_max_position_embeddings re-prefills and continues as the reference") {
+  const int64_t orig = tiny_model()->config().text.original_max_position_embeddings;  // 64
+  Case c;
+  for (int64_t i = 0; i < orig - 4; ++i) c.prompt.push_back(1000 + 37 * i);
+  const int64_t steps = 10;  // crosses the boundary during decode
+  auto ref = reference_greedy(c, steps);
+  for (int64_t chunk : {7, 512}) {
+    EngineStats st;
+    auto out = run_engine({c, mixed_cases()[0]}, steps, opts(4, chunk), &st);
+    CHECK(out[0] == ref);
+    CHECK(st.reprefills == 1);
+  }
+  // A prompt already over the boundary starts with the long table.
+  Case longp;
+  for (int64_t i = 0; i < orig + 5; ++i) longp.prompt.push_back(2000 + 11 * i);
+  EngineStats st;
+  CHECK(run_engine({longp}, 4, opts(4, 16), &st)[0] == reference_greedy(longp, 4));
+  CHECK(st.reprefills == 0);
+}
+
+TEST_CASE("engine: prompt logprobs (echo) and the scoring API equal the packed training forward") {
+  auto& m = *tiny_model();
+  const auto cases = mixed_cases();
+  for (const Case& c : {cases[0], cases[1]}) {
+    // Packed forward: log p(prompt[t+1] | prompt[<= t]).
+    NoGradGuard ng;
+    phi4mm::PackedBatch b = phi4mm::PackedBatch::single(c.prompt, c.adapter);
+    Tensor media = c.n_media() ? media_rows_for(c.n_media(), c.media_seed) : Tensor();
+    if (media.defined()) {
+      std::vector<int64_t> mask;
+      for (int64_t id : c.prompt) mask.push_back(id == phi4mm::kImageToken || id == phi4mm::kAudioToken);
+      b.media_rows = media;
+      b.media_mask = from_vector(mask, {int64_t(mask.size())}).to(DType::boolean);
+    }
+    std::vector<int64_t> targets(c.prompt.begin() + 1, c.prompt.end());
+    targets.push_back(-1);
+    auto ref = m.token_logprobs(b, from_vector(targets, {int64_t(targets.size())})).to_vector<float>();
+
+    for (int64_t chunk : {5, 512}) {
+      Engine e(tiny_model(), tokenizer(), opts(4, chunk));
+      Request r = make_request(c, 0);
+      r.params.prompt_logprobs = 3;
+      std::vector<std::optional<TokenLogprob>> got;
+      bool done = false;
+      e.submit(r, [&](const RequestOutput& o) {
+        if (!o.prompt_logprobs.empty()) got = o.prompt_logprobs;
+        done |= o.done;
+        CHECK(o.error.empty());
+      });
+      e.run_until_idle();
+      CHECK(done);
+      REQUIRE(got.size() == c.prompt.size());
+      CHECK(!got[0].has_value());
+      double worst = 0;
+      for (size_t t = 1; t < got.size(); ++t) {
+        REQUIRE(got[t].has_value());
+        CHECK(got[t]->token == c.prompt[t]);
+        worst = std::max(worst, std::abs(double(got[t]->logprob) - ref[t - 1]));
+        REQUIRE(got[t]->top.size() == 3);
+        CHECK(got[t]->top[0].second >= got[t]->top[1].second);
+        CHECK(got[t]->top[0].second >= got[t]->logprob - 1e-6);
+      }
+      CHECK(worst < 1e-5);
+      CHECK(e.stats().kv_blocks_used == 0);
+    }
+    // score(): the completion part of the same forward.
+    const size_t split = c.prompt.size() - 4;
+    std::vector<int64_t> prompt(c.prompt.begin(), c.prompt.begin() + int64_t(split));
+    std::vector<int64_t> completion(c.prompt.begin() + int64_t(split), c.prompt.end());
+    auto sc = score(m, prompt, completion, c.adapter, media);
+    REQUIRE(sc.size() == 4);
+    for (size_t t = 0; t < 4; ++t) CHECK(std::abs(sc[t] - ref[split - 1 + t]) < 1e-6);
+  }
+}
+
+TEST_CASE("engine: generated logprobs are the raw distribution's") {
+  const auto c = mixed_cases()[0];
+  Engine e(tiny_model(), tokenizer(), opts(4, 512));
+  auto res = generate(e, {[&] {
+                        Request r = make_request(c, 5);
+                        r.params.logprobs = 2;
+                        return r;
+                      }()});
+  const auto& comp = res[0][0];
+  REQUIRE(comp.tokens.size() == 5);
+  std::vector<int64_t> ids = c.prompt;
+  ids.insert(ids.end(), comp.tokens.begin(), comp.tokens.end());
+  auto sc = score(*tiny_model(), c.prompt, comp.tokens);
+  for (size_t t = 0; t < 5; ++t) CHECK(std::abs(comp.logprobs[t] - sc[t]) < 1e-5);
+}
+
+TEST_CASE("engine: seeded sampling is reproducible across batch compositions and preemption") {
+  const auto cases = mixed_cases();
+  const int64_t steps = 10;
+  auto solo = run_engine({cases[2]}, steps, opts(8, 512), nullptr, 0.9, 1234, 3);
+  REQUIRE(solo.size() == 3);
+  CHECK(solo[0] != solo[1]);  // different samples of one request differ
+  // In a batch (every request seeded the same), with chunking and preemption.
+  auto batch = run_engine(cases, steps, opts(3, 16, 256, 40), nullptr, 0.9, 1234, 3);
+  REQUIRE(batch.size() == 3 * cases.size());
+  for (int j = 0; j < 3; ++j) CHECK(batch[6 + size_t(j)] == solo[size_t(j)]);
+  EngineStats st;
+  auto tight = run_engine(cases, steps, opts(8, 16, 24), &st, 0.9, 1234, 3);
+  for (int j = 0; j < 3; ++j) CHECK(tight[6 + size_t(j)] == solo[size_t(j)]);
+  CHECK(st.preemptions > 0);
+  // Another seed, another output.
+  auto other = run_engine({cases[2]}, steps, opts(8, 512), nullptr, 0.9, 99, 1);
+  CHECK(other[0] != solo[0]);
+}
+
+TEST_CASE("engine: stop strings, stop token ids and max_tokens") {
+  const auto c = mixed_cases()[0];
+  Engine e(tiny_model(), tokenizer(), opts(4, 512));
+  // Seeded sampling without special tokens (greedy on random weights repeats <|assistant|>).
+  auto make_request = [](const Case& c, int64_t max_tokens) {
+    Request r = ::make_request(c, max_tokens, 1.0);
+    r.params.seed = 5;
+    for (int64_t id = 199999; id < 200029; ++id) r.params.logit_bias.emplace_back(id, -100.0);
+    return r;
+  };
+  auto base = generate(e, {make_request(c, 16)})[0][0];
+  REQUIRE(base.tokens.size() == 16);
+  INFO(fmt::format("{}", fmt::join(base.tokens, ",")));
+  CHECK(base.finish == FinishReason::length);
+
+  // Stop token: the 6th generated token (first occurrence).
+  {
+    const int64_t stop_id = base.tokens[5];
+    size_t first = size_t(std::find(base.tokens.begin(), base.tokens.end(), stop_id) - base.tokens.begin());
+    Request r = make_request(c, 16);
+    r.params.stop_token_ids = {stop_id};
+    std::string reason;
+    auto res = generate(e, {r})[0][0];
+    CHECK(res.finish == FinishReason::stop);
+    CHECK(res.tokens.size() == first + 1);  // the stop token is part of the output tokens
+    CHECK(res.tokens.back() == stop_id);
+  }
+  // Stop string taken from the decoded text: the output ends right before it.
+  {
+    const std::string full = base.text;
+    REQUIRE(full.size() > 8);
+    // A stop string of 3 bytes starting at a character boundary in the middle.
+    size_t at = full.size() / 2;
+    while (at < full.size() && (uint8_t(full[at]) & 0xC0) == 0x80) ++at;
+    size_t end = at + 1;
+    while (end < full.size() && (end - at < 3 || (uint8_t(full[end]) & 0xC0) == 0x80)) ++end;
+    const std::string stop = full.substr(at, end - at);
+    const size_t first = full.find(stop);
+    Request r = make_request(c, 16);
+    r.params.stop = {stop};
+    auto res = generate(e, {r})[0][0];
+    CHECK(res.finish == FinishReason::stop);
+    CHECK(res.text == full.substr(0, first));
+    r.params.include_stop_str_in_output = true;
+    auto inc = generate(e, {r})[0][0];
+    CHECK(inc.text == full.substr(0, first + stop.size()));
+  }
+  CHECK(e.stats().kv_blocks_used == 0);
+}
+
+TEST_CASE("engine: streaming text concatenates to the full decode") {
+  const auto c = mixed_cases()[0];
+  Engine e(tiny_model(), tokenizer(), opts(4, 512));
+  Request r = make_request(c, 20);
+  r.params.skip_special_tokens = false;
+  std::string text;
+  std::vector<int64_t> toks;
+  e.submit(r, [&](const RequestOutput& o) {
+    text += o.text;
+    toks.insert(toks.end(), o.tokens.begin(), o.tokens.end());
+  });
+  e.run_until_idle();
+  std::vector<tok::TokenId> t(toks.begin(), toks.end());
+  CHECK(text == tokenizer()->decode(t));
+}
+
+TEST_CASE("engine: abort frees the blocks; limits are checked at submit") {
+  const auto c = mixed_cases()[0];
+  Engine e(tiny_model(), tokenizer(), opts(4, 512, 32));
+  FinishReason fin = FinishReason::none;
+  bool done = false;
+  const int64_t id = e.submit(make_request(c, 100), [&](const RequestOutput& o) {
+    if (o.finish != FinishReason::none) fin = o.finish;
+    done |= o.done;
+  });
+  e.step();
+  e.step();
+  CHECK(e.stats().kv_blocks_used > 0);
+  e.abort(id);
+  e.step();
+  CHECK(done);
+  CHECK(fin == FinishReason::abort);
+  CHECK(e.stats().kv_blocks_used == 0);
+  CHECK(e.stats().requests_aborted == 1);
+
+  // Over the context, over the cache, bad ids, media without rows, bad params.
+  Request big;
+  big.prompt.assign(4100, 5);  // over the context (4096)
+  CHECK_THROWS_AS(e.submit(big, [](const RequestOutput&) {}), std::invalid_argument);
+  Request cache_big;
+  cache_big.prompt.assign(200, 5);  // under the context but over 32 blocks * 4 slots
+  CHECK_THROWS_AS(e.submit(cache_big, [](const RequestOutput&) {}), std::invalid_argument);
+  Request bad_id;
+  bad_id.prompt = {1, 300000};
+  CHECK_THROWS_AS(e.submit(bad_id, [](const RequestOutput&) {}), std::invalid_argument);
+  Request no_media;
+  no_media.prompt = {1, phi4mm::kImageToken, 2};
+  CHECK_THROWS_AS(e.submit(no_media, [](const RequestOutput&) {}), std::invalid_argument);
+  Request bad_p = make_request(c, 4);
+  bad_p.params.top_p = 0;
+  CHECK_THROWS_WITH_AS(e.submit(bad_p, [](const RequestOutput&) {}), doctest::Contains("top_p"),
+                       std::invalid_argument);
+
+  // A full queue answers QueueFull.
+  EngineOptions small = opts(1, 512);
+  small.max_queue = 2;
+  Engine q(tiny_model(), tokenizer(), small);
+  q.submit(make_request(c, 1), [](const RequestOutput&) {});
+  q.submit(make_request(c, 1), [](const RequestOutput&) {});
+  CHECK_THROWS_AS(q.submit(make_request(c, 1), [](const RequestOutput&) {}), QueueFull);
+  q.run_until_idle();
+  CHECK(q.stats().requests_finished == 2);
+}
+
+TEST_CASE("engine: a sequence that outgrows the whole cache ends with length") {
+  const auto c = mixed_cases()[4];  // "hello": a short prompt
+  Engine e(tiny_model(), tokenizer(), opts(4, 512, 3));  // 3 blocks of 4 tokens
+  auto res = generate(e, {make_request(c, 50)})[0][0];
+  CHECK(res.finish == FinishReason::length);
+  CHECK(int64_t(c.prompt.size() + res.tokens.size()) <= 13);
+  CHECK(e.stats().kv_blocks_used == 0);
+}
+
+TEST_CASE("engine: the background thread serves concurrent submitters and drains on stop") {
+  const auto cases = mixed_cases();
+  Engine e(tiny_model(), tokenizer(), opts(3, 16));
+  e.start();
+  std::mutex mu;
+  std::map<int64_t, std::vector<int64_t>> got;
+  int finished = 0;
+  std::vector<std::thread> ths;
+  for (size_t i = 0; i < cases.size(); ++i)
+    ths.emplace_back([&, i] {
+      e.submit(make_request(cases[i], 6), [&, i](const RequestOutput& o) {
+        std::lock_guard<std::mutex> lk(mu);
+        auto& v = got[int64_t(i)];
+        v.insert(v.end(), o.tokens.begin(), o.tokens.end());
+        finished += o.done;
+      });
+    });
+  for (auto& t : ths) t.join();
+  e.stop(true);
+  CHECK(finished == int(cases.size()));
+  for (size_t i = 0; i < cases.size(); ++i) CHECK(got[int64_t(i)] == reference_greedy(cases[i], 6));
+  CHECK(e.stats().kv_blocks_used == 0);
+}
+
+// ---- the real towers (tiny preset): must-show 1 with image and audio rows ----
+
+#include "models/phi4mm/model.h"
+
+namespace {
+
+phi4mm::RgbImage pattern_image(int64_t w, int64_t h, int seed) {
+  phi4mm::RgbImage im;
+  im.width = w, im.height = h;
+  im.rgb.resize(size_t(w * h * 3));
+  for (size_t i = 0; i < im.rgb.size(); ++i) im.rgb[i] = uint8_t((i * 13 + size_t(seed) * 71) % 253);
+  return im;
+}
+
+std::vector<double> chirp(int64_t n, int64_t rate) {
+  std::vector<double> s(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const double t = double(i) / double(rate);
+    s[size_t(i)] = 0.4 * std::sin(2 * M_PI * (200 + 300 * t) * t);
+  }
+  return s;
+}
+
+struct MediaCase {
+  std::vector<int64_t> prompt;
+  Adapter adapter = Adapter::none;
+  std::shared_ptr<phi4mm::MediaInputs> in;
+};
+
+}  // namespace
+
+TEST_CASE("engine: text, image, audio and image+audio requests through the towers are batch invariant") {
+  auto mm = phi4mm::init_phi4mm("tiny", 11, DType::f32);
+  auto lm = mm->lm;
+  auto text = [](const std::string& t) { return ids_of(t); };
+  auto build = [&](std::vector<phi4mm::RgbImage> imgs, std::vector<std::vector<double>> clips,
+                   std::vector<int64_t> rates) {
+    MediaCase c;
+    c.in = std::make_shared<phi4mm::MediaInputs>();
+    c.prompt = text("<|user|>");
+    for (auto& im : imgs) {
+      c.prompt.insert(c.prompt.end(), size_t(phi4mm::image_token_count(im)), phi4mm::kImageToken);
+      c.in->images.push_back(im);
+      c.in->order_is_image.push_back(true);
+    }
+    for (size_t i = 0; i < clips.size(); ++i) {
+      c.prompt.insert(c.prompt.end(), size_t(phi4mm::audio_token_count_of(clips[i], rates[i])),
+                      phi4mm::kAudioToken);
+      c.in->audio.push_back(clips[i]);
+      c.in->audio_rates.push_back(rates[i]);
+      c.in->order_is_image.push_back(false);
+    }
+    auto tail = text("What is this?<|end|><|assistant|>");
+    c.prompt.insert(c.prompt.end(), tail.begin(), tail.end());
+    c.adapter = imgs.empty() ? (clips.empty() ? Adapter::none : Adapter::speech) : Adapter::vision;
+    return c;
+  };
+  std::vector<MediaCase> cases = {
+      build({}, {}, {}),
+      build({pattern_image(60, 40, 1)}, {}, {}),
+      build({}, {chirp(16000, 16000)}, {16000}),
+      build({pattern_image(30, 50, 2)}, {chirp(12000, 8000)}, {8000}),
+  };
+  const int64_t steps = 6;
+  NoGradGuard ng;
+  // Reference: the packed forward over the whole sequence, media rows merged.
+  std::vector<std::vector<int64_t>> ref;
+  for (auto& c : cases) {
+    Tensor rows = c.in->order_is_image.empty() ? Tensor() : phi4mm::media_rows(*mm, *c.in);
+    std::vector<int64_t> ids = c.prompt, out;
+    for (int64_t k = 0; k < steps; ++k) {
+      phi4mm::PackedBatch b = phi4mm::PackedBatch::single(ids, c.adapter);
+      if (rows.defined()) {
+        std::vector<int64_t> mask(ids.size(), 0);
+        for (size_t i = 0; i < c.prompt.size(); ++i)
+          mask[i] = c.prompt[i] == phi4mm::kImageToken || c.prompt[i] == phi4mm::kAudioToken;
+        b.media_rows = rows;
+        b.media_mask = from_vector(mask, {int64_t(mask.size())}).to(DType::boolean);
+      }
+      auto row = lm->logits_at(b, {int64_t(ids.size()) - 1}).to_vector<float>();
+      int64_t best = -1;
+      for (int64_t id = 0; id < int64_t(row.size()); ++id)
+        if (!banned(id) && (best < 0 || row[size_t(id)] > row[size_t(best)])) best = id;
+      out.push_back(best);
+      ids.push_back(best);
+    }
+    ref.push_back(out);
+  }
+  auto run = [&](std::vector<size_t> which, EngineOptions o, EngineStats* st = nullptr) {
+    Engine e(lm, tokenizer(), o);
+    std::vector<Request> reqs;
+    for (size_t i : which) {
+      Request r;
+      r.prompt = cases[i].prompt;
+      r.adapter = cases[i].adapter;
+      if (!cases[i].in->order_is_image.empty()) {
+        auto in = cases[i].in;
+        r.media = [mm, in] { return phi4mm::media_rows(*mm, *in); };
+      }
+      r.params.max_tokens = steps;
+      r.params.temperature = 0;
+      r.params.ignore_eos = true;
+      reqs.push_back(r);
+    }
+    auto res = generate(e, reqs);
+    if (st) *st = e.stats();
+    CHECK(e.stats().kv_blocks_used == 0);
+    std::vector<std::vector<int64_t>> out;
+    for (auto& r : res) out.push_back(r[0].tokens);
+    return out;
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    CAPTURE(i);
+    CHECK(run({i}, opts(4, 512, 1024))[0] == ref[i]);
+  }
+  for (int64_t chunk : {1, 16, 512}) {
+    CAPTURE(chunk);
+    auto all = run({0, 1, 2, 3}, opts(2, chunk, 1024, chunk == 1 ? 8 : 600));
+    for (size_t i = 0; i < cases.size(); ++i) CHECK(all[i] == ref[i]);
+  }
+  // A cache that cannot hold every request at once: preemption, re-prefill, same outputs.
+  EngineStats st;
+  int64_t longest = 0;
+  for (auto& c : cases) longest = std::max<int64_t>(longest, int64_t(c.prompt.size()));
+  auto tight = run({0, 1, 2, 3}, opts(4, 64, (longest + steps) / 4 + 40), &st);
+  for (size_t i = 0; i < cases.size(); ++i) CHECK(tight[i] == ref[i]);
+  CHECK(st.preemptions > 0);
+}

@@ -1,0 +1,187 @@
+// The whole model (models/phi4mm/model.h): a preset with every component
+// saves and reloads bit-identically, towers load from their prefixes, the
+// media rows come out in prompt order with the processors' token counts, and
+// a bad tower config fails before any weight is read.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "autograd/autograd.h"
+#include "model_fixtures.h"
+#include "models/phi4mm/model.h"
+#include "nn/io/safetensors.h"
+
+using namespace areno;
+using namespace areno::phi4mm;
+using areno::testing::TempDir;
+
+namespace {
+
+RgbImage test_image(int64_t w, int64_t h, int seed) {
+  RgbImage im;
+  im.width = w, im.height = h;
+  im.rgb.resize(size_t(w * h * 3));
+  for (size_t i = 0; i < im.rgb.size(); ++i) im.rgb[i] = uint8_t((i * 7 + size_t(seed) * 31) % 251);
+  return im;
+}
+
+std::vector<double> tone(int64_t n, int64_t rate, double hz) {
+  std::vector<double> s(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) s[size_t(i)] = 0.3 * std::sin(2 * M_PI * hz * double(i) / double(rate));
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("phi4mm: a tiny preset with towers saves and reloads bit-identically") {
+  auto m = init_phi4mm("tiny", 5, DType::f32);
+  REQUIRE(m->vision);
+  REQUIRE(m->audio);
+  TempDir dir;
+  save_phi4mm(*m, dir.str());
+  LoadReport rep;
+  auto r = load_phi4mm(dir.str(), {}, &rep);
+  REQUIRE(r->vision);
+  REQUIRE(r->audio);
+  const int64_t total = int64_t(m->lm->named_parameters().size() + m->vision->named_parameters().size() +
+                                m->audio->named_parameters().size());
+  CHECK(rep.consumed == total);
+  CHECK(rep.expected == total);
+  CHECK(rep.skipped == 0);
+  auto same = [](const Module& a, const Module& b) {
+    auto pa = a.named_parameters(), pb = b.named_parameters();
+    REQUIRE(pa.size() == pb.size());
+    for (size_t i = 0; i < pa.size(); ++i) {
+      CAPTURE(pa[i].first);
+      CHECK(pa[i].first == pb[i].first);
+      CHECK(max_abs_diff(pa[i].second, pb[i].second) == 0.0);
+    }
+  };
+  same(*m->lm, *r->lm);
+  same(*m->vision, *r->vision);
+  same(*m->audio, *r->audio);
+
+  // Text only: the towers are skipped, not read.
+  ModelLoadOptions text_only;
+  text_only.vision = text_only.audio = false;
+  LoadReport rep2;
+  auto t = load_phi4mm(dir.str(), text_only, &rep2);
+  CHECK(!t->vision);
+  CHECK(!t->audio);
+  CHECK(rep2.skipped == int64_t(m->vision->named_parameters().size() + m->audio->named_parameters().size()));
+}
+
+TEST_CASE("phi4mm: media rows follow the prompt order and the processors' counts") {
+  auto m = init_phi4mm("tiny", 6, DType::f32);
+  NoGradGuard ng;
+  MediaInputs in;
+  in.images = {test_image(500, 300, 1), test_image(120, 900, 2)};
+  in.audio = {tone(16000, 16000, 440.0), tone(8000, 8000, 300.0)};
+  in.audio_rates = {16000, 8000};
+  in.order_is_image = {true, false, true, false};  // image, audio, image, audio
+  Tensor rows = media_rows(*m, in);
+  const int64_t n0 = image_token_count(in.images[0]), n1 = image_token_count(in.images[1]);
+  const int64_t a0 = audio_token_count_of(in.audio[0], 16000), a1 = audio_token_count_of(in.audio[1], 8000);
+  CHECK(a0 == 13);  // 1 s -> 13 tokens (spec)
+  REQUIRE(rows.dim() == 2);
+  CHECK(rows.size(0) == n0 + a0 + n1 + a1);
+  CHECK(rows.size(1) == m->config().text.hidden_size);
+
+  // Each block equals the item computed alone (image rows do not depend on the
+  // other image; audio rows use the vision projector because an image is present).
+  MediaInputs only_img;
+  only_img.images = {in.images[1]};
+  only_img.order_is_image = {true};
+  Tensor r1 = media_rows(*m, only_img);
+  CHECK(testing::rel_err(rows.narrow(0, n0 + a0, n1), r1) < 1e-5);
+  MediaInputs only_audio;
+  only_audio.audio = {in.audio[0]};
+  only_audio.audio_rates = {16000};
+  only_audio.order_is_image = {false};
+  Tensor speech = media_rows(*m, only_audio);  // speech projector
+  CHECK(speech.size(0) == a0);
+  // Audio-only uses the speech projector, with an image the vision one: they differ.
+  CHECK(testing::rel_err(rows.narrow(0, n0, a0), speech) > 1e-3);
+}
+
+TEST_CASE("phi4mm: a bad tower config fails before any weight is read") {
+  auto m = init_phi4mm("tiny", 7, DType::f32);
+  TempDir dir;
+  save_phi4mm(*m, dir.str());
+  nlohmann::json j;
+  std::ifstream(dir.str("config.json")) >> j;
+  j["img_processor"]["num_attention_heads"] = 5;  // 32 wide: does not divide
+  std::ofstream(dir.str("config.json")) << j.dump(2);
+  // Corrupt the weights too: a load that read them would fail differently.
+  std::filesystem::resize_file(dir.str("model.safetensors"), 100);
+  CHECK_THROWS_WITH(load_phi4mm(dir.str()), doctest::Contains("num_attention_heads"));
+}
+
+#include "app/commands_model.h"
+#include "models/phi4mm/processor/image_io.h"
+#include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+#include "serve/media.h"
+
+TEST_CASE("phi4mm: areno preprocess and areno logits --messages with an image and an audio clip") {
+  TempDir dir;
+  // Media next to the messages file: a PPM image and a WAV clip.
+  RgbImage im = test_image(90, 60, 3);
+  {
+    auto ppm = encode_ppm(im);
+    std::ofstream(dir.str("pic.ppm"), std::ios::binary).write(reinterpret_cast<const char*>(ppm.data()),
+                                                              std::streamsize(ppm.size()));
+  }
+  std::filesystem::copy_file("tests/data/audio/speech_16k_mono.wav", dir.str("clip.wav"));
+  nlohmann::json messages = nlohmann::json::array(
+      {{{"role", "user"},
+        {"content", {{{"type", "image_url"}, {"image_url", {{"url", "pic.ppm"}}}},
+                     {{"type", "audio_url"}, {"audio_url", {{"url", "clip.wav"}}}},
+                     {{"type", "text"}, {"text", "What do you see and hear?"}}}}}});
+  std::ofstream(dir.str("m.json")) << messages.dump();
+
+  REQUIRE(app::cmd_preprocess({"--messages", dir.str("m.json"), "--out", dir.str("p.safetensors")}) == 0);
+  SafetensorsFile p(dir.str("p.safetensors"));
+  auto ids = p.load_copy("input_ids").to_vector<int64_t>();
+  CHECK(p.load_copy("input_mode").to_vector<int64_t>()[0] == 3);
+  int64_t n_img = 0, n_aud = 0;
+  for (int64_t id : ids) n_img += id == kImageToken, n_aud += id == kAudioToken;
+  CHECK(n_img == image_token_count(im));
+  CHECK(p.load_copy("num_img_tokens").to_vector<int64_t>()[0] == n_img);
+  CHECK(p.load_copy("audio_embed_sizes").to_vector<int64_t>()[0] == n_aud);
+  ImageBatch ib = process_images({im});
+  CHECK(max_abs_diff(p.load_copy("input_image_embeds"), ib.input_image_embeds) == 0.0);
+  CHECK(max_abs_diff(p.load_copy("image_attention_mask"), ib.image_attention_mask) == 0.0);
+
+  // logits --messages equals the model API on the same media.
+  auto m = init_phi4mm("tiny", 9, DType::f32);
+  save_phi4mm(*m, dir.str("ckpt"));
+  write_tokenizer_files(make_tokenizer(), dir.str("ckpt"));
+  REQUIRE(app::cmd_logits({"--model-path", dir.str("ckpt"), "--messages", dir.str("m.json"), "--out",
+                           dir.str("l.safetensors")}) == 0);
+  Tensor got = SafetensorsFile(dir.str("l.safetensors")).load_copy("logits");
+  NoGradGuard ng;
+  MediaInputs in;
+  in.images = {im};
+  auto clip = serve::decode_media(MediaKind::kAudio,
+                                  [&] {
+                                    std::ifstream f(dir.str("clip.wav"), std::ios::binary);
+                                    return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)),
+                                                                std::istreambuf_iterator<char>());
+                                  }(),
+                                  "clip");
+  in.audio = {clip.samples};
+  in.audio_rates = {clip.sample_rate};
+  in.order_is_image = {true, false};
+  PackedBatch b = PackedBatch::single(ids, Adapter::vision);
+  b.media_rows = media_rows(*m, in);
+  std::vector<int64_t> mask;
+  for (int64_t id : ids) mask.push_back(id == kImageToken || id == kAudioToken);
+  b.media_mask = from_vector(mask, {int64_t(mask.size())}).to(DType::boolean);
+  CHECK(testing::rel_err(got, m->lm->logits(b)) < 1e-6);
+  CHECK_THROWS_WITH(app::cmd_logits({"--model-path", dir.str("ckpt"), "--messages", dir.str("m.json"), "--adapter",
+                                     "none", "--out", dir.str("x.safetensors")}),
+                    doctest::Contains("--adapter"));
+}

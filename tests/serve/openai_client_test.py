@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""The official `openai` Python client against `areno serve` (issue 7, must show 4).
+
+Starts `areno serve` (the embedded demo model unless --model-path is given) on a
+free loopback port, drives text, streaming, n > 1, legacy completions and
+errors through the client, then sends SIGTERM during a stream and checks that
+the stream completes and the server exits 0. Images and audio wait for the towers (a text-only server answers 400; that
+is checked).
+
+    pip install openai
+    python3 tests/serve/openai_client_test.py --areno build/app/areno
+    # or, when meson found the package: meson test -C build --suite openai-client
+"""
+import argparse
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"areno serve exited early with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("areno serve did not become healthy")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--areno", default="build/app/areno")
+    ap.add_argument("--model-path", default="")
+    args = ap.parse_args()
+
+    import openai
+
+    port = free_port()
+    cmd = [args.areno, "serve", "--port", str(port), "--api-key", "k"]
+    if args.model_path:
+        cmd += ["--model-path", args.model_path]
+    proc = subprocess.Popen(cmd)
+    signalled = False
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base, proc)
+        client = openai.OpenAI(base_url=base + "/v1", api_key="k")
+        model = client.models.list().data[0].id
+        print("model:", model)
+
+        msgs = [{"role": "user", "content": "Hello, who are you?"}]
+        r = client.chat.completions.create(model=model, messages=msgs, max_tokens=8, temperature=0)
+        assert r.object == "chat.completion"
+        assert len(r.choices) == 1 and r.choices[0].message.role == "assistant"
+        assert r.choices[0].finish_reason in ("stop", "length")
+        assert r.usage.prompt_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+        greedy = r.choices[0].message.content
+        print("text ok:", repr(greedy))
+
+        stream = client.chat.completions.create(model=model, messages=msgs, max_tokens=8, temperature=0, stream=True,
+                                                stream_options={"include_usage": True})
+        text, finish, usage = "", None, None
+        for chunk in stream:
+            if chunk.usage:
+                usage = chunk.usage
+            for ch in chunk.choices:
+                text += ch.delta.content or ""
+                finish = ch.finish_reason or finish
+        assert text == greedy, (text, greedy)
+        assert finish in ("stop", "length") and usage is not None
+        print("streaming ok")
+
+        r = client.chat.completions.create(model=model, messages=msgs, max_tokens=5, n=3, seed=3, temperature=1.0,
+                                           logprobs=True, top_logprobs=2)
+        assert [c.index for c in r.choices] == [0, 1, 2]
+        for c in r.choices:
+            assert c.logprobs is not None and all(len(t.top_logprobs) == 2 for t in c.logprobs.content)
+        print("n>1 ok")
+
+        c = client.completions.create(model=model, prompt=[24912, 2375, 13], echo=True, logprobs=1, max_tokens=0)
+        assert c.choices[0].logprobs.token_logprobs[0] is None
+        assert len(c.choices[0].logprobs.token_logprobs) == 3
+        print("completions echo ok")
+
+        try:
+            client.chat.completions.create(model="no-such-model", messages=msgs)
+            raise AssertionError("expected 404")
+        except openai.NotFoundError as e:
+            assert e.status_code == 404
+        try:
+            client.chat.completions.create(model=model, messages=[{"role": "user", "content": [
+                {"type": "text", "text": "what is this?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk="}}]}])
+            raise AssertionError("expected 400")
+        except openai.BadRequestError as e:
+            assert e.status_code == 400
+        bad = openai.OpenAI(base_url=base + "/v1", api_key="wrong")
+        try:
+            bad.models.list()
+            raise AssertionError("expected 401")
+        except openai.AuthenticationError:
+            pass
+        print("errors ok")
+
+        # SIGTERM while a stream is running: the stream still completes, then
+        # the server exits 0.
+        stream = client.chat.completions.create(model=model, messages=msgs, max_tokens=48, temperature=1.0,
+                                                stream=True, extra_body={"ignore_eos": True})
+        it = iter(stream)
+        first = next(it)
+        assert first.choices[0].delta.role == "assistant"
+        proc.send_signal(signal.SIGTERM)
+        signalled = True
+        finish = None
+        for chunk in it:
+            for ch in chunk.choices:
+                finish = ch.finish_reason or finish
+        assert finish == "length", finish
+        print("drain on SIGTERM ok")
+    finally:
+        if not signalled:  # a second signal kills without draining
+            proc.send_signal(signal.SIGINT)
+        try:
+            rc = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert rc == 0, f"areno serve exited with {rc}"
+    print("openai client test passed")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

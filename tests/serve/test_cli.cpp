@@ -1,0 +1,78 @@
+// `areno serve`, `areno generate` and `areno score` argument handling, and
+// remote media fetching against a local HTTP server.
+#include <doctest/doctest.h>
+#include <httplib.h>
+
+#include <thread>
+
+#include "app/commands_serve.h"
+#include "serve/media_fetch.h"
+#include "serve/openai.h"
+
+using namespace areno;
+
+namespace {
+
+// The message of the std::exception `f` throws ("" when none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("serve/cli bad flags and values name the flag") {
+  CHECK(app::cmd_serve({"--bogus"}) == 2);
+  CHECK(error_of([] { app::cmd_serve({"--port", "eighty"}); }).find("--port") != std::string::npos);
+  CHECK(error_of([] { app::cmd_serve({"--port", "70000"}); }).find("--port") != std::string::npos);
+  CHECK(error_of([] { app::cmd_serve({"--tp-size", "2"}); }).find("tensor parallelism") != std::string::npos);
+  CHECK(error_of([] { app::cmd_serve({"--world-size", "4"}); }).find("--world-size") != std::string::npos);
+  CHECK(error_of([] { app::cmd_serve({"--kv-cache-gb", "-1"}); }).find("--kv-cache-gb") != std::string::npos);
+  CHECK(error_of([] { app::cmd_serve({"--max-running-prompts", "0"}); }).find("--max-running-prompts") != std::string::npos);
+  CHECK(error_of([] { app::cmd_serve({"--media-root", "/no/such/dir"}); }).find("--media-root") != std::string::npos);
+  CHECK(error_of([] { app::cmd_serve({"--api-key"}); }).find("--api-key needs a value") != std::string::npos);
+  CHECK(error_of([] { app::cmd_serve({"--dtype", "f16"}); }).find("--dtype") != std::string::npos);
+  CHECK(error_of([] { app::cmd_serve({"--device", "tpu"}); }).find("--device") != std::string::npos);
+  CHECK(app::cmd_serve({"--help"}) == 0);
+
+  CHECK(app::cmd_generate({"--max-tokens", "3"}) == 2);  // no --prompt
+  CHECK(app::cmd_generate({"--prompt", "x", "--nope"}) == 2);
+  CHECK(error_of([] { app::cmd_generate({"--prompt", "x", "--temperature", "hot"}); }).find("--temperature") !=
+        std::string::npos);
+  CHECK(error_of([] { app::cmd_generate({"--prompt", "x", "--image", "/no/such.png"}); }).find("--image") !=
+        std::string::npos);
+  CHECK(app::cmd_score({"--prompt", "x"}) == 2);  // no --completion
+}
+
+TEST_CASE("serve/cli generate and score run on the embedded demo model") {
+  CHECK(app::cmd_generate({"--prompt", "Hello", "--max-tokens", "3", "--temperature", "1", "--seed", "5"}) == 0);
+  CHECK(app::cmd_score({"--prompt", "Hello", "--completion", "hello world"}) == 0);
+}
+
+TEST_CASE("serve/media_fetch remote URLs with --allow-remote-media: bytes, size limit, HTTP errors") {
+  httplib::Server srv;
+  srv.Get("/a.bin", [](const httplib::Request&, httplib::Response& r) { r.set_content("abcdef", "image/png"); });
+  const int port = srv.bind_to_any_port("127.0.0.1");
+  std::thread th([&] { srv.listen_after_bind(); });
+  const std::string base = "http://127.0.0.1:" + std::to_string(port);
+  auto part = [](const std::string& url) { return nlohmann::json{{"type", "image_url"}, {"image_url", {{"url", url}}}}; };
+
+  serve::MediaFetchOptions o;
+  o.timeout_seconds = 5;
+  CHECK_THROWS_AS(serve::fetch_media(part(base + "/a.bin"), serve::MediaKind::kImage, "m", o), serve::ApiError);
+  o.allow_remote = true;
+  auto bytes = serve::fetch_media(part(base + "/a.bin"), serve::MediaKind::kImage, "m", o);
+  CHECK(std::string(bytes.begin(), bytes.end()) == "abcdef");
+  CHECK(error_of([&] { serve::fetch_media(part(base + "/missing"), serve::MediaKind::kImage, "m", o); })
+            .find("HTTP 404") != std::string::npos);
+  o.max_bytes = 3;
+  CHECK(error_of([&] { serve::fetch_media(part(base + "/a.bin"), serve::MediaKind::kImage, "m", o); })
+            .find("limit") != std::string::npos);
+  srv.stop();
+  th.join();
+}

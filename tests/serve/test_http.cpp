@@ -1,0 +1,656 @@
+// Real HTTP against `areno serve`'s server on loopback ports (issue 7, must
+// show 3-4): the embedded tiny demo model, an engine stepping in the
+// background, httplib clients. Every error case checks the status and the
+// OpenAI error body, then that a good request still succeeds.
+#include <doctest/doctest.h>
+#include <httplib.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "models/phi4mm/init.h"
+#include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+#include "serve/engine.h"
+#include "serve/http_server.h"
+#include "serve/media_fetch.h"
+#include "serve/chat_request.h"
+#include "models/phi4mm/model.h"
+#include "models/phi4mm/processor/image_io.h"
+
+using namespace areno;
+using namespace areno::serve;
+using nlohmann::json;
+
+namespace {
+
+// Media rows of zeros, 3 per image; audio is refused at counting.
+struct FakeEncoder : MediaEncoder {
+  int64_t hidden = 0;
+  bool supports(MediaKind) const override { return true; }
+  int64_t num_tokens(const DecodedMedia& m) const override {
+    if (m.kind != MediaKind::kImage) throw MediaError("fake encoder: images only");
+    return 3;
+  }
+  std::function<Tensor()> encode(std::vector<DecodedMedia> items, InputMode) const override {
+    const int64_t rows = 3 * int64_t(items.size()), h = hidden;
+    return [rows, h] { return zeros({rows, h}); };
+  }
+};
+
+// One listening server on its own thread.
+struct Served {
+  std::unique_ptr<HttpServer> server;
+  std::thread thread;
+  int port = 0;
+  Served(Engine& e, const MediaEncoder* enc, ServerOptions o) {
+    o.host = "127.0.0.1";
+    o.port = 0;
+    o.threads = 16;
+    server = std::make_unique<HttpServer>(e, enc, std::move(o));
+    port = server->bind();
+    thread = std::thread([this] { server->listen(); });
+  }
+  ~Served() {
+    server->stop();
+    thread.join();
+  }
+};
+
+struct World {
+  std::shared_ptr<phi4mm::Phi4MMForCausalLM> model;
+  std::shared_ptr<const tok::Tokenizer> tokenizer;
+  std::unique_ptr<Engine> engine;
+  FakeEncoder encoder;
+  std::filesystem::path media_root;
+  std::unique_ptr<Served> plain;   // text only, defaults
+  std::unique_ptr<Served> strict;  // api key, small body limit, prompt limit, media encoder + root
+
+  World() {
+    std::signal(SIGPIPE, SIG_IGN);
+    model = phi4mm::init_model("tiny", 0);
+    auto t = phi4mm::make_tokenizer();
+    t.set_padded_vocab_size(size_t(model->config().text.vocab_size));
+    tokenizer = std::make_shared<const tok::Tokenizer>(std::move(t));
+    EngineOptions eo;
+    eo.max_running = 8;
+    eo.kv_blocks = 256;
+    eo.max_batch_tokens = 512;
+    eo.prefill_chunk_tokens = 64;
+    engine = std::make_unique<Engine>(model, tokenizer, eo);
+    engine->start();
+    encoder.hidden = model->config().text.hidden_size;
+    media_root = std::filesystem::temp_directory_path() / ("areno_serve_media_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(media_root);
+
+    plain = std::make_unique<Served>(*engine, nullptr, ServerOptions{});
+    ServerOptions so;
+    so.api_key = "sekret";
+    so.max_body_bytes = 8192;
+    so.max_prompt_tokens = 24;
+    so.media.media_root = media_root.string();
+    strict = std::make_unique<Served>(*engine, &encoder, so);
+  }
+  ~World() {
+    strict.reset();
+    plain.reset();
+    engine->stop(false);
+    std::error_code ec;
+    std::filesystem::remove_all(media_root, ec);
+  }
+};
+
+World& world() {
+  static World w;
+  return w;
+}
+
+struct Reply {
+  int status = 0;
+  json body;
+  std::string raw;
+  std::string content_type;
+};
+
+Reply send(int port, const std::string& method, const std::string& path, const std::string& body,
+           const httplib::Headers& headers = {}) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(60, 0);
+  httplib::Result r = method == "GET" ? cli.Get(path, headers) : cli.Post(path, headers, body, "application/json");
+  REQUIRE_MESSAGE(r, "request failed: " << httplib::to_string(r.error()));
+  Reply out;
+  out.status = r->status;
+  out.raw = r->body;
+  out.content_type = r->get_header_value("Content-Type");
+  out.body = json::parse(r->body, nullptr, false);
+  return out;
+}
+Reply post(int port, const std::string& path, const json& body, const httplib::Headers& headers = {}) {
+  return send(port, "POST", path, body.dump(), headers);
+}
+Reply get(int port, const std::string& path, const httplib::Headers& headers = {}) {
+  return send(port, "GET", path, "", headers);
+}
+
+const httplib::Headers kAuth = {{"Authorization", "Bearer sekret"}};
+
+json hello_chat(json extra = json::object()) {
+  json body = {{"model", "areno-demo"},
+               {"messages", {{{"role", "user"}, {"content", "Hello there"}}}},
+               {"max_tokens", 6},
+               {"temperature", 0}};
+  for (auto it = extra.begin(); it != extra.end(); ++it) body[it.key()] = it.value();
+  return body;
+}
+
+// The status and OpenAI error body of a refused request.
+void check_error(const Reply& r, int status, const std::string& message_part = {}, const std::string& param = {}) {
+  CHECK(r.status == status);
+  CAPTURE(r.raw);
+  REQUIRE(r.body.is_object());
+  REQUIRE(r.body.contains("error"));
+  const json& e = r.body["error"];
+  CHECK(e["message"].is_string());
+  CHECK(e["type"].is_string());
+  CHECK(e.contains("param"));
+  CHECK(e.contains("code"));
+  if (!message_part.empty()) CHECK(e["message"].get<std::string>().find(message_part) != std::string::npos);
+  if (!param.empty()) CHECK(e["param"] == param);
+}
+
+// A good request on `port` still succeeds.
+void check_serving(int port, const httplib::Headers& headers = {}) {
+  Reply r = post(port, "/v1/chat/completions", hello_chat(), headers);
+  CHECK(r.status == 200);
+  CHECK(r.body["object"] == "chat.completion");
+}
+
+// The `data:` payloads of an SSE body, checking the framing.
+std::vector<std::string> sse_payloads(const std::string& raw) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < raw.size()) {
+    const size_t end = raw.find("\n\n", pos);
+    REQUIRE_MESSAGE(end != std::string::npos, "unterminated event: " << raw.substr(pos));
+    const std::string ev = raw.substr(pos, end - pos);
+    pos = end + 2;
+    if (ev.rfind(":", 0) == 0) continue;  // comment (keep-alive)
+    REQUIRE_MESSAGE(ev.rfind("data: ", 0) == 0, "not a data event: " << ev);
+    CHECK(ev.find('\n') == std::string::npos);
+    out.push_back(ev.substr(6));
+  }
+  return out;
+}
+
+bool wait_for(const std::function<bool()>& cond, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+std::vector<uint8_t> tiny_bmp() {
+  // 2x2, 24 bits, rows padded to 8 bytes, bottom-up.
+  return {'B', 'M', 70, 0, 0, 0, 0, 0, 0, 0, 54, 0, 0, 0,                                   // file header
+          40, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 1, 0, 24, 0, 0, 0, 0, 0, 16, 0, 0, 0,           // info header
+          0x13, 0x0b, 0, 0, 0x13, 0x0b, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+          0, 0, 255, 0, 255, 0, 0, 0, 255, 0, 0, 255, 255, 255, 0, 0};                         // BGR rows
+}
+
+}  // namespace
+
+TEST_CASE("serve/http chat, greedy, non-streaming: an OpenAI chat.completion, deterministic") {
+  World& w = world();
+  Reply a = post(w.plain->port, "/v1/chat/completions", hello_chat());
+  REQUIRE(a.status == 200);
+  CHECK(a.content_type.find("application/json") == 0);
+  const json& j = a.body;
+  CHECK(j["id"].get<std::string>().rfind("chatcmpl-", 0) == 0);
+  CHECK(j["object"] == "chat.completion");
+  CHECK(j["model"] == "areno-demo");
+  CHECK(j["created"].is_number_integer());
+  REQUIRE(j["choices"].size() == 1);
+  CHECK(j["choices"][0]["index"] == 0);
+  CHECK(j["choices"][0]["message"]["role"] == "assistant");
+  CHECK(j["choices"][0]["message"]["content"].is_string());
+  const std::string finish = j["choices"][0]["finish_reason"];
+  CHECK((finish == "stop" || finish == "length"));
+  // <|user|>Hello there<|end|><|assistant|>
+  Reply tk = post(w.plain->port, "/tokenize", {{"messages", {{{"role", "user"}, {"content", "Hello there"}}}}});
+  REQUIRE(tk.status == 200);
+  CHECK(j["usage"]["prompt_tokens"] == tk.body["count"]);
+  CHECK(j["usage"]["completion_tokens"].get<int64_t>() >= 1);
+  CHECK(j["usage"]["total_tokens"] == j["usage"]["prompt_tokens"].get<int64_t>() + j["usage"]["completion_tokens"].get<int64_t>());
+
+  Reply b = post(w.plain->port, "/v1/chat/completions", hello_chat());
+  CHECK(b.body["choices"][0]["message"]["content"] == j["choices"][0]["message"]["content"]);
+
+  // The same prompt ids through /v1/completions give the same greedy text.
+  Reply c = post(w.plain->port, "/v1/completions",
+                 {{"prompt", tk.body["tokens"]}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", false}});
+  REQUIRE(c.status == 200);
+  CHECK(c.body["object"] == "text_completion");
+  CHECK(c.body["choices"][0]["text"] == j["choices"][0]["message"]["content"]);
+  CHECK(c.body["usage"]["completion_tokens"] == j["usage"]["completion_tokens"]);
+}
+
+TEST_CASE("serve/http chat streaming: role chunk, deltas, finish chunk, usage chunk, [DONE]") {
+  World& w = world();
+  Reply ref = post(w.plain->port, "/v1/chat/completions", hello_chat({{"max_tokens", 12}, {"ignore_eos", true}}));
+  REQUIRE(ref.status == 200);
+  Reply s = post(w.plain->port, "/v1/chat/completions",
+                 hello_chat({{"max_tokens", 12}, {"ignore_eos", true}, {"stream", true},
+                             {"stream_options", {{"include_usage", true}}}, {"logprobs", true}, {"top_logprobs", 2}}));
+  REQUIRE(s.status == 200);
+  CHECK(s.content_type.find("text/event-stream") == 0);
+  const auto events = sse_payloads(s.raw);
+  REQUIRE(events.size() >= 4);
+  CHECK(events.back() == "[DONE]");
+  std::vector<json> chunks;
+  for (size_t i = 0; i + 1 < events.size(); ++i) chunks.push_back(json::parse(events[i]));
+  const std::string id = chunks[0]["id"];
+  for (const json& c : chunks) {
+    CHECK(c["id"] == id);
+    CHECK(c["object"] == "chat.completion.chunk");
+    CHECK(c["model"] == "areno-demo");
+  }
+  CHECK(chunks[0]["choices"][0]["delta"]["role"] == "assistant");
+  std::string text;
+  int64_t lp_tokens = 0;
+  size_t finish_at = 0;
+  for (size_t i = 1; i < chunks.size(); ++i) {
+    if (chunks[i]["choices"].empty()) continue;
+    const json& ch = chunks[i]["choices"][0];
+    if (ch["delta"].contains("content")) text += ch["delta"]["content"].get<std::string>();
+    if (ch["logprobs"].is_object()) {
+      for (const json& e : ch["logprobs"]["content"]) {
+        CHECK(e["top_logprobs"].size() == 2);
+        ++lp_tokens;
+      }
+    }
+    if (!ch["finish_reason"].is_null()) finish_at = i;
+  }
+  CHECK(text == ref.body["choices"][0]["message"]["content"]);
+  REQUIRE(finish_at > 0);
+  CHECK(chunks[finish_at]["choices"][0]["finish_reason"] == "length");
+  const json& usage_chunk = chunks.back();
+  CHECK(usage_chunk["choices"].empty());
+  CHECK(usage_chunk["usage"]["completion_tokens"] == 12);
+  CHECK(usage_chunk["usage"]["prompt_tokens"] == ref.body["usage"]["prompt_tokens"]);
+  CHECK(lp_tokens == 12);
+}
+
+TEST_CASE("serve/http n > 1: choices share the prompt, usage counts it once, seeds reproduce") {
+  World& w = world();
+  json body = hello_chat({{"n", 3}, {"temperature", 1.0}, {"seed", 7}, {"max_tokens", 5}, {"ignore_eos", true}});
+  Reply a = post(w.plain->port, "/v1/chat/completions", body);
+  REQUIRE(a.status == 200);
+  REQUIRE(a.body["choices"].size() == 3);
+  for (int i = 0; i < 3; ++i) CHECK(a.body["choices"][i]["index"] == i);
+  Reply one = post(w.plain->port, "/v1/chat/completions", hello_chat());
+  CHECK(a.body["usage"]["prompt_tokens"] == one.body["usage"]["prompt_tokens"]);
+  CHECK(a.body["usage"]["completion_tokens"] == 15);
+  Reply b = post(w.plain->port, "/v1/chat/completions", body);
+  for (int i = 0; i < 3; ++i) CHECK(b.body["choices"][i]["message"]["content"] == a.body["choices"][i]["message"]["content"]);
+
+  // Streaming n = 2: both indices get a role chunk and a finish chunk.
+  Reply s = post(w.plain->port, "/v1/chat/completions",
+                 hello_chat({{"n", 2}, {"stream", true}, {"max_tokens", 4}, {"ignore_eos", true}}));
+  REQUIRE(s.status == 200);
+  int roles[2] = {0, 0}, finishes[2] = {0, 0};
+  for (const std::string& e : sse_payloads(s.raw)) {
+    if (e == "[DONE]") continue;
+    const json c = json::parse(e);
+    for (const json& ch : c["choices"]) {
+      const int idx = ch["index"];
+      REQUIRE((idx == 0 || idx == 1));
+      if (ch["delta"].contains("role")) ++roles[idx];
+      if (!ch["finish_reason"].is_null()) ++finishes[idx];
+    }
+  }
+  CHECK(roles[0] == 1);
+  CHECK(roles[1] == 1);
+  CHECK(finishes[0] == 1);
+  CHECK(finishes[1] == 1);
+}
+
+TEST_CASE("serve/http /v1/completions echo + logprobs equal the packed forward's log-probabilities") {
+  World& w = world();
+  const std::vector<int64_t> ids = {24912, 2375, 13, 1374, 553, 261, 1746};
+  Reply r = post(w.plain->port, "/v1/completions",
+                 {{"prompt", ids}, {"echo", true}, {"logprobs", 1}, {"max_tokens", 0}});
+  REQUIRE(r.status == 200);
+  const json& lp = r.body["choices"][0]["logprobs"];
+  REQUIRE(lp["token_logprobs"].size() == ids.size());
+  CHECK(lp["token_logprobs"][0].is_null());
+  CHECK(r.body["choices"][0]["text"] == w.tokenizer->decode(std::vector<tok::TokenId>(ids.begin(), ids.end())));
+  CHECK(r.body["usage"]["prompt_tokens"] == ids.size());
+  CHECK(r.body["usage"]["completion_tokens"] == 0);
+  const std::vector<float> ref =
+      score(*w.model, {ids[0]}, std::vector<int64_t>(ids.begin() + 1, ids.end()));
+  REQUIRE(ref.size() == ids.size() - 1);
+  for (size_t t = 1; t < ids.size(); ++t) {
+    CAPTURE(t);
+    CHECK(std::fabs(lp["token_logprobs"][t].get<double>() - double(ref[t - 1])) < 1e-5);
+    CHECK(lp["top_logprobs"][t].size() >= 1);  // the prompt token, and the top 1 when it differs
+    CHECK(lp["top_logprobs"][t].size() <= 2);
+  }
+  // Echo with generation: text starts with the prompt, logprobs continue after it.
+  Reply g = post(w.plain->port, "/v1/completions",
+                 {{"prompt", "hello world"}, {"echo", true}, {"logprobs", 0}, {"max_tokens", 3}, {"ignore_eos", true},
+                  {"temperature", 0}});
+  REQUIRE(g.status == 200);
+  CHECK(g.body["choices"][0]["text"].get<std::string>().rfind("hello world", 0) == 0);
+  CHECK(g.body["choices"][0]["logprobs"]["tokens"].size() == 5);
+
+  // Several prompts x n: prompt-major choice indices.
+  Reply m = post(w.plain->port, "/v1/completions",
+                 {{"prompt", {"a", "b"}}, {"n", 2}, {"max_tokens", 2}, {"ignore_eos", true}, {"seed", 1}});
+  REQUIRE(m.status == 200);
+  CHECK(m.body["choices"].size() == 4);
+  CHECK(m.body["usage"]["prompt_tokens"] == 2);
+  CHECK(m.body["usage"]["completion_tokens"] == 8);
+
+  // Streaming completions end with [DONE].
+  Reply s = post(w.plain->port, "/v1/completions",
+                 {{"prompt", {24912}}, {"max_tokens", 3}, {"ignore_eos", true}, {"stream", true}});
+  REQUIRE(s.status == 200);
+  const auto ev = sse_payloads(s.raw);
+  CHECK(ev.back() == "[DONE]");
+  CHECK(json::parse(ev.front())["object"] == "text_completion");
+}
+
+TEST_CASE("serve/http /v1/models, /health, /metrics, /version, /tokenize, /detokenize") {
+  World& w = world();
+  Reply m = get(w.plain->port, "/v1/models");
+  REQUIRE(m.status == 200);
+  CHECK(m.body["object"] == "list");
+  CHECK(m.body["data"][0]["id"] == "areno-demo");
+  CHECK(m.body["data"][0]["object"] == "model");
+  CHECK(m.body["data"][0]["max_model_len"] == w.engine->max_context());
+
+  Reply h = get(w.plain->port, "/health");
+  CHECK(h.status == 200);
+  CHECK(h.body == json{{"status", "ok"}});
+
+  check_serving(w.plain->port);
+  Reply x = get(w.plain->port, "/metrics");
+  REQUIRE(x.status == 200);
+  CHECK(x.content_type.find("text/plain") == 0);
+  for (const char* name : {"areno_requests_total ", "areno_requests_finished_total ", "areno_requests_aborted_total ",
+                           "areno_requests_failed_total ", "areno_prompt_tokens_total ", "areno_generation_tokens_total ",
+                           "areno_requests_running ", "areno_requests_waiting ", "areno_kv_blocks_used ",
+                           "areno_kv_blocks_total ", "areno_engine_steps_total ", "areno_engine_step_seconds_total ",
+                           "# TYPE areno_requests_total counter", "areno_http_requests_total{route=\"/v1/chat/completions\",status=\"200\"}"})
+    CHECK_MESSAGE(x.raw.find(name) != std::string::npos, name);
+
+  CHECK(get(w.plain->port, "/version").body.contains("version"));
+  Reply t = post(w.plain->port, "/tokenize", {{"prompt", "hello world"}});
+  CHECK(t.body["tokens"] == json::array({24912, 2375}));
+  Reply d = post(w.plain->port, "/detokenize", {{"tokens", {24912, 2375}}});
+  CHECK(d.body["prompt"] == "hello world");
+}
+
+TEST_CASE("serve/http request errors: status and OpenAI body, then the server keeps serving") {
+  World& w = world();
+  const int port = w.plain->port;
+  auto chat_raw = [&](const std::string& body) { return send(port, "POST", "/v1/chat/completions", body); };
+
+  check_error(chat_raw("{\"messages\": [}"), 400, "malformed JSON");
+  check_serving(port);
+  check_error(chat_raw("[1, 2]"), 400, "JSON object");
+  check_error(post(port, "/v1/chat/completions", {{"messages", "hello"}}), 400, "array", "messages");
+  check_error(post(port, "/v1/chat/completions", {{"messages", json::array()}}), 400, "non-empty", "messages");
+  check_error(post(port, "/v1/chat/completions", hello_chat({{"temperature", "warm"}})), 400, "number", "temperature");
+  check_error(post(port, "/v1/chat/completions", hello_chat({{"n", 0}})), 400, "", "n");
+  check_error(post(port, "/v1/chat/completions", hello_chat({{"top_logprobs", 3}})), 400, "logprobs", "top_logprobs");
+  check_error(post(port, "/v1/chat/completions", hello_chat({{"stream_options", {{"include_usage", true}}}})), 400,
+              "stream", "stream_options");
+  check_error(post(port, "/v1/chat/completions",
+                   {{"messages", {{{"role", "user"}, {"content", {{{"type", "video"}, {"video", "x"}}}}}}}}),
+              400, "unsupported", "messages");
+  check_error(post(port, "/v1/chat/completions", {{"messages", {{{"role", "wizard"}, {"content", "x"}}}}}), 400, "role");
+  check_serving(port);
+
+  Reply nm = post(port, "/v1/chat/completions", hello_chat({{"model", "gpt-4o"}}));
+  check_error(nm, 404, "gpt-4o", "model");
+  CHECK(nm.body["error"]["code"] == "model_not_found");
+  check_error(get(port, "/v1/nothing-here"), 404, "/v1/nothing-here");
+  check_error(post(port, "/v2/chat", hello_chat()), 404);
+  check_serving(port);
+
+  // The context is the tiny model's max_position_embeddings.
+  Reply big = post(port, "/v1/chat/completions", hello_chat({{"max_tokens", 100000}}));
+  check_error(big, 400, "maximum context length", "messages");
+  CHECK(big.body["error"]["code"] == "context_length_exceeded");
+  check_error(post(port, "/v1/completions", {{"prompt", {1, 2, 300000}}}), 400, "vocabulary", "prompt");
+
+  // Media on a text-only server.
+  check_error(post(port, "/v1/chat/completions",
+                   {{"messages", {{{"role", "user"},
+                                   {"content", {{{"type", "text"}, {"text", "what is this"}},
+                                                {{"type", "image_url"},
+                                                 {"image_url", {{"url", "data:image/png;base64,aGk="}}}}}}}}}}),
+              400, "no image encoder");
+  check_serving(port);
+}
+
+TEST_CASE("serve/http auth, body size, prompt limit and media errors on a strict server") {
+  World& w = world();
+  const int port = w.strict->port;
+  Reply none = post(port, "/v1/chat/completions", hello_chat());
+  check_error(none, 401, "API key");
+  CHECK(none.body["error"]["type"] == "authentication_error");
+  check_error(post(port, "/v1/chat/completions", hello_chat(), {{"Authorization", "Bearer wrong"}}), 401, "invalid");
+  check_error(get(port, "/v1/models"), 401);
+  CHECK(get(port, "/health").status == 200);  // liveness needs no key
+  check_serving(port, kAuth);
+
+  // Body over --max-body-mb (8 KiB here): 413 with an OpenAI body.
+  json huge = hello_chat();
+  huge["messages"][0]["content"] = std::string(20000, 'x');
+  check_error(post(port, "/v1/chat/completions", huge, kAuth), 413, "limit");
+  check_serving(port, kAuth);
+
+  // Prompt over --max-prompt-tokens (24).
+  json longp = hello_chat();
+  std::string words;
+  for (int i = 0; i < 40; ++i) words += " word";
+  longp["messages"][0]["content"] = words;
+  Reply lp = post(port, "/v1/chat/completions", longp, kAuth);
+  check_error(lp, 400, "max-prompt-tokens", "messages");
+  CHECK(lp.body["error"]["code"] == "context_length_exceeded");
+  check_serving(port, kAuth);
+
+  auto with_part = [](const json& part) {
+    return hello_chat({{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "see"}}, part}}}}}});
+  };
+  auto image_url = [](const std::string& url) { return json{{"type", "image_url"}, {"image_url", {{"url", url}}}}; };
+  const std::vector<uint8_t> bmp = tiny_bmp();
+  const std::string bmp64 = encode_base64(bmp.data(), bmp.size());
+
+  check_error(post(port, "/v1/chat/completions", with_part(image_url("data:image/png;base64,%%%%")), kAuth), 400,
+              "base64");
+  check_error(post(port, "/v1/chat/completions", with_part(image_url("data:image/png;base64,aGVsbG8gd29ybGQ=")), kAuth),
+              400);  // decodes to "hello world": not an image
+  check_error(post(port, "/v1/chat/completions", with_part(image_url("file:///etc/passwd")), kAuth), 400,
+              "outside the media root");
+  check_error(post(port, "/v1/chat/completions", with_part(image_url("../../etc/passwd")), kAuth), 400);
+  check_error(post(port, "/v1/chat/completions", with_part(image_url("https://example.com/cat.png")), kAuth), 400,
+              "allow-remote-media");
+  check_error(post(port, "/v1/chat/completions",
+                   with_part({{"type", "input_audio"}, {"input_audio", {{"data", "aGk="}, {"format", "aiff"}}}}), kAuth),
+              400, "aiff");
+  check_error(post(port, "/v1/chat/completions",
+                   with_part({{"type", "input_audio"}, {"input_audio", {{"data", "not base64!"}, {"format", "wav"}}}}),
+                   kAuth),
+              400, "base64");
+  check_serving(port, kAuth);
+
+  // A decodable image (data URL, then a file under the media root) runs through
+  // the engine with its media rows.
+  Reply ok = post(port, "/v1/chat/completions", with_part(image_url("data:image/bmp;base64," + bmp64)), kAuth);
+  CHECK(ok.status == 200);
+  CAPTURE(ok.raw);
+  Reply plain_usage = post(port, "/v1/chat/completions",
+                           hello_chat({{"messages", {{{"role", "user"}, {"content", "see"}}}}}), kAuth);
+  // <|image_1|>\n prepended: 3 image tokens + "\n".
+  CHECK(ok.body["usage"]["prompt_tokens"].get<int64_t>() == plain_usage.body["usage"]["prompt_tokens"].get<int64_t>() + 4);
+  {
+    std::ofstream f(w.media_root / "dot.bmp", std::ios::binary);
+    f.write(reinterpret_cast<const char*>(bmp.data()), std::streamsize(bmp.size()));
+  }
+  CHECK(post(port, "/v1/chat/completions", with_part(image_url("dot.bmp")), kAuth).status == 200);
+  CHECK(post(port, "/v1/chat/completions", with_part(image_url("file://" + (w.media_root / "dot.bmp").string())), kAuth)
+            .status == 200);
+}
+
+TEST_CASE("serve/http 429 when the engine queue is full, 503 while draining") {
+  World& w = world();
+  EngineOptions eo;
+  eo.max_queue = 1;
+  eo.kv_blocks = 32;
+  Engine idle(w.model, w.tokenizer, eo);  // not started: requests wait
+  Request r;
+  r.prompt = {24912};
+  r.params.max_tokens = 1;
+  int submitted = 0;
+  for (int i = 0; i < 8; ++i) {
+    try {
+      idle.submit(r, [](const RequestOutput&) {});
+      ++submitted;
+    } catch (const QueueFull&) {
+      break;
+    }
+  }
+  REQUIRE(submitted >= 1);
+  REQUIRE(submitted < 8);
+  {
+    Served s(idle, nullptr, ServerOptions{});
+    Reply q = post(s.port, "/v1/chat/completions", hello_chat());
+    check_error(q, 429, "overloaded");
+    CHECK(q.body["error"]["type"] == "rate_limit_error");
+    idle.start();
+    CHECK(wait_for([&] { return idle.stats().waiting == 0; }, 20));
+    check_serving(s.port);
+
+    s.server->begin_drain();
+    Reply h = get(s.port, "/health");
+    CHECK(h.status == 503);
+    check_error(post(s.port, "/v1/chat/completions", hello_chat()), 503, "shutting down");
+    CHECK(s.server->wait_idle(5));
+  }
+  idle.stop(true);
+  check_serving(w.plain->port);
+}
+
+TEST_CASE("serve/http a client that disconnects mid-stream frees its sequence and KV blocks") {
+  World& w = world();
+  const EngineStats before = w.engine->stats();
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(w.plain->port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  const std::string body =
+      hello_chat({{"max_tokens", 200}, {"ignore_eos", true}, {"stream", true}, {"temperature", 1}}).dump();
+  const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  REQUIRE(::send(fd, req.data(), req.size(), 0) == ssize_t(req.size()));
+  // Read until a few content events arrived, then hang up.
+  std::string got;
+  char buf[4096];
+  while (got.find("\"content\"") == std::string::npos || std::count(got.begin(), got.end(), '\n') < 12) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    REQUIRE(n > 0);
+    got.append(buf, size_t(n));
+  }
+  CHECK(got.find("200 OK") != std::string::npos);
+  // Stats are published per step: wait until they show the sequence.
+  CHECK(wait_for([&] {
+    const EngineStats s = w.engine->stats();
+    return s.running == 1 && s.kv_blocks_used > 0;
+  }, 20));
+  ::close(fd);
+
+  CHECK(wait_for([&] {
+    const EngineStats s = w.engine->stats();
+    return s.requests_aborted == before.requests_aborted + 1 && s.running == 0 && s.waiting == 0 &&
+           s.kv_blocks_used == 0;
+  }, 20));
+  const EngineStats after = w.engine->stats();
+  CHECK(after.requests_aborted == before.requests_aborted + 1);
+  CHECK(after.generated_tokens - before.generated_tokens < 200);
+  Reply x = get(w.plain->port, "/metrics");
+  CHECK(x.raw.find("areno_kv_blocks_used 0\n") != std::string::npos);
+  CHECK(x.raw.find("areno_requests_running 0\n") != std::string::npos);
+  check_serving(w.plain->port);
+}
+
+TEST_CASE("serve/http image, audio and image+audio requests through the real towers") {
+  // The demo model with every component: SigLIP + Conformer towers and projectors.
+  auto mm = phi4mm::init_phi4mm("tiny", 0);
+  auto encoder = make_media_encoder(mm);
+  auto t = phi4mm::make_tokenizer();
+  t.set_padded_vocab_size(size_t(mm->config().text.vocab_size));
+  auto tokenizer = std::make_shared<const tok::Tokenizer>(std::move(t));
+  EngineOptions eo;
+  eo.kv_blocks = 512;
+  eo.prefill_chunk_tokens = 128;
+  Engine engine(mm->lm, tokenizer, eo);
+  engine.start();
+  Served served(engine, encoder.get(), ServerOptions{});
+
+  phi4mm::RgbImage im;
+  im.width = 70, im.height = 40;
+  for (int64_t i = 0; i < im.width * im.height * 3; ++i) im.rgb.push_back(uint8_t((i * 37) % 256));
+  const std::vector<uint8_t> ppm = phi4mm::encode_ppm(im);
+  std::ifstream f("tests/data/audio/speech_16k_mono.wav", std::ios::binary);
+  const std::vector<uint8_t> wav((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  REQUIRE(wav.size() > 1000);
+  const json image_part = {{"type", "image_url"},
+                           {"image_url", {{"url", "data:image/x-portable-pixmap;base64," + encode_base64(ppm.data(), ppm.size())}}}};
+  const json audio_part = {{"type", "input_audio"},
+                           {"input_audio", {{"data", encode_base64(wav.data(), wav.size())}, {"format", "wav"}}}};
+  const json text_part = {{"type", "text"}, {"text", "Describe it."}};
+  for (const json& parts : {json::array({image_part, text_part}), json::array({audio_part, text_part}),
+                            json::array({image_part, audio_part, text_part})}) {
+    const json messages = json::array({{{"role", "user"}, {"content", parts}}});
+    // Expected: the same request straight through the engine API.
+    PreparedChat pc = prepare_chat(*tokenizer, messages, nullptr, true, encoder.get(), {}, {});
+    const int64_t n_prompt = int64_t(pc.prompt.ids.size());
+    Request r;
+    r.prompt = pc.ids();
+    r.adapter = pc.adapter;
+    r.media = encoder->encode(std::move(pc.media), pc.prompt.mode);
+    r.params.temperature = 1.0;
+    r.params.seed = 42;
+    r.params.max_tokens = 6;
+    r.params.ignore_eos = true;
+    Engine solo(mm->lm, tokenizer, eo);
+    const auto want = generate(solo, {r})[0][0];
+
+    const json body = {{"messages", messages}, {"max_tokens", 6}, {"temperature", 1.0}, {"seed", 42},
+                       {"ignore_eos", true}};
+    Reply rep = send(served.port, "POST", "/v1/chat/completions", body.dump());
+    CAPTURE(rep.raw);
+    REQUIRE(rep.status == 200);
+    CHECK(rep.body["usage"]["prompt_tokens"] == n_prompt);
+    CHECK(rep.body["usage"]["completion_tokens"] == 6);
+    CHECK(rep.body["choices"][0]["message"]["content"] == want.text);
+  }
+  engine.stop(true);
+  CHECK(engine.stats().kv_blocks_used == 0);
+}
