@@ -38,6 +38,17 @@ double uniform01(uint64_t seed, int64_t sample, int64_t step) {
 
 bool is_media_token(int64_t id) { return id == phi4mm::kImageToken || id == phi4mm::kAudioToken; }
 
+// Ids the sampler never produces: unused/padding rows and the media placeholders.
+const std::vector<uint8_t>& banned_ids(int64_t V) {
+  static const std::vector<uint8_t> ban = [V] {
+    std::vector<uint8_t> b(static_cast<size_t>(V));
+    for (int64_t id = 0; id < V; ++id) b[size_t(id)] = phi4mm::is_unused_id(tok::TokenId(id)) || is_media_token(id);
+    return b;
+  }();
+  if (int64_t(ban.size()) != V) throw std::logic_error("banned_ids: one vocabulary size per process");
+  return ban;
+}
+
 // log-sum-exp of a row (finite entries).
 double log_sum_exp(const float* x, int64_t n) {
   float mx = kNegInf;
@@ -360,6 +371,109 @@ struct Sampled {
 
 }  // namespace
 
+// The token a sequence samples from its logits row (thread-safe: reads the
+// sequence, writes only `work` and `probs`).
+Engine::Picked Engine::pick(const Seq& s, const float* row, const std::vector<int64_t>& stop_ids,
+                            std::vector<float>& work, std::vector<double>& probs) const {
+  const int64_t V = model_->config().text.vocab_size;
+  const SamplingParams& p = s.req->r.params;
+  const uint64_t seed = s.req->seed;
+  work.resize(size_t(V));
+  // Processed logits.
+  const std::vector<uint8_t>& ban = banned_ids(V);
+  for (int64_t id = 0; id < V; ++id) work[size_t(id)] = ban[size_t(id)] ? kNegInf : row[id];
+  for (auto& [id, bias] : p.logit_bias) work[size_t(id)] += float(bias);
+  if (p.repetition_penalty != 1.0) {
+    std::vector<uint8_t> seen(static_cast<size_t>(V), 0);
+    for (int64_t t : s.tokens) seen[size_t(t)] = 1;
+    for (int64_t id = 0; id < V; ++id)
+      if (seen[size_t(id)]) {
+        float& l = work[size_t(id)];
+        l = l > 0 ? float(l / p.repetition_penalty) : float(l * p.repetition_penalty);
+      }
+  }
+  if (p.presence_penalty != 0 || p.frequency_penalty != 0)
+    for (auto& [id, c] : s.counts)
+      work[size_t(id)] -= float(p.frequency_penalty * double(c) + p.presence_penalty);
+  if (s.generated < p.min_tokens)
+    for (int64_t id : stop_ids) work[size_t(id)] = kNegInf;
+
+  int64_t token = 0;
+  if (p.temperature == 0) {
+    float best = kNegInf;
+    for (int64_t id = 0; id < V; ++id)
+      if (work[size_t(id)] > best) best = work[size_t(id)], token = id;
+  } else {
+    float mx = kNegInf;
+    for (float x : work) mx = std::max(mx, x);
+    const double inv_t = 1.0 / p.temperature;
+    std::vector<double>& prob = probs;
+    prob.resize(size_t(V));
+    double total = 0;
+    for (int64_t id = 0; id < V; ++id) {
+      const double e = work[size_t(id)] == kNegInf ? 0.0 : std::exp((double(work[size_t(id)]) - mx) * inv_t);
+      prob[size_t(id)] = e;
+      total += e;
+    }
+    for (double& x : prob) x /= total;
+    const double u = uniform01(seed, s.sample, s.generated);
+    const bool filter = p.top_k > 0 || p.top_p < 1 || p.min_p > 0;
+    if (!filter) {
+      double acc = 0;
+      token = -1;
+      for (int64_t id = 0; id < V; ++id) {
+        if (prob[size_t(id)] == 0) continue;
+        acc += prob[size_t(id)];
+        token = id;
+        if (u < acc) break;
+      }
+    } else {
+      // Candidates best first; keep top_k, then the smallest prefix reaching top_p, then min_p.
+      auto better = [&](int64_t a, int64_t b) {
+        return prob[size_t(a)] > prob[size_t(b)] || (prob[size_t(a)] == prob[size_t(b)] && a < b);
+      };
+      // Only tokens with a non-zero probability are candidates.
+      std::vector<int64_t> idx;
+      for (int64_t id = 0; id < V; ++id)
+        if (prob[size_t(id)] > 0) idx.push_back(id);
+      const int64_t n = int64_t(idx.size());
+      int64_t k = p.top_k > 0 ? std::min(p.top_k, n) : n;
+      int64_t sorted = std::min<int64_t>(k, 1024);
+      std::nth_element(idx.begin(), idx.begin() + (sorted - 1), idx.end(), better);
+      std::sort(idx.begin(), idx.begin() + sorted, better);
+      double cum = 0;
+      for (int64_t i = 0; i < sorted; ++i) cum += prob[size_t(idx[size_t(i)])];
+      if (sorted < k && cum < p.top_p) {
+        std::sort(idx.begin(), idx.end(), better);
+        sorted = k;
+      }
+      int64_t keep = 0;
+      cum = 0;
+      const double floor = p.min_p * prob[size_t(idx[0])];
+      for (int64_t i = 0; i < sorted; ++i) {
+        const double pr = prob[size_t(idx[size_t(i)])];
+        if (pr <= 0 || pr < floor) break;
+        cum += pr;
+        ++keep;
+        if (cum >= p.top_p) break;
+      }
+      keep = std::max<int64_t>(keep, 1);
+      double acc = 0;
+      token = idx[0];
+      for (int64_t i = 0; i < keep; ++i) {
+        acc += prob[size_t(idx[size_t(i)])];
+        token = idx[size_t(i)];
+        if (u * cum < acc) break;
+      }
+    }
+    if (token < 0) token = 0;
+  }
+  Picked out;
+  out.token = token;
+  if (p.logprobs >= 0) out.logprob = make_logprob(row, V, log_sum_exp(row, V), token, p.logprobs);
+  return out;
+}
+
 void Engine::schedule_and_run() {
   const auto& tc = model_->config().text;
   const int64_t V = tc.vocab_size;
@@ -575,15 +689,14 @@ void Engine::schedule_and_run() {
     }
   }
 
-  auto stop_ids_of = [&](const SamplingParams& p) {
+  auto stop_ids_of = [this](const SamplingParams& p) {
     std::vector<int64_t> ids = p.stop_token_ids;
     if (!p.ignore_eos) ids.insert(ids.end(), opts_.eos_token_ids.begin(), opts_.eos_token_ids.end());
     return ids;
   };
 
-  // Samples one token for `s` from `row` and reports it.
-  std::vector<float> work(static_cast<size_t>(V));
-  auto sample_and_report = [&](Seq& s, const float* row) {
+  // Appends the picked token to `s` and reports it.
+  auto sample_and_report = [&](Seq& s, const Picked& picked) {
     Req& q = *s.req;
     const SamplingParams& p = q.r.params;
     if (p.max_tokens == 0) {  // scoring only
@@ -603,91 +716,7 @@ void Engine::schedule_and_run() {
       return;
     }
     const std::vector<int64_t> stop_ids = stop_ids_of(p);
-    // Processed logits.
-    std::copy(row, row + V, work.begin());
-    for (int64_t id = 0; id < V; ++id)
-      if (phi4mm::is_unused_id(tok::TokenId(id)) || is_media_token(id)) work[size_t(id)] = kNegInf;
-    for (auto& [id, bias] : p.logit_bias) work[size_t(id)] += float(bias);
-    if (p.repetition_penalty != 1.0) {
-      std::vector<uint8_t> seen(static_cast<size_t>(V), 0);
-      for (int64_t t : s.tokens) seen[size_t(t)] = 1;
-      for (int64_t id = 0; id < V; ++id)
-        if (seen[size_t(id)]) {
-          float& l = work[size_t(id)];
-          l = l > 0 ? float(l / p.repetition_penalty) : float(l * p.repetition_penalty);
-        }
-    }
-    if (p.presence_penalty != 0 || p.frequency_penalty != 0)
-      for (auto& [id, c] : s.counts)
-        work[size_t(id)] -= float(p.frequency_penalty * double(c) + p.presence_penalty);
-    if (s.generated < p.min_tokens)
-      for (int64_t id : stop_ids) work[size_t(id)] = kNegInf;
-
-    int64_t token = 0;
-    if (p.temperature == 0) {
-      float best = kNegInf;
-      for (int64_t id = 0; id < V; ++id)
-        if (work[size_t(id)] > best) best = work[size_t(id)], token = id;
-    } else {
-      float mx = kNegInf;
-      for (float x : work) mx = std::max(mx, x);
-      const double inv_t = 1.0 / p.temperature;
-      std::vector<double> prob(static_cast<size_t>(V));
-      double total = 0;
-      for (int64_t id = 0; id < V; ++id) {
-        const double e = work[size_t(id)] == kNegInf ? 0.0 : std::exp((double(work[size_t(id)]) - mx) * inv_t);
-        prob[size_t(id)] = e;
-        total += e;
-      }
-      for (double& x : prob) x /= total;
-      const double u = uniform01(q.seed, s.sample, s.generated);
-      const bool filter = p.top_k > 0 || p.top_p < 1 || p.min_p > 0;
-      if (!filter) {
-        double acc = 0;
-        token = -1;
-        for (int64_t id = 0; id < V; ++id) {
-          if (prob[size_t(id)] == 0) continue;
-          acc += prob[size_t(id)];
-          token = id;
-          if (u < acc) break;
-        }
-      } else {
-        // Candidates best first; keep top_k, then the smallest prefix reaching top_p, then min_p.
-        auto better = [&](int64_t a, int64_t b) {
-          return prob[size_t(a)] > prob[size_t(b)] || (prob[size_t(a)] == prob[size_t(b)] && a < b);
-        };
-        std::vector<int64_t> idx(static_cast<size_t>(V));
-        std::iota(idx.begin(), idx.end(), 0);
-        int64_t k = p.top_k > 0 ? std::min(p.top_k, V) : V;
-        int64_t sorted = std::min<int64_t>(k, 1024);
-        std::partial_sort(idx.begin(), idx.begin() + sorted, idx.end(), better);
-        double cum = 0;
-        for (int64_t i = 0; i < sorted; ++i) cum += prob[size_t(idx[size_t(i)])];
-        if (sorted < k && cum < p.top_p) {
-          std::sort(idx.begin(), idx.end(), better);
-          sorted = k;
-        }
-        int64_t keep = 0;
-        cum = 0;
-        const double floor = p.min_p * prob[size_t(idx[0])];
-        for (int64_t i = 0; i < sorted; ++i) {
-          const double pr = prob[size_t(idx[size_t(i)])];
-          if (pr <= 0 || pr < floor) break;
-          cum += pr;
-          ++keep;
-          if (cum >= p.top_p) break;
-        }
-        keep = std::max<int64_t>(keep, 1);
-        double acc = 0;
-        token = idx[0];
-        for (int64_t i = 0; i < keep; ++i) {
-          acc += prob[size_t(idx[size_t(i)])];
-          token = idx[size_t(i)];
-          if (u * cum < acc) break;
-        }
-      }
-      if (token < 0) token = 0;
-    }
+    const int64_t token = picked.token;
 
     s.tokens.push_back(token);
     s.generated++;
@@ -696,7 +725,7 @@ void Engine::schedule_and_run() {
     RequestOutput o;
     o.sample = s.sample;
     o.tokens = {token};
-    if (p.logprobs >= 0) o.logprobs.push_back(make_logprob(row, V, log_sum_exp(row, V), token, p.logprobs));
+    if (picked.logprob) o.logprobs.push_back(*picked.logprob);
 
     const bool is_stop_token = std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end();
     if (is_stop_token) {
@@ -760,34 +789,47 @@ void Engine::schedule_and_run() {
     q.cb(o);
   };
 
+  // Forks first (n > 1: the prompt was prefilled once; its cache is copied to
+  // the other samples), then every token is picked in parallel, then reported in order.
+  struct Job {
+    Seq* s;
+    const float* row;
+    Picked picked;
+  };
+  std::vector<Job> jobs;
   for (auto& it : items) {
     if (!it.sample) continue;
     Seq& s = *it.s;
     if (s.finished || s.req->done) continue;
     const float* row = last_row.at(&s);
     Req& q = *s.req;
-    // n > 1: the prompt was prefilled once; copy its cache to the other samples.
+    jobs.push_back({&s, row, {}});
     const bool fork = s.sample == 0 && s.generated == 0 && q.seqs.size() > 1 && q.seqs[1]->pending_fork;
-    if (fork) {
-      for (size_t j = 1; j < q.seqs.size(); ++j) {
-        Seq& c = *q.seqs[j];
-        c.pending_fork = false;
-        if (int64_t(running_.size()) < opts_.max_running && cache_->can_grow(c.kv, s.kv.length)) {
-          cache_->copy_sequence(s.kv, c.kv);
-          c.order = ++admit_counter_;
-          running_.push_back(&c);
-        } else {
-          preempted_.push_back(&c);  // prefilled on its own later
-        }
+    if (!fork) continue;
+    for (size_t j = 1; j < q.seqs.size(); ++j) {
+      Seq& c = *q.seqs[j];
+      c.pending_fork = false;
+      if (int64_t(running_.size()) < opts_.max_running && cache_->can_grow(c.kv, s.kv.length)) {
+        cache_->copy_sequence(s.kv, c.kv);
+        c.order = ++admit_counter_;
+        running_.push_back(&c);
+        jobs.push_back({&c, row, {}});
+      } else {
+        preempted_.push_back(&c);  // prefilled on its own later
       }
     }
-    sample_and_report(s, row);
-    if (fork)
-      for (size_t j = 1; j < q.seqs.size(); ++j) {
-        Seq& c = *q.seqs[j];
-        if (c.kv.length > 0 && !c.finished) sample_and_report(c, row);
-      }
   }
+  const int64_t nj = int64_t(jobs.size());
+#pragma omp parallel for schedule(dynamic, 1) if (nj > 1)
+  for (int64_t j = 0; j < nj; ++j) {
+    thread_local std::vector<float> work;
+    thread_local std::vector<double> probs;
+    Seq& s = *jobs[size_t(j)].s;
+    if (s.req->r.params.max_tokens > 0)
+      jobs[size_t(j)].picked = pick(s, jobs[size_t(j)].row, stop_ids_of(s.req->r.params), work, probs);
+  }
+  for (auto& j : jobs)
+    if (!j.s->finished && !j.s->req->done) sample_and_report(*j.s, j.picked);
 }
 
 // ---- blocking helpers ----

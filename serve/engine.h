@@ -173,6 +173,12 @@ class Engine {
   void schedule_and_run();
   void finish_request(Req& r, FinishReason why, const std::string& error = {});
   void preempt(Seq& s);
+  struct Picked {
+    int64_t token = 0;
+    std::optional<TokenLogprob> logprob;
+  };
+  Picked pick(const Seq& s, const float* row, const std::vector<int64_t>& stop_ids, std::vector<float>& work,
+              std::vector<double>& probs) const;
   void release(Seq& s);
 
   std::shared_ptr<phi4mm::Phi4MMForCausalLM> model_;
