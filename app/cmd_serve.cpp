@@ -61,7 +61,9 @@ constexpr const char* kServeUsage =
     "  --media-root DIR          allow local paths and file:// URLs under DIR (symlinks resolved;\n"
     "                            default: refused)\n"
     "  --allow-remote-media      allow http(s) image/audio URLs (default: refused)\n"
-    "  (the image and audio towers are not loaded yet: media parts get 400)\n";
+    "  image_url / audio_url (data URLs; paths per the flags above) and input_audio (base64\n"
+    "  wav/mp3/flac/ogg) parts run through the checkpoint's towers; a checkpoint without a\n"
+    "  tower answers 400 for that modality\n";
 
 std::atomic<int> g_signal{0};
 extern "C" void on_stop_signal(int sig) { g_signal = sig; }

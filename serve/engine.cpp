@@ -1,6 +1,7 @@
 #include "serve/engine.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -47,6 +48,26 @@ const std::vector<uint8_t>& banned_ids(int64_t V) {
   }();
   if (int64_t(ban.size()) != V) throw std::logic_error("banned_ids: one vocabulary size per process");
   return ban;
+}
+
+// exp(x) for x <= 0, as tensor kernels compute it without a call so the
+// sampler's loop vectorises: 2^t with t = x log2(e) split into an integer and
+// a fraction in [-0.5, 0.5], a degree-6 Taylor polynomial for 2^f (relative
+// error about 1e-7). x below -87 gives 2^-125.5 (close to 0; callers mask
+// banned ids explicitly).
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  const float t = x * 1.4426950408889634f;
+  const float n = std::nearbyint(t);
+  const float f = (t - n) * 0.6931471805599453f;  // ln(2^(t-n)) in [-0.347, 0.347]
+  float p = 1.0f / 720.0f;
+  p = p * f + 1.0f / 120.0f;
+  p = p * f + 1.0f / 24.0f;
+  p = p * f + 1.0f / 6.0f;
+  p = p * f + 0.5f;
+  p = p * f + 1.0f;
+  p = p * f + 1.0f;
+  return p * std::bit_cast<float>((int32_t(n) + 127) << 23);
 }
 
 // log-sum-exp of a row (finite entries).
@@ -409,12 +430,12 @@ Engine::Picked Engine::pick(const Seq& s, const float* row, const std::vector<in
     const double inv_t = 1.0 / p.temperature;
     std::vector<double>& prob = probs;
     prob.resize(size_t(V));
+    const float inv_tf = float(inv_t);
+    const float* w = work.data();
+    double* pr = prob.data();
+    for (int64_t id = 0; id < V; ++id) pr[id] = w[id] == kNegInf ? 0.0f : exp_nonpositive((w[id] - mx) * inv_tf);
     double total = 0;
-    for (int64_t id = 0; id < V; ++id) {
-      const double e = work[size_t(id)] == kNegInf ? 0.0 : std::exp((double(work[size_t(id)]) - mx) * inv_t);
-      prob[size_t(id)] = e;
-      total += e;
-    }
+    for (int64_t id = 0; id < V; ++id) total += pr[id];
     for (double& x : prob) x /= total;
     const double u = uniform01(seed, s.sample, s.generated);
     const bool filter = p.top_k > 0 || p.top_p < 1 || p.min_p > 0;
@@ -661,13 +682,15 @@ void Engine::schedule_and_run() {
     for (Req* q : failed) finish_request(*q, FinishReason::abort, fmt::format("engine error: {}", e.what()));
     return;
   }
-  std::vector<float> host = logits.to(DType::f32).to(Device::cpu()).contiguous().to_vector<float>();
+  // Read in place (a contiguous f32 host tensor): no per-step copy of [rows, vocab].
+  const Tensor host_logits = logits.to(DType::f32).to(Device::cpu()).contiguous();
+  const float* host = static_cast<const float*>(host_logits.data_ptr());
 
   // 4. Prompt logprobs and sampling.
   std::unordered_map<const Seq*, const float*> last_row;
   for (size_t r = 0; r < rows.size(); ++r) {
     const Item& it = items[rows[r].item];
-    const float* row = host.data() + size_t(r) * size_t(V);
+    const float* row = host + size_t(r) * size_t(V);
     Seq& s = *it.s;
     Req& q = *s.req;
     const int64_t p = rows[r].pos;

@@ -22,8 +22,8 @@ namespace {
 // Large host blocks are kept after release and handed out again for the same
 // rounded size: glibc returns big blocks to the kernel (mmap), and every new
 // one costs page faults and zeroing, which was a quarter of a CPU training
-// step. Blocks of at least 4 MiB, rounded up to 2 MiB; at most a quarter of
-// physical memory (ARENO_CPU_CACHE_MB overrides) stays cached.
+// step. Blocks of at least 4 MiB, in size classes; at most a quarter of
+// physical memory and at most 4 GiB (ARENO_CPU_CACHE_MB overrides) stays cached.
 class HostBlockCache {
  public:
   static constexpr size_t kMin = size_t(4) << 20, kRound = size_t(2) << 20;
@@ -32,7 +32,19 @@ class HostBlockCache {
     static HostBlockCache* c = new HostBlockCache();  // never destroyed: storages may outlive statics
     return *c;
   }
-  static size_t rounded(size_t n) { return n < kMin ? (std::max<size_t>(n, 1) + 63) / 64 * 64 : (n + kRound - 1) / kRound * kRound; }
+  // Small blocks: 64-byte multiples (plain malloc). Large ones: size classes a
+  // quarter power of two apart, so tensors whose size drifts from step to step
+  // (logits of a varying number of rows, a growing KV history) reuse blocks.
+  // Pages past the requested size are never touched, so the rounding costs
+  // address space, not memory.
+  static size_t rounded(size_t n) {
+    if (n < kMin) return (std::max<size_t>(n, 1) + 63) / 64 * 64;
+    size_t p = kMin;
+    while (p * 2 <= n) p *= 2;  // p <= n < 2p
+    for (size_t q = 1; q <= 4; ++q)
+      if (n <= p + p / 4 * q) return (p + p / 4 * q + kRound - 1) / kRound * kRound;
+    return 2 * p;
+  }
 
   void* take(size_t size) {
     if (size < kMin) return nullptr;
@@ -69,7 +81,7 @@ class HostBlockCache {
       cap_ = size_t(std::strtoull(env, nullptr, 10)) << 20;
     } else {
       const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-      cap_ = pages > 0 && page > 0 ? size_t(pages) * size_t(page) / 4 : size_t(1) << 30;
+      cap_ = pages > 0 && page > 0 ? std::min(size_t(pages) * size_t(page) / 4, size_t(4) << 30) : size_t(1) << 30;
     }
   }
   std::mutex mu_;

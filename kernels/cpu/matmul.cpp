@@ -46,9 +46,10 @@ void with_map(const C* p, const MatRef& m, F&& f) {
     f(Eigen::Map<const ColMat<C>, 0, Outer>(p, m.r, m.c, Outer(m.outer)));
 }
 
+// out [ma.r, mb.c] row-major with row stride `ldo` (0: mb.c).
 template <typename C>
-void gemm_one(const C* a, const MatRef& ma, const C* b, const MatRef& mb, C* out, C alpha, C beta) {
-  Eigen::Map<RowMat<C>> o(out, ma.r, mb.c);
+void gemm_one(const C* a, const MatRef& ma, const C* b, const MatRef& mb, C* out, C alpha, C beta, int64_t ldo = 0) {
+  Eigen::Map<RowMat<C>, 0, Eigen::OuterStride<>> o(out, ma.r, mb.c, Eigen::OuterStride<>(ldo > 0 ? ldo : mb.c));
   with_map(a, ma, [&](const auto& A) {
     with_map(b, mb, [&](const auto& B) {
       if (beta == C(0)) {
@@ -111,7 +112,9 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, d
     T* op = static_cast<T*>(out.data_ptr());
     auto one = [&](int64_t i) {
       if constexpr (std::is_same_v<T, float>) {
-        if (M <= 16 && !mb.row_major) {  // decode shape: Eigen would repack all of b
+        // Decode shape (a few rows times a transposed weight): Eigen would repack all of b per call.
+        // (Very wide b with more than 4 rows goes to the column split below.)
+        if (!mb.row_major && (M <= 4 || (M <= 16 && !(batch == 1 && N >= 1024 * num_threads() && num_threads() > 1)))) {
           gemm_small_m<T>(ap + i * sa, ma, bp + i * sb, mb, op + i * M * N, float(alpha), float(beta));
           return;
         }
@@ -145,6 +148,20 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, d
             sub.r = r1 - r0;
             const T* a0 = ap + r0 * (ma.row_major ? ma.outer : 1);
             gemm_one<T>(a0, sub, bp, mb, op + r0 * N, T(alpha), T(beta));
+          }
+          return;
+        }
+        // Few rows, many columns (the vocabulary head over a decode batch):
+        // split the columns instead, each thread packing only its part of b.
+        const int64_t threads = num_threads();
+        if (parts < 2 && threads > 1 && N >= 1024 * threads && M * N * a.size(2) >= (int64_t(1) << 21)) {
+#pragma omp parallel for num_threads(int(threads)) schedule(static)
+          for (int64_t p = 0; p < threads; ++p) {
+            int64_t c0 = N * p / threads, c1 = N * (p + 1) / threads;
+            MatRef sub = mb;
+            sub.c = c1 - c0;
+            const T* b0 = bp + c0 * (mb.row_major ? 1 : mb.outer);
+            gemm_one<T>(ap, ma, b0, sub, op + c0, T(alpha), T(beta), N);
           }
           return;
         }

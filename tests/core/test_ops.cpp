@@ -462,3 +462,24 @@ DEVICE_TEST_CASE("ops/every op and dtype matches the f64 CPU reference") {
   MESSAGE("op/dtype/shape combinations run on " << device.str() << ": " << run);
   CHECK(run > 0);
 }
+
+// The GEMM shapes of decoding: a few rows times a wide transposed weight (the
+// vocabulary head) take their own CPU paths (dot products for <= 4 rows, a
+// column split across threads beyond); every path must equal the f64 product.
+DEVICE_TEST_CASE("ops/matmul decode shapes: few rows times a wide weight") {
+  Generator g(7);
+  for (int64_t M : {1, 3, 5, 16, 17, 40, 130}) {
+    for (bool transposed : {true, false}) {
+      const int64_t K = 37, N = 4100;
+      Tensor a = rand_normal({M, K}, g, 0.0, 1.0).to(device);
+      Tensor w = rand_normal(transposed ? Shape{N, K} : Shape{K, N}, g, 0.0, 1.0).to(device);
+      Tensor b = transposed ? w.t() : w;  // col-major view (weights) or row-major
+      Tensor out = matmul(a, b);
+      Tensor ref = matmul(a.to(Device::cpu(), DType::f64), b.to(Device::cpu(), DType::f64));
+      CAPTURE(M);
+      CAPTURE(transposed);
+      CHECK(out.shape() == Shape{M, N});
+      CHECK(max_abs_diff(out.to(Device::cpu(), DType::f64), ref) < 1e-4);
+    }
+  }
+}

@@ -577,3 +577,46 @@ TEST_CASE("engine: text, image, audio and image+audio requests through the tower
   for (size_t i = 0; i < cases.size(); ++i) CHECK(tight[i] == ref[i]);
   CHECK(st.preemptions > 0);
 }
+
+TEST_CASE("engine: sampled frequencies follow the softmax; top_k and top_p cut the tail") {
+  // Three tokens lifted far above the rest by logit_bias: their probabilities
+  // are softmax(logit + bias) over those three (the rest is ~e^-90).
+  const auto c = mixed_cases()[4];
+  const std::vector<int64_t> ids3 = {1000, 2000, 3000};
+  const std::vector<double> bias = {100.0, 100.0 - std::log(2.0), 100.0 - std::log(4.0)};
+  NoGradGuard ng;
+  auto row = tiny_model()->logits_at(phi4mm::PackedBatch::single(c.prompt), {int64_t(c.prompt.size()) - 1})
+                 .to_vector<float>();
+  std::vector<double> p(3);
+  double z = 0;
+  for (int i = 0; i < 3; ++i) z += p[size_t(i)] = std::exp(double(row[size_t(ids3[size_t(i)])]) + bias[size_t(i)] - 100);
+  for (auto& x : p) x /= z;
+  auto run = [&](double top_p, int64_t top_k) {
+    Engine e(tiny_model(), tokenizer(), opts(64, 512, 512));
+    std::vector<Request> reqs;
+    for (int k = 0; k < 600; ++k) {
+      Request r = make_request(c, 1, 1.0);
+      r.params.seed = uint64_t(k);
+      r.params.top_p = top_p;
+      r.params.top_k = top_k;
+      for (int i = 0; i < 3; ++i) r.params.logit_bias.emplace_back(ids3[size_t(i)], bias[size_t(i)]);
+      reqs.push_back(r);
+    }
+    std::map<int64_t, int> counts;
+    for (auto& res : generate(e, reqs)) counts[res[0].tokens.at(0)]++;
+    return counts;
+  };
+  auto within = [](int count, int n, double prob) {
+    const double sd = std::sqrt(n * prob * (1 - prob));
+    return std::abs(count - n * prob) <= 4 * sd + 1;
+  };
+  auto all = run(1.0, -1);
+  CHECK(all.size() <= 3);
+  for (int i = 0; i < 3; ++i) CHECK_MESSAGE(within(all[ids3[size_t(i)]], 600, p[size_t(i)]), "token " << i);
+  auto k2 = run(1.0, 2);  // renormalised over the two best
+  CHECK(k2.count(ids3[2]) == 0);
+  CHECK(within(k2[ids3[0]], 600, p[0] / (p[0] + p[1])));
+  auto p_small = run(0.3, -1);  // the best token alone reaches 0.3
+  CHECK(p_small.size() == 1);
+  CHECK(p_small[ids3[0]] == 600);
+}
