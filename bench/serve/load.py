@@ -236,6 +236,8 @@ def main():
         "kv_blocks_used_end": m.get("areno_kv_blocks_used"), "running_end": m.get("areno_requests_running"),
         "rss_mb_start": round(rss_start, 1), "rss_mb_end": round(rss_end, 1),
         "rss_mb_max": round(max(rss_samples), 1) if rss_samples else float("nan"),
+        # RSS every ~10 s: flat after the warm-up means no growth under load.
+        "rss_mb_trace": [round(x, 1) for x in rss_samples[::10]],
         "errors": stats.errors,
     }
     if proc:
