@@ -115,6 +115,17 @@ class Backend {
   virtual void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha,
                       double beta) = 0;
 
+  // ---- fused attention for inference (optional) ----
+  // q [B, HQ, TQ, D], k/v [B, HKV, TK, D] (last dim contiguous), out [B, HQ, TQ, D]
+  // contiguous: softmax(scale * q k^T, causal: query i sees keys j <= i + TK - TQ) v.
+  // Returns false when the backend has no kernel for these inputs (the caller
+  // then composes the op); no autograd.
+  virtual bool attention_inference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                   double scale, bool causal) {
+    (void)q, (void)k, (void)v, (void)out, (void)scale, (void)causal;
+    return false;
+  }
+
   // ---- indexing; index tensors are i64 contig; values are checked by the caller ----
   // x contig [outer, n, inner], index [m], out contig [outer, m, inner]
   virtual void index_select(const Tensor& x, const Tensor& index, const Tensor& out) = 0;

@@ -195,6 +195,14 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     throw std::invalid_argument(fmt::format("attention: {} query heads not a multiple of {} kv heads", hq, hkv));
   int64_t groups = hq / hkv;
   double scale = opts.scale != 0 ? opts.scale : 1.0 / std::sqrt(double(d));
+  // Inference without bias or padding mask: the backend's fused kernel when it
+  // has one (no [TQ, TK] score tensor per head, no separate mask/softmax passes).
+  const bool needs_grad = grad_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  if (!needs_grad && !opts.bias.defined() && !opts.key_padding_mask.defined() && q.device() == k.device() &&
+      q.device() == v.device()) {
+    Tensor out = empty({b, hq, tq, d}, TensorOptions(q.dtype(), q.device()));
+    if (backend(q.device()).attention_inference(q, k, v, out, scale, opts.causal)) return out;
+  }
   // q heads h = j * groups + r use kv head j.
   Tensor q5 = q.reshape({b, hkv, groups * tq, d});
   Tensor s = mul(matmul(q5, k.transpose(-1, -2)), scale);  // [B, Hkv, G*Tq, Tk]

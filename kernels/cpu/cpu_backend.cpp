@@ -33,6 +33,10 @@ class CpuBackend final : public Backend {
     cpu::cumsum(x, outer, n, inner, out);
   }
   void softmax(const Tensor& x, const Tensor& out, bool log) override { cpu::softmax(x, out, log); }
+  bool attention_inference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, double scale,
+                           bool causal) override {
+    return cpu::attention_inference(q, k, v, out, scale, causal);
+  }
   void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log) override {
     cpu::softmax_backward(y, dy, dx, log);
   }

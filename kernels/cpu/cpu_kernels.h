@@ -115,6 +115,8 @@ void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, con
 void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                        const Tensor& dx, const Tensor& dw);
 void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta);
+bool attention_inference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, double scale,
+                         bool causal);
 void index_select(const Tensor& x, const Tensor& index, const Tensor& out);
 void index_add(const Tensor& out, const Tensor& index, const Tensor& src);
 void gather(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& out);

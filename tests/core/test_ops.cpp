@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/autograd.h"
 #include "tensor/ops.h"
 #include "tests/core/op_harness.h"
 #include "tests/test_util.h"
@@ -481,5 +482,36 @@ DEVICE_TEST_CASE("ops/matmul decode shapes: few rows times a wide weight") {
       CHECK(out.shape() == Shape{M, N});
       CHECK(max_abs_diff(out.to(Device::cpu(), DType::f64), ref) < 1e-4);
     }
+  }
+}
+
+// Inference attention (no grad, no bias or padding mask) may run a backend's
+// fused kernel; it must equal the composed op (what runs when grads are needed).
+DEVICE_TEST_CASE("ops/attention: the fused inference kernel equals the composed op") {
+  Generator g(11);
+  struct Case {
+    int64_t b, hq, hkv, tq, tk, d;
+    bool causal;
+  };
+  for (const Case& c : {Case{1, 4, 2, 130, 130, 16, true}, Case{2, 3, 3, 7, 40, 8, true},
+                        Case{1, 6, 2, 1, 75, 32, true}, Case{1, 2, 1, 66, 66, 12, false},
+                        Case{1, 2, 2, 20, 20, 4, true}}) {
+    CAPTURE(c.tq);
+    CAPTURE(c.tk);
+    // q as a transposed view ([T, H, D] storage, like the decoder's heads).
+    Tensor q = rand_normal({c.b, c.tq, c.hq, c.d}, g, 0.0, 1.0).to(device).transpose(1, 2);
+    Tensor k = rand_normal({c.b, c.hkv, c.tk, c.d}, g, 0.0, 1.0).to(device);
+    Tensor v = rand_normal({c.b, c.hkv, c.tk, c.d}, g, 0.0, 1.0).to(device);
+    AttentionOptions o;
+    o.causal = c.causal;
+    Tensor fused;
+    {
+      NoGradGuard ng;
+      fused = scaled_dot_product_attention(q, k, v, o);
+    }
+    Tensor qg = q.detach();
+    qg.set_requires_grad(true);
+    Tensor composed = scaled_dot_product_attention(qg, k, v, o);
+    CHECK(max_abs_diff(fused, composed.detach()) < 2e-6);
   }
 }
