@@ -3,15 +3,17 @@
 
 Starts `areno serve` (the embedded demo model unless --model-path is given) on a
 free loopback port, drives text, streaming, n > 1, legacy completions and
-errors through the client, then sends SIGTERM during a stream and checks that
-the stream completes and the server exits 0. Images and audio wait for the towers (a text-only server answers 400; that
-is checked).
+errors through the client, an image (data URL), an audio clip (input_audio)
+and both in one message through the demo model's towers, then sends SIGTERM
+during a stream and checks that the stream completes and the server exits 0.
 
     pip install openai
     python3 tests/serve/openai_client_test.py --areno build/app/areno
     # or, when meson found the package: meson test -C build --suite openai-client
 """
 import argparse
+import base64
+import os
 import signal
 import socket
 import subprocess
@@ -90,6 +92,27 @@ def main():
         for c in r.choices:
             assert c.logprobs is not None and all(len(t.top_logprobs) == 2 for t in c.logprobs.content)
         print("n>1 ok")
+
+        # Media through the towers: a PPM image as a data URL, a WAV clip as input_audio.
+        w, h = 64, 40
+        ppm = b"P6 %d %d 255\n" % (w, h) + bytes((i * 37) % 256 for i in range(w * h * 3))
+        image = {"type": "image_url",
+                 "image_url": {"url": "data:image/x-portable-pixmap;base64," + base64.b64encode(ppm).decode()}}
+        wav_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "audio", "speech_16k_mono.wav")
+        with open(wav_path, "rb") as f:
+            audio = {"type": "input_audio", "input_audio": {"data": base64.b64encode(f.read()).decode(), "format": "wav"}}
+        text_only = client.chat.completions.create(model=model, max_tokens=1, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "Describe it."}]}])
+        sizes = {}
+        for name, parts in (("image", [image]), ("audio", [audio]), ("image+audio", [image, audio])):
+            r = client.chat.completions.create(model=model, max_tokens=4, temperature=1.0, seed=1, messages=[
+                {"role": "user", "content": parts + [{"type": "text", "text": "Describe it."}]}])
+            assert r.choices[0].finish_reason in ("stop", "length"), r
+            sizes[name] = r.usage.prompt_tokens - text_only.usage.prompt_tokens
+        # The media tokens add up: image+audio = image + audio placeholders.
+        assert sizes["image"] > 273 and sizes["audio"] > 10, sizes
+        assert sizes["image+audio"] == sizes["image"] + sizes["audio"], sizes
+        print("image, audio, image+audio ok", sizes)
 
         c = client.completions.create(model=model, prompt=[24912, 2375, 13], echo=True, logprobs=1, max_tokens=0)
         assert c.choices[0].logprobs.token_logprobs[0] is None
