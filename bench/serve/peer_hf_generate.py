@@ -51,15 +51,6 @@ class Stamps(LogitsProcessor):
         return scores
 
 
-def percentile(xs, q):
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q / 100.0
-    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("checkpoint")
@@ -103,8 +94,8 @@ def main():
             "peer": "hf_generate", "clients": clients, "duration_s": round(elapsed, 2),
             "max_tokens": args.max_tokens, "requests_ok": batches * clients, "generated_tokens": tokens,
             "throughput_tok_s": round(tokens / elapsed, 1),
-            "ttft_p50_ms": round(1e3 * percentile(ttft, 50), 1), "ttft_p99_ms": round(1e3 * percentile(ttft, 99), 1),
-            "itl_p50_ms": round(1e3 * percentile(itl, 50), 2), "itl_p99_ms": round(1e3 * percentile(itl, 99), 2),
+            "ttft_p50_ms": round(1e3 * load.percentile(ttft, 50), 1), "ttft_p99_ms": round(1e3 * load.percentile(ttft, 99), 1),
+            "itl_p50_ms": round(1e3 * load.percentile(itl, 50), 2), "itl_p99_ms": round(1e3 * load.percentile(itl, 99), 2),
         }), flush=True)
 
 

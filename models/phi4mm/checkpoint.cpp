@@ -222,7 +222,8 @@ std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const Load
   return model;
 }
 
-void save_model(const Phi4MMForCausalLM& model, const std::string& dir, const SaveOptions& opts) {
+void save_model(const Phi4MMForCausalLM& model, const std::string& dir, const SaveOptions& opts,
+                const std::vector<std::pair<std::string, Tensor>>& extra) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw std::runtime_error(fmt::format("cannot create {}: {}", dir, ec.message()));
@@ -230,6 +231,7 @@ void save_model(const Phi4MMForCausalLM& model, const std::string& dir, const Sa
   const DType dtype = opts.dtype.value_or(model.dtype());
   for (auto& [name, t] : model.named_parameters())
     tensors.emplace_back(name, t.dtype() == dtype ? t.detach() : t.detach().to(dtype));
+  tensors.insert(tensors.end(), extra.begin(), extra.end());
   save_safetensors_sharded(dir, tensors, opts.max_shard_bytes, {{"format", "pt"}});
   Config c = model.config();
   json j = to_original_json(c);

@@ -55,6 +55,9 @@ struct SaveOptions {
 };
 
 // Writes the model into `dir` (created when missing) in the original layout.
-void save_model(const Phi4MMForCausalLM& model, const std::string& dir, const SaveOptions& opts = {});
+// `extra` tensors (the towers, already under their checkpoint names and in the
+// save dtype) go into the same shards.
+void save_model(const Phi4MMForCausalLM& model, const std::string& dir, const SaveOptions& opts = {},
+                const std::vector<std::pair<std::string, Tensor>>& extra = {});
 
 }  // namespace areno::phi4mm

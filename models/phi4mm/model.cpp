@@ -1,11 +1,8 @@
 #include "models/phi4mm/model.h"
 
-#include <filesystem>
-#include <fstream>
 #include <stdexcept>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "autograd/autograd.h"
 #include "models/phi4mm/init.h"
@@ -13,8 +10,6 @@
 
 namespace areno::phi4mm {
 
-namespace fs = std::filesystem;
-using nlohmann::json;
 
 namespace {
 
@@ -77,26 +72,14 @@ std::shared_ptr<Phi4MM> load_phi4mm(const std::string& dir, const ModelLoadOptio
 }
 
 void save_phi4mm(const Phi4MM& model, const std::string& dir, const SaveOptions& opts) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw std::runtime_error(fmt::format("cannot create {}: {}", dir, ec.message()));
   const DType dtype = opts.dtype.value_or(model.lm->dtype());
-  std::vector<std::pair<std::string, Tensor>> tensors = prefixed_tensors(*model.lm, "", dtype);
-  if (model.vision) {
-    auto v = image_embed_tensors(*model.vision, dtype);
-    tensors.insert(tensors.end(), v.begin(), v.end());
-  }
+  std::vector<std::pair<std::string, Tensor>> towers;
+  if (model.vision) towers = image_embed_tensors(*model.vision, dtype);
   if (model.audio) {
     auto a = prefixed_tensors(*model.audio, kAudioEmbedPrefix, dtype);
-    tensors.insert(tensors.end(), a.begin(), a.end());
+    towers.insert(towers.end(), a.begin(), a.end());
   }
-  save_safetensors_sharded(dir, tensors, opts.max_shard_bytes, {{"format", "pt"}});
-  const Config& c = model.config();
-  json j = to_original_json(c);
-  j["torch_dtype"] = dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
-  std::ofstream(dir + "/config.json") << j.dump(2) << "\n";
-  std::ofstream(dir + "/generation_config.json") << to_generation_json(c.generation).dump(2) << "\n";
-  if (!fs::exists(dir + "/config.json")) throw std::runtime_error("cannot write " + dir + "/config.json");
+  save_model(*model.lm, dir, opts, towers);
 }
 
 std::shared_ptr<Phi4MM> init_phi4mm(const std::string& preset, uint64_t seed, DType dtype) {
