@@ -6,25 +6,25 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
+#include "app/flags.h"
 #include "areno_build_config.h"
 #include "kernels/backend.h"
 
 namespace areno::app {
 
+namespace {
+
+constexpr const char* kEnvUsage =
+    "usage: areno env [--json]\n\nPrints the version, build options, CUDA devices with "
+    "their memory, and library versions.\n";
+
+}  // namespace
+
 int cmd_env(const Args& args) {
   bool json = false;
-  for (auto& a : args) {
-    if (a == "--json") {
-      json = true;
-    } else if (a == "--help" || a == "-h") {
-      fmt::print("usage: areno env [--json]\n\nPrints the version, build options, CUDA devices with "
-                 "their memory, and library versions.\n");
-      return 0;
-    } else {
-      fmt::print(stderr, "areno env: unknown option '{}'\n", a);
-      return 2;
-    }
-  }
+  Flags flags("env", kEnvUsage, Flags::OnUnknown::nothing);
+  flags.toggle("--json", json);
+  if (auto rc = flags.parse(args)) return *rc;
   nlohmann::json j;
   j["version"] = ARENO_VERSION;
   j["build_type"] = ARENO_BUILD_TYPE;

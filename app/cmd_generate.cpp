@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands_serve.h"
+#include "app/flags.h"
 #include "models/phi4mm/tokenizer/prompt_builder.h"
 #include "serve/chat_request.h"
 #include "serve/engine.h"
@@ -88,6 +89,17 @@ CliPrompt make_prompt(const ServedModel& m, const std::string& system, const std
   return out;
 }
 
+// The flags generate and score share.
+void add_common_flags(Flags& flags, std::string& model_path, std::string& prompt, bool& have_prompt,
+                      bool& chat_template, std::string& device, std::string& dtype) {
+  flags.value("--model-path", model_path).value("--device", device).value("--dtype", dtype);
+  flags.value("--prompt", [&](const std::string& v) {
+    prompt = v;
+    have_prompt = true;
+  });
+  flags.toggle("--no-chat-template", chat_template, false);
+}
+
 }  // namespace
 
 int cmd_generate(const Args& args) {
@@ -97,49 +109,21 @@ int cmd_generate(const Args& args) {
   p.temperature = 0;
   p.max_tokens = 256;
   p.seed = 0;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
-      return args[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      fmt::print("{}", kGenerateUsage);
-      return 0;
-    } else if (a == "--model-path") {
-      model_path = value();
-    } else if (a == "--prompt") {
-      prompt = value();
-      have_prompt = true;
-    } else if (a == "--system") {
-      system = value();
-    } else if (a == "--image") {
-      image = value();
-    } else if (a == "--audio") {
-      audio = value();
-    } else if (a == "--max-tokens") {
-      p.max_tokens = parse_int_flag(a, value(), 1);
-    } else if (a == "--temperature") {
-      p.temperature = parse_double_flag(a, value(), 0.0);
-      if (p.temperature > 2) throw std::invalid_argument("--temperature: must be in [0, 2]");
-    } else if (a == "--top-p") {
-      p.top_p = parse_double_flag(a, value(), 0.0);
-      if (p.top_p <= 0 || p.top_p > 1) throw std::invalid_argument("--top-p: must be in (0, 1]");
-    } else if (a == "--top-k") {
-      p.top_k = parse_int_flag(a, value(), -1);
-    } else if (a == "--seed") {
-      p.seed = uint64_t(parse_int_flag(a, value(), 0));
-    } else if (a == "--no-chat-template") {
-      chat_template = false;
-    } else if (a == "--device") {
-      device = value();
-    } else if (a == "--dtype") {
-      dtype = value();
-    } else {
-      fmt::print(stderr, "areno generate: unknown option '{}'\n\n{}", a, kGenerateUsage);
-      return 2;
-    }
-  }
+  Flags flags("generate", kGenerateUsage);
+  add_common_flags(flags, model_path, prompt, have_prompt, chat_template, device, dtype);
+  flags.value("--system", system).value("--image", image).value("--audio", audio);
+  flags.integer("--max-tokens", p.max_tokens, 1);
+  flags.value("--temperature", [&](const std::string& v) {
+    p.temperature = parse_double_flag("--temperature", v, 0.0);
+    if (p.temperature > 2) throw std::invalid_argument("--temperature: must be in [0, 2]");
+  });
+  flags.value("--top-p", [&](const std::string& v) {
+    p.top_p = parse_double_flag("--top-p", v, 0.0);
+    if (p.top_p <= 0 || p.top_p > 1) throw std::invalid_argument("--top-p: must be in (0, 1]");
+  });
+  flags.integer("--top-k", p.top_k, -1);
+  flags.value("--seed", [&](const std::string& v) { p.seed = uint64_t(parse_int_flag("--seed", v, 0)); });
+  if (auto rc = flags.parse(args)) return *rc;
   if (!have_prompt) {
     fmt::print(stderr, "areno generate: --prompt is required\n\n{}", kGenerateUsage);
     return 2;
@@ -185,34 +169,13 @@ int cmd_generate(const Args& args) {
 int cmd_score(const Args& args) {
   std::string model_path, device = "cpu", dtype, prompt, completion;
   bool have_prompt = false, have_completion = false, chat_template = true;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
-      return args[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      fmt::print("{}", kScoreUsage);
-      return 0;
-    } else if (a == "--model-path") {
-      model_path = value();
-    } else if (a == "--prompt") {
-      prompt = value();
-      have_prompt = true;
-    } else if (a == "--completion") {
-      completion = value();
-      have_completion = true;
-    } else if (a == "--no-chat-template") {
-      chat_template = false;
-    } else if (a == "--device") {
-      device = value();
-    } else if (a == "--dtype") {
-      dtype = value();
-    } else {
-      fmt::print(stderr, "areno score: unknown option '{}'\n\n{}", a, kScoreUsage);
-      return 2;
-    }
-  }
+  Flags flags("score", kScoreUsage);
+  add_common_flags(flags, model_path, prompt, have_prompt, chat_template, device, dtype);
+  flags.value("--completion", [&](const std::string& v) {
+    completion = v;
+    have_completion = true;
+  });
+  if (auto rc = flags.parse(args)) return *rc;
   if (!have_prompt || !have_completion) {
     fmt::print(stderr, "areno score: --prompt and --completion are required\n\n{}", kScoreUsage);
     return 2;

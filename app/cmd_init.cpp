@@ -7,6 +7,7 @@
 #include <string>
 
 #include "app/commands_model.h"
+#include "app/flags.h"
 #include "models/phi4mm/checkpoint.h"
 #include "models/phi4mm/init.h"
 #include "models/phi4mm/model.h"
@@ -41,45 +42,28 @@ DType parse_dtype(const std::string& s) {
   throw std::invalid_argument(fmt::format("--dtype: expected bf16 or f32, got '{}'", s));
 }
 
+// --seed: a uint64 as std::stoull reads it (so "-1" wraps around to 2^64 - 1).
+uint64_t parse_seed(const std::string& v) {
+  try {
+    size_t used = 0;
+    const uint64_t seed = std::stoull(v, &used);
+    if (used == v.size()) return seed;
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument(fmt::format("--seed: expected a non-negative integer, got '{}'", v));
+}
+
 }  // namespace
 
 int cmd_init(const Args& args) {
   std::string preset, out, dtype = "bf16", rank_file;
   bool tokenizer = true;
   std::optional<uint64_t> seed;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
-      return args[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      fmt::print("{}", kInitUsage);
-      return 0;
-    } else if (a == "--preset") {
-      preset = value();
-    } else if (a == "--out") {
-      out = value();
-    } else if (a == "--seed") {
-      std::string v = value();
-      try {
-        size_t used = 0;
-        seed = std::stoull(v, &used);
-        if (used != v.size()) throw std::invalid_argument("");
-      } catch (const std::exception&) {
-        throw std::invalid_argument(fmt::format("--seed: expected a non-negative integer, got '{}'", v));
-      }
-    } else if (a == "--dtype") {
-      dtype = value();
-    } else if (a == "--rank-file") {
-      rank_file = value();
-    } else if (a == "--no-tokenizer") {
-      tokenizer = false;
-    } else {
-      fmt::print(stderr, "areno init: unknown option '{}'\n\n{}", a, kInitUsage);
-      return 2;
-    }
-  }
+  Flags flags("init", kInitUsage);
+  flags.value("--preset", preset).value("--out", out).value("--dtype", dtype).value("--rank-file", rank_file);
+  flags.value("--seed", [&](const std::string& v) { seed = parse_seed(v); });
+  flags.toggle("--no-tokenizer", tokenizer, false);
+  if (auto rc = flags.parse(args)) return *rc;
   if (preset.empty() || out.empty() || !seed) {
     fmt::print(stderr, "areno init: --preset, --out and --seed are required\n\n{}", kInitUsage);
     return 2;

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "app/commands_model.h"
+#include "app/flags.h"
 #include "autograd/autograd.h"
 #include "models/phi4mm/checkpoint.h"
 #include "models/phi4mm/model.h"
@@ -58,35 +59,14 @@ std::vector<int64_t> parse_ids(const std::string& s) {
 int cmd_logits(const Args& args) {
   std::string model_path, ids_str, messages, adapter = "none", dtype, out, device = "cpu";
   bool adapter_given = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
-      return args[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      fmt::print("{}", kLogitsUsage);
-      return 0;
-    } else if (a == "--model-path") {
-      model_path = value();
-    } else if (a == "--token-ids") {
-      ids_str = value();
-    } else if (a == "--messages") {
-      messages = value();
-    } else if (a == "--adapter") {
-      adapter = value();
-      adapter_given = true;
-    } else if (a == "--dtype") {
-      dtype = value();
-    } else if (a == "--device") {
-      device = value();
-    } else if (a == "--out") {
-      out = value();
-    } else {
-      fmt::print(stderr, "areno logits: unknown option '{}'\n\n{}", a, kLogitsUsage);
-      return 2;
-    }
-  }
+  Flags flags("logits", kLogitsUsage);
+  flags.value("--model-path", model_path).value("--token-ids", ids_str).value("--messages", messages);
+  flags.value("--adapter", [&](const std::string& v) {
+    adapter = v;
+    adapter_given = true;
+  });
+  flags.value("--dtype", dtype).value("--device", device).value("--out", out);
+  if (auto rc = flags.parse(args)) return *rc;
   if (model_path.empty() || (ids_str.empty() == messages.empty()) || out.empty()) {
     fmt::print(stderr, "areno logits: --model-path, --out and one of --token-ids or --messages are required\n\n{}",
                kLogitsUsage);

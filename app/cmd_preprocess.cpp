@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands_model.h"
+#include "app/flags.h"
 #include "models/phi4mm/audio/audio_features.h"
 #include "models/phi4mm/processor/image_processor.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
@@ -63,26 +64,9 @@ serve::PreparedChat read_messages_file(const std::string& path, const tok::Token
 
 int cmd_preprocess(const Args& args) {
   std::string model_path, messages_path, out;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
-      return args[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      fmt::print("{}", kPreprocessUsage);
-      return 0;
-    } else if (a == "--model-path") {
-      model_path = value();
-    } else if (a == "--messages") {
-      messages_path = value();
-    } else if (a == "--out") {
-      out = value();
-    } else {
-      fmt::print(stderr, "areno preprocess: unknown option '{}'\n\n{}", a, kPreprocessUsage);
-      return 2;
-    }
-  }
+  Flags flags("preprocess", kPreprocessUsage);
+  flags.value("--model-path", model_path).value("--messages", messages_path).value("--out", out);
+  if (auto rc = flags.parse(args)) return *rc;
   if (messages_path.empty() || out.empty()) {
     fmt::print(stderr, "areno preprocess: --messages and --out are required\n\n{}", kPreprocessUsage);
     return 2;

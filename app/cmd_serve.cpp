@@ -3,7 +3,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +10,7 @@
 #include <thread>
 
 #include "app/commands_serve.h"
+#include "app/flags.h"
 #include "models/phi4mm/checkpoint.h"
 #include "models/phi4mm/init.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
@@ -70,26 +70,6 @@ extern "C" void on_stop_signal(int sig) { g_signal = sig; }
 
 }  // namespace
 
-int64_t parse_int_flag(const std::string& flag, const std::string& value, int64_t min_value) {
-  try {
-    size_t used = 0;
-    const long long v = std::stoll(value, &used);
-    if (used == value.size() && v >= min_value) return v;
-  } catch (const std::exception&) {
-  }
-  throw std::invalid_argument(fmt::format("{}: expected an integer >= {}, got '{}'", flag, min_value, value));
-}
-
-double parse_double_flag(const std::string& flag, const std::string& value, double min_value) {
-  try {
-    size_t used = 0;
-    const double v = std::stod(value, &used);
-    if (used == value.size() && v >= min_value && std::isfinite(v)) return v;
-  } catch (const std::exception&) {
-  }
-  throw std::invalid_argument(fmt::format("{}: expected a number >= {}, got '{}'", flag, min_value, value));
-}
-
 ServedModel load_served_model(const std::string& model_path, const std::string& device, const std::string& dtype) {
   if (!dtype.empty() && dtype != "f32" && dtype != "bf16")
     throw std::invalid_argument(fmt::format("--dtype: expected f32 or bf16, got '{}'", dtype));
@@ -138,71 +118,48 @@ int cmd_serve(const Args& args) {
   serve::ServerOptions so;
   serve::EngineOptions eo;
   double kv_gb = 1.0, body_mb = 32;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
-      return args[++i];
+  // A positive size (GiB, MiB) for --kv-cache-gb and --max-body-mb.
+  auto size_flag = [](const std::string& name, double& dst) {
+    return [name, &dst](const std::string& v) {
+      dst = parse_double_flag(name, v, 0.0);
+      if (dst <= 0) throw std::invalid_argument(name + ": must be > 0");
     };
-    if (a == "--help" || a == "-h") {
-      fmt::print("{}", kServeUsage);
-      return 0;
-    } else if (a == "--model-path") {
-      model_path = value();
-    } else if (a == "--served-model-name") {
-      served_name = value();
-    } else if (a == "--host") {
-      so.host = value();
-    } else if (a == "--port") {
-      so.port = int(parse_int_flag(a, value(), 0));
-      if (so.port > 65535) throw std::invalid_argument(fmt::format("--port: {} is not a port number", so.port));
-    } else if (a == "--device") {
-      device = value();
-    } else if (a == "--dtype") {
-      dtype = value();
-    } else if (a == "--tp-size" || a == "--world-size") {
-      const int64_t v = parse_int_flag(a, value(), 1);
+  };
+  Flags flags("serve", kServeUsage);
+  flags.value("--model-path", model_path).value("--served-model-name", served_name).value("--host", so.host);
+  flags.value("--port", [&](const std::string& v) {
+    so.port = int(parse_int_flag("--port", v, 0));
+    if (so.port > 65535) throw std::invalid_argument(fmt::format("--port: {} is not a port number", so.port));
+  });
+  flags.value("--device", device).value("--dtype", dtype);
+  for (const char* name : {"--tp-size", "--world-size"})
+    flags.value(name, [name](const std::string& s) {
+      const int64_t v = parse_int_flag(name, s, 1);
       if (v != 1)
         throw std::invalid_argument(fmt::format("{} {}: tensor parallelism is not implemented yet; only 1 is supported",
-                                                a, v));
-    } else if (a == "--max-running-prompts") {
-      eo.max_running = parse_int_flag(a, value(), 1);
-    } else if (a == "--max-batch-tokens") {
-      eo.max_batch_tokens = parse_int_flag(a, value(), 1);
-    } else if (a == "--prefill-chunk-tokens") {
-      eo.prefill_chunk_tokens = parse_int_flag(a, value(), 1);
-    } else if (a == "--kv-cache-gb") {
-      kv_gb = parse_double_flag(a, value(), 0.0);
-      if (kv_gb <= 0) throw std::invalid_argument("--kv-cache-gb: must be > 0");
-    } else if (a == "--max-queue") {
-      eo.max_queue = parse_int_flag(a, value(), 1);
-    } else if (a == "--seed") {
-      eo.seed = uint64_t(parse_int_flag(a, value(), 0));
-    } else if (a == "--default-max-tokens") {
-      so.api.default_max_tokens = parse_int_flag(a, value(), 1);
-    } else if (a == "--max-prompt-tokens") {
-      so.max_prompt_tokens = parse_int_flag(a, value(), 0);
-    } else if (a == "--max-context-len") {
-      so.max_context_len = parse_int_flag(a, value(), 0);
-    } else if (a == "--max-body-mb") {
-      body_mb = parse_double_flag(a, value(), 0.0);
-      if (body_mb <= 0) throw std::invalid_argument("--max-body-mb: must be > 0");
-    } else if (a == "--api-key") {
-      so.api_key = value();
-      if (so.api_key.empty()) throw std::invalid_argument("--api-key: the key must not be empty");
-    } else if (a == "--threads") {
-      so.threads = size_t(parse_int_flag(a, value(), 1));
-    } else if (a == "--media-root") {
-      so.media.media_root = value();
-      if (!std::filesystem::is_directory(so.media.media_root))
-        throw std::invalid_argument(fmt::format("--media-root: '{}' is not a directory", so.media.media_root));
-    } else if (a == "--allow-remote-media") {
-      so.media.allow_remote = true;
-    } else {
-      fmt::print(stderr, "areno serve: unknown option '{}'\n\n{}", a, kServeUsage);
-      return 2;
-    }
-  }
+                                                name, v));
+    });
+  flags.integer("--max-running-prompts", eo.max_running, 1)
+      .integer("--max-batch-tokens", eo.max_batch_tokens, 1)
+      .integer("--prefill-chunk-tokens", eo.prefill_chunk_tokens, 1);
+  flags.value("--kv-cache-gb", size_flag("--kv-cache-gb", kv_gb));
+  flags.integer("--max-queue", eo.max_queue, 1).integer("--seed", eo.seed, 0);
+  flags.integer("--default-max-tokens", so.api.default_max_tokens, 1)
+      .integer("--max-prompt-tokens", so.max_prompt_tokens, 0)
+      .integer("--max-context-len", so.max_context_len, 0);
+  flags.value("--max-body-mb", size_flag("--max-body-mb", body_mb));
+  flags.value("--api-key", [&](const std::string& v) {
+    so.api_key = v;
+    if (so.api_key.empty()) throw std::invalid_argument("--api-key: the key must not be empty");
+  });
+  flags.integer("--threads", so.threads, 1);
+  flags.value("--media-root", [&](const std::string& v) {
+    so.media.media_root = v;
+    if (!std::filesystem::is_directory(so.media.media_root))
+      throw std::invalid_argument(fmt::format("--media-root: '{}' is not a directory", so.media.media_root));
+  });
+  flags.toggle("--allow-remote-media", so.media.allow_remote);
+  if (auto rc = flags.parse(args)) return *rc;
   eo.kv_cache_bytes = size_t(kv_gb * double(size_t(1) << 30));
   so.max_body_bytes = size_t(body_mb * double(size_t(1) << 20));
 

@@ -35,8 +35,4 @@ struct ServedModel {
 // `device` "cpu" | "cuda[:N]"; `dtype` "" (the checkpoint's) | "f32" | "bf16".
 ServedModel load_served_model(const std::string& model_path, const std::string& device, const std::string& dtype);
 
-// Flag value parsers that name the flag in their errors.
-int64_t parse_int_flag(const std::string& flag, const std::string& value, int64_t min_value);
-double parse_double_flag(const std::string& flag, const std::string& value, double min_value);
-
 }  // namespace areno::app

@@ -199,6 +199,13 @@ TEST_CASE("phi4mm/bf16 logits match the bf16 reference within bf16 rounding") {
   // bf16 has 8 significant bits: a few ulps of the largest logit after two layers.
   CHECK(rel_err(none, gold("logits_a_none_bf16")) < 2e-2);
   CHECK(rel_err(vision, gold("logits_a_vision_bf16")) < 2e-2);
+  // The remaining difference (up to ~7.5e-3, one ulp of the largest logit) is
+  // below the reference's own bf16 error: its bf16 run differs from its f32 run
+  // by 9.2e-3. Ours is no further from the f32 truth than the reference is.
+  const double ref_noise = rel_err(gold("logits_a_none_bf16"), gold("logits_a_none"));
+  CHECK(ref_noise > 5e-3);
+  CHECK(rel_err(none, gold("logits_a_none")) <= 1.5 * ref_noise);
+  CHECK(rel_err(none, gold("logits_a_none_bf16")) <= ref_noise);
   // and it is a bf16 computation, not the f32 one.
   CHECK(rel_err(none, gold("logits_a_none")) > 1e-5);
 }

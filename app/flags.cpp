@@ -1,0 +1,80 @@
+#include "app/flags.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+#include <utility>
+
+namespace areno::app {
+
+int64_t parse_int_flag(const std::string& flag, const std::string& value, int64_t min_value) {
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(value, &used);
+    if (used == value.size() && v >= min_value) return v;
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument(fmt::format("{}: expected an integer >= {}, got '{}'", flag, min_value, value));
+}
+
+double parse_double_flag(const std::string& flag, const std::string& value, double min_value) {
+  try {
+    size_t used = 0;
+    const double v = std::stod(value, &used);
+    if (used == value.size() && v >= min_value && std::isfinite(v)) return v;
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument(fmt::format("{}: expected a number >= {}, got '{}'", flag, min_value, value));
+}
+
+Flags::Flags(std::string command, const char* usage, OnUnknown on_unknown)
+    : command_(std::move(command)), usage_(usage), on_unknown_(on_unknown) {}
+
+Flags& Flags::value(std::string name, std::string& dst) {
+  return value(std::move(name), [&dst](const std::string& v) { dst = v; });
+}
+
+Flags& Flags::value(std::string name, std::function<void(const std::string&)> set) {
+  flags_.push_back({std::move(name), std::move(set), nullptr});
+  return *this;
+}
+
+Flags& Flags::toggle(std::string name, bool& dst, bool to) {
+  return toggle(std::move(name), [&dst, to]() { dst = to; });
+}
+
+Flags& Flags::toggle(std::string name, std::function<void()> set) {
+  flags_.push_back({std::move(name), nullptr, std::move(set)});
+  return *this;
+}
+
+std::optional<int> Flags::parse(const Args& args) const {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      fmt::print("{}", usage_);
+      return 0;
+    }
+    const Flag* flag = nullptr;
+    for (const Flag& f : flags_)
+      if (f.name == a) flag = &f;
+    if (!flag) {
+      if (on_unknown_ == OnUnknown::usage)
+        fmt::print(stderr, "areno {}: unknown option '{}'\n\n{}", command_, a, usage_);
+      else
+        fmt::print(stderr, "areno {}: unknown option '{}'\n", command_, a);
+      return 2;
+    }
+    if (flag->set_value) {
+      if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
+      flag->set_value(args[++i]);
+    } else {
+      flag->set();
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace areno::app
