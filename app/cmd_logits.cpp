@@ -1,6 +1,8 @@
 // `areno logits`: logits of every position of one token sequence.
 #include <fmt/format.h>
 
+#include <chrono>
+
 #include <stdexcept>
 #include <string>
 
@@ -85,9 +87,11 @@ int cmd_logits(const Args& args) {
   }
   lo.device = Device::parse(device);
   phi4mm::LoadReport report;
+  const auto t0 = std::chrono::steady_clock::now();
   std::shared_ptr<const phi4mm::Phi4MM> mm = phi4mm::load_phi4mm(model_path, lo, &report);
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const phi4mm::Phi4MMForCausalLM& model = *mm->lm;
-  fmt::print(stderr, "loaded {}: {}\n", model_path, report.summary());
+  fmt::print(stderr, "loaded {} in {:.1f} s: {}\n", model_path, load_s, report.summary());
   const int64_t vocab = model.config().text.vocab_size;
   std::vector<int64_t> ids;
   phi4mm::PackedBatch batch;

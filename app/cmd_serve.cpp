@@ -100,12 +100,14 @@ ServedModel load_served_model(const std::string& model_path, const std::string& 
   if (!dtype.empty()) lo.dtype = dtype == "f32" ? DType::f32 : DType::bf16;
   lo.device = dev;
   phi4mm::LoadReport report;
+  const auto t0 = std::chrono::steady_clock::now();
   m.mm = phi4mm::load_phi4mm(model_path, lo, &report);
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   m.model = m.mm->lm;
   m.encoder = serve::make_media_encoder(m.mm);
   fmt::print(stderr, "{}: vision tower {}, audio encoder {}\n", model_path, m.mm->vision ? "loaded" : "absent",
              m.mm->audio ? "loaded" : "absent");
-  fmt::print(stderr, "loaded {}: {}\n", model_path, report.summary());
+  fmt::print(stderr, "loaded {} in {:.1f} s: {}\n", model_path, load_s, report.summary());
   auto t = phi4mm::load_tokenizer(model_path);
   t.set_padded_vocab_size(size_t(m.model->config().text.vocab_size));
   m.tokenizer = std::make_shared<const tok::Tokenizer>(std::move(t));
