@@ -9,7 +9,6 @@
 #include <Eigen/Core>
 #include <cmath>
 #include <limits>
-#include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
 
@@ -37,7 +36,10 @@ bool attention_inference(const Tensor& q, const Tensor& k, const Tensor& v, cons
   float* op = static_cast<float*>(out.data_ptr());
   const float sc = float(scale);
   parallel_for(B * HQ * blocks, kBlock * TK * D * 2, [&](int64_t lo, int64_t hi) {
-    std::vector<float> scratch;
+    // Eigen-allocated (64-byte aligned) scratch: Eigen's vectorised row
+    // reductions peel an unaligned head, so a scratch at a varying malloc
+    // alignment would change the summation order from run to run.
+    RowMat S;
     for (int64_t item = lo; item < hi; ++item) {
       const int64_t blk = item % blocks, h = (item / blocks) % HQ, b = item / blocks / HQ;
       const int64_t i0 = blk * kBlock, rows = std::min(kBlock, TQ - i0);
@@ -52,8 +54,7 @@ bool attention_inference(const Tensor& q, const Tensor& k, const Tensor& v, cons
       Strided Q(qp + b * q.stride(0) + h * q.stride(1) + i0 * q.stride(2), rows, D, Eigen::OuterStride<>(q.stride(2)));
       Strided K(kp + b * k.stride(0) + hk * k.stride(1), keys, D, Eigen::OuterStride<>(k.stride(2)));
       Strided V(vp + b * v.stride(0) + hk * v.stride(1), keys, D, Eigen::OuterStride<>(v.stride(2)));
-      scratch.resize(size_t(rows * keys));
-      Eigen::Map<RowMat> S(scratch.data(), rows, keys);
+      S.resize(rows, keys);
       S.noalias() = Q * K.transpose();
       S *= sc;
       for (int64_t r = 0; r < rows; ++r) {

@@ -60,7 +60,9 @@ void softmax(const Tensor& x, const Tensor& out, bool log) {
     const T* xp = static_cast<const T*>(x.data_ptr());
     T* op = static_cast<T*>(out.data_ptr());
     parallel_for(m, n * 4, [&](int64_t lo, int64_t hi) {
-      std::vector<C> buf(is_half_v<T> ? n : 0);
+      // Eigen-allocated (aligned) row buffer: the vectorised reductions peel an
+      // unaligned head, so a malloc'd buffer would make results vary per run.
+      Eigen::Array<C, Eigen::Dynamic, 1> buf(is_half_v<T> ? n : 0);
       for (int64_t i = lo; i < hi; ++i) {
         if constexpr (is_half_v<T>) {
           load_row(xp + i * n, buf.data(), n);
