@@ -279,6 +279,21 @@ void Engine::preempt(Seq& s) {
   stats_.preemptions++;
 }
 
+// Marks `s` finished, frees its blocks, and sets o.done when it was its
+// request's last sample (the request then counts as finished).
+void Engine::end_sample(Seq& s, RequestOutput& o) {
+  Req& q = *s.req;
+  s.finished = true;
+  release(s);
+  std::erase(running_, &s);
+  q.finished++;
+  o.done = q.finished == int64_t(q.seqs.size());
+  if (o.done && !q.done) {
+    q.done = true;
+    stats_.requests_finished++;
+  }
+}
+
 // Ends every unfinished sample of the request with `why` and reports it.
 void Engine::finish_request(Req& q, FinishReason why, const std::string& error) {
   for (auto& s : q.seqs) {
@@ -723,18 +738,10 @@ void Engine::schedule_and_run() {
     Req& q = *s.req;
     const SamplingParams& p = q.r.params;
     if (p.max_tokens == 0) {  // scoring only
-      s.finished = true;
-      release(s);
-      std::erase(running_, &s);
-      q.finished++;
       RequestOutput o;
       o.sample = s.sample;
       o.finish = FinishReason::length;
-      o.done = q.finished == int64_t(q.seqs.size());
-      if (o.done && !q.done) {
-        q.done = true;
-        stats_.requests_finished++;
-      }
+      end_sample(s, o);
       q.cb(o);
       return;
     }
@@ -798,17 +805,7 @@ void Engine::schedule_and_run() {
       o.text = s.text.substr(s.emitted, end - s.emitted);
       s.emitted = end;
     }
-    if (o.finish != FinishReason::none) {
-      s.finished = true;
-      release(s);
-      std::erase(running_, &s);
-      q.finished++;
-      o.done = q.finished == int64_t(q.seqs.size());
-      if (o.done && !q.done) {
-        q.done = true;
-        stats_.requests_finished++;
-      }
-    }
+    if (o.finish != FinishReason::none) end_sample(s, o);
     q.cb(o);
   };
 

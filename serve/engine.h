@@ -173,6 +173,7 @@ class Engine {
   void schedule_and_run();
   void finish_request(Req& r, FinishReason why, const std::string& error = {});
   void preempt(Seq& s);
+  void end_sample(Seq& s, RequestOutput& o);
   struct Picked {
     int64_t token = 0;
     std::optional<TokenLogprob> logprob;

@@ -36,8 +36,8 @@ DecodedMedia decode_media(MediaKind kind, const std::vector<uint8_t>& bytes, con
 
 int64_t count_media_tokens(const DecodedMedia& item) {
   try {
-    return item.kind == MediaKind::kImage ? phi4mm::image_token_count(item.image)
-                                          : phi4mm::audio_token_count_of(item.samples, item.sample_rate);
+    if (item.kind == MediaKind::kImage) return phi4mm::num_image_tokens(item.image.width, item.image.height);
+    return phi4mm::audio_token_count(int64_t(item.samples.size()), item.sample_rate);
   } catch (const std::exception& e) {
     throw MediaError(e.what());
   }

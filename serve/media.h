@@ -61,7 +61,7 @@ class MediaEncoder {
 };
 
 // Placeholder tokens of an item from the processors alone (no weights needed):
-// image_token_count / audio_token_count_of. Throws MediaError.
+// num_image_tokens / audio_token_count. Throws MediaError.
 int64_t count_media_tokens(const DecodedMedia& item);
 
 // An encoder that only counts (for preprocessing without a model); encode() throws.

@@ -490,6 +490,17 @@ ToolCallParse parse_tool_calls(const std::string& text, const json& tools) {
   r.content = text.empty() ? json(nullptr) : json(text);
   size_t begin = std::string::npos, body = 0, end = 0;
   static const std::string kOpen = "<|tool_call|>", kClose = "<|/tool_call|>", kFunctools = "functools";
+  // The JSON in text[from, to) as calls; the text outside [begin, after) stays content.
+  auto accept = [&](size_t from, size_t to, size_t after) {
+    const json parsed = json::parse(text.substr(from, to - from), nullptr, false);
+    if (parsed.is_discarded()) return;
+    auto calls = calls_from(parsed, tools);
+    if (!calls) return;
+    r.found = true;
+    r.tool_calls = *calls;
+    const std::string rest = trim(text.substr(0, begin) + text.substr(after));
+    r.content = rest.empty() ? json(nullptr) : json(rest);
+  };
   if ((begin = text.find(kOpen)) != std::string::npos) {
     body = begin + kOpen.size();
     const size_t close = text.find(kClose, body);
@@ -498,31 +509,14 @@ ToolCallParse parse_tool_calls(const std::string& text, const json& tools) {
     const size_t json_end = match_bracket(text, json_start);
     if (json_end == std::string::npos) return r;
     if (close != std::string::npos && json_end > close) return r;
-    body = json_start;
-    end = json_end;
-    const size_t after = close == std::string::npos ? json_end : close + kClose.size();
-    const json parsed = json::parse(text.substr(body, end - body), nullptr, false);
-    if (parsed.is_discarded()) return r;
-    auto calls = calls_from(parsed, tools);
-    if (!calls) return r;
-    r.found = true;
-    r.tool_calls = *calls;
-    const std::string rest = trim(text.substr(0, begin) + text.substr(after));
-    r.content = rest.empty() ? json(nullptr) : json(rest);
+    accept(json_start, json_end, close == std::string::npos ? json_end : close + kClose.size());
     return r;
   }
   if ((begin = text.find(kFunctools + "[")) != std::string::npos) {
     body = begin + kFunctools.size();
     end = match_bracket(text, body);
     if (end == std::string::npos) return r;
-    const json parsed = json::parse(text.substr(body, end - body), nullptr, false);
-    if (parsed.is_discarded()) return r;
-    auto calls = calls_from(parsed, tools);
-    if (!calls) return r;
-    r.found = true;
-    r.tool_calls = *calls;
-    const std::string rest = trim(text.substr(0, begin) + text.substr(end));
-    r.content = rest.empty() ? json(nullptr) : json(rest);
+    accept(body, end, end);
   }
   return r;
 }

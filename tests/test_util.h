@@ -4,6 +4,7 @@
 // skipped, so the summary counts it as skipped rather than passed.
 #include <doctest/doctest.h>
 
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,17 @@ namespace areno::testing {
 inline bool has_cuda() {
   static const bool v = cuda_device_count() > 0;
   return v;
+}
+
+// The message of the std::exception `f` throws; "" when it throws none.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // Every device this machine can run tests on (CPU first).

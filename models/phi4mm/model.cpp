@@ -25,6 +25,18 @@ int64_t count_prefix(const SafetensorsCheckpoint& ckpt, const std::string& prefi
   return n;
 }
 
+// A tower's rows [sum counts, D] as one block per item; the sum must match.
+std::vector<Tensor> split_rows(const Tensor& rows, const std::vector<int64_t>& counts, const char* tower) {
+  std::vector<Tensor> out;
+  int64_t at = 0;
+  for (int64_t n : counts) {
+    out.push_back(rows.narrow(0, at, n));
+    at += n;
+  }
+  if (at != rows.size(0)) throw std::runtime_error(fmt::format("{}: {} rows for {} tokens", tower, rows.size(0), at));
+  return out;
+}
+
 }  // namespace
 
 std::shared_ptr<Phi4MM> load_phi4mm(const std::string& dir, const ModelLoadOptions& opts, LoadReport* report) {
@@ -103,26 +115,13 @@ std::shared_ptr<Phi4MM> init_phi4mm(const std::string& preset, uint64_t seed, DT
   return m;
 }
 
-int64_t image_token_count(const RgbImage& image) { return num_image_tokens(image.width, image.height); }
-
-int64_t audio_token_count_of(const std::vector<double>& samples, int64_t sample_rate) {
-  return audio_token_count(int64_t(samples.size()), sample_rate);
-}
-
 Tensor media_rows(const Phi4MM& model, const MediaInputs& in) {
   const bool has_image = !in.images.empty();
   std::vector<Tensor> image_rows, audio_rows;
   if (has_image) {
     if (!model.vision) throw std::invalid_argument("this model has no vision tower; images cannot be used");
     ImageBatch b = process_images(in.images);
-    Tensor rows = model.vision->forward(b);
-    int64_t at = 0;
-    for (int64_t n : b.num_img_tokens) {
-      image_rows.push_back(rows.narrow(0, at, n));
-      at += n;
-    }
-    if (at != rows.size(0))
-      throw std::runtime_error(fmt::format("vision tower: {} rows for {} image tokens", rows.size(0), at));
+    image_rows = split_rows(model.vision->forward(b), b.num_img_tokens, "vision tower");
   }
   if (!in.audio.empty()) {
     if (!model.audio) throw std::invalid_argument("this model has no audio encoder; audio cannot be used");
@@ -130,15 +129,9 @@ Tensor media_rows(const Phi4MM& model, const MediaInputs& in) {
     std::vector<AudioClip> clips;
     for (size_t i = 0; i < in.audio.size(); ++i) clips.push_back({in.audio[i], in.audio_rates[i]});
     AudioBatch ab = audio_features_batch(clips);
-    Tensor rows = model.audio->forward(ab.features, ab.frames,
-                                       has_image ? AudioProjection::vision : AudioProjection::speech);
-    int64_t at = 0;
-    for (int64_t n : ab.tokens) {
-      audio_rows.push_back(rows.narrow(0, at, n));
-      at += n;
-    }
-    if (at != rows.size(0))
-      throw std::runtime_error(fmt::format("audio encoder: {} rows for {} audio tokens", rows.size(0), at));
+    audio_rows = split_rows(
+        model.audio->forward(ab.features, ab.frames, has_image ? AudioProjection::vision : AudioProjection::speech),
+        ab.tokens, "audio encoder");
   }
   if (in.order_is_image.size() != image_rows.size() + audio_rows.size())
     throw std::invalid_argument("media_rows: order_is_image must name every item");

@@ -64,8 +64,7 @@ struct MediaInputs {
 // request has an image). [sum of token counts, hidden].
 Tensor media_rows(const Phi4MM& model, const MediaInputs& in);
 
-// Token counts the prompt builder expands each item to.
-int64_t image_token_count(const RgbImage& image);
-int64_t audio_token_count_of(const std::vector<double>& samples, int64_t sample_rate);
+// Token counts of each item: num_image_tokens(w, h) (image_processor.h) and
+// audio_token_count(samples, rate) (audio_features.h).
 
 }  // namespace areno::phi4mm

@@ -18,8 +18,10 @@
 #include "models/phi4mm/checkpoint.h"
 #include "nn/io/safetensors.h"
 #include "tensor/ops.h"
+#include "tests/test_util.h"
 
 using namespace areno;
+using areno::testing::error_of;
 using namespace areno::phi4mm;
 using json = nlohmann::json;
 
@@ -93,16 +95,6 @@ Tensor valid_rows(const AudioEncoderOutput& e) {
   std::vector<Tensor> rows;
   for (size_t i = 0; i < e.lengths.size(); ++i) rows.push_back(e.hidden.select(0, int64_t(i)).narrow(0, 0, e.lengths[i]));
   return cat(rows, 0);
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

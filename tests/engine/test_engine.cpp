@@ -490,12 +490,12 @@ TEST_CASE("engine: text, image, audio and image+audio requests through the tower
     c.in = std::make_shared<phi4mm::MediaInputs>();
     c.prompt = text("<|user|>");
     for (auto& im : imgs) {
-      c.prompt.insert(c.prompt.end(), size_t(phi4mm::image_token_count(im)), phi4mm::kImageToken);
+      c.prompt.insert(c.prompt.end(), size_t(phi4mm::num_image_tokens(im.width, im.height)), phi4mm::kImageToken);
       c.in->images.push_back(im);
       c.in->order_is_image.push_back(true);
     }
     for (size_t i = 0; i < clips.size(); ++i) {
-      c.prompt.insert(c.prompt.end(), size_t(phi4mm::audio_token_count_of(clips[i], rates[i])),
+      c.prompt.insert(c.prompt.end(), size_t(phi4mm::audio_token_count(int64_t(clips[i].size()), rates[i])),
                       phi4mm::kAudioToken);
       c.in->audio.push_back(clips[i]);
       c.in->audio_rates.push_back(rates[i]);

@@ -18,6 +18,7 @@
 #include "tests/test_util.h"
 
 using namespace areno;
+using areno::testing::error_of;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
@@ -93,15 +94,6 @@ std::string st_bytes(const std::string& header, const std::string& data = "") {
   uint64_t n = header.size();
   for (int i = 0; i < 8; ++i) out[i] = char((n >> (8 * i)) & 0xff);
   return out + header + data;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

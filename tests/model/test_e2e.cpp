@@ -95,11 +95,11 @@ void append(std::vector<int64_t>& ids, int64_t id, int64_t n) {
 void add_image(Prompt& p, int64_t w, int64_t h) {
   p.media.images.push_back(formula_image(w, h));
   p.media.order_is_image.push_back(true);
-  append(p.ids, kImg, image_token_count(p.media.images.back()));
+  append(p.ids, kImg, num_image_tokens(p.media.images.back().width, p.media.images.back().height));
 }
 
 void add_clip(Prompt& p, std::vector<double> samples, int64_t rate) {
-  append(p.ids, kAud, audio_token_count_of(samples, rate));
+  append(p.ids, kAud, audio_token_count(int64_t(samples.size()), rate));
   p.media.audio.push_back(std::move(samples));
   p.media.audio_rates.push_back(rate);
   p.media.order_is_image.push_back(false);

@@ -83,8 +83,10 @@ TEST_CASE("phi4mm: media rows follow the prompt order and the processors' counts
   in.audio_rates = {16000, 8000};
   in.order_is_image = {true, false, true, false};  // image, audio, image, audio
   Tensor rows = media_rows(*m, in);
-  const int64_t n0 = image_token_count(in.images[0]), n1 = image_token_count(in.images[1]);
-  const int64_t a0 = audio_token_count_of(in.audio[0], 16000), a1 = audio_token_count_of(in.audio[1], 8000);
+  const int64_t n0 = num_image_tokens(in.images[0].width, in.images[0].height);
+  const int64_t n1 = num_image_tokens(in.images[1].width, in.images[1].height);
+  const int64_t a0 = audio_token_count(int64_t(in.audio[0].size()), 16000);
+  const int64_t a1 = audio_token_count(int64_t(in.audio[1].size()), 8000);
   CHECK(a0 == 13);  // 1 s -> 13 tokens (spec)
   REQUIRE(rows.dim() == 2);
   CHECK(rows.size(0) == n0 + a0 + n1 + a1);
@@ -148,7 +150,7 @@ TEST_CASE("phi4mm: areno preprocess and areno logits --messages with an image an
   CHECK(p.load_copy("input_mode").to_vector<int64_t>()[0] == 3);
   int64_t n_img = 0, n_aud = 0;
   for (int64_t id : ids) n_img += id == kImageToken, n_aud += id == kAudioToken;
-  CHECK(n_img == image_token_count(im));
+  CHECK(n_img == num_image_tokens(im.width, im.height));
   CHECK(p.load_copy("num_img_tokens").to_vector<int64_t>()[0] == n_img);
   CHECK(p.load_copy("audio_embed_sizes").to_vector<int64_t>()[0] == n_aud);
   ImageBatch ib = process_images({im});

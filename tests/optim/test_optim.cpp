@@ -18,6 +18,7 @@
 #include "tests/test_util.h"
 
 using namespace areno;
+using areno::testing::error_of;
 namespace fs = std::filesystem;
 
 namespace {
@@ -64,15 +65,6 @@ void check_close(const Tensor& got, const Tensor& want, double rtol, double floo
   }
   CHECK_MESSAGE(worst <= rtol, "element " << at << ": got " << g[at] << ", want " << w[at]
                                           << " (relative error " << worst << ")");
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 std::vector<uint8_t> bytes_of(const Tensor& t) {

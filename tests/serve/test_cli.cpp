@@ -8,23 +8,10 @@
 #include "app/commands_serve.h"
 #include "serve/media_fetch.h"
 #include "serve/openai.h"
+#include "tests/test_util.h"
 
 using namespace areno;
-
-namespace {
-
-// The message of the std::exception `f` throws ("" when none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
-}  // namespace
+using areno::testing::error_of;
 
 TEST_CASE("serve/cli bad flags and values name the flag") {
   CHECK(app::cmd_serve({"--bogus"}) == 2);

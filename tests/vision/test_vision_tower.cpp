@@ -24,6 +24,7 @@
 #include "tests/test_util.h"
 
 using namespace areno;
+using areno::testing::error_of;
 using namespace areno::phi4mm;
 using nlohmann::json;
 
@@ -99,15 +100,6 @@ int64_t real_crop(const ImageEmbedOutput& o, int64_t flat, int64_t nmax) {
   return o.images[size_t(flat / nmax)].first_crop + flat % nmax;
 }
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
-
 }  // namespace
 
 // ---- config ----
@@ -159,7 +151,7 @@ TEST_CASE("vision/config: explicit keys in img_processor (original) and vision_c
 
 TEST_CASE("vision/config: invalid values fail naming the key") {
   auto err = [](const std::string& text) {
-    return message_of([&] { vision_config_from(json::parse(text), "cfg.json"); });
+    return error_of([&] { vision_config_from(json::parse(text), "cfg.json"); });
   };
   CHECK(err(R"({"img_processor": {"num_attention_heads": 5}})") ==
         "cfg.json: img_processor.num_attention_heads = 5 does not divide hidden_size 1152");
@@ -244,7 +236,7 @@ TEST_CASE("vision/a checkpoint directory loads by config.json + name walk, and s
   tensors.erase(tensors.begin() + 5);
   const std::string dropped = image_embed_tensors(*m, DType::bf16)[5].first;
   save_safetensors((dir / "model.safetensors").string(), tensors);
-  CHECK(message_of([&] { load_image_embed(dir.string()); }).find("missing " + dropped) != std::string::npos);
+  CHECK(error_of([&] { load_image_embed(dir.string()); }).find("missing " + dropped) != std::string::npos);
   fs::remove_all(dir);
 }
 
@@ -514,23 +506,23 @@ TEST_CASE("vision/bad inputs fail with messages that say what was expected") {
   Tensor sizes = from_vector(std::vector<int64_t>{16, 32}, {1, 2});
   NoGradGuard ng;
   CHECK(m.forward(pix, masks, sizes).shape() == Shape{2 * (4 + 1) + 1 + 2 * 3, 6});
-  CHECK(message_of([&] { m.forward(zeros({1, 3, 3, 16, 8}), masks, sizes); }) ==
+  CHECK(error_of([&] { m.forward(zeros({1, 3, 3, 16, 8}), masks, sizes); }) ==
         "image embedding: pixel_values must be [n_images, crops, 3, 16, 16], got Tensor[1, 3, 3, 16, 8] f32 cpu");
-  CHECK(message_of([&] { m.forward(pix, ones({1, 3, 4, 5}), sizes); }).find("image_attention_mask must be [1, 3, 4, 4]") !=
+  CHECK(error_of([&] { m.forward(pix, ones({1, 3, 4, 5}), sizes); }).find("image_attention_mask must be [1, 3, 4, 4]") !=
         std::string::npos);
-  CHECK(message_of([&] { m.forward(pix, masks, from_vector(std::vector<int64_t>{16, 24}, {1, 2})); }) ==
+  CHECK(error_of([&] { m.forward(pix, masks, from_vector(std::vector<int64_t>{16, 24}, {1, 2})); }) ==
         "image embedding: image 0 has size [16, 24]; image_sizes holds the padded canvas [Hc, Wc], multiples of 16");
-  CHECK(message_of([&] { m.forward(pix, masks, from_vector(std::vector<int64_t>{32, 32}, {1, 2})); }) ==
+  CHECK(error_of([&] { m.forward(pix, masks, from_vector(std::vector<int64_t>{32, 32}, {1, 2})); }) ==
         "image embedding: image 0 needs 5 crops (2x2 grid + global), the pixel tensor holds 3");
   std::vector<float> holes(3 * 16, 1.0f);
   holes[16 + 5] = 0.0f;  // a hole inside crop 1
-  CHECK(message_of([&] { m.forward(pix, from_vector(holes, {1, 3, 4, 4}), sizes); })
+  CHECK(error_of([&] { m.forward(pix, from_vector(holes, {1, 3, 4, 4}), sizes); })
             .find("crop 1: patch mask is not a 0/1 top-left rectangle") != std::string::npos);
   // The processor's batch needs the released crop geometry.
   const ImageBatch b = process_images({synthetic_image(20, 20)});
-  CHECK(message_of([&] { m.forward(b); }).find("the image processor makes 448-pixel crops") != std::string::npos);
+  CHECK(error_of([&] { m.forward(b); }).find("the image processor makes 448-pixel crops") != std::string::npos);
   ImageBatch wrong = process_images({synthetic_image(40, 40)});
   wrong.num_img_tokens = {546};
-  CHECK(message_of([&] { tiny_model()->forward(wrong); }) ==
+  CHECK(error_of([&] { tiny_model()->forward(wrong); }) ==
         "image embedding: token counts from the masks [ 545 ] differ from the processor's [ 546 ]");
 }
