@@ -106,9 +106,6 @@ int cmd_logits(const Args& args) {
     batch = phi4mm::PackedBatch::single(ids, ad);
     if (!pc.media.empty()) {
       batch.media_rows = encoder->encode(std::move(pc.media), pc.prompt.mode)();
-      std::vector<int64_t> mask;
-      for (int64_t id : ids) mask.push_back(id == phi4mm::kImageToken || id == phi4mm::kAudioToken);
-      batch.media_mask = from_vector(mask, {int64_t(mask.size())}).to(DType::boolean);
     }
   } else {
     ids = parse_ids(ids_str);

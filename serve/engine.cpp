@@ -37,13 +37,11 @@ double uniform01(uint64_t seed, int64_t sample, int64_t step) {
   return double(h >> 11) * 0x1.0p-53;
 }
 
-bool is_media_token(int64_t id) { return id == phi4mm::kImageToken || id == phi4mm::kAudioToken; }
-
 // Ids the sampler never produces: unused/padding rows and the media placeholders.
 const std::vector<uint8_t>& banned_ids(int64_t V) {
   static const std::vector<uint8_t> ban = [V] {
     std::vector<uint8_t> b(static_cast<size_t>(V));
-    for (int64_t id = 0; id < V; ++id) b[size_t(id)] = phi4mm::is_unused_id(tok::TokenId(id)) || is_media_token(id);
+    for (int64_t id = 0; id < V; ++id) b[size_t(id)] = phi4mm::is_unused_id(tok::TokenId(id)) || phi4mm::is_media_token(id);
     return b;
   }();
   if (int64_t(ban.size()) != V) throw std::logic_error("banned_ids: one vocabulary size per process");
@@ -202,7 +200,7 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
   int64_t n_media = 0;
   for (int64_t id : r.prompt) {
     if (id < 0 || id >= V) throw std::invalid_argument(fmt::format("prompt: token id {} is outside [0, {})", id, V));
-    n_media += is_media_token(id);
+    n_media += phi4mm::is_media_token(id);
   }
   if (n_media > 0 && !r.media)
     throw std::invalid_argument(fmt::format("prompt: {} media placeholder ids but no media were given", n_media));
@@ -614,7 +612,7 @@ void Engine::schedule_and_run() {
       }
       q.media_before.assign(size_t(q.prompt_len + 1), 0);
       for (int64_t i = 0; i < q.prompt_len; ++i)
-        q.media_before[size_t(i + 1)] = q.media_before[size_t(i)] + is_media_token(q.r.prompt[size_t(i)]);
+        q.media_before[size_t(i + 1)] = q.media_before[size_t(i)] + phi4mm::is_media_token(q.r.prompt[size_t(i)]);
       stats_.prompt_tokens += q.prompt_len;
     }
     if (!cache_->can_grow(q.seqs[0]->kv, std::min<int64_t>(q.prompt_len, opts_.prefill_chunk_tokens))) break;
@@ -645,8 +643,6 @@ void Engine::schedule_and_run() {
   // 3. One forward over all chunks.
   phi4mm::IncrementalBatch b;
   std::vector<Tensor> media_parts;
-  std::vector<int64_t> mask;
-  bool any_media = false;
   struct RowRef {
     size_t item;
     int64_t pos;  // position of the row in its sequence
@@ -659,11 +655,6 @@ void Engine::schedule_and_run() {
     std::vector<int64_t> ids(s.tokens.begin() + it.start, s.tokens.begin() + it.start + it.len);
     b.add(s.kv, ids, s.req->r.adapter, it.table);
     const int64_t P = s.req->prompt_len;
-    for (int64_t p = it.start; p < it.start + it.len; ++p) {
-      const bool m = p < P && is_media_token(s.tokens[size_t(p)]);
-      mask.push_back(m);
-      any_media |= m;
-    }
     if (it.start < P && s.req->media_before.back() > 0) {
       const int64_t a = s.req->media_before[size_t(it.start)];
       const int64_t e = s.req->media_before[size_t(std::min(P, it.start + it.len))];
@@ -680,10 +671,7 @@ void Engine::schedule_and_run() {
     }
     row0 += it.len;
   }
-  if (any_media) {
-    b.media_rows = media_parts.size() == 1 ? media_parts[0] : cat(media_parts, 0);
-    b.media_mask = from_vector(mask, {int64_t(mask.size())}).to(DType::boolean);
-  }
+  if (!media_parts.empty()) b.media_rows = media_parts.size() == 1 ? media_parts[0] : cat(media_parts, 0);
   if (b.logit_rows.empty()) b.logit_rows.push_back(row0 - 1);  // nothing to sample: keep the forward cheap
 
   Tensor logits;
@@ -884,13 +872,11 @@ std::vector<float> score(const phi4mm::Phi4MMForCausalLM& model, const std::vect
   ids.insert(ids.end(), completion.begin(), completion.end());
   phi4mm::PackedBatch b = phi4mm::PackedBatch::single(ids, adapter);
   int64_t n_media = 0;
-  std::vector<int64_t> mask(ids.size(), 0);
-  for (size_t i = 0; i < prompt.size(); ++i) n_media += mask[i] = is_media_token(prompt[i]);
+  for (int64_t id : prompt) n_media += phi4mm::is_media_token(id);
   if (n_media > 0) {
     if (!media_rows.defined() || media_rows.size(0) != n_media)
       throw std::invalid_argument(fmt::format("score: {} media placeholders need as many media rows", n_media));
     b.media_rows = media_rows;
-    b.media_mask = from_vector(mask, {int64_t(mask.size())}).to(DType::boolean);
   }
   std::vector<int64_t> targets(ids.size(), -1);
   for (size_t t = prompt.size() - 1; t + 1 < ids.size(); ++t) targets[t] = ids[t + 1];

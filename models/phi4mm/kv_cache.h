@@ -1,6 +1,7 @@
 #pragma once
-// Paged KV cache and forward entry point (b): the incremental forward for
-// chunked prefill and decode (spec text.md sections 2.3-2.5 and 8).
+// Paged KV cache: block bookkeeping and storage for the chunked prefill and
+// decode steps of the one forward (forward_incremental in text.h; spec text.md
+// sections 2.3-2.5 and 8).
 //
 // Storage: per layer one K and one V tensor [NB, BS, NKV, D] (NB blocks of BS
 // token slots) in the model's dtype on the model's device. A sequence owns a
@@ -115,39 +116,5 @@ class PagedKvCache {
   BlockManager manager_;
   std::vector<Tensor> k_, v_;
 };
-
-// A step of the incremental forward: for each sequence, a chunk of new tokens
-// (chunked prefill: any length; decode: 1) appended after its cached tokens.
-struct IncrementalBatch {
-  std::vector<int64_t> token_ids;      // [T] the chunks back to back
-  std::vector<int64_t> cu_seqlens{0};  // [S + 1] chunk offsets in token_ids
-  std::vector<KvSequence*> seqs;       // [S] distinct; chunk s starts at position seqs[s]->length
-  std::vector<Adapter> adapters;       // [S]
-  // [S] the table each sequence asks for: short/long must match what the cache
-  // holds (when it holds anything); automatic takes the cached table, or for an
-  // empty cache the HF rule on the chunk's last position. A chunk that would
-  // need the long table over short cached keys is an error (needs_reprefill).
-  std::vector<RopeTable> rope;
-  // Media rows of this step (spec 5.4), as in PackedBatch: rows of token_ids
-  // where media_mask is true take consecutive rows of media_rows. The caller
-  // slices each request's media rows to the placeholders inside its chunk.
-  Tensor media_rows;  // [M, H] or undefined
-  Tensor media_mask;  // [T] bool or undefined
-  // Rows of token_ids whose logits are returned, in this order; empty = the last
-  // row of every chunk.
-  std::vector<int64_t> logit_rows;
-
-  // Appends one sequence's chunk (token_ids, cu_seqlens, seqs, adapters, rope).
-  void add(KvSequence& s, const std::vector<int64_t>& ids, Adapter a = Adapter::none,
-           RopeTable r = RopeTable::automatic);
-  size_t num_seqs() const { return seqs.size(); }
-};
-
-// Forward entry point (b). Runs the decoder on the new tokens only: writes
-// their post-rotary K and V into the cache, attends over each sequence's cached
-// history plus its chunk (causal within the chunk), advances each sequence's
-// length, and returns the logits of the requested rows [N, V] (model dtype).
-// Inference only: runs without recording autograd history.
-Tensor forward_incremental(const Phi4MMForCausalLM& m, PagedKvCache& cache, IncrementalBatch& b);
 
 }  // namespace areno::phi4mm

@@ -1,11 +1,14 @@
 #include "models/phi4mm/text.h"
 
+#include <algorithm>
 #include <cmath>
+#include <set>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
 #include "autograd/autograd.h"
+#include "models/phi4mm/kv_cache.h"
 
 namespace areno::phi4mm {
 
@@ -106,31 +109,31 @@ Attention::Attention(const Config& c, TensorOptions opts) : Module("Attention"),
                                                                    c.vision_lora, c.speech_lora, opts));
 }
 
-Attention::Qkv Attention::rotary_qkv(const Tensor& x, const Tensor& cos, const Tensor& sin,
-                                     const AdapterRows& rows) const {
+Tensor Attention::forward(const Tensor& x, const Tensor& cos, const Tensor& sin,
+                          const std::vector<int64_t>& cu_seqlens, const AdapterRows& rows, const KvStep* kv,
+                          int64_t layer) const {
   const int64_t T = x.size(0), hd = cfg_.head_dim();
   const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads;
   Tensor qkv = qkv_proj->forward(x, rows);  // [T, q + 2 kv]: Q rows, then K, then V
-  Tensor q = qkv.narrow(1, 0, nq * hd).reshape({T, nq, hd});
-  Tensor k = qkv.narrow(1, nq * hd, nkv * hd).reshape({T, nkv, hd});
+  Tensor q = apply_rotary(qkv.narrow(1, 0, nq * hd).reshape({T, nq, hd}), cos, sin);
+  Tensor k = apply_rotary(qkv.narrow(1, nq * hd, nkv * hd).reshape({T, nkv, hd}), cos, sin);
   Tensor v = qkv.narrow(1, (nq + nkv) * hd, nkv * hd).reshape({T, nkv, hd});
-  return {apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v};
-}
-
-Tensor Attention::forward(const Tensor& x, const Tensor& cos, const Tensor& sin,
-                          const std::vector<int64_t>& cu_seqlens, const AdapterRows& rows) const {
-  auto [q, k, v] = rotary_qkv(x, cos, sin, rows);
   // One causal attention per sequence: rows of different sequences never see
-  // each other. The incremental path (KV cache) will call causal_attention
-  // with the cached keys/values prepended to k and v.
+  // each other. With a KV step, a sequence's keys are its cached history
+  // followed by its chunk, read back from the cache after the chunk is written.
   std::vector<Tensor> outs;
   const size_t S = cu_seqlens.size() - 1;
   for (size_t s = 0; s < S; ++s) {
     const int64_t b = cu_seqlens[s], len = cu_seqlens[s + 1] - b;
-    if (S == 1)
+    if (kv) {
+      kv->cache->write(layer, *kv->blocks[s], kv->start[s], k.narrow(0, b, len), v.narrow(0, b, len));
+      auto [kc, vc] = kv->cache->gather(layer, kv->history[s]);  // [start + len, NKV, D]
+      outs.push_back(causal_attention(q.narrow(0, b, len), kc, vc));
+    } else if (S == 1) {
       outs.push_back(causal_attention(q, k, v));
-    else
+    } else {
       outs.push_back(causal_attention(q.narrow(0, b, len), k.narrow(0, b, len), v.narrow(0, b, len)));
+    }
   }
   Tensor o = outs.size() == 1 ? outs[0] : cat(outs, 0);
   return o_proj->forward(o, rows);
@@ -155,8 +158,8 @@ Tensor Mlp::forward(const Tensor& x, const AdapterRows& rows) const {
 
 // ---- DecoderLayer ----
 
-DecoderLayer::DecoderLayer(const Config& c, TensorOptions opts)
-    : Module("DecoderLayer"), eps_(c.text.rms_norm_eps) {
+DecoderLayer::DecoderLayer(const Config& c, int64_t index, TensorOptions opts)
+    : Module("DecoderLayer"), eps_(c.text.rms_norm_eps), index_(index) {
   const int64_t H = c.text.hidden_size;
   self_attn = register_module("self_attn", std::make_shared<Attention>(c, opts));
   mlp = register_module("mlp", std::make_shared<Mlp>(c, opts));
@@ -166,8 +169,9 @@ DecoderLayer::DecoderLayer(const Config& c, TensorOptions opts)
 }
 
 Tensor DecoderLayer::forward(const Tensor& h, const Tensor& cos, const Tensor& sin,
-                             const std::vector<int64_t>& cu_seqlens, const AdapterRows& rows) const {
-  Tensor x = add(h, self_attn->forward(rms_norm(h, input_layernorm->weight, eps_), cos, sin, cu_seqlens, rows));
+                             const std::vector<int64_t>& cu_seqlens, const AdapterRows& rows, const KvStep* kv) const {
+  Tensor x = add(h, self_attn->forward(rms_norm(h, input_layernorm->weight, eps_), cos, sin, cu_seqlens, rows, kv,
+                                       index_));
   return add(x, mlp->forward(rms_norm(x, post_attention_layernorm->weight, eps_), rows));
 }
 
@@ -178,7 +182,7 @@ TextModel::TextModel(const Config& c, TensorOptions opts) : Module("Phi4MMModel"
   embed_tokens = register_module("embed_tokens",
                                  std::make_shared<Weight>("Embedding", Shape{t.vocab_size, t.hidden_size}, opts));
   layers = register_module("layers", std::make_shared<ModuleList>());
-  for (int64_t i = 0; i < t.num_hidden_layers; ++i) layers->push_back(std::make_shared<DecoderLayer>(c, opts));
+  for (int64_t i = 0; i < t.num_hidden_layers; ++i) layers->push_back(std::make_shared<DecoderLayer>(c, i, opts));
   norm = register_module("norm", std::make_shared<Weight>("RMSNorm", Shape{t.hidden_size}, opts));
 }
 
@@ -226,6 +230,20 @@ bool Phi4MMForCausalLM::has_adapter(Adapter a) const {
   return a == Adapter::vision ? cfg_.vision_lora.has_value() : cfg_.speech_lora.has_value();
 }
 
+namespace {
+
+// [T] position of every row: b.positions, or 0..len-1 in each sequence.
+std::vector<int64_t> batch_positions(const PackedBatch& b) {
+  const int64_t T = b.token_ids.size(0);
+  if (b.positions.defined()) return b.positions.to(Device::cpu(), DType::i64).to_vector<int64_t>();
+  std::vector<int64_t> pos(static_cast<size_t>(T));
+  for (size_t s = 0; s + 1 < b.cu_seqlens.size(); ++s)
+    for (int64_t i = b.cu_seqlens[s]; i < b.cu_seqlens[s + 1]; ++i) pos[size_t(i)] = i - b.cu_seqlens[s];
+  return pos;
+}
+
+}  // namespace
+
 void Phi4MMForCausalLM::check_batch(const PackedBatch& b) const {
   if (!b.token_ids.defined() || b.token_ids.dim() != 1 || !is_integral(b.token_ids.dtype()))
     throw std::invalid_argument("PackedBatch: token_ids must be a 1-D integer tensor");
@@ -248,13 +266,31 @@ void Phi4MMForCausalLM::check_batch(const PackedBatch& b) const {
           fmt::format("PackedBatch: the model was loaded without the {} adapter", adapter_name(a)));
   if (b.positions.defined() && (b.positions.dim() != 1 || b.positions.size(0) != T))
     throw std::invalid_argument("PackedBatch: positions must be [T]");
-  if (b.media_mask.defined() != b.media_rows.defined())
-    throw std::invalid_argument("PackedBatch: media_rows and media_mask go together");
-  if (b.media_rows.defined() &&
-      (b.media_rows.dim() != 2 || b.media_rows.size(1) != cfg_.text.hidden_size ||
-       b.media_mask.dim() != 1 || b.media_mask.size(0) != T))
-    throw std::invalid_argument(fmt::format("PackedBatch: media_rows must be [M, {}] and media_mask [{}]",
-                                            cfg_.text.hidden_size, T));
+  const std::vector<int64_t> pos = batch_positions(b);
+  for (size_t s = 0; s < S; ++s) {
+    int64_t last = 0;
+    for (int64_t i = cu[s]; i < cu[s + 1]; ++i) last = std::max(last, pos[size_t(i)]);
+    if (last >= cfg_.text.max_position_embeddings)
+      throw std::invalid_argument(fmt::format("sequence {} reaches position {} but max_position_embeddings is {}",
+                                              s, last, cfg_.text.max_position_embeddings));
+  }
+  if (b.media_rows.defined()) {
+    if (b.media_rows.dim() != 2 || b.media_rows.size(1) != cfg_.text.hidden_size)
+      throw std::invalid_argument(
+          fmt::format("PackedBatch: media_rows must be [M, {}]", cfg_.text.hidden_size));
+    int64_t marked = 0;
+    for (int64_t id : b.token_ids.to(Device::cpu(), DType::i64).to_vector<int64_t>()) marked += is_media_token(id);
+    if (marked != b.media_rows.size(0))
+      throw std::invalid_argument(fmt::format(
+          "PackedBatch: the tokens hold {} media placeholders but media_rows has {} rows; with a KV cache, slice "
+          "each request's media rows to the placeholders inside this step's chunks",
+          marked, b.media_rows.size(0)));
+  }
+  if (b.kv) {
+    const KvStep& kv = *b.kv;
+    if (!kv.cache || kv.blocks.size() != S || kv.start.size() != S || kv.history.size() != S)
+      throw std::invalid_argument(fmt::format("PackedBatch: the KV step must describe all {} sequences", S));
+  }
 }
 
 bool Phi4MMForCausalLM::uses_long_table(int64_t last_position, RopeTable r) const {
@@ -266,13 +302,7 @@ bool Phi4MMForCausalLM::uses_long_table(int64_t last_position, RopeTable r) cons
 std::pair<Tensor, Tensor> Phi4MMForCausalLM::rope_tables(const PackedBatch& b) const {
   const TextConfig& t = cfg_.text;
   const int64_t T = b.token_ids.size(0), R = t.rotary_dim(), F = R / 2;
-  std::vector<int64_t> pos(static_cast<size_t>(T));
-  if (b.positions.defined()) {
-    pos = b.positions.to(DType::i64).to_vector<int64_t>();
-  } else {
-    for (size_t s = 0; s + 1 < b.cu_seqlens.size(); ++s)
-      for (int64_t i = b.cu_seqlens[s]; i < b.cu_seqlens[s + 1]; ++i) pos[size_t(i)] = i - b.cu_seqlens[s];
-  }
+  const std::vector<int64_t> pos = batch_positions(b);
   // inv_freq in float32 exactly as the reference: 1 / (factor * theta^(2j/R)).
   auto inv_freq = [&](const std::vector<double>& factor) {
     std::vector<float> f(static_cast<size_t>(F));
@@ -290,10 +320,7 @@ std::pair<Tensor, Tensor> Phi4MMForCausalLM::rope_tables(const PackedBatch& b) c
     int64_t last = 0;
     for (int64_t i = b0; i < b1; ++i) last = std::max(last, pos[size_t(i)]);
     const RopeTable r = b.rope.empty() ? RopeTable::automatic : b.rope[q];
-    const std::vector<float>& f = uses_long_table(last, r) ? long_f : short_f;
-    if (last >= t.max_position_embeddings)
-      throw std::invalid_argument(fmt::format("sequence {} reaches position {} but max_position_embeddings is {}",
-                                              q, last, t.max_position_embeddings));
+    const std::vector<float>& f = uses_long_table(last, r) ? long_f : short_f;  // check_batch bounds `last`
     for (int64_t i = b0; i < b1; ++i) {
       const float p = float(pos[size_t(i)]);
       for (int64_t j = 0; j < F; ++j) {
@@ -325,18 +352,32 @@ AdapterRows Phi4MMForCausalLM::adapter_rows(const PackedBatch& b) const {
   return ar;
 }
 
-Tensor Phi4MMForCausalLM::hidden_states(const PackedBatch& b) const {
+Tensor Phi4MMForCausalLM::decoder(const PackedBatch& b) const {
   check_batch(b);
   auto [cos, sin] = rope_tables(b);
   AdapterRows rows = adapter_rows(b);
-  Tensor h = embedding(model->embed_tokens->weight, b.token_ids.to(device()));  // [T, H]
+  Tensor h;
   if (b.media_rows.defined()) {
-    Tensor mask = b.media_mask.to(device()).unsqueeze(1).expand({-1, h.size(1)});
-    h = masked_scatter(h, mask.contiguous(), b.media_rows.to(device(), dtype()));
+    // Placeholder rows look up id 0 (the vocabulary may be smaller than the
+    // placeholder ids) and are then replaced by the media rows, in order.
+    std::vector<int64_t> ids = b.token_ids.to(Device::cpu(), DType::i64).to_vector<int64_t>();
+    std::vector<int64_t> mask(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i)
+      if ((mask[i] = is_media_token(ids[i]))) ids[i] = 0;
+    const int64_t T = int64_t(ids.size());
+    h = embedding(model->embed_tokens->weight, from_vector(ids, {T}, TensorOptions(DType::i64, device())));
+    Tensor m = from_vector(mask, {T}).to(device(), DType::boolean).unsqueeze(1).expand({-1, h.size(1)});
+    h = masked_scatter(h, m.contiguous(), b.media_rows.to(device(), dtype()));
+  } else {
+    h = embedding(model->embed_tokens->weight, b.token_ids.to(device()));  // [T, H]
   }
   for (size_t i = 0; i < model->layers->size(); ++i)
-    h = model->layers->at<DecoderLayer>(i)->forward(h, cos, sin, b.cu_seqlens, rows);
-  return rms_norm(h, model->norm->weight, cfg_.text.rms_norm_eps);
+    h = model->layers->at<DecoderLayer>(i)->forward(h, cos, sin, b.cu_seqlens, rows, b.kv);
+  return h;
+}
+
+Tensor Phi4MMForCausalLM::hidden_states(const PackedBatch& b) const {
+  return rms_norm(decoder(b), model->norm->weight, cfg_.text.rms_norm_eps);
 }
 
 Tensor Phi4MMForCausalLM::logits(const PackedBatch& b) const {
@@ -344,9 +385,10 @@ Tensor Phi4MMForCausalLM::logits(const PackedBatch& b) const {
 }
 
 Tensor Phi4MMForCausalLM::logits_at(const PackedBatch& b, const std::vector<int64_t>& rows) const {
-  Tensor h = hidden_states(b);
+  // The final norm and the head only for the rows asked for (the vocabulary is 200k wide).
   Tensor idx = from_vector(rows, {int64_t(rows.size())}, TensorOptions(DType::i64, device()));
-  return linear(index_select(h, 0, idx), model->embed_tokens->weight);
+  Tensor h = index_select(decoder(b), 0, idx);
+  return linear(rms_norm(h, model->norm->weight, cfg_.text.rms_norm_eps), model->embed_tokens->weight);
 }
 
 Tensor Phi4MMForCausalLM::token_logprobs(const PackedBatch& b, const Tensor& targets) const {
@@ -358,6 +400,131 @@ Tensor Phi4MMForCausalLM::token_logprobs(const PackedBatch& b, const Tensor& tar
   Tensor invalid = lt(tg, scalar_tensor(0, TensorOptions(DType::i64, device())));
   Tensor picked = gather(lp, 1, masked_fill(tg, invalid, 0.0).unsqueeze(1)).squeeze(1);
   return masked_fill(picked, invalid, 0.0);
+}
+
+// ---- the forward with a KV cache ----
+
+void IncrementalBatch::add(KvSequence& s, const std::vector<int64_t>& ids, Adapter a, RopeTable r) {
+  token_ids.insert(token_ids.end(), ids.begin(), ids.end());
+  cu_seqlens.push_back(int64_t(token_ids.size()));
+  seqs.push_back(&s);
+  adapters.push_back(a);
+  rope.push_back(r);
+}
+
+namespace {
+
+const char* table_name(RopeTable r) {
+  switch (r) {
+    case RopeTable::automatic: return "automatic";
+    case RopeTable::short_table: return "short";
+    case RopeTable::long_table: return "long";
+  }
+  return "?";
+}
+
+// What the packed batch cannot check: the sequences, the cache and the rows asked for.
+void check_incremental(const Phi4MMForCausalLM& m, const PagedKvCache& cache, const IncrementalBatch& b) {
+  const size_t S = b.seqs.size();
+  if (S == 0) throw std::invalid_argument("IncrementalBatch: no sequence");
+  if (b.cu_seqlens.size() != S + 1)
+    throw std::invalid_argument(fmt::format("IncrementalBatch: cu_seqlens must have {} entries", S + 1));
+  std::set<const KvSequence*> distinct;
+  for (const KvSequence* s : b.seqs) {
+    if (!s) throw std::invalid_argument("IncrementalBatch: null sequence");
+    if (!distinct.insert(s).second)
+      throw std::invalid_argument("IncrementalBatch: a sequence appears twice in one step");
+    if (s->length < 0 || cache.blocks_for(s->length) > int64_t(s->blocks.size()))
+      throw std::invalid_argument(fmt::format("IncrementalBatch: a sequence of length {} has only {} blocks",
+                                              s->length, s->blocks.size()));
+  }
+  const int64_t T = int64_t(b.token_ids.size());
+  for (int64_t r : b.logit_rows)
+    if (r < 0 || r >= T)
+      throw std::invalid_argument(fmt::format("IncrementalBatch: logit row {} outside the {} new tokens", r, T));
+  const TextConfig& t = m.config().text;
+  if (cache.num_layers() != t.num_hidden_layers || cache.keys(0).dtype() != m.dtype() ||
+      cache.keys(0).device() != m.device() || cache.keys(0).size(2) != t.num_key_value_heads ||
+      cache.keys(0).size(3) != t.head_dim())
+    throw std::invalid_argument("forward_incremental: the KV cache was built for another model, dtype or device");
+}
+
+// The table each sequence's new keys are rotated with (see IncrementalBatch::rope).
+RopeTable resolve_table(const Phi4MMForCausalLM& m, const KvSequence& s, RopeTable want, int64_t last, size_t i) {
+  if (s.length == 0) return want == RopeTable::automatic ? rope_table_for_length(m, last + 1) : want;
+  const RopeTable cached = s.rope;
+  if (cached == RopeTable::automatic)
+    throw std::invalid_argument(fmt::format("IncrementalBatch: sequence {} holds {} cached tokens but no table; "
+                                            "was it filled outside forward_incremental?", i, s.length));
+  if (want != RopeTable::automatic && want != cached)
+    throw std::invalid_argument(fmt::format(
+        "IncrementalBatch: sequence {} asks for the {} LongRoPE table but its cached keys use the {} table; "
+        "release it and re-prefill", i, table_name(want), table_name(cached)));
+  if (want == RopeTable::automatic && needs_reprefill(m, s, last + 1))
+    throw std::invalid_argument(fmt::format(
+        "IncrementalBatch: sequence {} grows to {} tokens, past original_max_position_embeddings = {}, but its "
+        "cached keys use the short LongRoPE table; release it and re-prefill all its tokens with the long table",
+        i, last + 1, m.config().text.original_max_position_embeddings));
+  return cached;
+}
+
+}  // namespace
+
+Tensor forward_incremental(const Phi4MMForCausalLM& m, PagedKvCache& cache, IncrementalBatch& b) {
+  check_incremental(m, cache, b);
+  NoGradGuard ng;
+  const auto& cu = b.cu_seqlens;
+  const size_t S = b.seqs.size();
+  const int64_t T = int64_t(b.token_ids.size());
+
+  // The packed batch of the chunks: positions continue each sequence's cache.
+  PackedBatch pb;
+  pb.token_ids = from_vector(b.token_ids, {T});
+  pb.cu_seqlens = cu;
+  pb.adapters = b.adapters;
+  pb.media_rows = b.media_rows;
+  KvStep kv;
+  kv.cache = &cache;
+  std::vector<int64_t> positions(static_cast<size_t>(std::max<int64_t>(T, 0)));
+  for (size_t s = 0; s < S; ++s) {
+    const int64_t start = b.seqs[s]->length, len = cu[s + 1] - cu[s];
+    for (int64_t i = 0; i < len; ++i) positions[size_t(cu[s] + i)] = start + i;
+    kv.start.push_back(start);
+    kv.blocks.push_back(&b.seqs[s]->blocks);
+  }
+  pb.positions = from_vector(positions, {T});
+  m.check_batch(pb);  // everything is checked before a block is taken
+  for (size_t s = 0; s < S; ++s) {
+    const RopeTable want = b.rope.empty() ? RopeTable::automatic : b.rope[s];
+    pb.rope.push_back(resolve_table(m, *b.seqs[s], want, kv.start[s] + cu[s + 1] - cu[s] - 1, s));
+  }
+
+  // Blocks for the new tokens, all or nothing across the step.
+  int64_t needed = 0;
+  for (size_t s = 0; s < S; ++s)
+    needed += std::max<int64_t>(0, cache.blocks_for(kv.start[s] + cu[s + 1] - cu[s]) -
+                                       int64_t(b.seqs[s]->blocks.size()));
+  if (!cache.manager().can_allocate(needed))
+    throw std::runtime_error(fmt::format("KV cache out of blocks: this step needs {} more, {} free of {}", needed,
+                                         cache.manager().num_free(), cache.num_blocks()));
+  // Slots of each sequence's whole history + chunk, shared by all layers.
+  for (size_t s = 0; s < S; ++s) {
+    const int64_t total = kv.start[s] + cu[s + 1] - cu[s];
+    cache.reserve(*b.seqs[s], total);
+    kv.history.push_back(from_vector(cache.slots(b.seqs[s]->blocks, 0, total), {total},
+                                     TensorOptions(DType::i64, m.device())));
+  }
+  pb.kv = &kv;
+
+  std::vector<int64_t> want = b.logit_rows;
+  if (want.empty())
+    for (size_t s = 0; s < S; ++s) want.push_back(cu[s + 1] - 1);
+  Tensor logits = m.logits_at(pb, want);
+  for (size_t s = 0; s < S; ++s) {
+    b.seqs[s]->length = kv.start[s] + cu[s + 1] - cu[s];
+    b.seqs[s]->rope = pb.rope[s];
+  }
+  return logits;
 }
 
 int64_t text_parameter_count(const TextConfig& t) {

@@ -12,11 +12,15 @@
 //   model.norm.weight
 // lm_head is tied to model.embed_tokens.weight and has no tensor of its own.
 //
-// Forward entry point (a): packed variable-length sequences. Tokens of several
-// sequences are concatenated into one [T] row dimension; cu_seqlens gives the
-// sequence offsets. Each sequence picks its modality adapter and its LongRoPE
-// table, so one forward mixes text-only, vision and speech sequences.
-// Attention never crosses a sequence boundary.
+// One forward: packed variable-length sequences. Tokens of several sequences
+// are concatenated into one [T] row dimension; cu_seqlens gives the sequence
+// offsets. Each sequence picks its modality adapter and its LongRoPE table, so
+// one forward mixes text-only, image, audio and image+audio sequences.
+// Attention never crosses a sequence boundary. The same layer loop serves
+// training and scoring (whole sequences, PackedBatch alone) and the engine's
+// chunked prefill and decode (PackedBatch plus a KvStep: each chunk appends to
+// its sequence's cached keys and values and attends to all of them; see
+// forward_incremental and kv_cache.h for the block bookkeeping).
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -29,6 +33,15 @@
 #include "tensor/ops.h"
 
 namespace areno::phi4mm {
+
+class PagedKvCache;
+struct KvSequence;
+
+// Media placeholder ids (spec tokens-api.md): the k-th image (audio) token of a
+// prompt takes the k-th row of that prompt's image (audio) rows.
+inline constexpr int64_t kImageTokenId = 200010;  // <|endoftext10|>
+inline constexpr int64_t kAudioTokenId = 200011;  // <|endoftext11|>
+inline bool is_media_token(int64_t id) { return id == kImageTokenId || id == kAudioTokenId; }
 
 // Which LoRA a row uses (spec 3.3: mode 0 none, 1 vision, 2 speech, 3 vision).
 enum class Adapter : uint8_t { none = 0, vision = 1, speech = 2 };
@@ -82,18 +95,24 @@ class LoraLinear : public Module {
   double scaling_[3] = {0, 0, 0};
 };
 
+// The KV-cache side of a forward step. Sequence s's chunk (rows cu[s]..cu[s+1]
+// of the batch) is written to the cache after its start[s] cached tokens, and
+// its queries attend to all start[s] + len cached keys. Built by
+// forward_incremental after the blocks are reserved.
+struct KvStep {
+  PagedKvCache* cache = nullptr;
+  std::vector<const std::vector<int64_t>*> blocks;  // [S] block tables
+  std::vector<int64_t> start;                        // [S] cached tokens before the chunk
+  std::vector<Tensor> history;                       // [S] slot ids of positions [0, start + len), i64
+};
+
 class Attention : public Module {
  public:
   Attention(const Config& c, TensorOptions opts);
-  // x: [T, H]; cos/sin: [T, 1, R] in x's dtype -> [T, H]
-  Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin,
-                 const std::vector<int64_t>& cu_seqlens, const AdapterRows& rows) const;
-  // The packed qkv projection split into heads, rotary applied to q and k:
-  // q [T, NQ, D], k and v [T, NKV, D]. Shared by forward() and the KV-cache path.
-  struct Qkv {
-    Tensor q, k, v;
-  };
-  Qkv rotary_qkv(const Tensor& x, const Tensor& cos, const Tensor& sin, const AdapterRows& rows) const;
+  // x: [T, H]; cos/sin: [T, 1, R] in x's dtype -> [T, H]. With `kv`, the keys
+  // and values go through the cache's layer `layer` (see KvStep).
+  Tensor forward(const Tensor& x, const Tensor& cos, const Tensor& sin, const std::vector<int64_t>& cu_seqlens,
+                 const AdapterRows& rows, const KvStep* kv, int64_t layer) const;
 
   std::shared_ptr<LoraLinear> qkv_proj, o_proj;
 
@@ -115,9 +134,10 @@ class Mlp : public Module {
 
 class DecoderLayer : public Module {
  public:
-  DecoderLayer(const Config& c, TensorOptions opts);
-  Tensor forward(const Tensor& h, const Tensor& cos, const Tensor& sin,
-                 const std::vector<int64_t>& cu_seqlens, const AdapterRows& rows) const;
+  // `index`: the layer's place in model.layers (its KV-cache layer).
+  DecoderLayer(const Config& c, int64_t index, TensorOptions opts);
+  Tensor forward(const Tensor& h, const Tensor& cos, const Tensor& sin, const std::vector<int64_t>& cu_seqlens,
+                 const AdapterRows& rows, const KvStep* kv) const;
 
   std::shared_ptr<Weight> input_layernorm, post_attention_layernorm;
   std::shared_ptr<Attention> self_attn;
@@ -125,6 +145,7 @@ class DecoderLayer : public Module {
 
  private:
   double eps_;
+  int64_t index_;
 };
 
 // The inner "model" (embedding, layers, final norm).
@@ -145,10 +166,13 @@ struct PackedBatch {
   Tensor positions;
   std::vector<Adapter> adapters;     // [S]; empty = none for every sequence
   std::vector<RopeTable> rope;       // [S]; empty = automatic for every sequence
-  // Media rows (spec 5.4): rows where media_mask is true take consecutive
-  // rows of media_rows instead of the token embedding.
+  // Media rows (spec 5.4): when defined, the rows whose token is a media
+  // placeholder (is_media_token) take consecutive rows of media_rows instead of
+  // the token embedding; there must be exactly M placeholders. Undefined: every
+  // row is a token embedding.
   Tensor media_rows;                 // [M, H] or undefined
-  Tensor media_mask;                 // [T] bool with M true entries, or undefined
+  // The KV-cache step (set by forward_incremental), or null for whole sequences.
+  const KvStep* kv = nullptr;
 
   // One sequence, all tokens.
   static PackedBatch single(const std::vector<int64_t>& ids, Adapter a = Adapter::none,
@@ -171,6 +195,11 @@ class Phi4MMForCausalLM : public Module {
   Device device() const;
   bool has_adapter(Adapter a) const;
 
+  // Throws std::invalid_argument naming the first inconsistency of `b`
+  // (offsets, adapters, positions past max_position_embeddings, media rows
+  // that do not match the placeholders). Every forward calls it first.
+  void check_batch(const PackedBatch& b) const;
+
   // Final-norm hidden states: [T, H].
   Tensor hidden_states(const PackedBatch& b) const;
   // Logits of every row: [T, V] in the model dtype.
@@ -189,11 +218,46 @@ class Phi4MMForCausalLM : public Module {
   std::shared_ptr<TextModel> model;
 
  private:
-  void check_batch(const PackedBatch& b) const;
   AdapterRows adapter_rows(const PackedBatch& b) const;
+  // Embedding (with media rows) and every decoder layer: [T, H] before the final norm.
+  Tensor decoder(const PackedBatch& b) const;
 
   Config cfg_;
 };
+
+// A step of the incremental forward: for each sequence, a chunk of new tokens
+// (chunked prefill: any length; decode: 1) appended after its cached tokens.
+struct IncrementalBatch {
+  std::vector<int64_t> token_ids;      // [T] the chunks back to back
+  std::vector<int64_t> cu_seqlens{0};  // [S + 1] chunk offsets in token_ids
+  std::vector<KvSequence*> seqs;       // [S] distinct; chunk s starts at position seqs[s]->length
+  std::vector<Adapter> adapters;       // [S]
+  // [S] the table each sequence asks for: short/long must match what the cache
+  // holds (when it holds anything); automatic takes the cached table, or for an
+  // empty cache the HF rule on the chunk's last position. A chunk that would
+  // need the long table over short cached keys is an error (needs_reprefill).
+  std::vector<RopeTable> rope;
+  // Media rows of this step (spec 5.4), as in PackedBatch: the placeholder
+  // rows of token_ids take consecutive rows of media_rows. The caller slices
+  // each request's media rows to the placeholders inside its chunk.
+  Tensor media_rows;  // [M, H] or undefined
+  // Rows of token_ids whose logits are returned, in this order; empty = the last
+  // row of every chunk.
+  std::vector<int64_t> logit_rows;
+
+  // Appends one sequence's chunk (token_ids, cu_seqlens, seqs, adapters, rope).
+  void add(KvSequence& s, const std::vector<int64_t>& ids, Adapter a = Adapter::none,
+           RopeTable r = RopeTable::automatic);
+  size_t num_seqs() const { return seqs.size(); }
+};
+
+// The forward with a KV cache (chunked prefill and decode): the packed forward
+// of the chunks with a KvStep. Runs the decoder on the new tokens only: writes
+// their post-rotary K and V into the cache, attends over each sequence's cached
+// history plus its chunk (causal within the chunk), advances each sequence's
+// length, and returns the logits of the requested rows [N, V] (model dtype).
+// Inference only: runs without recording autograd history.
+Tensor forward_incremental(const Phi4MMForCausalLM& m, PagedKvCache& cache, IncrementalBatch& b);
 
 // Parameter counts of the text part (spec 4.3), for tests and reports.
 int64_t text_parameter_count(const TextConfig& t);

@@ -110,13 +110,7 @@ std::vector<int64_t> reference_greedy(const Case& c, int64_t steps) {
   std::vector<int64_t> out;
   for (int64_t k = 0; k < steps; ++k) {
     phi4mm::PackedBatch b = phi4mm::PackedBatch::single(ids, c.adapter);
-    if (media.defined()) {
-      std::vector<int64_t> mask(ids.size(), 0);
-      for (size_t i = 0; i < c.prompt.size(); ++i)
-        mask[i] = c.prompt[i] == phi4mm::kImageToken || c.prompt[i] == phi4mm::kAudioToken;
-      b.media_rows = media;
-      b.media_mask = from_vector(mask, {int64_t(mask.size())}).to(DType::boolean);
-    }
+    b.media_rows = media;
     std::vector<float> row = m.logits_at(b, {int64_t(ids.size()) - 1}).to(DType::f32).to_vector<float>();
     int64_t best = -1;
     for (int64_t id = 0; id < int64_t(row.size()); ++id)
@@ -220,12 +214,7 @@ TEST_CASE("engine: prompt logprobs (echo) and the scoring API equal the packed t
     NoGradGuard ng;
     phi4mm::PackedBatch b = phi4mm::PackedBatch::single(c.prompt, c.adapter);
     Tensor media = c.n_media() ? media_rows_for(c.n_media(), c.media_seed) : Tensor();
-    if (media.defined()) {
-      std::vector<int64_t> mask;
-      for (int64_t id : c.prompt) mask.push_back(id == phi4mm::kImageToken || id == phi4mm::kAudioToken);
-      b.media_rows = media;
-      b.media_mask = from_vector(mask, {int64_t(mask.size())}).to(DType::boolean);
-    }
+    b.media_rows = media;
     std::vector<int64_t> targets(c.prompt.begin() + 1, c.prompt.end());
     targets.push_back(-1);
     auto ref = m.token_logprobs(b, from_vector(targets, {int64_t(targets.size())})).to_vector<float>();
@@ -521,13 +510,7 @@ TEST_CASE("engine: text, image, audio and image+audio requests through the tower
     std::vector<int64_t> ids = c.prompt, out;
     for (int64_t k = 0; k < steps; ++k) {
       phi4mm::PackedBatch b = phi4mm::PackedBatch::single(ids, c.adapter);
-      if (rows.defined()) {
-        std::vector<int64_t> mask(ids.size(), 0);
-        for (size_t i = 0; i < c.prompt.size(); ++i)
-          mask[i] = c.prompt[i] == phi4mm::kImageToken || c.prompt[i] == phi4mm::kAudioToken;
-        b.media_rows = rows;
-        b.media_mask = from_vector(mask, {int64_t(mask.size())}).to(DType::boolean);
-      }
+      b.media_rows = rows;
       auto row = lm->logits_at(b, {int64_t(ids.size()) - 1}).to_vector<float>();
       int64_t best = -1;
       for (int64_t id = 0; id < int64_t(row.size()); ++id)

@@ -168,7 +168,6 @@ Outcome check_prompt(const std::string& key) {
   // Logits of the stored rows.
   PackedBatch b = PackedBatch::single(p.ids, p.adapter);
   b.media_rows = rows;
-  b.media_mask = from_vector(mask, {int64_t(mask.size())}).to(DType::boolean);
   Tensor logits = m.lm->logits_at(b, pos);  // [P, V]
   const Tensor gold_logits = eg(key + ".logits");
   o.logits = rel_err(logits.narrow(1, 0, gold_logits.size(1)).contiguous(), gold_logits);
@@ -216,11 +215,8 @@ TEST_CASE("e2e: speech-only logits match the reference (speech LoRA, speech proj
   const Phi4MM& m = tiny_model();
   NoGradGuard ng;
   Prompt p = prompt("b");
-  std::vector<int64_t> mask;
-  for (int64_t id : p.ids) mask.push_back(id == kAud);
   PackedBatch b = PackedBatch::single(p.ids, Adapter::vision);
   b.media_rows = media_rows(m, p.media);
-  b.media_mask = from_vector(mask, {int64_t(mask.size())}).to(DType::boolean);
   const std::vector<int64_t> pos = eg("b.positions").to_vector<int64_t>();
   const Tensor gold_logits = eg("b.logits");
   Tensor wrong = m.lm->logits_at(b, pos).narrow(1, 0, gold_logits.size(1)).contiguous();

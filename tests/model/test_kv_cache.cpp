@@ -247,17 +247,16 @@ DEVICE_TEST_CASE("phi4mm/incremental forward: sequences of different adapters an
 
 TEST_CASE("phi4mm/incremental forward: media rows sliced per chunk equal the packed forward with media") {
   const auto& m = tiny_cpu();
-  // Placeholders (id 5) at positions 3..9 take 7 media rows; chunks of 4 split them 1/4/2.
+  // Placeholders at positions 3..9 take 7 media rows; chunks of 4 split them 1/4/2.
   std::vector<int64_t> ids = make_ids(14, 9), mask(14, 0);
   for (size_t i = 3; i < 10; ++i) {
-    ids[i] = 5;
+    ids[i] = kImageTokenId;
     mask[i] = 1;
   }
   Generator gen(3);
   Tensor media = rand_normal({7, 32}, gen);
   PackedBatch pb = PackedBatch::single(ids, Adapter::vision);
   pb.media_rows = media;
-  pb.media_mask = from_vector(mask, {14}).to(DType::boolean);
   NoGradGuard ng;
   Tensor ref = m.logits(pb);
   // A text-only sequence shares each step, placed before the media sequence so
@@ -273,15 +272,10 @@ TEST_CASE("phi4mm/incremental forward: media rows sliced per chunk equal the pac
     if (c < 8) b.add(t, range(other, c, c + 4));
     const int64_t off = int64_t(b.token_ids.size());
     b.add(s, range(ids, c, e), Adapter::vision);
-    std::vector<int64_t> step_mask(b.token_ids.size(), 0);
     int64_t n = 0;
-    for (size_t i = c; i < e; ++i) {
-      step_mask[size_t(off) + i - c] = mask[i];
-      n += mask[i];
-    }
+    for (size_t i = c; i < e; ++i) n += mask[i];
     if (n > 0) {
       b.media_rows = media.narrow(0, used, n);
-      b.media_mask = from_vector(step_mask, {int64_t(step_mask.size())}).to(DType::boolean);
       used += n;
     }
     for (int64_t i = off; i < int64_t(b.token_ids.size()); ++i) b.logit_rows.push_back(i);
@@ -459,10 +453,9 @@ TEST_CASE("phi4mm/incremental forward errors are clear") {
   CHECK(s.blocks.empty());  // refused before any block was taken
   // Media rows that do not match the marked placeholders.
   IncrementalBatch g;
-  g.add(s, {5, 5, 7});
+  g.add(s, {kImageTokenId, kImageTokenId, 7});
   g.media_rows = zeros({1, 32});
-  g.media_mask = from_vector(std::vector<int64_t>{1, 1, 0}, {3}).to(DType::boolean);
-  CHECK_THROWS_WITH_AS(forward_incremental(m, cache, g), doctest::Contains("marks 2 rows but media_rows has 1"),
+  CHECK_THROWS_WITH_AS(forward_incremental(m, cache, g), doctest::Contains("2 media placeholders but media_rows has 1"),
                        std::invalid_argument);
   CHECK(s.blocks.empty());
 }
@@ -487,4 +480,100 @@ TEST_CASE("phi4mm/incremental forward in bf16 equals the bf16 packed forward wit
   // Same rounding points as the packed path (bf16 K/V, f32 accumulation): at
   // most a few bf16 ulps apart, far from the f32 model's logits.
   CHECK(worst < 1e-2);
+}
+
+TEST_CASE("phi4mm/one forward: a mixed batch packed equals the same batch as chunked prefill and decode steps") {
+  // Text, image, audio and image+audio sequences (placeholders with media rows,
+  // each with its adapter) in one packed forward, then the same tokens through
+  // the KV cache: prefill chunks that split the media spans, then one token a
+  // step. Every row's logits must agree (f32 reassociation only).
+  const auto& m = tiny_cpu();
+  struct Seq {
+    std::vector<int64_t> ids;
+    Adapter adapter;
+    Tensor media;  // rows for the placeholders, in order
+    KvSequence kv;
+    std::vector<Tensor> rows;  // incremental logits, in position order
+    int64_t media_used = 0;
+  };
+  Generator gen(11);
+  auto with_media = [&](std::vector<int64_t> ids, const std::vector<std::pair<size_t, int64_t>>& spans) {
+    int64_t n = 0;
+    for (auto [at, id] : spans) {
+      ids[at] = id;
+      ++n;
+    }
+    return std::make_pair(ids, n > 0 ? rand_normal({n, 32}, gen) : Tensor());
+  };
+  std::vector<Seq> seqs(4);
+  auto [t0, m0] = with_media(make_ids(11, 21), {});
+  auto [t1, m1] = with_media(make_ids(15, 22), {{2, kImageTokenId}, {3, kImageTokenId}, {4, kImageTokenId},
+                                                {5, kImageTokenId}, {6, kImageTokenId}});
+  auto [t2, m2] = with_media(make_ids(9, 23), {{1, kAudioTokenId}, {2, kAudioTokenId}, {3, kAudioTokenId}});
+  auto [t3, m3] = with_media(make_ids(18, 24), {{1, kImageTokenId}, {2, kImageTokenId}, {3, kImageTokenId},
+                                                {8, kAudioTokenId}, {9, kAudioTokenId}});
+  seqs[0] = {t0, Adapter::none, m0, {}, {}, 0};
+  seqs[1] = {t1, Adapter::vision, m1, {}, {}, 0};
+  seqs[2] = {t2, Adapter::speech, m2, {}, {}, 0};
+  seqs[3] = {t3, Adapter::vision, m3, {}, {}, 0};
+
+  NoGradGuard ng;
+  std::vector<std::vector<int64_t>> all_ids;
+  std::vector<Adapter> adapters;
+  std::vector<Tensor> media;
+  for (auto& q : seqs) {
+    all_ids.push_back(q.ids);
+    adapters.push_back(q.adapter);
+    if (q.media.defined()) media.push_back(q.media);
+  }
+  PackedBatch pb = PackedBatch::pack(all_ids, adapters);
+  pb.media_rows = cat(media, 0);
+  const Tensor packed_logits = m.logits(pb);  // [T, V]
+
+  // Chunk lengths per step and sequence; 0 sits the step out. The prompts end
+  // at different steps, after which the sequence decodes one token a step.
+  const std::vector<std::vector<size_t>> plan = {
+      {4, 3, 2, 2}, {3, 5, 0, 4}, {1, 4, 3, 5}, {1, 1, 1, 3}, {1, 1, 1, 1}, {1, 1, 1, 1}, {0, 0, 1, 1}, {0, 0, 1, 1}};
+  PagedKvCache cache(m, 32, 4);
+  for (const auto& step : plan) {
+    IncrementalBatch b;
+    std::vector<Tensor> step_media;
+    std::vector<size_t> in_step;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      Seq& q = seqs[i];
+      const size_t have = size_t(q.kv.length), n = std::min(step[i], q.ids.size() - have);
+      if (n == 0) continue;
+      const auto chunk = range(q.ids, have, have + n);
+      const int64_t off = int64_t(b.token_ids.size());
+      b.add(q.kv, chunk, q.adapter, rope_table_for_length(m, int64_t(q.ids.size())));
+      int64_t k = 0;
+      for (int64_t id : chunk) k += is_media_token(id);
+      if (k > 0) step_media.push_back(q.media.narrow(0, q.media_used, k));
+      q.media_used += k;
+      for (int64_t r = 0; r < int64_t(n); ++r) b.logit_rows.push_back(off + r);
+      in_step.push_back(i);
+    }
+    if (!step_media.empty()) b.media_rows = cat(step_media, 0);
+    Tensor out = forward_incremental(m, cache, b);
+    for (size_t j = 0; j < in_step.size(); ++j)
+      seqs[in_step[j]].rows.push_back(out.narrow(0, b.cu_seqlens[j], b.cu_seqlens[j + 1] - b.cu_seqlens[j]));
+  }
+  double worst = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    REQUIRE(seqs[i].kv.length == int64_t(seqs[i].ids.size()));
+    CHECK(seqs[i].media_used == (seqs[i].media.defined() ? seqs[i].media.size(0) : 0));
+    Tensor inc = cat(seqs[i].rows, 0);
+    Tensor ref = packed_logits.narrow(0, pb.cu_seqlens[i], int64_t(seqs[i].ids.size()));
+    worst = std::max(worst, rel_err(inc, ref));
+  }
+  CHECK(worst < 1e-5);
+  // The media rows matter: the image+audio sequence without them (its
+  // placeholders then read a real token's embedding) gives other logits.
+  std::vector<int64_t> plain = seqs[3].ids;
+  for (auto& id : plain)
+    if (is_media_token(id)) id = 7;
+  CHECK(rel_err(m.logits(PackedBatch::single(plain, Adapter::vision)),
+                packed_logits.narrow(0, pb.cu_seqlens[3], int64_t(plain.size()))) > 1e-3);
+  for (auto& q : seqs) cache.release(q.kv);
+  CHECK(cache.manager().num_used() == 0);
 }

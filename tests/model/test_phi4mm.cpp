@@ -179,9 +179,6 @@ TEST_CASE("phi4mm: areno preprocess and areno logits --messages with an image an
   in.order_is_image = {true, false};
   PackedBatch b = PackedBatch::single(ids, Adapter::vision);
   b.media_rows = media_rows(*m, in);
-  std::vector<int64_t> mask;
-  for (int64_t id : ids) mask.push_back(id == kImageToken || id == kAudioToken);
-  b.media_mask = from_vector(mask, {int64_t(mask.size())}).to(DType::boolean);
   CHECK(testing::rel_err(got, m->lm->logits(b)) < 1e-6);
   CHECK_THROWS_WITH(app::cmd_logits({"--model-path", dir.str("ckpt"), "--messages", dir.str("m.json"), "--adapter",
                                      "none", "--out", dir.str("x.safetensors")}),

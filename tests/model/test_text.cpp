@@ -134,22 +134,25 @@ TEST_CASE("phi4mm/media rows replace the embeddings at masked positions") {
   const auto& m = tiny_f32();
   auto ids = gold_ids("ids_a");
   // Put the embeddings of the real tokens at positions 2..4 while the ids there
-  // are a placeholder: the result must equal the plain run.
-  std::vector<int64_t> with_placeholder = ids;
-  std::vector<int64_t> mask(ids.size(), 0);
+  // are media placeholders (image and audio; the model finds them by id, and
+  // the tiny vocabulary need not hold them): the result must equal the plain run.
+  std::vector<int64_t> with_placeholder = ids, other_token = ids;
   std::vector<int64_t> media_ids;
   for (size_t i = 2; i < 5; ++i) {
-    with_placeholder[i] = 5;
-    mask[i] = 1;
+    with_placeholder[i] = i == 3 ? kAudioTokenId : kImageTokenId;
+    other_token[i] = 5;
     media_ids.push_back(ids[i]);
   }
   NoGradGuard ng;
   PackedBatch pb = PackedBatch::single(with_placeholder, Adapter::vision);
   pb.media_rows = embedding(m.model->embed_tokens->weight, from_vector(media_ids, {3}));
-  pb.media_mask = from_vector(mask, {int64_t(ids.size())}).to(DType::boolean);
   CHECK(rel_err(m.logits(pb), gold("logits_a_vision")) < 1e-4);
-  // Without the media rows the placeholder changes the logits.
-  CHECK(rel_err(run(m, with_placeholder, Adapter::vision), gold("logits_a_vision")) > 1e-3);
+  // Other tokens at those rows change the logits.
+  CHECK(rel_err(run(m, other_token, Adapter::vision), gold("logits_a_vision")) > 1e-3);
+  // The placeholders and the media rows must agree in number.
+  pb.media_rows = pb.media_rows.narrow(0, 0, 2);
+  CHECK_THROWS_WITH_AS(m.logits(pb), doctest::Contains("3 media placeholders but media_rows has 2 rows"),
+                       std::invalid_argument);
 }
 
 TEST_CASE("phi4mm/token log-probabilities and logits of selected rows") {
