@@ -73,14 +73,15 @@ int cmd_init(const Args& args) {
     throw std::runtime_error(fmt::format("tokenizer rank file {} not found (pass an existing --rank-file FILE, "
                                          "or leave it out to use the built-in copy)", rank_file));
   auto model = phi4mm::init_phi4mm(preset, *seed, dt);
-  phi4mm::save_phi4mm(*model, out);
+  phi4mm::save_model(*model, out);
   if (tokenizer)
     phi4mm::write_tokenizer_files(rank_file.empty() ? phi4mm::make_tokenizer() : phi4mm::make_tokenizer(rank_file),
                                   out);
   fmt::print("wrote {} ({} preset, seed {}, {}, {} parameters: text+LoRA {}, vision {}, audio {})\n", out, preset,
              *seed, dtype,
-             model->lm->num_parameters() + model->vision->num_parameters() + model->audio->num_parameters(),
-             model->lm->num_parameters(), model->vision->num_parameters(), model->audio->num_parameters());
+             model->num_parameters(),
+             model->num_parameters() - model->image_embed()->num_parameters() - model->audio_embed()->num_parameters(),
+             model->image_embed()->num_parameters(), model->audio_embed()->num_parameters());
   return 0;
 }
 

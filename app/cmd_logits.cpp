@@ -1,12 +1,12 @@
 // `areno logits`: logits of every position of one token sequence.
 #include <fmt/format.h>
 
-#include <chrono>
 
 #include <stdexcept>
 #include <string>
 
 #include "app/commands_model.h"
+#include "app/served_model.h"
 #include "app/flags.h"
 #include "autograd/autograd.h"
 #include "models/phi4mm/checkpoint.h"
@@ -77,36 +77,22 @@ int cmd_logits(const Args& args) {
   if (!messages.empty() && adapter_given)
     throw std::invalid_argument("--adapter: with --messages the adapter follows the request's media");
   phi4mm::Adapter ad = phi4mm::adapter_from_name(adapter);
-  phi4mm::ModelLoadOptions lo;
-  lo.with_lora = !messages.empty() || ad != phi4mm::Adapter::none;
-  lo.vision = lo.audio = !messages.empty();
-  if (!dtype.empty()) {
-    if (dtype != "f32" && dtype != "bf16")
-      throw std::invalid_argument(fmt::format("--dtype: expected f32 or bf16, got '{}'", dtype));
-    lo.dtype = dtype == "f32" ? DType::f32 : DType::bf16;
-  }
-  lo.device = Device::parse(device);
-  phi4mm::LoadReport report;
-  const auto t0 = std::chrono::steady_clock::now();
-  std::shared_ptr<const phi4mm::Phi4MM> mm = phi4mm::load_phi4mm(model_path, lo, &report);
-  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const phi4mm::Phi4MMForCausalLM& model = *mm->lm;
-  fmt::print(stderr, "loaded {} in {:.1f} s: {}\n", model_path, load_s, report.summary());
+  ModelNeeds needs;
+  needs.lora = !messages.empty() || ad != phi4mm::Adapter::none;
+  needs.towers = needs.tokenizer = !messages.empty();
+  const ServedModel served = load_served_model(model_path, device, dtype, needs);
+  const phi4mm::Phi4MMForCausalLM& model = *served.model;
   const int64_t vocab = model.config().text.vocab_size;
   std::vector<int64_t> ids;
   phi4mm::PackedBatch batch;
   NoGradGuard ng;
   if (!messages.empty()) {
-    auto encoder = serve::make_media_encoder(mm);
-    const tok::Tokenizer tokenizer = phi4mm::load_tokenizer(model_path);
-    serve::PreparedChat pc = read_messages_file(messages, tokenizer, encoder.get());
+    serve::PreparedChat pc = read_messages_file(messages, *served.tokenizer, served.encoder.get());
     ids = pc.ids();
     ad = pc.adapter;
     adapter = phi4mm::adapter_name(ad);
     batch = phi4mm::PackedBatch::single(ids, ad);
-    if (!pc.media.empty()) {
-      batch.media_rows = encoder->encode(std::move(pc.media), pc.prompt.mode)();
-    }
+    if (!pc.media.empty()) batch.media_rows = served.encoder->encode(std::move(pc.media), pc.prompt.mode)();
   } else {
     ids = parse_ids(ids_str);
     for (int64_t id : ids)

@@ -70,51 +70,6 @@ extern "C" void on_stop_signal(int sig) { g_signal = sig; }
 
 }  // namespace
 
-ServedModel load_served_model(const std::string& model_path, const std::string& device, const std::string& dtype) {
-  if (!dtype.empty() && dtype != "f32" && dtype != "bf16")
-    throw std::invalid_argument(fmt::format("--dtype: expected f32 or bf16, got '{}'", dtype));
-  Device dev;
-  try {
-    dev = Device::parse(device);
-  } catch (const std::exception& e) {
-    throw std::invalid_argument(fmt::format("--device: expected cpu or cuda[:N], got '{}' ({})", device, e.what()));
-  }
-  ServedModel m;
-  if (model_path.empty()) {
-    m.mm = phi4mm::init_phi4mm("tiny", 0, dtype == "bf16" ? DType::bf16 : DType::f32);
-    if (!dev.is_cpu()) {
-      m.mm->lm->to(dev);
-      m.mm->vision->to(dev);
-      m.mm->audio->to(dev);
-    }
-    m.model = m.mm->lm;
-    m.encoder = serve::make_media_encoder(m.mm);
-    auto t = phi4mm::make_tokenizer();
-    t.set_padded_vocab_size(size_t(m.model->config().text.vocab_size));
-    m.tokenizer = std::make_shared<const tok::Tokenizer>(std::move(t));
-    m.name = "areno-demo";
-    m.demo = true;
-    return m;
-  }
-  phi4mm::ModelLoadOptions lo;
-  if (!dtype.empty()) lo.dtype = dtype == "f32" ? DType::f32 : DType::bf16;
-  lo.device = dev;
-  phi4mm::LoadReport report;
-  const auto t0 = std::chrono::steady_clock::now();
-  m.mm = phi4mm::load_phi4mm(model_path, lo, &report);
-  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  m.model = m.mm->lm;
-  m.encoder = serve::make_media_encoder(m.mm);
-  fmt::print(stderr, "{}: vision tower {}, audio encoder {}\n", model_path, m.mm->vision ? "loaded" : "absent",
-             m.mm->audio ? "loaded" : "absent");
-  fmt::print(stderr, "loaded {} in {:.1f} s: {}\n", model_path, load_s, report.summary());
-  auto t = phi4mm::load_tokenizer(model_path);
-  t.set_padded_vocab_size(size_t(m.model->config().text.vocab_size));
-  m.tokenizer = std::make_shared<const tok::Tokenizer>(std::move(t));
-  m.name = model_path;
-  return m;
-}
-
 int cmd_serve(const Args& args) {
   std::string model_path, served_name, device = "cpu", dtype;
   serve::ServerOptions so;

@@ -56,10 +56,10 @@ class CountingEncoder : public MediaEncoder {
 
 class TowerEncoder : public MediaEncoder {
  public:
-  explicit TowerEncoder(std::shared_ptr<const phi4mm::Phi4MM> m) : model_(std::move(m)) {}
+  explicit TowerEncoder(std::shared_ptr<const phi4mm::Phi4MMForCausalLM> m) : model_(std::move(m)) {}
 
   bool supports(MediaKind kind) const override {
-    return kind == MediaKind::kImage ? model_->vision != nullptr : model_->audio != nullptr;
+    return kind == MediaKind::kImage ? model_->image_embed() != nullptr : model_->audio_embed() != nullptr;
   }
 
   int64_t num_tokens(const DecodedMedia& item) const override {
@@ -86,14 +86,14 @@ class TowerEncoder : public MediaEncoder {
   }
 
  private:
-  std::shared_ptr<const phi4mm::Phi4MM> model_;
+  std::shared_ptr<const phi4mm::Phi4MMForCausalLM> model_;
 };
 
 }  // namespace
 
 std::unique_ptr<MediaEncoder> make_counting_encoder() { return std::make_unique<CountingEncoder>(); }
 
-std::unique_ptr<MediaEncoder> make_media_encoder(std::shared_ptr<const phi4mm::Phi4MM> model) {
+std::unique_ptr<MediaEncoder> make_media_encoder(std::shared_ptr<const phi4mm::Phi4MMForCausalLM> model) {
   return std::make_unique<TowerEncoder>(std::move(model));
 }
 

@@ -69,6 +69,6 @@ std::unique_ptr<MediaEncoder> make_counting_encoder();
 
 // The towers of a loaded Phi-4-multimodal model (vision and/or audio; a
 // modality whose tower is absent is not supported).
-std::unique_ptr<MediaEncoder> make_media_encoder(std::shared_ptr<const phi4mm::Phi4MM> model);
+std::unique_ptr<MediaEncoder> make_media_encoder(std::shared_ptr<const phi4mm::Phi4MMForCausalLM> model);
 
 }  // namespace areno::serve

@@ -109,6 +109,7 @@ int run(int argc, char** argv) {
   const Device cpu = Device::cpu();
   LoadOptions lo;
   lo.with_lora = false;  // the base model, as the PyTorch peer builds it
+  lo.vision = lo.audio = false;
 
   // (d) load time: best of reps (first load warms the page cache).
   std::shared_ptr<Phi4MMForCausalLM> model;

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -10,6 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/autograd.h"
+#include "models/phi4mm/audio/audio_config.h"
+#include "models/phi4mm/vision/vision_config.h"
+#include "nn/io/files.h"
 #include "nn/io/safetensors.h"
 
 namespace areno::phi4mm {
@@ -39,10 +43,9 @@ std::optional<PeftAdapter> open_peft(const std::string& dir, const char* adapter
   const std::string sub = dir + "/" + adapter + "-lora";
   const std::string cfg_path = sub + "/adapter_config.json";
   if (!fs::exists(cfg_path)) return std::nullopt;
-  std::ifstream f(cfg_path);
   json j;
   try {
-    j = json::parse(f);
+    j = json::parse(read_file(cfg_path));
   } catch (const json::exception& e) {
     throw std::runtime_error(fmt::format("{}: invalid JSON: {}", cfg_path, e.what()));
   }
@@ -73,6 +76,87 @@ std::optional<PeftAdapter> open_peft(const std::string& dir, const char* adapter
   return p;
 }
 
+// Where one parameter's weights are stored.
+struct Source {
+  const SafetensorsFile* file = nullptr;
+  std::string name;
+};
+
+// The one place that maps a parameter name to its stored tensor (see checkpoint.h).
+class WeightResolver {
+ public:
+  WeightResolver(const SafetensorsCheckpoint& ckpt, const std::optional<PeftAdapter>* peft)
+      : ckpt_(ckpt), peft_(peft) {}
+
+  std::optional<Source> find(const std::string& name) const {
+    if (ckpt_.contains(name)) return Source{&ckpt_.file_of(name), name};
+    if (name.find(".base_layer.weight") != std::string::npos) {  // native layout
+      const std::string native = replace_once(name, ".base_layer.weight", ".weight");
+      if (ckpt_.contains(native)) return Source{&ckpt_.file_of(native), native};
+    }
+    for (Adapter a : {Adapter::vision, Adapter::speech}) {
+      const std::optional<PeftAdapter>& p = peft_[int(a)];
+      if (!p) continue;
+      if (auto it = p->names.find(name); it != p->names.end()) return Source{p->file.get(), it->second};
+    }
+    return std::nullopt;
+  }
+
+ private:
+  const SafetensorsCheckpoint& ckpt_;
+  const std::optional<PeftAdapter>* peft_;
+};
+
+std::string list_lines(const char* what, const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size() && i < 10; ++i) s += fmt::format("\n  {} {}", what, v[i]);
+  if (v.size() > 10) s += fmt::format("\n  ... and {} more {}", v.size() - 10, what);
+  return s;
+}
+
+// The name walk: resolves every parameter, checks presence and shape (and
+// reports `unexpected` stored tensors) before copying anything, then copies,
+// converting to each parameter's dtype. Returns the stored names read.
+std::set<std::string> walk(std::vector<std::pair<std::string, Tensor>>& params,
+                           const std::function<std::optional<Source>(const std::string&)>& find,
+                           const std::string& source, const std::vector<std::string>& unexpected = {}) {
+  std::vector<Source> sources(params.size());
+  std::vector<std::string> missing, bad_shape;
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto src = find(params[i].first);
+    if (!src) {
+      missing.push_back(params[i].first);
+      continue;
+    }
+    sources[i] = *src;
+    const SafetensorsEntry& e = src->file->entry(src->name);
+    if (e.shape != params[i].second.shape())
+      bad_shape.push_back(fmt::format("{} (stored {} as {}, expected {})", params[i].first, shape_str(e.shape),
+                                      src->name, shape_str(params[i].second.shape())));
+  }
+  if (!missing.empty() || !unexpected.empty() || !bad_shape.empty())
+    throw std::runtime_error(fmt::format("{}: checkpoint does not match the model: {} of {} tensors found, "
+                                         "{} missing, {} unexpected, {} with a wrong shape",
+                                         source, params.size() - missing.size(), params.size(), missing.size(),
+                                         unexpected.size(), bad_shape.size()) +
+                             list_lines("missing", missing) + list_lines("unexpected", unexpected) +
+                             list_lines("wrong shape", bad_shape));
+  std::set<std::string> read;
+  NoGradGuard ng;
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].second.copy_(sources[i].file->load(sources[i].name));
+    sources[i].file->release_pages(sources[i].name);  // peak memory: the copies, not copies + file
+    read.insert(sources[i].name);
+  }
+  return read;
+}
+
+bool has_prefix(const SafetensorsCheckpoint& ckpt, const std::string& prefix) {
+  for (const auto& n : ckpt.names())
+    if (starts_with(n, prefix)) return true;
+  return false;
+}
+
 }  // namespace
 
 std::string LoadReport::summary() const {
@@ -80,34 +164,14 @@ std::string LoadReport::summary() const {
                      expected - consumed, skipped);
 }
 
-std::vector<std::string> load_prefixed(Module& m, const SafetensorsCheckpoint& ckpt, const std::string& prefix,
-                                       const std::string& source) {
-  auto params = m.named_parameters();
-  std::vector<std::string> names, missing, bad_shape;
-  for (auto& [name, t] : params) {
-    const std::string stored = prefix + name;
-    if (!ckpt.contains(stored)) {
-      missing.push_back(stored);
-      continue;
-    }
-    const auto& e = ckpt.entry(stored);
-    if (e.shape != t.shape())
-      bad_shape.push_back(fmt::format("{} (stored {}, expected {})", stored, shape_str(e.shape), shape_str(t.shape())));
-    names.push_back(stored);
-  }
-  if (!missing.empty() || !bad_shape.empty()) {
-    std::string msg = fmt::format("{}: {} of {} tensors under '{}' missing, {} with a wrong shape", source,
-                                  missing.size(), params.size(), prefix, bad_shape.size());
-    for (size_t i = 0; i < missing.size() && i < 10; ++i) msg += "\n  missing " + missing[i];
-    for (size_t i = 0; i < bad_shape.size() && i < 10; ++i) msg += "\n  wrong shape " + bad_shape[i];
-    throw std::runtime_error(msg);
-  }
-  NoGradGuard ng;
-  for (size_t i = 0; i < params.size(); ++i) {
-    params[i].second.copy_(ckpt.load(names[i]));
-    ckpt.file_of(names[i]).release_pages(names[i]);
-  }
-  return names;
+void load_prefixed(Module& m, const SafetensorsCheckpoint& ckpt, const std::string& prefix,
+                   const std::string& source) {
+  std::vector<std::pair<std::string, Tensor>> params;
+  for (auto& [name, t] : m.named_parameters()) params.emplace_back(prefix + name, t);
+  walk(params, [&](const std::string& n) -> std::optional<Source> {
+    if (!ckpt.contains(n)) return std::nullopt;
+    return Source{&ckpt.file_of(n), n};
+  }, source);
 }
 
 std::vector<std::pair<std::string, Tensor>> prefixed_tensors(const Module& m, const std::string& prefix,
@@ -120,9 +184,10 @@ std::vector<std::pair<std::string, Tensor>> prefixed_tensors(const Module& m, co
 
 std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const LoadOptions& opts,
                                               LoadReport* report) {
-  // 1. Config first: every unsupported field fails before a weight is touched.
+  // 1. Config first (read once, towers included): every unsupported field
+  //    fails before a weight is touched.
   Config cfg = load_config(dir);
-  // 2. Map the shards (headers only).
+  // 2. Map the shards (headers only, each opened once) and the PEFT folders.
   SafetensorsCheckpoint ckpt(dir);
   std::optional<PeftAdapter> peft[3];
   if (opts.with_lora) {
@@ -135,83 +200,31 @@ std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const Load
     throw std::runtime_error(fmt::format("{}: no tensor model.embed_tokens.weight (is this a Phi-4-multimodal "
                                          "checkpoint?)", dir));
   const DType dtype = opts.dtype.value_or(ckpt.entry("model.embed_tokens.weight").dtype);
-  auto model = std::make_shared<Phi4MMForCausalLM>(cfg, TensorOptions(dtype), opts.with_lora);
+  ModelParts parts;
+  parts.lora = opts.with_lora;
+  parts.vision = opts.vision && has_prefix(ckpt, kImageEmbedPrefix);
+  parts.audio = opts.audio && has_prefix(ckpt, kAudioEmbedPrefix);
+  auto model = std::make_shared<Phi4MMForCausalLM>(cfg, TensorOptions(dtype), parts);
 
-  // 3. Name walk: find each parameter's source, check every shape before copying.
-  struct Source {
-    const SafetensorsFile* file = nullptr;
-    std::string name;
-  };
+  // 3. One name walk over every part; stored tensors of parts not built are
+  //    skipped unread, a tied lm_head copy is redundant, anything else is unexpected.
+  const WeightResolver resolver(ckpt, peft);
   std::vector<std::pair<std::string, Tensor>> params = model->named_parameters();
-  std::vector<Source> sources(params.size());
-  std::set<std::string> used;
-  std::vector<std::string> missing, bad_shape;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const std::string& name = params[i].first;
-    std::vector<std::string> candidates{name};
-    if (name.find(".base_layer.weight") != std::string::npos)
-      candidates.push_back(replace_once(name, ".base_layer.weight", ".weight"));  // native layout
-    const SafetensorsEntry* e = nullptr;
-    for (auto& c : candidates)
-      if (ckpt.contains(c)) {
-        e = &ckpt.entry(c);
-        sources[i] = {&ckpt.file_of(c), c};
-        used.insert(c);
-        break;
-      }
-    if (!e)
-      for (Adapter a : {Adapter::vision, Adapter::speech}) {
-        auto& p = peft[int(a)];
-        if (!p) continue;
-        auto it = p->names.find(name);
-        if (it == p->names.end()) continue;
-        e = &p->file->entry(it->second);
-        sources[i] = {p->file.get(), it->second};
-        break;
-      }
-    if (!e) {
-      missing.push_back(name);
-      continue;
-    }
-    if (e->shape != params[i].second.shape())
-      bad_shape.push_back(fmt::format("{} (stored {} as {}, expected {})", name, shape_str(e->shape),
-                                      sources[i].name, shape_str(params[i].second.shape())));
-  }
+  std::set<std::string> resolved;
+  for (auto& [name, t] : params)
+    if (auto src = resolver.find(name)) resolved.insert(src->name);
   std::vector<std::string> unexpected;
   int64_t skipped = 0;
   for (const auto& n : ckpt.names()) {
-    if (used.count(n)) continue;
-    // Towers are read by their own loaders; a tied lm_head copy is redundant.
-    if (starts_with(n, "model.embed_tokens_extend.") || n == "lm_head.weight" ||
-        (!opts.with_lora && n.find(".lora_") != std::string::npos)) {
+    if (resolved.count(n)) continue;
+    if ((!parts.vision && starts_with(n, kImageEmbedPrefix)) || (!parts.audio && starts_with(n, kAudioEmbedPrefix)) ||
+        n == "lm_head.weight" || (!opts.with_lora && n.find(".lora_") != std::string::npos)) {
       ++skipped;
       continue;
     }
     unexpected.push_back(n);
   }
-  if (!missing.empty() || !unexpected.empty() || !bad_shape.empty()) {
-    auto list = [](const std::vector<std::string>& v) {
-      std::string s;
-      for (size_t i = 0; i < v.size() && i < 10; ++i) s += "\n  " + v[i];
-      if (v.size() > 10) s += fmt::format("\n  ... and {} more", v.size() - 10);
-      return s;
-    };
-    std::string msg = fmt::format("{}: checkpoint does not match the model: {} of {} tensors found, {} missing, "
-                                  "{} unexpected, {} with a wrong shape",
-                                  dir, params.size() - missing.size(), params.size(), missing.size(),
-                                  unexpected.size(), bad_shape.size());
-    if (!missing.empty()) msg += "\nmissing:" + list(missing);
-    if (!unexpected.empty()) msg += "\nunexpected:" + list(unexpected);
-    if (!bad_shape.empty()) msg += "\nwrong shape:" + list(bad_shape);
-    throw std::runtime_error(msg);
-  }
-  {
-    NoGradGuard ng;
-    for (size_t i = 0; i < params.size(); ++i) {
-      params[i].second.copy_(sources[i].file->load(sources[i].name));
-      sources[i].file->release_pages(sources[i].name);  // peak memory: the copies, not copies + file
-    }
-  }
+  walk(params, [&](const std::string& n) { return resolver.find(n); }, dir, unexpected);
   model->eval();
   if (opts.device != Device::cpu()) model->to(opts.device);
   if (report) {
@@ -222,8 +235,7 @@ std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const Load
   return model;
 }
 
-void save_model(const Phi4MMForCausalLM& model, const std::string& dir, const SaveOptions& opts,
-                const std::vector<std::pair<std::string, Tensor>>& extra) {
+void save_model(const Phi4MMForCausalLM& model, const std::string& dir, const SaveOptions& opts) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw std::runtime_error(fmt::format("cannot create {}: {}", dir, ec.message()));
@@ -231,7 +243,6 @@ void save_model(const Phi4MMForCausalLM& model, const std::string& dir, const Sa
   const DType dtype = opts.dtype.value_or(model.dtype());
   for (auto& [name, t] : model.named_parameters())
     tensors.emplace_back(name, t.dtype() == dtype ? t.detach() : t.detach().to(dtype));
-  tensors.insert(tensors.end(), extra.begin(), extra.end());
   save_safetensors_sharded(dir, tensors, opts.max_shard_bytes, {{"format", "pt"}});
   Config c = model.config();
   json j = to_original_json(c);

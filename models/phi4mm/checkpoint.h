@@ -1,15 +1,19 @@
 #pragma once
 // Loading and saving Phi-4-multimodal checkpoints (spec text.md sections 3.4, 4, 7).
 //
-// Load accepts a directory with config.json (original or native layout),
-// generation_config.json and model.safetensors[.index.json] shards. The four
-// adapted projections may be stored as `<m>.base_layer.weight` (original) or
-// `<m>.weight` (native). LoRA tensors come from the checkpoint
-// (`<m>.lora_A.vision.weight`) or from PEFT folders `vision-lora/` and
-// `speech-lora/` (`base_model.model.<m>.lora_A.weight`, adapter_config.json).
-// Tower tensors (`model.embed_tokens_extend.*`) are skipped without being read
-// when only the text model is requested. Every expected tensor must be present
-// with its shape, and every stored tensor must be consumed or skipped.
+// One loader, load_model, for every command and the library: config.json
+// (original or native layout) and generation_config.json are read once, the
+// shards (model.safetensors[.index.json]) are opened once, and the whole model
+// (language model, LoRAs, towers) is filled by one name walk. One resolver maps
+// each parameter name to its stored tensor: the name as is (original layout,
+// towers under model.embed_tokens_extend.*), `<m>.weight` for
+// `<m>.base_layer.weight` (native layout), or a PEFT folder's
+// `base_model.model.<m>.lora_A.weight` (`vision-lora/`, `speech-lora/`, with
+// their adapter_config.json); tensor-parallel slices will be resolved there
+// too. A tower is built when asked for and its tensors are stored; tensors of
+// parts not built (towers, LoRAs) are skipped without being read. Every
+// expected tensor must be present with its shape, and every stored tensor must
+// be consumed or skipped; all of that is checked before a weight is copied.
 //
 // Save writes the original layout: shards + index, config.json and
 // generation_config.json; a saved model reloads bit-identically.
@@ -26,6 +30,8 @@ struct LoadOptions {
   bool with_lora = true;     // load the vision/speech adapters the config declares
   std::optional<DType> dtype;  // default: the checkpoint's dtype of model.embed_tokens.weight
   Device device = Device::cpu();
+  bool vision = true;  // the image embedding, when the checkpoint stores it
+  bool audio = true;   // the audio embedding, when the checkpoint stores it
 };
 
 struct LoadReport {
@@ -36,16 +42,16 @@ struct LoadReport {
 };
 
 // Copies every parameter of `m` from `ckpt`, the stored name being `prefix` +
-// the parameter's dotted name, converting to the parameter's dtype. Checks all
-// names and shapes before copying anything; throws naming `source`, the
-// missing and the wrongly shaped tensors. Returns the stored names consumed.
-// Used for the towers (prefix "model.embed_tokens_extend.image_embed." etc.).
-std::vector<std::string> load_prefixed(Module& m, const SafetensorsCheckpoint& ckpt, const std::string& prefix,
-                                       const std::string& source);
+// the parameter's dotted name (the same walk as load_model, for a module
+// alone: a tower's unit tests and benchmarks). Throws naming `source`, the
+// missing and the wrongly shaped tensors, before copying anything.
+void load_prefixed(Module& m, const SafetensorsCheckpoint& ckpt, const std::string& prefix,
+                   const std::string& source);
 // The parameters of `m` as (prefix + name, tensor in `dtype`) pairs, for saving.
 std::vector<std::pair<std::string, Tensor>> prefixed_tensors(const Module& m, const std::string& prefix,
                                                              DType dtype);
 
+// Loads the model stored in `dir` (see the top of this file).
 std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const LoadOptions& opts = {},
                                               LoadReport* report = nullptr);
 
@@ -54,10 +60,8 @@ struct SaveOptions {
   uint64_t max_shard_bytes = 5000000000ull;  // as the released checkpoint (about 5 GB)
 };
 
-// Writes the model into `dir` (created when missing) in the original layout.
-// `extra` tensors (the towers, already under their checkpoint names and in the
-// save dtype) go into the same shards.
-void save_model(const Phi4MMForCausalLM& model, const std::string& dir, const SaveOptions& opts = {},
-                const std::vector<std::pair<std::string, Tensor>>& extra = {});
+// Writes the model (every part it has) into `dir` (created when missing) in
+// the original layout.
+void save_model(const Phi4MMForCausalLM& model, const std::string& dir, const SaveOptions& opts = {});
 
 }  // namespace areno::phi4mm

@@ -1,14 +1,14 @@
 #include "models/phi4mm/config.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "models/phi4mm/audio/encoder.h"
-#include "models/phi4mm/vision/vision.h"
+#include "nn/io/files.h"
 
 namespace areno::phi4mm {
 
@@ -171,10 +171,9 @@ void validate_native_towers(const json& j, const std::string& source) {
 }
 
 json read_json_file(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw std::runtime_error(fmt::format("cannot open {}", path));
+  const std::string text = read_file(path);
   try {
-    return json::parse(f);
+    return json::parse(text);
   } catch (const json::exception& e) {
     throw std::runtime_error(fmt::format("{}: invalid JSON: {}", path, e.what()));
   }
@@ -304,12 +303,12 @@ Config parse_config(const json& j, const std::string& source) {
   }
   // The tower sizes (explicit keys, or the released ones) must make sense too.
   try {
-    vision_config_from(j, source);
+    c.vision = vision_config_from(j, source);
   } catch (const std::exception& e) {
     throw std::runtime_error(e.what());
   }
   try {
-    audio_config_from(j);
+    c.audio = audio_config_from(j);
   } catch (const std::exception& e) {
     throw std::runtime_error(fmt::format("{}: {}", source, e.what()));
   }
@@ -323,7 +322,7 @@ Config load_config(const std::string& dir) {
   std::string path = dir + "/config.json";
   Config c = parse_config(read_json_file(path), path);
   std::string gpath = dir + "/generation_config.json";
-  if (std::ifstream(gpath).good()) c.generation = parse_generation_config(read_json_file(gpath), gpath);
+  if (std::filesystem::exists(gpath)) c.generation = parse_generation_config(read_json_file(gpath), gpath);
   return c;
 }
 

@@ -12,6 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/phi4mm/audio/audio_config.h"
+#include "models/phi4mm/vision/vision_config.h"
+
 namespace areno::phi4mm {
 
 // One modality adapter (spec 3.1): scaling = alpha / r.
@@ -67,6 +70,10 @@ struct Config {
   // Absent in the native layout (adapters live in PEFT folders there).
   std::optional<LoraConfig> vision_lora;
   std::optional<LoraConfig> speech_lora;
+  // Tower sizes (explicit keys or the released ones); whether a tower is
+  // present is the checkpoint's business (Phi4MMForCausalLM::image_embed).
+  VisionConfig vision;
+  AudioConfig audio;
   GenerationConfig generation;
   // The parsed config.json, kept so that saving writes back every key we do
   // not interpret (towers, processor settings).

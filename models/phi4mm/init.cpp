@@ -131,6 +131,7 @@ Config preset_config(const std::string& preset) {
 void init_weights(Phi4MMForCausalLM& model, Generator& gen, double std) {
   NoGradGuard ng;
   for (auto& [name, p] : model.named_parameters()) {
+    if (name.rfind("model.embed_tokens_extend.", 0) == 0) continue;  // towers: their own init
     Tensor v = p.dim() == 1 ? ones(p.shape()) : rand_normal(p.shape(), gen, 0.0, std);
     p.copy_(v);
   }

@@ -19,8 +19,9 @@ namespace areno::phi4mm {
 // or "full" (the released sizes: 3.84 B text + 0.83 B LoRA; towers not yet).
 Config preset_config(const std::string& preset);
 
-// Fills every parameter from `gen`: N(0, std) for matrices and the embedding,
-// ones for norms. LoRA B is random too (PEFT starts it at zero, which would
+// Fills every parameter of the language model from `gen` (the towers, when
+// present, have their own init: vision.h, encoder.h): N(0, std) for matrices
+// and the embedding, ones for norms. LoRA B is random too (PEFT starts it at zero, which would
 // make the adapters invisible in tests).
 void init_weights(Phi4MMForCausalLM& model, Generator& gen, double std = 0.02);
 

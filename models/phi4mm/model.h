@@ -1,14 +1,9 @@
 #pragma once
-// The whole Phi-4-multimodal model: the language model with its LoRAs, the
-// image embedding (SigLIP tower, separators, projector) and the audio
-// embedding (Conformer encoder, speech and vision projectors), loaded from and
-// saved to one checkpoint directory in the released layout.
-//
-// Towers are optional: a checkpoint without tensors under
-// model.embed_tokens_extend.image_embed. / audio_embed. (or a load that asks
-// for the text model only) leaves them null, and requests with that modality
-// are refused. Tower sizes come from config.json (vision_config_from,
-// audio_config_from); absent keys mean the released sizes.
+// The whole Phi-4-multimodal model is one Module, Phi4MMForCausalLM (text.h):
+// the language model with its LoRAs and the image and audio embeddings under
+// model.embed_tokens_extend, loaded and saved by load_model / save_model
+// (checkpoint.h). This header adds the presets with every component and the
+// media rows the towers compute for a prompt.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -23,28 +18,9 @@
 
 namespace areno::phi4mm {
 
-struct Phi4MM {
-  std::shared_ptr<Phi4MMForCausalLM> lm;
-  std::shared_ptr<ImageEmbed> vision;  // null: no image input
-  std::shared_ptr<AudioEmbed> audio;   // null: no audio input
-  const Config& config() const { return lm->config(); }
-};
-
-struct ModelLoadOptions : LoadOptions {
-  bool vision = true;  // load the image embedding when the checkpoint has it
-  bool audio = true;   // load the audio embedding when the checkpoint has it
-};
-
-// Loads every component present (config validated first, then shapes, then
-// weights). `report` counts the tower tensors too.
-std::shared_ptr<Phi4MM> load_phi4mm(const std::string& dir, const ModelLoadOptions& opts = {},
-                                    LoadReport* report = nullptr);
-
-// Writes all components in the original layout (shards + index + configs).
-void save_phi4mm(const Phi4MM& model, const std::string& dir, const SaveOptions& opts = {});
-
-// A preset (tiny|small|full) with every component, random weights from `seed`.
-std::shared_ptr<Phi4MM> init_phi4mm(const std::string& preset, uint64_t seed, DType dtype = DType::f32);
+// A preset (tiny|small|full) with every component, random weights from `seed`
+// (the language model as init_model, the towers from seed + 1 and seed + 2).
+std::shared_ptr<Phi4MMForCausalLM> init_phi4mm(const std::string& preset, uint64_t seed, DType dtype = DType::f32);
 
 // ---- media rows (spec text.md 5.4) ----
 
@@ -62,7 +38,7 @@ struct MediaInputs {
 // prompt order: each image's rows (vision tower + projector), each clip's rows
 // (audio encoder + the speech projector, or the vision projector when the
 // request has an image). [sum of token counts, hidden].
-Tensor media_rows(const Phi4MM& model, const MediaInputs& in);
+Tensor media_rows(const Phi4MMForCausalLM& model, const MediaInputs& in);
 
 // Token counts of each item: num_image_tokens(w, h) (image_processor.h) and
 // audio_token_count(samples, rate) (audio_features.h).

@@ -8,7 +8,9 @@
 #include <fmt/format.h>
 
 #include "autograd/autograd.h"
+#include "models/phi4mm/audio/encoder.h"
 #include "models/phi4mm/kv_cache.h"
+#include "models/phi4mm/vision/vision.h"
 
 namespace areno::phi4mm {
 
@@ -177,13 +179,22 @@ Tensor DecoderLayer::forward(const Tensor& h, const Tensor& cos, const Tensor& s
 
 // ---- TextModel ----
 
-TextModel::TextModel(const Config& c, TensorOptions opts) : Module("Phi4MMModel") {
+MediaEmbed::MediaEmbed(const Config& c, const ModelParts& parts, TensorOptions opts)
+    : Module("Phi4MMImageAudioEmbedding") {
+  if (parts.vision) image_embed = register_module("image_embed", std::make_shared<ImageEmbed>(c.vision, opts));
+  if (parts.audio) audio_embed = register_module("audio_embed", std::make_shared<AudioEmbed>(c.audio, opts));
+}
+
+TextModel::TextModel(const Config& c, const ModelParts& parts, TensorOptions opts) : Module("Phi4MMModel") {
   const TextConfig& t = c.text;
   embed_tokens = register_module("embed_tokens",
                                  std::make_shared<Weight>("Embedding", Shape{t.vocab_size, t.hidden_size}, opts));
   layers = register_module("layers", std::make_shared<ModuleList>());
   for (int64_t i = 0; i < t.num_hidden_layers; ++i) layers->push_back(std::make_shared<DecoderLayer>(c, i, opts));
   norm = register_module("norm", std::make_shared<Weight>("RMSNorm", Shape{t.hidden_size}, opts));
+  // Registered last: the towers' tensors follow the language model's in saved shards.
+  if (parts.vision || parts.audio)
+    embed_tokens_extend = register_module("embed_tokens_extend", std::make_shared<MediaEmbed>(c, parts, opts));
 }
 
 // ---- PackedBatch ----
@@ -213,13 +224,21 @@ PackedBatch PackedBatch::pack(const std::vector<std::vector<int64_t>>& seqs,
 
 // ---- Phi4MMForCausalLM ----
 
-Phi4MMForCausalLM::Phi4MMForCausalLM(const Config& c, TensorOptions opts, bool with_lora)
+Phi4MMForCausalLM::Phi4MMForCausalLM(const Config& c, TensorOptions opts, const ModelParts& parts)
     : Module("Phi4MMForCausalLM"), cfg_(c) {
-  if (!with_lora) {
+  if (!parts.lora) {
     cfg_.vision_lora.reset();
     cfg_.speech_lora.reset();
   }
-  model = register_module("model", std::make_shared<TextModel>(cfg_, opts));
+  model = register_module("model", std::make_shared<TextModel>(cfg_, parts, opts));
+}
+
+std::shared_ptr<ImageEmbed> Phi4MMForCausalLM::image_embed() const {
+  return model->embed_tokens_extend ? model->embed_tokens_extend->image_embed : nullptr;
+}
+
+std::shared_ptr<AudioEmbed> Phi4MMForCausalLM::audio_embed() const {
+  return model->embed_tokens_extend ? model->embed_tokens_extend->audio_embed : nullptr;
 }
 
 DType Phi4MMForCausalLM::dtype() const { return model->embed_tokens->weight.dtype(); }

@@ -36,6 +36,8 @@ namespace areno::phi4mm {
 
 class PagedKvCache;
 struct KvSequence;
+class ImageEmbed;  // vision/vision.h
+class AudioEmbed;  // audio/encoder.h
 
 // Media placeholder ids (spec tokens-api.md): the k-th image (audio) token of a
 // prompt takes the k-th row of that prompt's image (audio) rows.
@@ -148,14 +150,33 @@ class DecoderLayer : public Module {
   int64_t index_;
 };
 
-// The inner "model" (embedding, layers, final norm).
+// Which parts a model is built with: a load or an init may leave the LoRA
+// adapters or a tower out (a text-only server, a checkpoint without audio).
+struct ModelParts {
+  bool lora = true;     // the vision/speech adapters the config declares
+  bool vision = false;  // model.embed_tokens_extend.image_embed
+  bool audio = false;   // model.embed_tokens_extend.audio_embed
+};
+
+// model.embed_tokens_extend: the image and audio embeddings (towers and
+// projectors), each null when the model is built without it.
+class MediaEmbed : public Module {
+ public:
+  MediaEmbed(const Config& c, const ModelParts& parts, TensorOptions opts);
+
+  std::shared_ptr<ImageEmbed> image_embed;
+  std::shared_ptr<AudioEmbed> audio_embed;
+};
+
+// The inner "model" (embedding, layers, final norm, media embeddings).
 class TextModel : public Module {
  public:
-  TextModel(const Config& c, TensorOptions opts);
+  TextModel(const Config& c, const ModelParts& parts, TensorOptions opts);
 
   std::shared_ptr<Weight> embed_tokens;
   std::shared_ptr<ModuleList> layers;
   std::shared_ptr<Weight> norm;
+  std::shared_ptr<MediaEmbed> embed_tokens_extend;  // null without towers
 };
 
 // A packed batch for entry point (a).
@@ -182,18 +203,24 @@ struct PackedBatch {
                           const std::vector<Adapter>& adapters = {});
 };
 
-// The causal LM: Phi4MMForCausalLM's language part, root of the checkpoint names.
+// The whole model, root of the checkpoint names: the language model with its
+// LoRA adapters and, when built with them, the image and audio embeddings
+// under model.embed_tokens_extend (so loading and saving are one name walk,
+// and training selects parameter groups by name prefix).
 class Phi4MMForCausalLM : public Module {
  public:
-  // The adapters present follow the config (vision_lora / speech_lora blocks);
-  // `with_lora = false` builds the base model only. Parameters are allocated
-  // uninitialised: load a checkpoint or call init_weights (init.h).
-  Phi4MMForCausalLM(const Config& c, TensorOptions opts = {}, bool with_lora = true);
+  // The adapters present follow the config (vision_lora / speech_lora blocks)
+  // unless parts.lora is false; the towers follow parts. Parameters are
+  // allocated uninitialised: load a checkpoint or call the init functions (init.h).
+  Phi4MMForCausalLM(const Config& c, TensorOptions opts = {}, const ModelParts& parts = {});
 
   const Config& config() const { return cfg_; }
   DType dtype() const;
   Device device() const;
   bool has_adapter(Adapter a) const;
+  // The media embeddings, null when the model has no such input.
+  std::shared_ptr<ImageEmbed> image_embed() const;
+  std::shared_ptr<AudioEmbed> audio_embed() const;
 
   // Throws std::invalid_argument naming the first inconsistency of `b`
   // (offsets, adapters, positions past max_position_embeddings, media rows

@@ -1,5 +1,7 @@
 #include "nn/io/safetensors.h"
 
+#include "nn/io/files.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -93,6 +95,7 @@ struct MappedFile {
 namespace {
 
 std::shared_ptr<MappedFile> map_file(const std::string& path) {
+  report_open(path);
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail_file(path, std::string("cannot open: ") + std::strerror(errno));
   struct stat st {};
@@ -449,11 +452,7 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& path) : path_(pa
   }
 
   const std::string ipath = index.string();
-  std::ifstream in(index, std::ios::binary);
-  if (!in) throw std::runtime_error("checkpoint index '" + ipath + "': cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  const std::string text = read_file(ipath);
   auto fail = [&](const std::string& what) {
     throw std::runtime_error("checkpoint index '" + ipath + "': " + what);
   };

@@ -471,7 +471,7 @@ struct MediaCase {
 
 TEST_CASE("engine: text, image, audio and image+audio requests through the towers are batch invariant") {
   auto mm = phi4mm::init_phi4mm("tiny", 11, DType::f32);
-  auto lm = mm->lm;
+  auto lm = mm;
   auto text = [](const std::string& t) { return ids_of(t); };
   auto build = [&](std::vector<phi4mm::RgbImage> imgs, std::vector<std::vector<double>> clips,
                    std::vector<int64_t> rates) {

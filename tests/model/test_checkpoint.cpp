@@ -140,8 +140,14 @@ TEST_CASE("phi4mm/tower tensors are skipped, a tied lm_head is tolerated") {
   t.emplace_back("model.embed_tokens_extend.audio_embed.encoder.encoder_embedding.global_mean", zeros({80}));
   write_ckpt(tmp.str(), t);
   LoadReport rep;
-  auto m = load_model(tmp.str(), {}, &rep);
+  LoadOptions text_only;
+  text_only.vision = text_only.audio = false;
+  auto m = load_model(tmp.str(), text_only, &rep);
   CHECK(rep.summary() == "46 of 46 tensors consumed, 0 missing, 0 unexpected (2 skipped)");
+  // Asked for (the default), a tower with only some of its tensors is an error naming the rest.
+  CHECK_THROWS_WITH_AS(load_model(tmp.str()),
+                       doctest::Contains("missing model.embed_tokens_extend.image_embed.sub_GN"),
+                       std::runtime_error);
   CHECK(rel_err(logits_of(*m, Adapter::vision).to(DType::f32), gold("logits_a_vision")) < 1e-4);
 }
 
@@ -199,16 +205,18 @@ TEST_CASE("phi4mm/areno init and areno logits") {
   CHECK_NOTHROW(phi4mm::load_tokenizer(dir));
   CHECK_FALSE(fs::exists(dir2 + "/tokenizer.json"));
   LoadReport rep, text_rep;
-  auto mm = load_phi4mm(dir, {}, &rep);
-  auto m = load_model(dir, {}, &text_rep);
-  auto m2 = load_model(dir2);
+  LoadOptions text_only;
+  text_only.vision = text_only.audio = false;
+  auto mm = load_model(dir, {}, &rep);
+  auto m = load_model(dir, text_only, &text_rep);
+  auto m2 = load_model(dir2, text_only);
   CHECK(rep.skipped == 0);  // every tensor consumed, towers included
   CHECK(rep.consumed == rep.expected);
-  REQUIRE(mm->vision);
-  REQUIRE(mm->audio);
+  REQUIRE(mm->image_embed());
+  REQUIRE(mm->audio_embed());
   // The text-only load skips exactly the tower tensors, unread.
   CHECK(text_rep.skipped ==
-        int64_t(mm->vision->named_parameters().size() + mm->audio->named_parameters().size()));
+        int64_t(mm->image_embed()->named_parameters().size() + mm->audio_embed()->named_parameters().size()));
   auto a = m->named_parameters(), b = m2->named_parameters();
   for (size_t i = 0; i < a.size(); ++i) CHECK_MESSAGE(same_bits(a[i].second, b[i].second), a[i].first);  // same seed
   Config c = load_config(dir);

@@ -39,8 +39,8 @@ const SafetensorsFile& e2e_golden() {
 }
 Tensor eg(const std::string& name) { return e2e_golden().load_copy(name); }
 
-const Phi4MM& tiny_model() {
-  static std::shared_ptr<Phi4MM> m = init_phi4mm("tiny", 5, DType::f32);
+const Phi4MMForCausalLM& tiny_model() {
+  static std::shared_ptr<Phi4MMForCausalLM> m = init_phi4mm("tiny", 5, DType::f32);
   return *m;
 }
 
@@ -136,7 +136,7 @@ struct Outcome {
 };
 
 Outcome check_prompt(const std::string& key) {
-  const Phi4MM& m = tiny_model();
+  const Phi4MMForCausalLM& m = tiny_model();
   NoGradGuard ng;
   Prompt p = prompt(key);
   REQUIRE(p.ids == eg(key + ".ids").to_vector<int64_t>());
@@ -161,14 +161,14 @@ Outcome check_prompt(const std::string& key) {
   std::vector<Tensor> h0;
   for (int64_t t : pos) {
     const int64_t k = media_index[size_t(t)];
-    h0.push_back(k >= 0 ? rows.select(0, k) : m.lm->model->embed_tokens->weight.select(0, p.ids[size_t(t)]));
+    h0.push_back(k >= 0 ? rows.select(0, k) : m.model->embed_tokens->weight.select(0, p.ids[size_t(t)]));
   }
   o.h0 = rel_err(stack(h0, 0), eg(key + ".h0"));
 
   // Logits of the stored rows.
   PackedBatch b = PackedBatch::single(p.ids, p.adapter);
   b.media_rows = rows;
-  Tensor logits = m.lm->logits_at(b, pos);  // [P, V]
+  Tensor logits = m.logits_at(b, pos);  // [P, V]
   const Tensor gold_logits = eg(key + ".logits");
   o.logits = rel_err(logits.narrow(1, 0, gold_logits.size(1)).contiguous(), gold_logits);
 
@@ -212,14 +212,14 @@ TEST_CASE("e2e: two images of different crop counts match the reference logits (
 TEST_CASE("e2e: speech-only logits match the reference (speech LoRA, speech projector)") {
   check_within(check_prompt("b"), 1e-4);
   // The tolerance separates the adapters: the vision LoRA on the same rows is far off.
-  const Phi4MM& m = tiny_model();
+  const Phi4MMForCausalLM& m = tiny_model();
   NoGradGuard ng;
   Prompt p = prompt("b");
   PackedBatch b = PackedBatch::single(p.ids, Adapter::vision);
   b.media_rows = media_rows(m, p.media);
   const std::vector<int64_t> pos = eg("b.positions").to_vector<int64_t>();
   const Tensor gold_logits = eg("b.logits");
-  Tensor wrong = m.lm->logits_at(b, pos).narrow(1, 0, gold_logits.size(1)).contiguous();
+  Tensor wrong = m.logits_at(b, pos).narrow(1, 0, gold_logits.size(1)).contiguous();
   CHECK(rel_err(wrong, gold_logits) > 1e-2);
 }
 

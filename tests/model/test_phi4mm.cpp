@@ -5,13 +5,16 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "autograd/autograd.h"
 #include "model_fixtures.h"
 #include "models/phi4mm/model.h"
+#include "nn/io/files.h"
 #include "nn/io/safetensors.h"
 
 using namespace areno;
@@ -38,40 +41,68 @@ std::vector<double> tone(int64_t n, int64_t rate, double hz) {
 
 TEST_CASE("phi4mm: a tiny preset with towers saves and reloads bit-identically") {
   auto m = init_phi4mm("tiny", 5, DType::f32);
-  REQUIRE(m->vision);
-  REQUIRE(m->audio);
+  REQUIRE(m->image_embed());
+  REQUIRE(m->audio_embed());
   TempDir dir;
-  save_phi4mm(*m, dir.str());
+  save_model(*m, dir.str());
   LoadReport rep;
-  auto r = load_phi4mm(dir.str(), {}, &rep);
-  REQUIRE(r->vision);
-  REQUIRE(r->audio);
-  const int64_t total = int64_t(m->lm->named_parameters().size() + m->vision->named_parameters().size() +
-                                m->audio->named_parameters().size());
+  auto r = load_model(dir.str(), {}, &rep);
+  REQUIRE(r->image_embed());
+  REQUIRE(r->audio_embed());
+  const int64_t total = int64_t(m->named_parameters().size());
+  const int64_t towers =
+      int64_t(m->image_embed()->named_parameters().size() + m->audio_embed()->named_parameters().size());
+  CHECK(towers > 0);
   CHECK(rep.consumed == total);
   CHECK(rep.expected == total);
   CHECK(rep.skipped == 0);
-  auto same = [](const Module& a, const Module& b) {
-    auto pa = a.named_parameters(), pb = b.named_parameters();
-    REQUIRE(pa.size() == pb.size());
-    for (size_t i = 0; i < pa.size(); ++i) {
-      CAPTURE(pa[i].first);
-      CHECK(pa[i].first == pb[i].first);
-      CHECK(max_abs_diff(pa[i].second, pb[i].second) == 0.0);
-    }
-  };
-  same(*m->lm, *r->lm);
-  same(*m->vision, *r->vision);
-  same(*m->audio, *r->audio);
+  // One module named like the checkpoint: the towers sit under model.embed_tokens_extend.
+  auto pa = m->named_parameters(), pb = r->named_parameters();
+  REQUIRE(pa.size() == pb.size());
+  int64_t under_extend = 0;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    CAPTURE(pa[i].first);
+    CHECK(pa[i].first == pb[i].first);
+    CHECK(max_abs_diff(pa[i].second, pb[i].second) == 0.0);
+    under_extend += pa[i].first.rfind("model.embed_tokens_extend.", 0) == 0;
+  }
+  CHECK(under_extend == towers);
 
   // Text only: the towers are skipped, not read.
-  ModelLoadOptions text_only;
+  LoadOptions text_only;
   text_only.vision = text_only.audio = false;
   LoadReport rep2;
-  auto t = load_phi4mm(dir.str(), text_only, &rep2);
-  CHECK(!t->vision);
-  CHECK(!t->audio);
-  CHECK(rep2.skipped == int64_t(m->vision->named_parameters().size() + m->audio->named_parameters().size()));
+  auto t = load_model(dir.str(), text_only, &rep2);
+  CHECK(!t->image_embed());
+  CHECK(!t->audio_embed());
+  CHECK(rep2.skipped == towers);
+}
+
+TEST_CASE("phi4mm: one load reads config.json once and opens each shard once") {
+  auto m = init_phi4mm("tiny", 5, DType::f32);
+  TempDir dir;
+  SaveOptions so;
+  so.max_shard_bytes = 20'000'000;  // several shards and an index
+  save_model(*m, dir.str(), so);
+  std::map<std::string, int> opens;
+  set_open_hook([&](const std::string& path) { ++opens[std::filesystem::path(path).filename().string()]; });
+  LoadReport rep;
+  auto r = load_model(dir.str(), {}, &rep);
+  set_open_hook(nullptr);
+  REQUIRE(r->image_embed());
+  REQUIRE(r->audio_embed());
+  CHECK(opens["config.json"] == 1);
+  CHECK(opens["generation_config.json"] == 1);
+  CHECK(opens["model.safetensors.index.json"] == 1);
+  int shards = 0;
+  for (auto& [name, n] : opens)
+    if (name.rfind("model-", 0) == 0) {
+      CAPTURE(name);
+      CHECK(n == 1);
+      ++shards;
+    }
+  CHECK(shards >= 2);
+  CHECK(opens.size() == size_t(shards + 3));  // nothing else is read
 }
 
 TEST_CASE("phi4mm: media rows follow the prompt order and the processors' counts") {
@@ -112,14 +143,14 @@ TEST_CASE("phi4mm: media rows follow the prompt order and the processors' counts
 TEST_CASE("phi4mm: a bad tower config fails before any weight is read") {
   auto m = init_phi4mm("tiny", 7, DType::f32);
   TempDir dir;
-  save_phi4mm(*m, dir.str());
+  save_model(*m, dir.str());
   nlohmann::json j;
   std::ifstream(dir.str("config.json")) >> j;
   j["img_processor"]["num_attention_heads"] = 5;  // 32 wide: does not divide
   std::ofstream(dir.str("config.json")) << j.dump(2);
   // Corrupt the weights too: a load that read them would fail differently.
   std::filesystem::resize_file(dir.str("model.safetensors"), 100);
-  CHECK_THROWS_WITH(load_phi4mm(dir.str()), doctest::Contains("num_attention_heads"));
+  CHECK_THROWS_WITH(load_model(dir.str()), doctest::Contains("num_attention_heads"));
 }
 
 #include "app/commands_model.h"
@@ -159,7 +190,7 @@ TEST_CASE("phi4mm: areno preprocess and areno logits --messages with an image an
 
   // logits --messages equals the model API on the same media.
   auto m = init_phi4mm("tiny", 9, DType::f32);
-  save_phi4mm(*m, dir.str("ckpt"));
+  save_model(*m, dir.str("ckpt"));
   write_tokenizer_files(make_tokenizer(), dir.str("ckpt"));
   REQUIRE(app::cmd_logits({"--model-path", dir.str("ckpt"), "--messages", dir.str("m.json"), "--out",
                            dir.str("l.safetensors")}) == 0);
@@ -179,7 +210,7 @@ TEST_CASE("phi4mm: areno preprocess and areno logits --messages with an image an
   in.order_is_image = {true, false};
   PackedBatch b = PackedBatch::single(ids, Adapter::vision);
   b.media_rows = media_rows(*m, in);
-  CHECK(testing::rel_err(got, m->lm->logits(b)) < 1e-6);
+  CHECK(testing::rel_err(got, m->logits(b)) < 1e-6);
   CHECK_THROWS_WITH(app::cmd_logits({"--model-path", dir.str("ckpt"), "--messages", dir.str("m.json"), "--adapter",
                                      "none", "--out", dir.str("x.safetensors")}),
                     doctest::Contains("--adapter"));

@@ -609,7 +609,7 @@ TEST_CASE("serve/http image, audio and image+audio requests through the real tow
   EngineOptions eo;
   eo.kv_blocks = 512;
   eo.prefill_chunk_tokens = 128;
-  Engine engine(mm->lm, tokenizer, eo);
+  Engine engine(mm, tokenizer, eo);
   engine.start();
   Served served(engine, encoder.get(), ServerOptions{});
 
@@ -639,7 +639,7 @@ TEST_CASE("serve/http image, audio and image+audio requests through the real tow
     r.params.seed = 42;
     r.params.max_tokens = 6;
     r.params.ignore_eos = true;
-    Engine solo(mm->lm, tokenizer, eo);
+    Engine solo(mm, tokenizer, eo);
     const auto want = generate(solo, {r})[0][0];
 
     const json body = {{"messages", messages}, {"max_tokens", 6}, {"temperature", 1.0}, {"seed", 42},

@@ -218,7 +218,11 @@ TEST_CASE("vision/a checkpoint directory loads by config.json + name walk, and s
     std::ofstream(dir / "config.json") << tiny_config_json().dump(2);
   }
   fs::copy_file(kWeights, dir / "model.safetensors");
-  auto m = load_image_embed(dir.string());
+  auto load_dir = [](const fs::path& d) {
+    std::ifstream f(d / "config.json");
+    return load_image_embed(SafetensorsCheckpoint(d.string()), vision_config_from(json::parse(f)), d.string());
+  };
+  auto m = load_dir(dir);
   CHECK(m->config().hidden_size == 16);
   CHECK(m->config().projection_dim == 12);
   const ImageBatch b = golden_batch("a");
@@ -228,7 +232,7 @@ TEST_CASE("vision/a checkpoint directory loads by config.json + name walk, and s
   }
   // Save in bf16 (the stored dtype) and reload: the same values.
   save_safetensors((dir / "model.safetensors").string(), image_embed_tensors(*m, DType::bf16));
-  auto again = load_image_embed(dir.string());
+  auto again = load_dir(dir);
   for (auto& [name, t] : m->named_parameters())
     if (max_abs_diff(t, again->get(name)) != 0) FAIL("parameter " << name << " changed by save + load");
   // A missing tensor is named.
@@ -236,7 +240,7 @@ TEST_CASE("vision/a checkpoint directory loads by config.json + name walk, and s
   tensors.erase(tensors.begin() + 5);
   const std::string dropped = image_embed_tensors(*m, DType::bf16)[5].first;
   save_safetensors((dir / "model.safetensors").string(), tensors);
-  CHECK(error_of([&] { load_image_embed(dir.string()); }).find("missing " + dropped) != std::string::npos);
+  CHECK(error_of([&] { load_dir(dir); }).find("missing " + dropped) != std::string::npos);
   fs::remove_all(dir);
 }
 

@@ -509,21 +509,6 @@ std::shared_ptr<ImageEmbed> load_image_embed(const SafetensorsCheckpoint& ckpt, 
   return m;
 }
 
-std::shared_ptr<ImageEmbed> load_image_embed(const std::string& dir, DType dtype, Device device) {
-  const std::string path = dir + "/config.json";
-  std::ifstream f(path);
-  if (!f) throw std::runtime_error(fmt::format("cannot open {}", path));
-  json j;
-  try {
-    j = json::parse(f);
-  } catch (const json::exception& e) {
-    throw std::runtime_error(fmt::format("{}: invalid JSON: {}", path, e.what()));
-  }
-  const VisionConfig c = vision_config_from(j, path);
-  SafetensorsCheckpoint ckpt(dir);
-  return load_image_embed(ckpt, c, dir, dtype, device);
-}
-
 std::vector<std::pair<std::string, Tensor>> image_embed_tensors(const ImageEmbed& m, DType dtype) {
   return prefixed_tensors(m, kImageEmbedPrefix, dtype);
 }

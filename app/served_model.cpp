@@ -1,0 +1,64 @@
+#include "app/served_model.h"
+
+#include <chrono>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "models/phi4mm/checkpoint.h"
+#include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+
+namespace areno::app {
+
+std::optional<DType> parse_dtype_flag(const std::string& dtype) {
+  if (dtype.empty()) return std::nullopt;
+  if (dtype == "f32") return DType::f32;
+  if (dtype == "bf16") return DType::bf16;
+  throw std::invalid_argument(fmt::format("--dtype: expected f32 or bf16, got '{}'", dtype));
+}
+
+ServedModel load_served_model(const std::string& model_path, const std::string& device, const std::string& dtype,
+                              const ModelNeeds& needs) {
+  const std::optional<DType> dt = parse_dtype_flag(dtype);
+  Device dev;
+  try {
+    dev = Device::parse(device);
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(fmt::format("--device: expected cpu or cuda[:N], got '{}' ({})", device, e.what()));
+  }
+  ServedModel m;
+  if (model_path.empty()) {
+    m.model = phi4mm::init_phi4mm("tiny", 0, dt.value_or(DType::f32));
+    if (!dev.is_cpu()) m.model->to(dev);
+    m.encoder = serve::make_media_encoder(m.model);
+    auto t = phi4mm::make_tokenizer();
+    t.set_padded_vocab_size(size_t(m.model->config().text.vocab_size));
+    m.tokenizer = std::make_shared<const tok::Tokenizer>(std::move(t));
+    m.name = "areno-demo";
+    m.demo = true;
+    return m;
+  }
+  phi4mm::LoadOptions lo;
+  lo.dtype = dt;
+  lo.device = dev;
+  lo.with_lora = needs.lora;
+  lo.vision = lo.audio = needs.towers;
+  phi4mm::LoadReport report;
+  const auto t0 = std::chrono::steady_clock::now();
+  m.model = phi4mm::load_model(model_path, lo, &report);
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  m.encoder = serve::make_media_encoder(m.model);
+  if (needs.towers)
+    fmt::print(stderr, "{}: vision tower {}, audio encoder {}\n", model_path,
+               m.model->image_embed() ? "loaded" : "absent", m.model->audio_embed() ? "loaded" : "absent");
+  fmt::print(stderr, "loaded {} in {:.1f} s: {}\n", model_path, load_s, report.summary());
+  if (needs.tokenizer) {
+    auto t = phi4mm::load_tokenizer(model_path);
+    t.set_padded_vocab_size(size_t(m.model->config().text.vocab_size));
+    m.tokenizer = std::make_shared<const tok::Tokenizer>(std::move(t));
+  }
+  m.name = model_path;
+  return m;
+}
+
+}  // namespace areno::app
