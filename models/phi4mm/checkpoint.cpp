@@ -9,8 +9,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "autograd/autograd.h"
 #include "nn/io/safetensors.h"
+#include "tensor/autograd.h"
 
 namespace areno::phi4mm {
 
