@@ -8,7 +8,7 @@
 #include "app/commands.h"
 #include "app/flags.h"
 #include "areno_build_config.h"
-#include "kernels/backend.h"
+#include "tensor/backend.h"
 
 namespace areno::app {
 

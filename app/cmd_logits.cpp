@@ -8,12 +8,12 @@
 #include "app/commands_model.h"
 #include "app/served_model.h"
 #include "app/flags.h"
-#include "autograd/autograd.h"
 #include "models/phi4mm/checkpoint.h"
 #include "models/phi4mm/model.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "nn/io/safetensors.h"
 #include "serve/chat_request.h"
+#include "tensor/autograd.h"
 
 namespace areno::app {
 

@@ -1,6 +1,8 @@
+#include "autograd/checkpoint.h"
+
 #include <stdexcept>
 
-#include "autograd/autograd.h"
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
 
 namespace areno {

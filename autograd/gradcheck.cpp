@@ -1,9 +1,11 @@
+#include "autograd/gradcheck.h"
+
 #include <fmt/format.h>
 
 #include <cmath>
 #include <stdexcept>
 
-#include "autograd/autograd.h"
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
 
 namespace areno {

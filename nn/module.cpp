@@ -3,7 +3,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "autograd/autograd.h"
+#include "tensor/autograd.h"
 
 namespace areno {
 

@@ -11,8 +11,8 @@
 
 #include <fmt/format.h>
 
-#include "autograd/autograd.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+#include "tensor/autograd.h"
 
 namespace areno::serve {
 

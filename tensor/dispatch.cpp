@@ -1,113 +1,11 @@
-// The one place where a device picks its kernels and its memory.
-#include <cstdlib>
-#include <map>
-#include <mutex>
-#include <new>
-#include <stdexcept>
-#include <string>
-#include <vector>
-
-#include <unistd.h>
-
-#include "kernels/backend.h"
+// The one place where a device picks its kernels (and so its memory): the
+// backends themselves are defined in kernels/, which link into the library.
+#include "tensor/backend.h"
 
 namespace areno {
 
 Backend& backend(Device device) {
   return device.is_cuda() ? cuda_backend() : cpu_backend();
-}
-
-namespace {
-
-// Large host blocks are kept after release and handed out again for the same
-// rounded size: glibc returns big blocks to the kernel (mmap), and every new
-// one costs page faults and zeroing, which was a quarter of a CPU training
-// step. Blocks of at least 4 MiB, in size classes; at most a quarter of
-// physical memory and at most 4 GiB (ARENO_CPU_CACHE_MB overrides) stays cached.
-class HostBlockCache {
- public:
-  static constexpr size_t kMin = size_t(4) << 20, kRound = size_t(2) << 20;
-
-  static HostBlockCache& get() {
-    static HostBlockCache* c = new HostBlockCache();  // never destroyed: storages may outlive statics
-    return *c;
-  }
-  // Small blocks: 64-byte multiples (plain malloc). Large ones: size classes a
-  // quarter power of two apart, so tensors whose size drifts from step to step
-  // (logits of a varying number of rows, a growing KV history) reuse blocks.
-  // Pages past the requested size are never touched, so the rounding costs
-  // address space, not memory.
-  static size_t rounded(size_t n) {
-    if (n < kMin) return (std::max<size_t>(n, 1) + 63) / 64 * 64;
-    size_t p = kMin;
-    while (p * 2 <= n) p *= 2;  // p <= n < 2p
-    for (size_t q = 1; q <= 4; ++q)
-      if (n <= p + p / 4 * q) return (p + p / 4 * q + kRound - 1) / kRound * kRound;
-    return 2 * p;
-  }
-
-  void* take(size_t size) {
-    if (size < kMin) return nullptr;
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = free_.find(size);
-    if (it == free_.end() || it->second.empty()) return nullptr;
-    void* p = it->second.back();
-    it->second.pop_back();
-    cached_ -= size;
-    return p;
-  }
-  void give(void* p, size_t size) {
-    if (size >= kMin) {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (cached_ + size <= cap_) {
-        free_[size].push_back(p);
-        cached_ += size;
-        return;
-      }
-    }
-    std::free(p);
-  }
-  void clear() {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (auto& [size, v] : free_)
-      for (void* p : v) std::free(p);
-    free_.clear();
-    cached_ = 0;
-  }
-
- private:
-  HostBlockCache() {
-    if (const char* env = std::getenv("ARENO_CPU_CACHE_MB")) {
-      cap_ = size_t(std::strtoull(env, nullptr, 10)) << 20;
-    } else {
-      const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-      cap_ = pages > 0 && page > 0 ? std::min(size_t(pages) * size_t(page) / 4, size_t(4) << 30) : size_t(1) << 30;
-    }
-  }
-  std::mutex mu_;
-  std::map<size_t, std::vector<void*>> free_;
-  size_t cached_ = 0, cap_ = 0;
-};
-
-}  // namespace
-
-std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
-  if (device.is_cuda()) return cuda_backend().allocate(nbytes, device);
-  auto& cache = HostBlockCache::get();
-  const size_t size = HostBlockCache::rounded(nbytes);
-  void* p = cache.take(size);
-  if (!p) p = std::aligned_alloc(64, size);
-  if (!p) {
-    cache.clear();
-    p = std::aligned_alloc(64, size);
-  }
-  if (!p) throw std::bad_alloc();
-  return std::make_shared<Storage>(p, nbytes, device, [size](void* q) { HostBlockCache::get().give(q, size); });
-}
-
-std::shared_ptr<Storage> Storage::wrap(void* data, size_t nbytes, Device device,
-                                       std::shared_ptr<void> owner) {
-  return std::make_shared<Storage>(data, nbytes, device, [owner](void*) mutable { owner.reset(); });
 }
 
 }  // namespace areno

@@ -6,30 +6,6 @@
 namespace areno {
 using namespace detail;
 
-namespace detail {
-
-RowsView to_rows(const Tensor& x, int64_t dim) {
-  RowsView rv;
-  rv.dim = wrap_dim(dim, std::max<int64_t>(x.dim(), 1));
-  Tensor xd = x.detach();
-  if (x.dim() == 0) xd = xd.reshape({1});
-  Tensor moved = rv.dim == xd.dim() - 1 ? xd : xd.transpose(rv.dim, -1);
-  rv.moved = moved.shape();
-  int64_t n = moved.size(-1);
-  rv.rows = moved.contiguous().reshape({n == 0 ? 0 : moved.numel() / n, n});
-  return rv;
-}
-
-Tensor from_rows(const Tensor& rows, const RowsView& rv) {
-  Shape s = rv.moved;
-  s.back() = rows.size(1);
-  Tensor t = rows.reshape(s);
-  int64_t last = int64_t(s.size()) - 1;
-  return rv.dim == last ? t : t.transpose(rv.dim, -1);
-}
-
-}  // namespace detail
-
 namespace {
 
 std::vector<int64_t> normalise_dims(std::vector<int64_t> dims, int64_t ndim) {
@@ -176,29 +152,6 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
   return sum(x, dims, true).reshape(shape);
 }
 
-// ---------------------------------------------------------------- softmax
-
-static Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
-  check_floating(x, log ? "log_softmax" : "softmax");
-  RowsView rv = to_rows(x, dim);
-  Tensor y = empty_like(rv.rows);
-  if (y.numel()) backend(x.device()).softmax(rv.rows, y, log);
-  Tensor out = from_rows(y, rv);
-  if (x.dim() == 0) out = out.reshape({});
-  if (needs_grad({x})) {
-    record(out, log ? "log_softmax" : "softmax", {x}, [y, rv, log, x](const Tensor& g) {
-      RowsView gv = to_rows(g, rv.dim);
-      Tensor dx = empty_like(y);
-      backend(y.device()).softmax_backward(y, gv.rows.to(y.dtype()), dx, log);
-      Tensor r = from_rows(dx, rv);
-      return std::vector<Tensor>{x.dim() == 0 ? r.reshape({}) : r};
-    });
-  }
-  return out;
-}
-Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, false); }
-Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, true); }
-
 Tensor cumsum(const Tensor& x, int64_t dim) {
   dim = wrap_dim(dim, std::max<int64_t>(x.dim(), 1));
   Tensor xc = x.detach().contiguous();
@@ -222,36 +175,6 @@ Tensor cumsum(const Tensor& x, int64_t dim) {
       return std::vector<Tensor>{index_select(cumsum(gf, dim), dim, rev)};
     });
   return out;
-}
-
-std::pair<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim, bool largest) {
-  RowsView rv = to_rows(x, dim);
-  int64_t n = rv.rows.size(1);
-  if (k < 0 || k > n)
-    throw std::invalid_argument(fmt::format("topk: k = {} but dimension has {} elements", k, n));
-  Tensor vals = empty({rv.rows.size(0), k}, TensorOptions(x.dtype(), x.device()));
-  Tensor idx = empty({rv.rows.size(0), k}, TensorOptions(DType::i64, x.device()));
-  if (vals.numel()) backend(x.device()).sort(rv.rows, k, largest, vals, idx);
-  Tensor v = from_rows(vals, rv), i = from_rows(idx, rv).contiguous();
-  if (x.dim() == 0) {
-    v = v.reshape({});
-    i = i.reshape({});
-  }
-  if (needs_grad({x})) {
-    int64_t d = rv.dim;
-    Shape in_shape = x.shape();
-    record(v, "topk", {x}, [in_shape, i, d](const Tensor& g) {
-      Tensor z = zeros(in_shape, TensorOptions(g.dtype(), g.device()));
-      if (in_shape.empty()) return std::vector<Tensor>{g};
-      return std::vector<Tensor>{scatter_add(z, d, i, g)};
-    });
-  }
-  return {v, i};
-}
-
-std::pair<Tensor, Tensor> sort(const Tensor& x, int64_t dim, bool descending) {
-  int64_t n = x.dim() == 0 ? 1 : x.size(dim);
-  return topk(x, n, dim, descending);
 }
 
 }  // namespace areno

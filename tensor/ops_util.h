@@ -5,8 +5,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "autograd/autograd.h"
-#include "kernels/backend.h"
+#include "tensor/autograd.h"
+#include "tensor/backend.h"
 #include "tensor/ops.h"
 
 namespace areno::detail {

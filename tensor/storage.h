@@ -24,12 +24,14 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
 
-  // Fresh, uninitialised memory (64-byte aligned on the CPU; the caching
-  // allocator on CUDA).
-  static std::shared_ptr<Storage> allocate(size_t nbytes, Device device);
+  // Fresh memory comes from the device's backend: backend(device).allocate()
+  // (tensor/backend.h).
   // Memory owned elsewhere (an mmap'ed file); `owner` is kept alive.
   static std::shared_ptr<Storage> wrap(void* data, size_t nbytes, Device device,
-                                       std::shared_ptr<void> owner);
+                                       std::shared_ptr<void> owner) {
+    return std::make_shared<Storage>(data, nbytes, device,
+                                     [owner](void*) mutable { owner.reset(); });
+  }
 
  private:
   void* data_;

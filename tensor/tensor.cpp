@@ -6,8 +6,8 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "autograd/autograd.h"
-#include "kernels/backend.h"
+#include "tensor/autograd.h"
+#include "tensor/backend.h"
 #include "tensor/ops.h"
 
 namespace areno {
@@ -396,7 +396,7 @@ Tensor empty(Shape shape, TensorOptions opts) {
   for (auto d : shape)
     if (d < 0) throw std::invalid_argument("negative size in shape " + shape_str(shape));
   size_t nbytes = size_t(shape_numel(shape)) * dtype_size(opts.dtype);
-  auto storage = Storage::allocate(nbytes, opts.device);
+  auto storage = backend(opts.device).allocate(nbytes, opts.device);
   Shape st = contiguous_strides(shape);
   return make_tensor(std::move(storage), 0, std::move(shape), std::move(st), opts.dtype);
 }
@@ -444,23 +444,6 @@ template <>
 Tensor from_vector(const std::vector<bool>& values, Shape shape, TensorOptions opts) {
   std::vector<int32_t> v(values.begin(), values.end());
   return from_vector(v, std::move(shape), opts);
-}
-
-static Tensor random_tensor(Shape shape, Generator& gen, RandomKind kind, double a, double b,
-                            TensorOptions opts) {
-  if (!is_floating(opts.dtype))
-    throw std::invalid_argument("random tensors must be floating point");
-  Tensor t = empty(std::move(shape), opts);
-  uint64_t n = uint64_t(t.numel());
-  uint64_t off = gen.advance(n);
-  if (n) backend(opts.device).random(t, kind, a, b, gen.seed(), off);
-  return t;
-}
-Tensor rand_uniform(Shape shape, Generator& gen, double low, double high, TensorOptions opts) {
-  return random_tensor(std::move(shape), gen, RandomKind::uniform, low, high, opts);
-}
-Tensor rand_normal(Shape shape, Generator& gen, double mean, double std, TensorOptions opts) {
-  return random_tensor(std::move(shape), gen, RandomKind::normal, mean, std, opts);
 }
 
 }  // namespace areno

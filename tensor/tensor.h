@@ -16,7 +16,7 @@
 
 namespace areno {
 
-struct Node;  // autograd/autograd.h
+struct Node;  // tensor/autograd.h
 
 struct TensorImpl {
   std::shared_ptr<Storage> storage;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/backend.h"
+#include "tensor/backend.h"
 #include "tensor/tensor.h"
 
 namespace areno::testing {

@@ -21,11 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "autograd/autograd.h"
 #include "models/phi4mm/audio/audio_features.h"
 #include "models/phi4mm/audio/encoder.h"
 #include "models/phi4mm/checkpoint.h"
 #include "nn/io/safetensors.h"
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
 
 using namespace areno;

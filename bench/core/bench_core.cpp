@@ -8,8 +8,8 @@
 #include <functional>
 #include <string>
 
-#include "autograd/autograd.h"
-#include "kernels/backend.h"
+#include "tensor/autograd.h"
+#include "tensor/backend.h"
 #include "tensor/ops.h"
 
 using namespace areno;

@@ -20,11 +20,11 @@
 #include <string>
 #include <vector>
 
-#include "autograd/autograd.h"
-#include "kernels/backend.h"
 #include "models/phi4mm/checkpoint.h"
 #include "models/phi4mm/kv_cache.h"
 #include "models/phi4mm/text.h"
+#include "tensor/autograd.h"
+#include "tensor/backend.h"
 #include "tensor/ops.h"
 
 using namespace areno;

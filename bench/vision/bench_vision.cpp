@@ -26,11 +26,11 @@
 #include <string>
 #include <vector>
 
-#include "autograd/autograd.h"
 #include "models/phi4mm/processor/image_io.h"
 #include "models/phi4mm/processor/image_processor.h"
 #include "models/phi4mm/vision/vision.h"
 #include "nn/io/safetensors.h"
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
 
 using namespace areno;

@@ -10,7 +10,8 @@
 #include <cmath>
 #include <limits>
 
-#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_common.h"
 
 namespace areno::cpu {
 
@@ -22,8 +23,8 @@ constexpr int64_t kBlock = 64;  // query rows per work item
 
 }  // namespace
 
-bool attention_inference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, double scale,
-                         bool causal) {
+bool CpuBackend::attention_inference(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& out, double scale, bool causal) {
   if (q.dtype() != DType::f32 || k.dtype() != DType::f32 || v.dtype() != DType::f32 || out.dtype() != DType::f32)
     return false;
   if (q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1 || !out.is_contiguous()) return false;

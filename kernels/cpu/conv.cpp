@@ -1,11 +1,12 @@
 // im2col / col2im for convolutions, and average pooling.
 #include <type_traits>
 
-#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_common.h"
 
 namespace areno::cpu {
 
-void im2col(const Tensor& x, const ConvGeom& g, const Tensor& cols) {
+void CpuBackend::im2col(const Tensor& x, const ConvGeom& g, const Tensor& cols) {
   visit_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* xp = static_cast<const T*>(x.data_ptr());
@@ -31,7 +32,7 @@ void im2col(const Tensor& x, const ConvGeom& g, const Tensor& cols) {
   });
 }
 
-void col2im(const Tensor& cols, const ConvGeom& g, const Tensor& dx) {
+void CpuBackend::col2im(const Tensor& cols, const ConvGeom& g, const Tensor& dx) {
   visit_dtype(dx.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_same_v<T, bool>) {
@@ -68,7 +69,7 @@ void col2im(const Tensor& cols, const ConvGeom& g, const Tensor& dx) {
   });
 }
 
-void avg_pool2d(const Tensor& x, const PoolGeom& g, const Tensor& out) {
+void CpuBackend::avg_pool2d(const Tensor& x, const PoolGeom& g, const Tensor& out) {
   visit_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
@@ -92,7 +93,7 @@ void avg_pool2d(const Tensor& x, const PoolGeom& g, const Tensor& out) {
   });
 }
 
-void avg_pool2d_backward(const Tensor& dy, const PoolGeom& g, const Tensor& dx) {
+void CpuBackend::avg_pool2d_backward(const Tensor& dy, const PoolGeom& g, const Tensor& dx) {
   visit_dtype(dx.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = std::conditional_t<std::is_same_v<T, double>, double, float>;

@@ -8,7 +8,8 @@
 #include <stdexcept>
 #include <type_traits>
 
-#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_common.h"
 
 namespace areno::cpu {
 
@@ -134,11 +135,11 @@ bool unary_f32_fast(UnaryOp op, const Tensor& x, const Tensor& out) {
 
 }  // namespace
 
-void copy(const Tensor& src, const Tensor& dst) {
+void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
   visit_dtype(dst.dtype(), [&](auto tag) { copy_to<decltype(tag)>(src, dst); });
 }
 
-void fill(const Tensor& dst, double value) {
+void CpuBackend::fill(const Tensor& dst, double value) {
   visit_dtype(dst.dtype(), [&](auto tag) {
     using T = decltype(tag);
     T v = convert<T>(value);
@@ -148,7 +149,7 @@ void fill(const Tensor& dst, double value) {
   });
 }
 
-void arange(const Tensor& dst, double start, double step) {
+void CpuBackend::arange(const Tensor& dst, double start, double step) {
   visit_dtype(dst.dtype(), [&](auto tag) {
     using T = decltype(tag);
     T* p = static_cast<T*>(dst.data_ptr());
@@ -156,7 +157,7 @@ void arange(const Tensor& dst, double start, double step) {
   });
 }
 
-void unary(UnaryOp op, const Tensor& x, const Tensor& out, double p0, double p1) {
+void CpuBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, double p0, double p1) {
   if (op == UnaryOp::logical_not) {
     map1<bool, bool>(x, out, [](bool v) { return !v; });
     return;
@@ -210,7 +211,8 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& out, double p0, double p1)
   });
 }
 
-void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out, double alpha) {
+void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out,
+                        double alpha) {
   if (op == BinaryOp::logical_and) return map2<bool, bool>(a, b, out, [](bool x, bool y) { return x && y; });
   if (op == BinaryOp::logical_or) return map2<bool, bool>(a, b, out, [](bool x, bool y) { return x || y; });
   visit_dtype(a.dtype(), [&](auto tag) {
@@ -276,7 +278,7 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out, do
   });
 }
 
-void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
   visit_dtype(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     strided_loop<4>(out.shape(), {&cond, &a, &b, &out},

@@ -3,7 +3,8 @@
 #include <cstring>
 #include <type_traits>
 
-#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_common.h"
 
 namespace areno::cpu {
 
@@ -27,7 +28,7 @@ inline int64_t remap(int64_t lin, const Shape& ishape, const Shape& strides, int
 }
 }  // namespace
 
-void index_select(const Tensor& x, const Tensor& index, const Tensor& out) {
+void CpuBackend::index_select(const Tensor& x, const Tensor& index, const Tensor& out) {
   int64_t outer = x.size(0), n = x.size(1), inner = x.size(2), m = index.numel();
   const int64_t* ip = static_cast<const int64_t*>(index.data_ptr());
   size_t es = x.element_size();
@@ -42,7 +43,7 @@ void index_select(const Tensor& x, const Tensor& index, const Tensor& out) {
   });
 }
 
-void index_add(const Tensor& out, const Tensor& index, const Tensor& src) {
+void CpuBackend::index_add(const Tensor& out, const Tensor& index, const Tensor& src) {
   int64_t outer = out.size(0), n = out.size(1), inner = out.size(2), m = index.numel();
   const int64_t* ip = static_cast<const int64_t*>(index.data_ptr());
   visit_dtype(out.dtype(), [&](auto tag) {
@@ -61,7 +62,7 @@ void index_add(const Tensor& out, const Tensor& index, const Tensor& src) {
   });
 }
 
-void gather(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& out) {
+void CpuBackend::gather(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& out) {
   const int64_t* ip = static_cast<const int64_t*>(index.data_ptr());
   Shape xs = x.strides(), ishape = index.shape();
   visit_dtype(x.dtype(), [&](auto tag) {
@@ -74,7 +75,8 @@ void gather(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& out
   });
 }
 
-void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate) {
+void CpuBackend::scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src,
+                         bool accumulate) {
   const int64_t* ip = static_cast<const int64_t*>(index.data_ptr());
   Shape os = out.strides(), ishape = index.shape();
   visit_dtype(out.dtype(), [&](auto tag) {
@@ -89,7 +91,7 @@ void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& 
   });
 }
 
-void masked_scatter(const Tensor& out, const Tensor& mask, const Tensor& src) {
+void CpuBackend::masked_scatter(const Tensor& out, const Tensor& mask, const Tensor& src) {
   const bool* mp = static_cast<const bool*>(mask.data_ptr());
   size_t es = out.element_size();
   char* op = static_cast<char*>(out.data_ptr());

@@ -7,7 +7,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_common.h"
 
 namespace areno::cpu {
 
@@ -101,7 +102,8 @@ void gemm_small_m(const T* a, const MatRef& ma, const T* b, const MatRef& mb, T*
 
 }  // namespace
 
-void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
+void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha,
+                        double beta) {
   int64_t batch = out.size(0), M = out.size(1), N = out.size(2);
   MatRef ma = describe(a), mb = describe(b);
   int64_t sa = a.stride(0), sb = b.stride(0);

@@ -2,12 +2,13 @@
 #include <cmath>
 #include <type_traits>
 
-#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_common.h"
 
 namespace areno::cpu {
 
-void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                const Tensor& master, const AdamWArgs& args) {
+void CpuBackend::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
+                            const Tensor& v, const Tensor& master, const AdamWArgs& args) {
   int64_t n = param.numel();
   float* mp = static_cast<float*>(m.data_ptr());
   float* vp = static_cast<float*>(v.data_ptr());

@@ -3,7 +3,8 @@
 // Box-Muller on consecutive lane pairs.
 #include <cmath>
 
-#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_common.h"
 
 namespace areno::cpu {
 
@@ -29,7 +30,8 @@ inline double to_unit(uint32_t u) { return double(u >> 8) * (1.0 / 16777216.0); 
 
 }  // namespace
 
-void random(const Tensor& dst, RandomKind kind, double a, double b, uint64_t seed, uint64_t offset) {
+void CpuBackend::random(const Tensor& dst, RandomKind kind, double a, double b, uint64_t seed,
+                        uint64_t offset) {
   int64_t n = dst.numel();
   visit_dtype(dst.dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -2,7 +2,8 @@
 #include <limits>
 #include <type_traits>
 
-#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_common.h"
 
 namespace areno::cpu {
 
@@ -12,7 +13,8 @@ template <typename C> struct acc_of { using type = C; };
 template <> struct acc_of<float> { using type = double; };
 }  // namespace
 
-void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t n, int64_t inner, const Tensor& out) {
+void CpuBackend::reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t n, int64_t inner,
+                        const Tensor& out) {
   visit_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = std::conditional_t<std::is_same_v<T, bool>, int64_t, compute_t<T>>;
@@ -59,7 +61,8 @@ void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t n, int64_t inne
   });
 }
 
-void cumsum(const Tensor& x, int64_t outer, int64_t n, int64_t inner, const Tensor& out) {
+void CpuBackend::cumsum(const Tensor& x, int64_t outer, int64_t n, int64_t inner,
+                        const Tensor& out) {
   visit_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_same_v<T, bool>) {

@@ -1,4 +1,4 @@
-// Row kernels over contiguous [m, n]: softmax, sort/top-k, layer norm, RMS norm.
+// Row kernels over contiguous [m, n]: softmax, layer norm, RMS norm.
 // GCC 12 reports false "(may be) used uninitialized" inside its AVX-512
 // intrinsics once Eigen's packet code is inlined here.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -9,7 +9,8 @@
 #include <numeric>
 #include <type_traits>
 
-#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_common.h"
 
 namespace areno::cpu {
 
@@ -52,7 +53,7 @@ void softmax_row(const C* in, C* out, int64_t n, bool log) {
 
 }  // namespace
 
-void softmax(const Tensor& x, const Tensor& out, bool log) {
+void CpuBackend::softmax(const Tensor& x, const Tensor& out, bool log) {
   int64_t m = x.size(0), n = x.size(1);
   for_float_dtype(x.dtype(), "softmax", [&](auto tag) {
     using T = decltype(tag);
@@ -76,7 +77,7 @@ void softmax(const Tensor& x, const Tensor& out, bool log) {
   });
 }
 
-void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log) {
+void CpuBackend::softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log) {
   int64_t m = y.size(0), n = y.size(1);
   for_float_dtype(y.dtype(), "softmax_backward", [&](auto tag) {
     using T = decltype(tag);
@@ -102,49 +103,8 @@ void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool 
   });
 }
 
-void sort(const Tensor& x, int64_t k, bool descending, const Tensor& values, const Tensor& indices) {
-  int64_t m = x.size(0), n = x.size(1);
-  visit_dtype(x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    using C = std::conditional_t<std::is_same_v<T, bool>, int, compute_t<T>>;
-    const T* xp = static_cast<const T*>(x.data_ptr());
-    T* vp = static_cast<T*>(values.data_ptr());
-    int64_t* ip = static_cast<int64_t*>(indices.data_ptr());
-    parallel_for(m, n * 8, [&](int64_t lo, int64_t hi) {
-      std::vector<int64_t> idx(n);
-      for (int64_t i = lo; i < hi; ++i) {
-        const T* r = xp + i * n;
-        std::iota(idx.begin(), idx.end(), 0);
-        // NaN sorts as the largest value, as in torch.
-        auto key = [&](int64_t j) { return C(r[j]); };
-        auto less = [&](int64_t a, int64_t b) {
-          C va = key(a), vb = key(b);
-          bool na = va != va, nb = vb != vb;
-          if (descending) {
-            if (na != nb) return na;
-            if (va != vb && !na) return va > vb;
-          } else {
-            if (na != nb) return nb;
-            if (va != vb && !na) return va < vb;
-          }
-          return a < b;
-        };
-        if (k < n) {
-          std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), less);
-        } else {
-          std::sort(idx.begin(), idx.end(), less);
-        }
-        for (int64_t j = 0; j < k; ++j) {
-          vp[i * k + j] = r[idx[j]];
-          ip[i * k + j] = idx[j];
-        }
-      }
-    });
-  });
-}
-
-void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
-                const Tensor& mean, const Tensor& rstd) {
+void CpuBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps,
+                            const Tensor& y, const Tensor& mean, const Tensor& rstd) {
   int64_t m = x.size(0), n = x.size(1);
   for_float_dtype(x.dtype(), "layer_norm", [&](auto tag) {
     using T = decltype(tag);
@@ -179,8 +139,9 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, c
   });
 }
 
-void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                         const Tensor& dy, const Tensor& dx, const Tensor& dw, const Tensor& db) {
+void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean,
+                                     const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                                     const Tensor& dw, const Tensor& db) {
   int64_t m = x.size(0), n = x.size(1);
   for_float_dtype(x.dtype(), "layer_norm_backward", [&](auto tag) {
     using T = decltype(tag);
@@ -231,7 +192,8 @@ void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, c
   });
 }
 
-void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) {
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
+                          const Tensor& rstd) {
   int64_t m = x.size(0), n = x.size(1);
   for_float_dtype(x.dtype(), "rms_norm", [&](auto tag) {
     using T = decltype(tag);
@@ -260,8 +222,8 @@ void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, con
   });
 }
 
-void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                       const Tensor& dx, const Tensor& dw) {
+void CpuBackend::rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                   const Tensor& dy, const Tensor& dx, const Tensor& dw) {
   int64_t m = x.size(0), n = x.size(1);
   for_float_dtype(x.dtype(), "rms_norm_backward", [&](auto tag) {
     using T = decltype(tag);

@@ -1,7 +1,7 @@
 #pragma once
-// CudaBackend: the kernel table of kernels/backend.h for cuda:N devices.
+// CudaBackend: the kernel table of tensor/backend.h for cuda:N devices.
 // The methods are defined by topic across kernels/cuda/*.cu.
-#include "kernels/backend.h"
+#include "tensor/backend.h"
 
 namespace areno {
 

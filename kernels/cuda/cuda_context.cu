@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/backend.h"
+#include "tensor/backend.h"
 
 namespace areno::cuda {
 

@@ -20,7 +20,7 @@ Tensor device_empty(const Shape& shape, DType dtype, int device) {
 
 Tensor host_empty(const Shape& shape, DType dtype) {
   size_t nbytes = size_t(shape_numel(shape)) * dtype_size(dtype);
-  return make_tensor(Storage::allocate(nbytes, Device::cpu()), 0, shape, contiguous_strides(shape),
+  return make_tensor(cpu_backend().allocate(nbytes, Device::cpu()), 0, shape, contiguous_strides(shape),
                      dtype);
 }
 

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/backend.h"
+#include "tensor/backend.h"
 
 namespace areno {
 

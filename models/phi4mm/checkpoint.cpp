@@ -10,11 +10,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "autograd/autograd.h"
 #include "models/phi4mm/audio/audio_config.h"
 #include "models/phi4mm/vision/vision_config.h"
 #include "nn/io/files.h"
 #include "nn/io/safetensors.h"
+#include "tensor/autograd.h"
 
 namespace areno::phi4mm {
 

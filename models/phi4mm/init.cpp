@@ -5,8 +5,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "autograd/autograd.h"
 #include "models/phi4mm/vision/vision.h"
+#include "tensor/autograd.h"
 
 namespace areno::phi4mm {
 

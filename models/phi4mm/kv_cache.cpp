@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "autograd/autograd.h"
+#include "tensor/autograd.h"
 
 namespace areno::phi4mm {
 

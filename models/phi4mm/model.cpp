@@ -4,9 +4,9 @@
 
 #include <fmt/format.h>
 
-#include "autograd/autograd.h"
 #include "models/phi4mm/init.h"
 #include "nn/io/safetensors.h"
+#include "tensor/autograd.h"
 
 namespace areno::phi4mm {
 

@@ -7,10 +7,10 @@
 
 #include <fmt/format.h>
 
-#include "autograd/autograd.h"
 #include "models/phi4mm/audio/encoder.h"
 #include "models/phi4mm/kv_cache.h"
 #include "models/phi4mm/vision/vision.h"
+#include "tensor/autograd.h"
 
 namespace areno::phi4mm {
 

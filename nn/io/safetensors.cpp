@@ -18,7 +18,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "autograd/autograd.h"
+#include "tensor/autograd.h"
 
 namespace areno {
 

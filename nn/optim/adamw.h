@@ -3,8 +3,8 @@
 // Moments are f32; bf16/f16 parameters keep an f32 master copy that the update
 // applies to, and the parameter is the master rounded to its dtype. The update
 // is the fused Backend::adamw_step kernel of the parameter's device.
-#include "kernels/backend.h"
 #include "nn/optim/optimizer.h"
+#include "tensor/backend.h"
 
 namespace areno {
 

@@ -5,8 +5,8 @@
 #include <set>
 #include <stdexcept>
 
-#include "autograd/autograd.h"
 #include "nn/io/safetensors.h"
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
 
 namespace areno {

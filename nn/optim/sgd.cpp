@@ -2,7 +2,7 @@
 
 #include <stdexcept>
 
-#include "autograd/autograd.h"
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
 
 namespace areno {

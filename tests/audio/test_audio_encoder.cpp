@@ -12,11 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "autograd/autograd.h"
+#include "autograd/gradcheck.h"
 #include "models/phi4mm/audio/audio_features.h"
 #include "models/phi4mm/audio/encoder.h"
 #include "models/phi4mm/checkpoint.h"
 #include "nn/io/safetensors.h"
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
 #include "tests/test_util.h"
 

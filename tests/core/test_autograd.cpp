@@ -5,7 +5,9 @@
 #include <cmath>
 #include <vector>
 
-#include "autograd/autograd.h"
+#include "autograd/checkpoint.h"
+#include "autograd/gradcheck.h"
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
 #include "tests/core/op_harness.h"
 

@@ -9,7 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "autograd/autograd.h"
+#include "autograd/gradcheck.h"
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
 #include "tests/core/op_harness.h"
 

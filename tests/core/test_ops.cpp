@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "autograd/autograd.h"
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
 #include "tests/core/op_harness.h"
 #include "tests/test_util.h"

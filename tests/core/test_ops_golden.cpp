@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "autograd/autograd.h"
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
 #include "tests/core/golden.h"
 #include "tests/core/op_harness.h"

@@ -10,10 +10,10 @@
 #include <fmt/ranges.h>
 #include <memory>
 
-#include "autograd/autograd.h"
 #include "models/phi4mm/init.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "serve/engine.h"
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
 
 using namespace areno;

@@ -13,13 +13,13 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands_model.h"
-#include "autograd/autograd.h"
-#include "tests/model/model_fixtures.h"
 #include "models/phi4mm/checkpoint.h"
-#include "models/phi4mm/model.h"
 #include "models/phi4mm/init.h"
+#include "models/phi4mm/model.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "nn/io/safetensors.h"
+#include "tensor/autograd.h"
+#include "tests/model/model_fixtures.h"
 
 using namespace areno;
 using namespace areno::phi4mm;

@@ -10,10 +10,10 @@
 #include <set>
 #include <vector>
 
-#include "autograd/autograd.h"
 #include "models/phi4mm/checkpoint.h"
 #include "models/phi4mm/kv_cache.h"
 #include "models/phi4mm/text.h"
+#include "tensor/autograd.h"
 #include "tests/model/model_fixtures.h"
 #include "tests/test_util.h"
 

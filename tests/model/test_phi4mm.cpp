@@ -11,11 +11,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "autograd/autograd.h"
 #include "model_fixtures.h"
 #include "models/phi4mm/model.h"
 #include "nn/io/files.h"
 #include "nn/io/safetensors.h"
+#include "tensor/autograd.h"
 
 using namespace areno;
 using namespace areno::phi4mm;

@@ -10,11 +10,11 @@
 #include <memory>
 #include <vector>
 
-#include "autograd/autograd.h"
-#include "tests/model/model_fixtures.h"
-#include "tests/test_util.h"
 #include "models/phi4mm/checkpoint.h"
 #include "models/phi4mm/text.h"
+#include "tensor/autograd.h"
+#include "tests/model/model_fixtures.h"
+#include "tests/test_util.h"
 
 using namespace areno;
 using namespace areno::phi4mm;

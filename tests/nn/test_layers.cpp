@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "autograd/autograd.h"
 #include "nn/layers.h"
 #include "nn/module.h"
+#include "tensor/autograd.h"
 #include "tests/core/golden.h"
 #include "tests/core/op_harness.h"
 #include "tests/nn/tiny_model.h"

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "autograd/autograd.h"
 #include "nn/layers.h"
 #include "nn/module.h"
+#include "tensor/autograd.h"
 #include "tests/nn/tiny_model.h"
 #include "tests/test_util.h"
 

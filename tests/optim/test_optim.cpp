@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "autograd/autograd.h"
 #include "nn/io/safetensors.h"
 #include "nn/optim/adamw.h"
 #include "nn/optim/sgd.h"
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
 #include "tests/test_util.h"
 

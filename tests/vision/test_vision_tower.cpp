@@ -17,10 +17,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "autograd/autograd.h"
+#include "autograd/gradcheck.h"
 #include "models/phi4mm/processor/image_processor.h"
 #include "models/phi4mm/vision/vision.h"
 #include "nn/io/safetensors.h"
+#include "tensor/autograd.h"
 #include "tests/test_util.h"
 
 using namespace areno;

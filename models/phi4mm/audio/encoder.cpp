@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "autograd/autograd.h"
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
 
 namespace areno::phi4mm {

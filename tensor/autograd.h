@@ -2,6 +2,8 @@
 // Eager tape. An op whose inputs require grad gives its output a Node holding
 // the inputs and a backward function that maps the output's gradient to one
 // gradient per input. backward() walks the nodes in reverse topological order.
+// The ops record here, so the tape sits beside them in tensor/; what is built
+// on top of the ops (checkpoint, gradcheck) lives in autograd/.
 #include <functional>
 #include <string>
 #include <vector>
@@ -50,22 +52,5 @@ bool needs_grad(const std::vector<Tensor>& inputs);
 void record(Tensor& out, const char* name, std::vector<Tensor> inputs, BackwardFn fn);
 // Accumulates d(root)/d(leaf) * grad into every reachable leaf's .grad().
 void run_backward(const Tensor& root, const Tensor& grad);
-
-// Activation checkpointing: runs fn without recording, and recomputes it with
-// recording during backward. Parameters that fn uses get their gradients then.
-Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
-                  const std::vector<Tensor>& inputs);
-
-// Central-difference check of d f / d inputs in f64 against backward().
-// f must return a tensor; the check uses the scalar sum(f(x) * w) for a fixed
-// random w. Inputs must be f64 CPU tensors; those with requires_grad are checked.
-struct GradcheckResult {
-  bool ok = true;
-  double max_abs_err = 0, max_rel_err = 0;
-  std::string message;  // the first failing input and element
-};
-GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
-                          const std::vector<Tensor>& inputs, double eps = 1e-6,
-                          double atol = 1e-6, double rtol = 1e-4);
 
 }  // namespace areno

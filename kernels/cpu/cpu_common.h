@@ -1,12 +1,13 @@
 #pragma once
-// CPU kernels (declared here, defined per file) and the strided loop they share.
+// What the CPU kernels share: the thread split, the strided loop and the
+// compute types (as kernels/cuda/cuda_common.cuh for the CUDA kernels).
 #include <omp.h>
 
 #include <array>
 #include <cstring>
 #include <vector>
 
-#include "kernels/backend.h"
+#include "tensor/tensor.h"
 
 namespace areno::cpu {
 
@@ -94,40 +95,6 @@ void strided_loop(const Shape& shape, const std::array<const Tensor*, N>& ts, F&
     }
   });
 }
-
-void copy(const Tensor& src, const Tensor& dst);
-void fill(const Tensor& dst, double value);
-void arange(const Tensor& dst, double start, double step);
-void random(const Tensor& dst, RandomKind kind, double a, double b, uint64_t seed, uint64_t offset);
-void unary(UnaryOp op, const Tensor& x, const Tensor& out, double p0, double p1);
-void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out, double alpha);
-void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out);
-void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t n, int64_t inner, const Tensor& out);
-void cumsum(const Tensor& x, int64_t outer, int64_t n, int64_t inner, const Tensor& out);
-void softmax(const Tensor& x, const Tensor& out, bool log);
-void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log);
-void sort(const Tensor& x, int64_t k, bool descending, const Tensor& values, const Tensor& indices);
-void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
-                const Tensor& mean, const Tensor& rstd);
-void layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
-                         const Tensor& dy, const Tensor& dx, const Tensor& dw, const Tensor& db);
-void rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd);
-void rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                       const Tensor& dx, const Tensor& dw);
-void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta);
-bool attention_inference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, double scale,
-                         bool causal);
-void index_select(const Tensor& x, const Tensor& index, const Tensor& out);
-void index_add(const Tensor& out, const Tensor& index, const Tensor& src);
-void gather(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& out);
-void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, bool accumulate);
-void masked_scatter(const Tensor& out, const Tensor& mask, const Tensor& src);
-void im2col(const Tensor& x, const ConvGeom& g, const Tensor& cols);
-void col2im(const Tensor& cols, const ConvGeom& g, const Tensor& dx);
-void avg_pool2d(const Tensor& x, const PoolGeom& g, const Tensor& out);
-void avg_pool2d_backward(const Tensor& dy, const PoolGeom& g, const Tensor& dx);
-void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                const Tensor& master, const AdamWArgs& args);
 
 // Converts between storage type T and its compute type.
 template <typename T> struct compute_of { using type = T; };

@@ -1,11 +1,15 @@
 #pragma once
-// The kernel table one device type implements. tensor/ops.cpp checks
-// arguments, allocates outputs and calls these; kernels never allocate
+// The kernel table one device type implements: kernels/cpu/ (CpuBackend) and
+// kernels/cuda/ (CudaBackend, or the stub in a build without CUDA) define it,
+// tensor/ never includes them. The op files (tensor/ops_*.cpp) check
+// arguments, allocate outputs and call these; kernels never allocate
 // user-visible tensors. Layout contracts are stated per entry: "contig" means
 // Tensor::is_contiguous() holds. Mixed dtypes never reach a kernel except
 // where stated (copy casts; comparisons write bool; index tensors are i64).
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "tensor/tensor.h"
 
@@ -59,6 +63,8 @@ class Backend {
   virtual ~Backend() = default;
 
   // ---- memory ----
+  // Fresh, uninitialised memory: 64-byte aligned on the CPU (large blocks are
+  // cached, kernels/cpu/allocator.cpp), the caching allocator on CUDA.
   virtual std::shared_ptr<Storage> allocate(size_t nbytes, Device device) = 0;
   // dst[...] = cast(src[...]); same shape (src may be a broadcast view with
   // zero strides), any strides and dtypes. One side may be on the CPU when the
@@ -156,13 +162,15 @@ class Backend {
                           const Tensor& v, const Tensor& master, const AdamWArgs& args) = 0;
 };
 
-// The backend of a device type. CUDA without a CUDA build throws
-// std::runtime_error("areno was built without CUDA ...").
+// The backend of a device type (tensor/dispatch.cpp). CUDA without a CUDA
+// build throws std::runtime_error("areno was built without CUDA ...").
 Backend& backend(Device device);
-Backend& cpu_backend();
-Backend& cuda_backend();  // kernels/cuda (or the stub)
+// Defined by the kernels: the tensor library links against them.
+Backend& cpu_backend();   // kernels/cpu/cpu_backend.cpp
+Backend& cuda_backend();  // kernels/cuda/cuda_backend.cu (or kernels/cuda/stub.cpp)
 
-// CUDA runtime queries, for `areno env` and tests (the stub reports 0 devices).
+// CUDA runtime queries, for `areno env` and tests (kernels/cuda/cuda_context.cu;
+// the stub reports 0 devices).
 struct CudaDeviceInfo {
   int index;
   std::string name;

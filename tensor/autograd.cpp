@@ -1,4 +1,4 @@
-#include "autograd/autograd.h"
+#include "tensor/autograd.h"
 
 #include <fmt/format.h>
 

@@ -1,0 +1,65 @@
+#pragma once
+// CpuBackend: the kernel table of tensor/backend.h for the CPU, the
+// reference every other backend is tested against. The methods are defined
+// by topic across kernels/cpu/*.cpp (memory in allocator.cpp).
+#include "tensor/backend.h"
+
+namespace areno::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  std::shared_ptr<Storage> allocate(size_t nbytes, Device device) override;
+  void copy(const Tensor& src, const Tensor& dst) override;
+  void fill(const Tensor& dst, double value) override;
+  void arange(const Tensor& dst, double start, double step) override;
+  void random(const Tensor& dst, RandomKind kind, double a, double b, uint64_t seed,
+              uint64_t offset) override;
+  void synchronize(Device device) override;
+
+  void unary(UnaryOp op, const Tensor& x, const Tensor& out, double p0, double p1) override;
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out,
+              double alpha) override;
+  void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) override;
+
+  void reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t n, int64_t inner,
+              const Tensor& out) override;
+  void cumsum(const Tensor& x, int64_t outer, int64_t n, int64_t inner,
+              const Tensor& out) override;
+
+  void softmax(const Tensor& x, const Tensor& out, bool log) override;
+  void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log) override;
+  void sort(const Tensor& x, int64_t k, bool descending, const Tensor& values,
+            const Tensor& indices) override;
+  void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                  const Tensor& y, const Tensor& mean, const Tensor& rstd) override;
+  void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
+                           const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                           const Tensor& dweight, const Tensor& dbias) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& y,
+                const Tensor& rstd) override;
+  void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                         const Tensor& dy, const Tensor& dx, const Tensor& dweight) override;
+
+  void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha,
+              double beta) override;
+
+  bool attention_inference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                           double scale, bool causal) override;
+
+  void index_select(const Tensor& x, const Tensor& index, const Tensor& out) override;
+  void index_add(const Tensor& out, const Tensor& index, const Tensor& src) override;
+  void gather(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& out) override;
+  void scatter(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src,
+               bool accumulate) override;
+  void masked_scatter(const Tensor& out, const Tensor& mask, const Tensor& src) override;
+
+  void im2col(const Tensor& x, const ConvGeom& g, const Tensor& cols) override;
+  void col2im(const Tensor& cols, const ConvGeom& g, const Tensor& dx) override;
+  void avg_pool2d(const Tensor& x, const PoolGeom& g, const Tensor& out) override;
+  void avg_pool2d_backward(const Tensor& dy, const PoolGeom& g, const Tensor& dx) override;
+
+  void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                  const Tensor& master, const AdamWArgs& args) override;
+};
+
+}  // namespace areno::cpu

@@ -1,0 +1,57 @@
+// Scaled dot-product attention: the backend's fused inference kernel when it
+// has one (kernels/cpu/attention.cpp), else the composition of matmul and softmax.
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "tensor/ops_util.h"
+
+namespace areno {
+using namespace detail;
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const AttentionOptions& opts) {
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
+    throw std::invalid_argument("attention: q, k, v must be [B, H, T, D]");
+  int64_t b = q.size(0), hq = q.size(1), tq = q.size(2), d = q.size(3);
+  int64_t hkv = k.size(1), tk = k.size(2);
+  if (k.size(0) != b || v.size(0) != b || v.size(1) != hkv || v.size(2) != tk || k.size(3) != d)
+    throw std::invalid_argument(fmt::format("attention: shapes q {} k {} v {} do not match", q.str(), k.str(), v.str()));
+  if (hkv == 0 || hq % hkv)
+    throw std::invalid_argument(fmt::format("attention: {} query heads not a multiple of {} kv heads", hq, hkv));
+  int64_t groups = hq / hkv;
+  double scale = opts.scale != 0 ? opts.scale : 1.0 / std::sqrt(double(d));
+  // Inference without bias or padding mask: the backend's fused kernel when it
+  // has one (no [TQ, TK] score tensor per head, no separate mask/softmax passes).
+  const bool needs_grad = grad_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  if (!needs_grad && !opts.bias.defined() && !opts.key_padding_mask.defined() && q.device() == k.device() &&
+      q.device() == v.device()) {
+    Tensor out = empty({b, hq, tq, d}, TensorOptions(q.dtype(), q.device()));
+    if (backend(q.device()).attention_inference(q, k, v, out, scale, opts.causal)) return out;
+  }
+  // q heads h = j * groups + r use kv head j.
+  Tensor q5 = q.reshape({b, hkv, groups * tq, d});
+  Tensor s = mul(matmul(q5, k.transpose(-1, -2)), scale);  // [B, Hkv, G*Tq, Tk]
+  s = s.reshape({b, hq, tq, tk});
+  DType acc = q.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  s = s.to(acc);
+  if (opts.bias.defined()) s = add(s, opts.bias.to(acc));
+  Tensor neg_inf = full({}, -INFINITY, TensorOptions(acc, q.device()));
+  if (opts.causal) {
+    Tensor qi = arange(tq, TensorOptions(DType::i64, q.device())).reshape({tq, 1});
+    Tensor kj = arange(tk, TensorOptions(DType::i64, q.device())).reshape({1, tk});
+    Tensor future = gt(kj, add(qi, double(tk - tq)));
+    s = where(future, neg_inf, s);
+  }
+  if (opts.key_padding_mask.defined()) {
+    if (opts.key_padding_mask.shape() != Shape{b, tk})
+      throw std::invalid_argument(fmt::format("attention: key_padding_mask must be [{}, {}], got {}", b, tk,
+                                              opts.key_padding_mask.str()));
+    s = where(opts.key_padding_mask.to(DType::boolean).reshape({b, 1, 1, tk}), neg_inf, s);
+  }
+  Tensor p = softmax(s, -1).to(v.dtype());
+  Tensor o = matmul(p.reshape({b, hkv, groups * tq, tk}), v);  // [B, Hkv, G*Tq, D]
+  return o.reshape({b, hq, tq, d});
+}
+
+}  // namespace areno
