@@ -52,6 +52,8 @@ constexpr const char* kServeUsage =
     "  --max-context-len N       prompt + completion limit (default: the model's\n"
     "                            max_position_embeddings)\n"
     "  --max-body-mb X           request bodies above this get 413 (default 32)\n"
+    "  --max-json-depth N        request JSON nested deeper gets 400, checked while parsing\n"
+    "                            (default 64)\n"
     "http:\n"
     "  --host ADDR               address to bind (default 127.0.0.1; 0.0.0.0 for all)\n"
     "  --port N                  port (default 8000; 0 picks a free one)\n"
@@ -105,6 +107,11 @@ int cmd_serve(const Args& args) {
       .integer("--max-prompt-tokens", so.max_prompt_tokens, 0)
       .integer("--max-context-len", so.max_context_len, 0);
   flags.value("--max-body-mb", size_flag("--max-body-mb", body_mb));
+  flags.value("--max-json-depth", [&](const std::string& v) {
+    so.max_json_depth = int(parse_int_flag("--max-json-depth", v, 1));
+    if (so.max_json_depth > 4096)
+      throw std::invalid_argument(fmt::format("--max-json-depth: {} is above 4096, deep enough to crash", v));
+  });
   flags.value("--api-key", [&](const std::string& v) {
     so.api_key = v;
     if (so.api_key.empty()) throw std::invalid_argument("--api-key: the key must not be empty");

@@ -184,12 +184,7 @@ struct HttpServer::Impl {
   }
 
   json parse_body(const httplib::Request& req) {
-    json body;
-    try {
-      body = json::parse(req.body);
-    } catch (const json::parse_error& e) {
-      throw ApiError(400, fmt::format("malformed JSON body: {}", e.what()));
-    }
+    json body = parse_json_bounded(req.body, opts.max_json_depth);
     if (!body.is_object()) throw ApiError(400, fmt::format("the request body must be a JSON object (got {})", body.type_name()));
     return body;
   }

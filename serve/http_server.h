@@ -34,6 +34,7 @@ struct ServerOptions {
   std::string model_path;           // also accepted as `model`; reported as `root`
   std::string api_key;              // non-empty: /v1/* needs "Authorization: Bearer <key>"
   size_t max_body_bytes = size_t(32) << 20;
+  int max_json_depth = kDefaultMaxJsonDepth;  // arrays/objects nested deeper get 400 while parsing
   int64_t max_prompt_tokens = 0;    // 0: only the context length limits prompts
   int64_t max_context_len = 0;      // 0: the engine's (the model's max_position_embeddings)
   size_t threads = 0;               // HTTP worker threads; 0: max(64, 2 * engine max_running)

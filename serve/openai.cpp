@@ -30,6 +30,26 @@ json error_body(const ApiError& e) {
   return {{"error", err}};
 }
 
+json parse_json_bounded(const std::string& text, int max_depth) {
+  // The callback sees every container as it opens; throwing stops the parser
+  // before it descends further (nlohmann's parser itself is iterative).
+  struct TooDeep {};
+  json::parser_callback_t cb = [max_depth](int depth, json::parse_event_t event, json&) {
+    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
+        depth >= max_depth)
+      throw TooDeep{};
+    return true;
+  };
+  try {
+    return json::parse(text, cb);
+  } catch (const TooDeep&) {
+    throw ApiError(400, fmt::format("the JSON body nests arrays and objects more than {} levels deep "
+                                    "(the server's --max-json-depth)", max_depth));
+  } catch (const json::parse_error& e) {
+    throw ApiError(400, fmt::format("malformed JSON body: {}", e.what()));
+  }
+}
+
 std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 // ---- field readers ---------------------------------------------------------
@@ -492,8 +512,12 @@ ToolCallParse parse_tool_calls(const std::string& text, const json& tools) {
   static const std::string kOpen = "<|tool_call|>", kClose = "<|/tool_call|>", kFunctools = "functools";
   // The JSON in text[from, to) as calls; the text outside [begin, after) stays content.
   auto accept = [&](size_t from, size_t to, size_t after) {
-    const json parsed = json::parse(text.substr(from, to - from), nullptr, false);
-    if (parsed.is_discarded()) return;
+    json parsed;
+    try {
+      parsed = parse_json_bounded(text.substr(from, to - from), kDefaultMaxJsonDepth);
+    } catch (const ApiError&) {
+      return;  // not a call: the text stays content
+    }
     auto calls = calls_from(parsed, tools);
     if (!calls) return;
     r.found = true;

@@ -39,6 +39,14 @@ nlohmann::json error_body(const ApiError& e);
 // Serialises without ever throwing on invalid UTF-8 (replaced by U+FFFD).
 std::string dump_json(const nlohmann::json& j);
 
+// Request JSON nests at most this deep unless --max-json-depth says otherwise.
+inline constexpr int kDefaultMaxJsonDepth = 64;
+// Parses `text`, refusing arrays and objects nested more than `max_depth`
+// levels deep while parsing, so nothing that later prints or walks the value
+// recurses deeper than that. Throws ApiError 400 for malformed JSON and for
+// nesting past the limit.
+nlohmann::json parse_json_bounded(const std::string& text, int max_depth);
+
 enum class ApiKind { chat, completion };
 
 // Server-side defaults and caps applied while parsing.

@@ -445,6 +445,44 @@ TEST_CASE("serve/http request errors: status and OpenAI body, then the server ke
   check_serving(port);
 }
 
+TEST_CASE("serve/http deep JSON nesting is refused while parsing, in every field, and the server keeps serving") {
+  World& w = world();
+  const int port = w.plain->port;
+  // 20,000 levels in a 40 KB body: parsed iteratively, but printing or walking
+  // it (tool schemas, tool-call arguments, error messages) would recurse per level.
+  auto nest = [](int depth, char open, char close, const std::string& inner) {
+    return std::string(size_t(depth), open) + inner + std::string(size_t(depth), close);
+  };
+  const std::string deep_array = nest(20000, '[', ']', "1");
+  std::string deep_object;
+  for (int i = 0; i < 20000; ++i) deep_object += "{\"a\":";
+  deep_object += "1" + std::string(20000, '}');
+  const std::string msgs = R"("messages": [{"role": "user", "content": "hi"}], "max_tokens": 2)";
+  const std::vector<std::pair<std::string, std::string>> bodies = {
+      {"/v1/chat/completions", deep_array},
+      {"/v1/chat/completions", "{" + msgs + R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters": )" +
+                                   deep_object + "}}]}"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": )" +
+                                   deep_array + R"(}}]}, {"role": "user", "content": "x"}]})"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": )" + deep_array + "}]}"},
+      {"/v1/chat/completions", "{" + msgs + R"(, "logit_bias": )" + deep_object + "}"},
+      {"/v1/completions", R"({"prompt": )" + deep_array + "}"},
+      {"/tokenize", R"({"prompt": )" + deep_array + "}"},
+  };
+  for (const auto& [path, body] : bodies) {
+    CAPTURE(path);
+    CAPTURE(body.substr(0, 120));
+    Reply r = send(port, "POST", path, body);
+    check_error(r, 400, "more than 64 levels deep");
+    CHECK(r.raw.size() < 1000);  // the error does not echo the element
+  }
+  // 64 levels are accepted by the parser (the field's own checks then answer).
+  Reply ok = send(port, "POST", "/v1/chat/completions",
+                  "{" + msgs + R"(, "metadata": )" + nest(63, '[', ']', "1") + "}");
+  CHECK(ok.raw.find("levels deep") == std::string::npos);
+  check_serving(port);
+}
+
 TEST_CASE("serve/http auth, body size, prompt limit and media errors on a strict server") {
   World& w = world();
   const int port = w.strict->port;
