@@ -161,7 +161,7 @@ struct Engine::Req {
   uint64_t seed = 0;
   int64_t prompt_len = 0;
   int64_t max_context = 0;
-  Tensor media_rows;                  // computed at admission
+  Tensor media_rows;                  // computed at submit, on the submitting thread
   std::vector<int64_t> media_before;  // [prompt_len + 1] placeholders before position i
   std::vector<std::unique_ptr<Seq>> seqs;
   std::vector<std::optional<TokenLogprob>> prompt_lp;
@@ -214,15 +214,38 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
     throw std::invalid_argument(fmt::format(
         "prompt: {} tokens do not fit in the KV cache ({} tokens); raise the cache size", P, capacity));
 
+  // Refusals that need the lock (shutdown, full queue).
+  auto check_accepting = [this] {
+    if (stopping_) throw std::runtime_error("engine: shutting down");
+    if (int64_t(inbox_.size() + waiting_.size()) >= opts_.max_queue)
+      throw QueueFull(fmt::format("engine: {} requests are waiting; try again later", opts_.max_queue));
+  };
   auto q = std::make_unique<Req>();
+  if (n_media > 0) {
+    // The processors and towers run here, on the submitting thread, so an
+    // image never stalls the decode steps of the engine thread. A request
+    // that would be refused anyway is refused before this work.
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      check_accepting();
+    }
+    try {
+      NoGradGuard ng;
+      q->media_rows = r.media();
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("media encoding failed: {}", e.what()));
+    }
+    const int64_t H = model_->config().text.hidden_size;
+    if (q->media_rows.dim() != 2 || q->media_rows.size(0) != n_media || q->media_rows.size(1) != H)
+      throw std::runtime_error(fmt::format("media encoding failed: media rows {} do not match the prompt's {} "
+                                           "placeholders", shape_str(q->media_rows.shape()), n_media));
+  }
   q->r = std::move(r);
   q->cb = std::move(on_output);
   q->prompt_len = P;
   q->max_context = ctx;
   std::lock_guard<std::mutex> lk(mu_);
-  if (stopping_) throw std::runtime_error("engine: shutting down");
-  if (int64_t(inbox_.size() + waiting_.size()) >= opts_.max_queue)
-    throw QueueFull(fmt::format("engine: {} requests are waiting; try again later", opts_.max_queue));
+  check_accepting();
   q->id = next_id_++;
   seed_state_ = splitmix64(seed_state_);
   q->seed = q->r.params.seed.value_or(seed_state_);
@@ -616,21 +639,6 @@ void Engine::schedule_and_run() {
       stats_.prompt_tokens += q.prompt_len;
     }
     if (!cache_->can_grow(q.seqs[0]->kv, std::min<int64_t>(q.prompt_len, opts_.prefill_chunk_tokens))) break;
-    // Media rows once per request, here at admission.
-    if (q.media_before.back() > 0 && !q.media_rows.defined()) {
-      try {
-        NoGradGuard ng;
-        q.media_rows = q.r.media();
-        if (q.media_rows.dim() != 2 || q.media_rows.size(0) != q.media_before.back() ||
-            q.media_rows.size(1) != tc.hidden_size)
-          throw std::runtime_error(fmt::format("media rows {} do not match the prompt's {} placeholders",
-                                               shape_str(q.media_rows.shape()), q.media_before.back()));
-      } catch (const std::exception& e) {
-        finish_request(q, FinishReason::abort, fmt::format("media encoding failed: {}", e.what()));
-        waiting_.pop_front();
-        continue;
-      }
-    }
     std::unique_ptr<Req> owned = std::move(waiting_.front());
     waiting_.pop_front();
     Req* qp = owned.get();

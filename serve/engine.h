@@ -9,9 +9,9 @@
 //      sequences still in prefill get chunks of at most prefill_chunk_tokens,
 //      waiting requests are admitted (oldest first) while fewer than
 //      max_running sequences run and the step's token budget lasts. A request
-//      is admitted as one sequence; its media rows are computed once, at
-//      admission (Request::media), and sliced per chunk so media slots stay
-//      aligned. With n > 1 the prompt is prefilled once and its cache copied
+//      is admitted as one sequence; its media rows were computed once, by
+//      submit() on the submitting thread (Request::media), and are sliced per
+//      chunk so media slots stay aligned. With n > 1 the prompt is prefilled once and its cache copied
 //      to the other samples when the prefill ends;
 //   3. makes room: a sequence whose growth crosses the LongRoPE boundary
 //      (original_max_position_embeddings) is released and re-prefilled with
@@ -84,8 +84,9 @@ struct Request {
   std::vector<int64_t> prompt;   // expanded prompt ids (media placeholders repeated)
   Adapter adapter = Adapter::none;  // the sequence's LoRA (vision when an image is present)
   // Media rows [M, H] for the prompt's placeholder ids (200010 / 200011), in
-  // order of appearance; called once on the engine thread at admission.
-  // Empty when the prompt has no media.
+  // order of appearance; called once by Engine::submit on the submitting
+  // thread (never the engine thread, so an image does not stall running
+  // decodes). Empty when the prompt has no media.
   std::function<Tensor()> media;
   SamplingParams params;
   int64_t max_context = 0;       // 0: the model's max_position_embeddings
@@ -141,10 +142,11 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Queues a request; returns its id. Callbacks run on the stepping thread and
-  // must not block. Throws std::invalid_argument (bad params/prompt: empty,
-  // longer than the context, ids out of range, media count mismatch) or
-  // QueueFull. Thread-safe.
+  // Queues a request; returns its id. Computes its media rows first (on the
+  // calling thread). Callbacks run on the stepping thread and must not block.
+  // Throws std::invalid_argument (bad params/prompt: empty, longer than the
+  // context, ids out of range, media count mismatch), QueueFull, or
+  // std::runtime_error when the media cannot be encoded. Thread-safe.
   int64_t submit(Request r, OutputCallback on_output);
   // Frees the request's sequences at the next step; its last event has
   // finish = abort. Unknown or finished ids are ignored. Thread-safe.

@@ -438,6 +438,66 @@ TEST_CASE("engine: the background thread serves concurrent submitters and drains
   CHECK(e.stats().kv_blocks_used == 0);
 }
 
+TEST_CASE("engine: media rows are computed by submit on the submitting thread, never on the engine thread") {
+  // The towers run before the request is queued, so an image never stalls the
+  // decode steps of the sequences already running.
+  const auto cases = mixed_cases();
+  const Case* with_media = nullptr;
+  for (const auto& c : cases)
+    if (c.n_media() > 0) with_media = &c;
+  REQUIRE(with_media != nullptr);
+  Engine e(tiny_model(), tokenizer(), opts(3, 16));
+  e.start();
+  std::mutex mu;
+  std::vector<int64_t> text_tokens, media_tokens;
+  bool text_done = false, media_done = false;
+  // A text stream is decoding on the engine thread ...
+  const Case& text = cases[0];
+  REQUIRE(text.n_media() == 0);
+  e.submit(make_request(text, 24), [&](const RequestOutput& o) {
+    std::lock_guard<std::mutex> lk(mu);
+    text_tokens.insert(text_tokens.end(), o.tokens.begin(), o.tokens.end());
+    text_done |= o.done;
+  });
+  // ... when a media request arrives from another thread.
+  std::thread::id encoded_on, submitted_on;
+  int calls = 0;
+  std::thread client([&] {
+    submitted_on = std::this_thread::get_id();
+    Request r = make_request(*with_media, 6);
+    auto inner = r.media;
+    r.media = [&, inner] {
+      encoded_on = std::this_thread::get_id();
+      ++calls;
+      return inner();
+    };
+    e.submit(std::move(r), [&](const RequestOutput& o) {
+      std::lock_guard<std::mutex> lk(mu);
+      media_tokens.insert(media_tokens.end(), o.tokens.begin(), o.tokens.end());
+      media_done |= o.done;
+    });
+  });
+  client.join();
+  CHECK(calls == 1);
+  CHECK(encoded_on == submitted_on);  // the client's thread, not the engine's
+  e.stop(true);
+  CHECK(text_done);
+  CHECK(media_done);
+  CHECK(text_tokens == reference_greedy(text, 24));
+  CHECK(media_tokens == reference_greedy(*with_media, 6));
+  // A media closure that fails is refused at submit, before anything is queued.
+  Engine f(tiny_model(), tokenizer(), opts(3, 16));
+  Request bad = make_request(*with_media, 2);
+  bad.media = []() -> Tensor { throw std::runtime_error("tower exploded"); };
+  CHECK_THROWS_WITH_AS(f.submit(std::move(bad), [](const RequestOutput&) {}),
+                       doctest::Contains("media encoding failed: tower exploded"), std::runtime_error);
+  Request wrong = make_request(*with_media, 2);
+  wrong.media = [] { return zeros({1, 32}); };
+  CHECK_THROWS_WITH_AS(f.submit(std::move(wrong), [](const RequestOutput&) {}),
+                       doctest::Contains("do not match the prompt's"), std::runtime_error);
+  CHECK(f.stats().kv_blocks_used == 0);
+}
+
 // ---- the real towers (tiny preset): must-show 1 with image and audio rows ----
 
 #include "models/phi4mm/model.h"
