@@ -36,12 +36,6 @@ constexpr const char* kInitUsage =
     "              (default: the copy compiled into areno)\n"
     "  --no-tokenizer  write no tokenizer files\n";
 
-DType parse_dtype(const std::string& s) {
-  if (s == "bf16") return DType::bf16;
-  if (s == "f32") return DType::f32;
-  throw std::invalid_argument(fmt::format("--dtype: expected bf16 or f32, got '{}'", s));
-}
-
 // --seed: a uint64 as std::stoull reads it (so "-1" wraps around to 2^64 - 1).
 uint64_t parse_seed(const std::string& v) {
   try {
@@ -68,7 +62,9 @@ int cmd_init(const Args& args) {
     fmt::print(stderr, "areno init: --preset, --out and --seed are required\n\n{}", kInitUsage);
     return 2;
   }
-  const DType dt = parse_dtype(dtype);
+  const std::optional<DType> parsed = parse_dtype_flag(dtype);
+  if (!parsed) throw std::invalid_argument("--dtype: expected f32 or bf16, got ''");
+  const DType dt = *parsed;
   if (tokenizer && !rank_file.empty() && !std::filesystem::exists(rank_file))
     throw std::runtime_error(fmt::format("tokenizer rank file {} not found (pass an existing --rank-file FILE, "
                                          "or leave it out to use the built-in copy)", rank_file));

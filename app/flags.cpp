@@ -19,6 +19,13 @@ int64_t parse_int_flag(const std::string& flag, const std::string& value, int64_
   throw std::invalid_argument(fmt::format("{}: expected an integer >= {}, got '{}'", flag, min_value, value));
 }
 
+std::optional<DType> parse_dtype_flag(const std::string& dtype) {
+  if (dtype.empty()) return std::nullopt;
+  if (dtype == "f32") return DType::f32;
+  if (dtype == "bf16") return DType::bf16;
+  throw std::invalid_argument(fmt::format("--dtype: expected f32 or bf16, got '{}'", dtype));
+}
+
 double parse_double_flag(const std::string& flag, const std::string& value, double min_value) {
   try {
     size_t used = 0;

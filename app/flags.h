@@ -12,12 +12,15 @@
 #include <vector>
 
 #include "app/commands.h"
+#include "tensor/dtype.h"
 
 namespace areno::app {
 
 // Flag value parsers that name the flag in their errors.
 int64_t parse_int_flag(const std::string& flag, const std::string& value, int64_t min_value);
 double parse_double_flag(const std::string& flag, const std::string& value, double min_value);
+// --dtype: "" (the checkpoint's dtype: nullopt) | "f32" | "bf16".
+std::optional<DType> parse_dtype_flag(const std::string& dtype);
 
 class Flags {
  public:

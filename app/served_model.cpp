@@ -5,17 +5,11 @@
 
 #include <fmt/format.h>
 
+#include "app/flags.h"
 #include "models/phi4mm/checkpoint.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 
 namespace areno::app {
-
-std::optional<DType> parse_dtype_flag(const std::string& dtype) {
-  if (dtype.empty()) return std::nullopt;
-  if (dtype == "f32") return DType::f32;
-  if (dtype == "bf16") return DType::bf16;
-  throw std::invalid_argument(fmt::format("--dtype: expected f32 or bf16, got '{}'", dtype));
-}
 
 ServedModel load_served_model(const std::string& model_path, const std::string& device, const std::string& dtype,
                               const ModelNeeds& needs) {

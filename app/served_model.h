@@ -28,10 +28,8 @@ struct ModelNeeds {
   bool towers = true;
   bool tokenizer = true;
 };
-// --dtype: "" (the checkpoint's dtype) | "f32" | "bf16".
-std::optional<DType> parse_dtype_flag(const std::string& dtype);
 // The one model loader of the commands (serve, generate, score, logits):
-// `device` "cpu" | "cuda[:N]"; `dtype` as parse_dtype_flag.
+// `device` "cpu" | "cuda[:N]"; `dtype` as parse_dtype_flag (app/flags.h).
 ServedModel load_served_model(const std::string& model_path, const std::string& device, const std::string& dtype,
                               const ModelNeeds& needs = {});
 

@@ -23,26 +23,24 @@ struct Node {
 bool grad_enabled();
 void set_grad_enabled(bool enabled);
 
-class NoGradGuard {
+// Sets grad mode for a scope and restores the previous mode on exit.
+class GradModeGuard {
  public:
-  NoGradGuard() : prev_(grad_enabled()) { set_grad_enabled(false); }
-  ~NoGradGuard() { set_grad_enabled(prev_); }
-  NoGradGuard(const NoGradGuard&) = delete;
-  NoGradGuard& operator=(const NoGradGuard&) = delete;
+  explicit GradModeGuard(bool enabled) : prev_(grad_enabled()) { set_grad_enabled(enabled); }
+  ~GradModeGuard() { set_grad_enabled(prev_); }
+  GradModeGuard(const GradModeGuard&) = delete;
+  GradModeGuard& operator=(const GradModeGuard&) = delete;
 
  private:
   bool prev_;
 };
 
-class EnableGradGuard {
- public:
-  EnableGradGuard() : prev_(grad_enabled()) { set_grad_enabled(true); }
-  ~EnableGradGuard() { set_grad_enabled(prev_); }
-  EnableGradGuard(const EnableGradGuard&) = delete;
-  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+struct NoGradGuard : GradModeGuard {
+  NoGradGuard() : GradModeGuard(false) {}
+};
 
- private:
-  bool prev_;
+struct EnableGradGuard : GradModeGuard {
+  EnableGradGuard() : GradModeGuard(true) {}
 };
 
 // True when grad mode is on and any defined input requires grad.

@@ -114,14 +114,19 @@ std::string list_lines(const char* what, const std::vector<std::string>& v) {
   return s;
 }
 
-// The name walk: resolves every parameter, checks presence and shape (and
-// reports `unexpected` stored tensors) before copying anything, then copies,
-// converting to each parameter's dtype. Returns the stored names read.
-std::set<std::string> walk(std::vector<std::pair<std::string, Tensor>>& params,
-                           const std::function<std::optional<Source>(const std::string&)>& find,
-                           const std::string& source, const std::vector<std::string>& unexpected = {}) {
+// The stored tensors no parameter resolved to that are an error (given the
+// names that were resolved); null: none are.
+using UnexpectedOf = std::function<std::vector<std::string>(const std::set<std::string>& used)>;
+
+// The name walk: resolves every parameter once, checks presence and shape
+// (and the stored tensors left over) before copying anything, then copies,
+// converting to each parameter's dtype.
+void walk(std::vector<std::pair<std::string, Tensor>>& params,
+          const std::function<std::optional<Source>(const std::string&)>& find, const std::string& source,
+          const UnexpectedOf& unexpected_of = nullptr) {
   std::vector<Source> sources(params.size());
   std::vector<std::string> missing, bad_shape;
+  std::set<std::string> used;
   for (size_t i = 0; i < params.size(); ++i) {
     auto src = find(params[i].first);
     if (!src) {
@@ -129,11 +134,13 @@ std::set<std::string> walk(std::vector<std::pair<std::string, Tensor>>& params,
       continue;
     }
     sources[i] = *src;
+    used.insert(src->name);
     const SafetensorsEntry& e = src->file->entry(src->name);
     if (e.shape != params[i].second.shape())
       bad_shape.push_back(fmt::format("{} (stored {} as {}, expected {})", params[i].first, shape_str(e.shape),
                                       src->name, shape_str(params[i].second.shape())));
   }
+  const std::vector<std::string> unexpected = unexpected_of ? unexpected_of(used) : std::vector<std::string>();
   if (!missing.empty() || !unexpected.empty() || !bad_shape.empty())
     throw std::runtime_error(fmt::format("{}: checkpoint does not match the model: {} of {} tensors found, "
                                          "{} missing, {} unexpected, {} with a wrong shape",
@@ -141,14 +148,11 @@ std::set<std::string> walk(std::vector<std::pair<std::string, Tensor>>& params,
                                          unexpected.size(), bad_shape.size()) +
                              list_lines("missing", missing) + list_lines("unexpected", unexpected) +
                              list_lines("wrong shape", bad_shape));
-  std::set<std::string> read;
   NoGradGuard ng;
   for (size_t i = 0; i < params.size(); ++i) {
     params[i].second.copy_(sources[i].file->load(sources[i].name));
     sources[i].file->release_pages(sources[i].name);  // peak memory: the copies, not copies + file
-    read.insert(sources[i].name);
   }
-  return read;
 }
 
 bool has_prefix(const SafetensorsCheckpoint& ckpt, const std::string& prefix) {
@@ -210,21 +214,21 @@ std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const Load
   //    skipped unread, a tied lm_head copy is redundant, anything else is unexpected.
   const WeightResolver resolver(ckpt, peft);
   std::vector<std::pair<std::string, Tensor>> params = model->named_parameters();
-  std::set<std::string> resolved;
-  for (auto& [name, t] : params)
-    if (auto src = resolver.find(name)) resolved.insert(src->name);
-  std::vector<std::string> unexpected;
   int64_t skipped = 0;
-  for (const auto& n : ckpt.names()) {
-    if (resolved.count(n)) continue;
-    if ((!parts.vision && starts_with(n, kImageEmbedPrefix)) || (!parts.audio && starts_with(n, kAudioEmbedPrefix)) ||
-        n == "lm_head.weight" || (!opts.with_lora && n.find(".lora_") != std::string::npos)) {
-      ++skipped;
-      continue;
+  walk(params, [&](const std::string& n) { return resolver.find(n); }, dir, [&](const std::set<std::string>& used) {
+    std::vector<std::string> unexpected;
+    for (const auto& n : ckpt.names()) {
+      if (used.count(n)) continue;
+      if ((!parts.vision && starts_with(n, kImageEmbedPrefix)) ||
+          (!parts.audio && starts_with(n, kAudioEmbedPrefix)) || n == "lm_head.weight" ||
+          (!opts.with_lora && n.find(".lora_") != std::string::npos)) {
+        ++skipped;
+        continue;
+      }
+      unexpected.push_back(n);
     }
-    unexpected.push_back(n);
-  }
-  walk(params, [&](const std::string& n) { return resolver.find(n); }, dir, unexpected);
+    return unexpected;
+  });
   model->eval();
   if (opts.device != Device::cpu()) model->to(opts.device);
   if (report) {

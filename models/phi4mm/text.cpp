@@ -504,7 +504,7 @@ Tensor forward_incremental(const Phi4MMForCausalLM& m, PagedKvCache& cache, Incr
   pb.media_rows = b.media_rows;
   KvStep kv;
   kv.cache = &cache;
-  std::vector<int64_t> positions(static_cast<size_t>(std::max<int64_t>(T, 0)));
+  std::vector<int64_t> positions(static_cast<size_t>(T));
   for (size_t s = 0; s < S; ++s) {
     const int64_t start = b.seqs[s]->length, len = cu[s + 1] - cu[s];
     for (int64_t i = 0; i < len; ++i) positions[size_t(cu[s] + i)] = start + i;
