@@ -11,8 +11,7 @@
 
 #include "app/commands_serve.h"
 #include "app/flags.h"
-#include "models/phi4mm/tokenizer/prompt_builder.h"
-#include "serve/chat_request.h"
+#include "models/phi4mm/processor/chat_processor.h"
 #include "serve/engine.h"
 #include "serve/openai.h"
 
@@ -46,11 +45,11 @@ constexpr const char* kScoreUsage =
     "  --model-path DIR    checkpoint (default: the embedded demo model, random weights)\n"
     "  --no-chat-template  tokenize --prompt as is (default: a user turn + <|assistant|>)\n";
 
-// The request as a chat (or raw text): ids, adapter and media rows.
+// The request as a chat (or raw text): ids, adapter and media.
 struct CliPrompt {
   std::vector<int64_t> ids;
   phi4mm::Adapter adapter = phi4mm::Adapter::none;
-  std::function<Tensor()> media;
+  std::vector<phi4mm::Media> media;
 };
 
 CliPrompt make_prompt(const ServedModel& m, const std::string& system, const std::string& prompt, bool chat_template,
@@ -75,17 +74,17 @@ CliPrompt make_prompt(const ServedModel& m, const std::string& system, const std
   if (!audio.empty()) content.push_back({{"type", "audio_url"}, {"audio_url", {{"url", file("--audio", audio)}}}});
   content.push_back({{"type", "text"}, {"text", prompt}});
   messages.push_back({{"role", "user"}, {"content", content}});
-  serve::MediaFetchOptions fo;
-  fo.media_root = "/";
-  serve::PreparedChat pc;
+  phi4mm::ProcessorOptions po = phi4mm::processor_options_for(*m.model);
+  po.source.media_root = "/";
+  phi4mm::ProcessedChat pc;
   try {
-    pc = serve::prepare_chat(*m.tokenizer, messages, nullptr, true, m.encoder.get(), fo, {});
-  } catch (const serve::ApiError& e) {
+    pc = phi4mm::process_chat(*m.tokenizer, messages, nullptr, po);
+  } catch (const phi4mm::ProcessorError& e) {
     throw std::invalid_argument(e.what());
   }
   out.ids = pc.ids();
   out.adapter = pc.adapter;
-  if (!pc.media.empty()) out.media = m.encoder->encode(std::move(pc.media), pc.prompt.mode);
+  out.media = std::move(pc.media);
   return out;
 }
 
@@ -138,7 +137,7 @@ int cmd_generate(const Args& args) {
   CliPrompt cp = make_prompt(m, system, prompt, chat_template, image, audio);
   r.prompt = cp.ids;
   r.adapter = cp.adapter;
-  r.media = cp.media;
+  r.media = std::move(cp.media);
   r.params = p;
   serve::validate(r.params, m.model->config().text.vocab_size);
   int64_t generated = 0;
@@ -185,7 +184,7 @@ int cmd_score(const Args& args) {
   std::vector<int64_t> cids;
   for (tok::TokenId id : m.tokenizer->encode(completion)) cids.push_back(id);
   if (cids.empty()) throw std::invalid_argument("--completion: the completion is empty");
-  const std::vector<float> lps = serve::score(*m.model, pids, cids);
+  const std::vector<float> lps = phi4mm::score(*m.model, pids, cids);
   nlohmann::json tokens = nlohmann::json::array();
   double sum = 0;
   for (size_t i = 0; i < cids.size(); ++i) {

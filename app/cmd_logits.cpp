@@ -12,7 +12,6 @@
 #include "models/phi4mm/model.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "nn/io/safetensors.h"
-#include "serve/chat_request.h"
 #include "tensor/autograd.h"
 
 namespace areno::app {
@@ -87,12 +86,13 @@ int cmd_logits(const Args& args) {
   phi4mm::PackedBatch batch;
   NoGradGuard ng;
   if (!messages.empty()) {
-    serve::PreparedChat pc = read_messages_file(messages, *served.tokenizer, served.encoder.get());
+    phi4mm::ProcessedChat pc =
+        read_messages_file(messages, *served.tokenizer, phi4mm::processor_options_for(*served.model));
     ids = pc.ids();
     ad = pc.adapter;
     adapter = phi4mm::adapter_name(ad);
     batch = phi4mm::PackedBatch::single(ids, ad);
-    if (!pc.media.empty()) batch.media_rows = served.encoder->encode(std::move(pc.media), pc.prompt.mode)();
+    batch.media_rows = phi4mm::media_rows(model, pc.media);
   } else {
     ids = parse_ids(ids_str);
     for (int64_t id : ids)

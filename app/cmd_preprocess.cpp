@@ -15,7 +15,6 @@
 #include "models/phi4mm/processor/image_processor.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "nn/io/safetensors.h"
-#include "serve/openai.h"
 
 namespace areno::app {
 
@@ -41,8 +40,8 @@ constexpr const char* kPreprocessUsage =
 
 }  // namespace
 
-serve::PreparedChat read_messages_file(const std::string& path, const tok::Tokenizer& tokenizer,
-                                       const serve::MediaEncoder* encoder) {
+phi4mm::ProcessedChat read_messages_file(const std::string& path, const tok::Tokenizer& tokenizer,
+                                         phi4mm::ProcessorOptions options) {
   std::ifstream f(path);
   if (!f) throw std::runtime_error(fmt::format("--messages: cannot open {}", path));
   json j;
@@ -53,11 +52,10 @@ serve::PreparedChat read_messages_file(const std::string& path, const tok::Token
   }
   json messages = j.is_object() && j.contains("messages") ? j["messages"] : j;
   json tools = j.is_object() && j.contains("tools") ? j["tools"] : json();
-  serve::MediaFetchOptions fo;
-  fo.media_root = fs::absolute(path).parent_path().string();
+  options.source.media_root = fs::absolute(path).parent_path().string();
   try {
-    return serve::prepare_chat(tokenizer, messages, tools, true, encoder, fo, {});
-  } catch (const serve::ApiError& e) {
+    return phi4mm::process_chat(tokenizer, messages, tools, options);
+  } catch (const phi4mm::ProcessorError& e) {
     throw std::runtime_error(fmt::format("{}: {}", path, e.what()));
   }
 }
@@ -72,8 +70,7 @@ int cmd_preprocess(const Args& args) {
     return 2;
   }
   const tok::Tokenizer tokenizer = model_path.empty() ? phi4mm::make_tokenizer() : phi4mm::load_tokenizer(model_path);
-  auto counter = serve::make_counting_encoder();
-  serve::PreparedChat pc = read_messages_file(messages_path, tokenizer, counter.get());
+  const phi4mm::ProcessedChat pc = read_messages_file(messages_path, tokenizer);
 
   std::vector<std::pair<std::string, Tensor>> tensors;
   const std::vector<int64_t> ids = pc.ids();

@@ -136,7 +136,7 @@ int cmd_serve(const Args& args) {
   eo.eos_token_ids = m.model->config().generation.eos_token_ids;
 
   serve::Engine engine(m.model, m.tokenizer, eo);
-  serve::HttpServer server(engine, m.encoder.get(), so);
+  serve::HttpServer server(engine, so);
   const int port = server.bind();
 
   std::signal(SIGPIPE, SIG_IGN);

@@ -92,7 +92,7 @@ int cmd_tokenize(int argc, char** argv) {
         opt.add_generation_prompt = doc.value("add_generation_prompt", true);
         counts = doc.value("media_token_counts", nlohmann::json::object());
       }
-      const auto counter = [&](const phi4mm::MediaItem& m) -> size_t {
+      const auto counter = [&](const phi4mm::MediaPart& m) -> size_t {
         const char* kind = phi4mm::media_kind_name(m.kind);
         if (counts.contains(kind) && counts[kind].is_array() && m.index < counts[kind].size()) {
           return counts[kind][m.index].get<size_t>();

@@ -2,7 +2,7 @@
 // Model subcommands of `areno` (issue 3): `init` writes a random-weight
 // checkpoint, `logits` runs the language model on token ids.
 #include "app/commands.h"
-#include "serve/chat_request.h"
+#include "models/phi4mm/processor/chat_processor.h"
 
 namespace areno::app {
 
@@ -15,8 +15,9 @@ int cmd_logits(const Args& args);
 int cmd_preprocess(const Args& args);
 
 // An OpenAI chat request from a JSON file (array of messages, or an object with
-// "messages" and optional "tools"); media paths resolve under the file's folder.
-serve::PreparedChat read_messages_file(const std::string& path, const tok::Tokenizer& tokenizer,
-                                       const serve::MediaEncoder* encoder);
+// "messages" and optional "tools"); media paths resolve under the file's
+// folder; `options` says which modalities are accepted.
+phi4mm::ProcessedChat read_messages_file(const std::string& path, const tok::Tokenizer& tokenizer,
+                                         phi4mm::ProcessorOptions options = {});
 
 }  // namespace areno::app

@@ -24,7 +24,6 @@ ServedModel load_served_model(const std::string& model_path, const std::string& 
   if (model_path.empty()) {
     m.model = phi4mm::init_phi4mm("tiny", 0, dt.value_or(DType::f32));
     if (!dev.is_cpu()) m.model->to(dev);
-    m.encoder = serve::make_media_encoder(m.model);
     auto t = phi4mm::make_tokenizer();
     t.set_padded_vocab_size(size_t(m.model->config().text.vocab_size));
     m.tokenizer = std::make_shared<const tok::Tokenizer>(std::move(t));
@@ -41,7 +40,6 @@ ServedModel load_served_model(const std::string& model_path, const std::string& 
   const auto t0 = std::chrono::steady_clock::now();
   m.model = phi4mm::load_model(model_path, lo, &report);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  m.encoder = serve::make_media_encoder(m.model);
   if (needs.towers)
     fmt::print(stderr, "{}: vision tower {}, audio encoder {}\n", model_path,
                m.model->image_embed() ? "loaded" : "absent", m.model->audio_embed() ? "loaded" : "absent");

@@ -8,7 +8,6 @@
 #include "models/phi4mm/model.h"
 #include "models/phi4mm/text.h"
 #include "models/phi4mm/tokenizer/tokenizer.h"
-#include "serve/media.h"
 
 namespace areno::app {
 
@@ -17,7 +16,6 @@ namespace areno::app {
 // component) with the built-in tokenizer.
 struct ServedModel {
   std::shared_ptr<phi4mm::Phi4MMForCausalLM> model;  // every part loaded
-  std::shared_ptr<serve::MediaEncoder> encoder;      // the towers (a modality without one is refused)
   std::shared_ptr<const tok::Tokenizer> tokenizer;   // null when not asked for
   std::string name;   // the model path, or "areno-demo"
   bool demo = false;

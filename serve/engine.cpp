@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "models/phi4mm/model.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "tensor/autograd.h"
 
@@ -202,8 +203,17 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
     if (id < 0 || id >= V) throw std::invalid_argument(fmt::format("prompt: token id {} is outside [0, {})", id, V));
     n_media += phi4mm::is_media_token(id);
   }
-  if (n_media > 0 && !r.media)
+  if (!r.media.empty() && r.media_rows.defined())
+    throw std::invalid_argument("media: give either the media items or their rows, not both");
+  const int64_t H = model_->config().text.hidden_size;
+  if (r.media_rows.defined() &&
+      (r.media_rows.dim() != 2 || r.media_rows.size(0) != n_media || r.media_rows.size(1) != H))
+    throw std::invalid_argument(fmt::format("media_rows: {} do not match the prompt's {} placeholders (hidden {})",
+                                            shape_str(r.media_rows.shape()), n_media, H));
+  if (n_media > 0 && r.media.empty() && !r.media_rows.defined())
     throw std::invalid_argument(fmt::format("prompt: {} media placeholder ids but no media were given", n_media));
+  if (n_media == 0 && !r.media.empty())
+    throw std::invalid_argument(fmt::format("media: {} items but the prompt has no media placeholder ids", r.media.size()));
   const int64_t ctx = r.max_context > 0 ? std::min(r.max_context, max_context()) : max_context();
   const int64_t P = int64_t(r.prompt.size());
   if (P >= ctx)
@@ -221,7 +231,8 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
       throw QueueFull(fmt::format("engine: {} requests are waiting; try again later", opts_.max_queue));
   };
   auto q = std::make_unique<Req>();
-  if (n_media > 0) {
+  q->media_rows = std::move(r.media_rows);
+  if (!r.media.empty()) {
     // The processors and towers run here, on the submitting thread, so an
     // image never stalls the decode steps of the engine thread. A request
     // that would be refused anyway is refused before this work.
@@ -229,16 +240,21 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
       std::lock_guard<std::mutex> lk(mu_);
       check_accepting();
     }
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       NoGradGuard ng;
-      q->media_rows = r.media();
+      q->media_rows = phi4mm::media_rows(*model_, r.media);
     } catch (const std::exception& e) {
       throw std::runtime_error(fmt::format("media encoding failed: {}", e.what()));
     }
-    const int64_t H = model_->config().text.hidden_size;
     if (q->media_rows.dim() != 2 || q->media_rows.size(0) != n_media || q->media_rows.size(1) != H)
       throw std::runtime_error(fmt::format("media encoding failed: media rows {} do not match the prompt's {} "
                                            "placeholders", shape_str(q->media_rows.shape()), n_media));
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::lock_guard<std::mutex> lk(mu_);
+    media_items_total_ += int64_t(r.media.size());
+    media_seconds_total_ += secs;
+    r.media.clear();  // the rows are what the engine keeps
   }
   q->r = std::move(r);
   q->cb = std::move(on_output);
@@ -266,6 +282,8 @@ EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   EngineStats s = published_;
   s.requests_total = requests_total_;
+  s.media_items_total = media_items_total_;
+  s.media_seconds_total = media_seconds_total_;
   s.waiting += int64_t(inbox_.size());
   return s;
 }
@@ -870,29 +888,6 @@ std::vector<std::vector<Completion>> generate(Engine& engine, std::vector<Reques
   for (size_t i = 0; i < errors.size(); ++i)
     if (!errors[i].empty()) throw std::runtime_error(fmt::format("generate: request {}: {}", i, errors[i]));
   return out;
-}
-
-std::vector<float> score(const phi4mm::Phi4MMForCausalLM& model, const std::vector<int64_t>& prompt,
-                         const std::vector<int64_t>& completion, Adapter adapter, const Tensor& media_rows) {
-  if (prompt.empty()) throw std::invalid_argument("score: the prompt is empty");
-  if (completion.empty()) return {};
-  std::vector<int64_t> ids = prompt;
-  ids.insert(ids.end(), completion.begin(), completion.end());
-  phi4mm::PackedBatch b = phi4mm::PackedBatch::single(ids, adapter);
-  int64_t n_media = 0;
-  for (int64_t id : prompt) n_media += phi4mm::is_media_token(id);
-  if (n_media > 0) {
-    if (!media_rows.defined() || media_rows.size(0) != n_media)
-      throw std::invalid_argument(fmt::format("score: {} media placeholders need as many media rows", n_media));
-    b.media_rows = media_rows;
-  }
-  std::vector<int64_t> targets(ids.size(), -1);
-  for (size_t t = prompt.size() - 1; t + 1 < ids.size(); ++t) targets[t] = ids[t + 1];
-  NoGradGuard ng;
-  std::vector<float> lp = model.token_logprobs(b, from_vector<int64_t>(targets, {int64_t(targets.size())}))
-                              .to(Device::cpu())
-                              .to_vector<float>();
-  return std::vector<float>(lp.begin() + int64_t(prompt.size()) - 1, lp.end() - 1);
 }
 
 }  // namespace areno::serve

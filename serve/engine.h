@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "models/phi4mm/kv_cache.h"
+#include "models/phi4mm/processor/media.h"
 #include "models/phi4mm/text.h"
 #include "models/phi4mm/tokenizer/tokenizer.h"
 
@@ -83,11 +84,14 @@ const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort" (n
 struct Request {
   std::vector<int64_t> prompt;   // expanded prompt ids (media placeholders repeated)
   Adapter adapter = Adapter::none;  // the sequence's LoRA (vision when an image is present)
-  // Media rows [M, H] for the prompt's placeholder ids (200010 / 200011), in
-  // order of appearance; called once by Engine::submit on the submitting
-  // thread (never the engine thread, so an image does not stall running
-  // decodes). Empty when the prompt has no media.
-  std::function<Tensor()> media;
+  // The prompt's media for its placeholder ids (200010 / 200011), in order of
+  // appearance (phi4mm::ProcessedChat::media). Engine::submit runs the
+  // processors and towers on them once, on the submitting thread (never the
+  // engine thread, so an image does not stall running decodes).
+  std::vector<phi4mm::Media> media;
+  // Or their rows [M, H], computed already (a trainer holding them, tests).
+  // At most one of media / media_rows; neither when the prompt has no media.
+  Tensor media_rows;
   SamplingParams params;
   int64_t max_context = 0;       // 0: the model's max_position_embeddings
 };
@@ -132,6 +136,9 @@ struct EngineStats {
   int64_t kv_blocks_total = 0, kv_blocks_used = 0;
   int64_t steps = 0;
   double step_seconds_total = 0, last_step_seconds = 0;
+  // Media items encoded by submit (on submitting threads) and the time spent.
+  int64_t media_items_total = 0;
+  double media_seconds_total = 0;
 };
 
 class Engine {
@@ -145,8 +152,9 @@ class Engine {
   // Queues a request; returns its id. Computes its media rows first (on the
   // calling thread). Callbacks run on the stepping thread and must not block.
   // Throws std::invalid_argument (bad params/prompt: empty, longer than the
-  // context, ids out of range, media count mismatch), QueueFull, or
-  // std::runtime_error when the media cannot be encoded. Thread-safe.
+  // context, ids out of range, media rows not matching the placeholders),
+  // QueueFull, or std::runtime_error when the media cannot be encoded.
+  // Thread-safe.
   int64_t submit(Request r, OutputCallback on_output);
   // Frees the request's sequences at the next step; its last event has
   // finish = abort. Unknown or finished ids are ignored. Thread-safe.
@@ -207,6 +215,8 @@ class Engine {
   EngineStats stats_;       // stepping thread
   EngineStats published_;   // copy under mu_, for stats()
   int64_t requests_total_ = 0;  // under mu_
+  int64_t media_items_total_ = 0;      // under mu_
+  double media_seconds_total_ = 0;     // under mu_
 };
 
 // Blocking batch API for offline use and the trainer (rollouts and scoring).
@@ -219,12 +229,5 @@ struct Completion {
 // Runs every request to completion on `engine` (which must not be started):
 // result[i][j] is sample j of request i.
 std::vector<std::vector<Completion>> generate(Engine& engine, std::vector<Request> requests);
-
-// Per-token log-probabilities of `completion` after `prompt` (media rows as in
-// Request), without sampling: entry t is log p(completion[t] | prompt,
-// completion[< t]). Runs the packed forward of the training path.
-std::vector<float> score(const phi4mm::Phi4MMForCausalLM& model, const std::vector<int64_t>& prompt,
-                         const std::vector<int64_t>& completion, Adapter adapter = Adapter::none,
-                         const Tensor& media_rows = {});
 
 }  // namespace areno::serve

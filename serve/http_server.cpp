@@ -15,8 +15,7 @@
 #include <thread>
 
 #include "areno_build_config.h"
-#include "models/phi4mm/tokenizer/prompt_builder.h"
-#include "serve/chat_request.h"
+#include "models/phi4mm/processor/chat_processor.h"
 
 namespace areno::serve {
 
@@ -77,8 +76,8 @@ struct InFlight {
 
 struct HttpServer::Impl {
   Engine& engine;
-  const MediaEncoder* encoder;
   ServerOptions opts;
+  phi4mm::ProcessorOptions processor;  // the model's modalities, media sources and limits
   httplib::Server http;
   int bound_port = -1;
   std::atomic<bool> draining{false};
@@ -90,7 +89,10 @@ struct HttpServer::Impl {
   std::mutex metrics_mu;
   std::map<std::pair<std::string, int>, int64_t> http_counts;  // (route, status) -> count
 
-  Impl(Engine& e, const MediaEncoder* enc, ServerOptions o) : engine(e), encoder(enc), opts(std::move(o)) {
+  Impl(Engine& e, ServerOptions o) : engine(e), opts(std::move(o)) {
+    processor = phi4mm::processor_options_for(engine.model());
+    processor.source = media_source(opts.media);
+    processor.limits = opts.media_limits;
     context = engine.max_context();
     if (opts.max_context_len > 0) context = std::min(context, opts.max_context_len);
     opts.api.vocab_size = engine.model().config().text.vocab_size;
@@ -199,26 +201,15 @@ struct HttpServer::Impl {
 
   // ---- prompts -----------------------------------------------------------
 
-  struct BuiltPrompt {
-    std::vector<int64_t> ids;
-    Adapter adapter = Adapter::none;
-    std::function<Tensor()> media;
-  };
-
-  BuiltPrompt build_chat(const json& messages, const json& tools, bool add_generation_prompt) {
-    PreparedChat pc =
-        prepare_chat(engine.tokenizer(), messages, tools, add_generation_prompt, encoder, opts.media, opts.media_limits);
-    BuiltPrompt b;
-    b.ids = pc.ids();
-    b.adapter = pc.adapter;
-    if (!pc.media.empty()) {
-      try {
-        b.media = encoder->encode(std::move(pc.media), pc.prompt.mode);
-      } catch (const MediaError& e) {
-        throw ApiError(400, e.what(), "messages");
-      }
+  // The one place where the processor's {field, message} errors become 400s.
+  phi4mm::ProcessedChat build_chat(const json& messages, const json& tools, bool add_generation_prompt) {
+    phi4mm::ProcessorOptions po = processor;
+    po.add_generation_prompt = add_generation_prompt;
+    try {
+      return phi4mm::process_chat(engine.tokenizer(), messages, tools, po);
+    } catch (const phi4mm::ProcessorError& e) {
+      throw ApiError(400, e.what(), e.field());
     }
-    return b;
   }
 
   // Checks the prompt length and fixes max_tokens / max_context of `r`.
@@ -257,11 +248,11 @@ struct HttpServer::Impl {
       std::vector<Request> reqs;
       std::vector<std::vector<int64_t>> prompt_ids;
       if (kind == ApiKind::chat) {
-        BuiltPrompt b = build_chat(ar.messages, ar.tools, ar.add_generation_prompt);
+        phi4mm::ProcessedChat pc = build_chat(ar.messages, ar.tools, ar.add_generation_prompt);
         Request r;
-        r.prompt = std::move(b.ids);
-        r.adapter = b.adapter;
-        r.media = std::move(b.media);
+        r.prompt = pc.ids();
+        r.adapter = pc.adapter;
+        r.media = std::move(pc.media);
         r.params = ar.params;
         fit_context(r, ar, "messages");
         prompt_ids.push_back(r.prompt);
@@ -472,7 +463,7 @@ struct HttpServer::Impl {
       std::vector<int64_t> ids;
       if (body.contains("messages")) {
         const bool agp = body.value("add_generation_prompt", true);
-        ids = build_chat(body["messages"], body.value("tools", json()), agp).ids;
+        ids = build_chat(body["messages"], body.value("tools", json()), agp).ids();
       } else if (body.contains("prompt") && body["prompt"].is_string()) {
         for (tok::TokenId t : engine.tokenizer().encode(body["prompt"].get<std::string>())) ids.push_back(t);
       } else {
@@ -537,8 +528,7 @@ struct HttpServer::Impl {
   }
 };
 
-HttpServer::HttpServer(Engine& engine, const MediaEncoder* encoder, ServerOptions opts)
-    : impl_(std::make_unique<Impl>(engine, encoder, std::move(opts))) {}
+HttpServer::HttpServer(Engine& engine, ServerOptions opts) : impl_(std::make_unique<Impl>(engine, std::move(opts))) {}
 
 HttpServer::~HttpServer() { stop(); }
 

@@ -21,7 +21,7 @@
 #include <string>
 
 #include "serve/engine.h"
-#include "serve/media.h"
+#include "models/phi4mm/processor/media.h"
 #include "serve/media_fetch.h"
 #include "serve/openai.h"
 
@@ -40,13 +40,14 @@ struct ServerOptions {
   size_t threads = 0;               // HTTP worker threads; 0: max(64, 2 * engine max_running)
   ApiLimits api;
   MediaFetchOptions media;
-  MediaLimits media_limits;
+  phi4mm::MediaLimits media_limits;
 };
 
 class HttpServer {
  public:
-  // `encoder` null: the model serves text only (media parts are refused).
-  HttpServer(Engine& engine, const MediaEncoder* encoder, ServerOptions opts);
+  // Media parts are accepted for the modalities whose towers the engine's
+  // model has (others are refused with 400).
+  HttpServer(Engine& engine, ServerOptions opts);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;

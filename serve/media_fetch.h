@@ -1,15 +1,12 @@
 #pragma once
-// Bytes of a media content part (spec tokens-api.md 3.1): base64 data URLs,
-// `input_audio` base64 data, local files under the media root, and http(s)
-// URLs when remote media are allowed. Every refusal is an ApiError (400)
-// naming the part.
+// The server's media sources: where the chat processor may read the bytes of
+// media parts (phi4mm::MediaSource) under this server's options -- files
+// under --media-root, and http(s) URLs fetched here when --allow-remote-media.
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "serve/media.h"
+#include "models/phi4mm/processor/media_source.h"
 
 namespace areno::serve {
 
@@ -20,18 +17,12 @@ struct MediaFetchOptions {
   int timeout_seconds = 20;     // remote fetches
 };
 
-// Strict base64 (standard or URL-safe alphabet, padding optional, ASCII
-// whitespace ignored). Throws std::invalid_argument on anything else.
-std::vector<uint8_t> decode_base64(const std::string& text);
-std::string encode_base64(const uint8_t* data, size_t n);
+// The source the processor reads media from with these options.
+phi4mm::MediaSource media_source(const MediaFetchOptions& opts);
 
-// The bytes of an image_url / audio_url / input_audio part. `where` names the
-// part in errors ("messages[0].content[1]").
-std::vector<uint8_t> fetch_media(const nlohmann::json& part, MediaKind kind, const std::string& where,
-                                 const MediaFetchOptions& opts);
-
-// Resolves `path` (relative paths against the root) and returns the real path
-// if it lies under the real `root`, symlinks resolved; throws otherwise.
-std::string resolve_under_root(const std::string& root, const std::string& path, const std::string& where);
+// GET `url` (http or https) with the options' timeout, at most `max_bytes`.
+// Throws phi4mm::ProcessorError naming `field`.
+std::vector<uint8_t> fetch_remote_media(const std::string& url, size_t max_bytes, const std::string& field,
+                                        const MediaFetchOptions& opts);
 
 }  // namespace areno::serve

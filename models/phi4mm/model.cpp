@@ -46,37 +46,30 @@ std::shared_ptr<Phi4MMForCausalLM> init_phi4mm(const std::string& preset, uint64
   return m;
 }
 
-Tensor media_rows(const Phi4MMForCausalLM& model, const MediaInputs& in) {
-  const bool has_image = !in.images.empty();
+Tensor media_rows(const Phi4MMForCausalLM& model, std::span<const Media> media) {
+  std::vector<RgbImage> images;
+  std::vector<AudioClip> clips;
+  for (const Media& m : media) {
+    if (m.kind == MediaKind::kImage) images.push_back(m.image);
+    else clips.push_back({m.samples, m.sample_rate});
+  }
+  const bool has_image = !images.empty();
   std::vector<Tensor> image_rows, audio_rows;
   if (has_image) {
     if (!model.image_embed()) throw std::invalid_argument("this model has no vision tower; images cannot be used");
-    ImageBatch b = process_images(in.images);
+    ImageBatch b = process_images(images);
     image_rows = split_rows(model.image_embed()->forward(b), b.num_img_tokens, "vision tower");
   }
-  if (!in.audio.empty()) {
+  if (!clips.empty()) {
     if (!model.audio_embed()) throw std::invalid_argument("this model has no audio encoder; audio cannot be used");
-    if (in.audio_rates.size() != in.audio.size()) throw std::invalid_argument("media_rows: one rate per clip");
-    std::vector<AudioClip> clips;
-    for (size_t i = 0; i < in.audio.size(); ++i) clips.push_back({in.audio[i], in.audio_rates[i]});
     AudioBatch ab = audio_features_batch(clips);
     audio_rows = split_rows(
         model.audio_embed()->forward(ab.features, ab.frames, has_image ? AudioProjection::vision : AudioProjection::speech),
         ab.tokens, "audio encoder");
   }
-  if (in.order_is_image.size() != image_rows.size() + audio_rows.size())
-    throw std::invalid_argument("media_rows: order_is_image must name every item");
   std::vector<Tensor> parts;
   size_t ii = 0, ai = 0;
-  for (bool is_image : in.order_is_image) {
-    if (is_image) {
-      if (ii >= image_rows.size()) throw std::invalid_argument("media_rows: more image items than images");
-      parts.push_back(image_rows[ii++]);
-    } else {
-      if (ai >= audio_rows.size()) throw std::invalid_argument("media_rows: more audio items than clips");
-      parts.push_back(audio_rows[ai++]);
-    }
-  }
+  for (const Media& m : media) parts.push_back(m.kind == MediaKind::kImage ? image_rows[ii++] : audio_rows[ai++]);
   if (parts.empty()) return Tensor();
   const DType dt = model.dtype();
   for (auto& p : parts) p = p.to(model.device(), dt);

@@ -6,6 +6,7 @@
 // media rows the towers compute for a prompt.
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "models/phi4mm/audio/encoder.h"
 #include "models/phi4mm/checkpoint.h"
 #include "models/phi4mm/processor/image_processor.h"
+#include "models/phi4mm/processor/media.h"
 #include "models/phi4mm/text.h"
 #include "models/phi4mm/vision/vision.h"
 
@@ -24,21 +26,12 @@ std::shared_ptr<Phi4MMForCausalLM> init_phi4mm(const std::string& preset, uint64
 
 // ---- media rows (spec text.md 5.4) ----
 
-// Processor outputs of one request's media, ready for the towers.
-struct MediaInputs {
-  std::vector<RgbImage> images;                         // in order of appearance
-  std::vector<std::vector<double>> audio;               // mono samples per clip
-  std::vector<int64_t> audio_rates;                     // sample rate per clip
-  // Item order in the prompt: true = image, false = audio (images and audio
-  // in their own order within each kind).
-  std::vector<bool> order_is_image;
-};
-
-// Embedding rows for every placeholder of a prompt holding `in`'s media, in
-// prompt order: each image's rows (vision tower + projector), each clip's rows
-// (audio encoder + the speech projector, or the vision projector when the
-// request has an image). [sum of token counts, hidden].
-Tensor media_rows(const Phi4MMForCausalLM& model, const MediaInputs& in);
+// Embedding rows for every placeholder of a prompt holding `media` (in prompt
+// order, as ProcessedChat::media): each image's rows (image processor, vision
+// tower + projector), each clip's rows (features, audio encoder + the speech
+// projector, or the vision projector when the request has an image).
+// [sum of token counts, hidden]; undefined when `media` is empty.
+Tensor media_rows(const Phi4MMForCausalLM& model, std::span<const Media> media);
 
 // Token counts of each item: num_image_tokens(w, h) (image_processor.h) and
 // audio_token_count(samples, rate) (audio_features.h).

@@ -552,4 +552,27 @@ int64_t text_parameter_count(const TextConfig& t) {
   return t.vocab_size * H + t.num_hidden_layers * layer + H;
 }
 
+std::vector<float> score(const Phi4MMForCausalLM& model, const std::vector<int64_t>& prompt,
+                         const std::vector<int64_t>& completion, Adapter adapter, const Tensor& media_rows) {
+  if (prompt.empty()) throw std::invalid_argument("score: the prompt is empty");
+  if (completion.empty()) return {};
+  std::vector<int64_t> ids = prompt;
+  ids.insert(ids.end(), completion.begin(), completion.end());
+  PackedBatch b = PackedBatch::single(ids, adapter);
+  int64_t n_media = 0;
+  for (int64_t id : prompt) n_media += is_media_token(id);
+  if (n_media > 0) {
+    if (!media_rows.defined() || media_rows.size(0) != n_media)
+      throw std::invalid_argument(fmt::format("score: {} media placeholders need as many media rows", n_media));
+    b.media_rows = media_rows;
+  }
+  std::vector<int64_t> targets(ids.size(), -1);
+  for (size_t t = prompt.size() - 1; t + 1 < ids.size(); ++t) targets[t] = ids[t + 1];
+  NoGradGuard ng;
+  std::vector<float> lp = model.token_logprobs(b, from_vector<int64_t>(targets, {int64_t(targets.size())}))
+                              .to(Device::cpu())
+                              .to_vector<float>();
+  return std::vector<float>(lp.begin() + int64_t(prompt.size()) - 1, lp.end() - 1);
+}
+
 }  // namespace areno::phi4mm

@@ -289,4 +289,12 @@ Tensor forward_incremental(const Phi4MMForCausalLM& m, PagedKvCache& cache, Incr
 // Parameter counts of the text part (spec 4.3), for tests and reports.
 int64_t text_parameter_count(const TextConfig& t);
 
+// Per-token log-probabilities of `completion` after `prompt` (media rows for
+// the prompt's placeholders), without sampling: entry t is
+// log p(completion[t] | prompt, completion[< t]). The packed forward of the
+// training path, under no-grad.
+std::vector<float> score(const Phi4MMForCausalLM& model, const std::vector<int64_t>& prompt,
+                         const std::vector<int64_t>& completion, Adapter adapter = Adapter::none,
+                         const Tensor& media_rows = {});
+
 }  // namespace areno::phi4mm

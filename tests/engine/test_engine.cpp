@@ -94,7 +94,7 @@ Request make_request(const Case& c, int64_t max_tokens, double temperature = 0) 
   r.adapter = c.adapter;
   const int64_t n = c.n_media();
   const uint64_t seed = c.media_seed;
-  if (n > 0) r.media = [n, seed] { return media_rows_for(n, seed); };
+  if (n > 0) r.media_rows = media_rows_for(n, seed);
   r.params.max_tokens = max_tokens;
   r.params.temperature = temperature;
   r.params.ignore_eos = true;  // random weights: run to max_tokens
@@ -438,66 +438,6 @@ TEST_CASE("engine: the background thread serves concurrent submitters and drains
   CHECK(e.stats().kv_blocks_used == 0);
 }
 
-TEST_CASE("engine: media rows are computed by submit on the submitting thread, never on the engine thread") {
-  // The towers run before the request is queued, so an image never stalls the
-  // decode steps of the sequences already running.
-  const auto cases = mixed_cases();
-  const Case* with_media = nullptr;
-  for (const auto& c : cases)
-    if (c.n_media() > 0) with_media = &c;
-  REQUIRE(with_media != nullptr);
-  Engine e(tiny_model(), tokenizer(), opts(3, 16));
-  e.start();
-  std::mutex mu;
-  std::vector<int64_t> text_tokens, media_tokens;
-  bool text_done = false, media_done = false;
-  // A text stream is decoding on the engine thread ...
-  const Case& text = cases[0];
-  REQUIRE(text.n_media() == 0);
-  e.submit(make_request(text, 24), [&](const RequestOutput& o) {
-    std::lock_guard<std::mutex> lk(mu);
-    text_tokens.insert(text_tokens.end(), o.tokens.begin(), o.tokens.end());
-    text_done |= o.done;
-  });
-  // ... when a media request arrives from another thread.
-  std::thread::id encoded_on, submitted_on;
-  int calls = 0;
-  std::thread client([&] {
-    submitted_on = std::this_thread::get_id();
-    Request r = make_request(*with_media, 6);
-    auto inner = r.media;
-    r.media = [&, inner] {
-      encoded_on = std::this_thread::get_id();
-      ++calls;
-      return inner();
-    };
-    e.submit(std::move(r), [&](const RequestOutput& o) {
-      std::lock_guard<std::mutex> lk(mu);
-      media_tokens.insert(media_tokens.end(), o.tokens.begin(), o.tokens.end());
-      media_done |= o.done;
-    });
-  });
-  client.join();
-  CHECK(calls == 1);
-  CHECK(encoded_on == submitted_on);  // the client's thread, not the engine's
-  e.stop(true);
-  CHECK(text_done);
-  CHECK(media_done);
-  CHECK(text_tokens == reference_greedy(text, 24));
-  CHECK(media_tokens == reference_greedy(*with_media, 6));
-  // A media closure that fails is refused at submit, before anything is queued.
-  Engine f(tiny_model(), tokenizer(), opts(3, 16));
-  Request bad = make_request(*with_media, 2);
-  bad.media = []() -> Tensor { throw std::runtime_error("tower exploded"); };
-  CHECK_THROWS_WITH_AS(f.submit(std::move(bad), [](const RequestOutput&) {}),
-                       doctest::Contains("media encoding failed: tower exploded"), std::runtime_error);
-  Request wrong = make_request(*with_media, 2);
-  wrong.media = [] { return zeros({1, 32}); };
-  CHECK_THROWS_WITH_AS(f.submit(std::move(wrong), [](const RequestOutput&) {}),
-                       doctest::Contains("do not match the prompt's"), std::runtime_error);
-  CHECK(f.stats().kv_blocks_used == 0);
-}
-
 // ---- the real towers (tiny preset): must-show 1 with image and audio rows ----
 
 #include "models/phi4mm/model.h"
@@ -524,7 +464,7 @@ std::vector<double> chirp(int64_t n, int64_t rate) {
 struct MediaCase {
   std::vector<int64_t> prompt;
   Adapter adapter = Adapter::none;
-  std::shared_ptr<phi4mm::MediaInputs> in;
+  std::vector<phi4mm::Media> media;
 };
 
 }  // namespace
@@ -536,19 +476,15 @@ TEST_CASE("engine: text, image, audio and image+audio requests through the tower
   auto build = [&](std::vector<phi4mm::RgbImage> imgs, std::vector<std::vector<double>> clips,
                    std::vector<int64_t> rates) {
     MediaCase c;
-    c.in = std::make_shared<phi4mm::MediaInputs>();
     c.prompt = text("<|user|>");
     for (auto& im : imgs) {
       c.prompt.insert(c.prompt.end(), size_t(phi4mm::num_image_tokens(im.width, im.height)), phi4mm::kImageToken);
-      c.in->images.push_back(im);
-      c.in->order_is_image.push_back(true);
+      c.media.push_back(phi4mm::Media::of_image(im));
     }
     for (size_t i = 0; i < clips.size(); ++i) {
       c.prompt.insert(c.prompt.end(), size_t(phi4mm::audio_token_count(int64_t(clips[i].size()), rates[i])),
                       phi4mm::kAudioToken);
-      c.in->audio.push_back(clips[i]);
-      c.in->audio_rates.push_back(rates[i]);
-      c.in->order_is_image.push_back(false);
+      c.media.push_back(phi4mm::Media::of_audio(clips[i], rates[i]));
     }
     auto tail = text("What is this?<|end|><|assistant|>");
     c.prompt.insert(c.prompt.end(), tail.begin(), tail.end());
@@ -566,7 +502,7 @@ TEST_CASE("engine: text, image, audio and image+audio requests through the tower
   // Reference: the packed forward over the whole sequence, media rows merged.
   std::vector<std::vector<int64_t>> ref;
   for (auto& c : cases) {
-    Tensor rows = c.in->order_is_image.empty() ? Tensor() : phi4mm::media_rows(*mm, *c.in);
+    Tensor rows = phi4mm::media_rows(*mm, c.media);
     std::vector<int64_t> ids = c.prompt, out;
     for (int64_t k = 0; k < steps; ++k) {
       phi4mm::PackedBatch b = phi4mm::PackedBatch::single(ids, c.adapter);
@@ -587,10 +523,7 @@ TEST_CASE("engine: text, image, audio and image+audio requests through the tower
       Request r;
       r.prompt = cases[i].prompt;
       r.adapter = cases[i].adapter;
-      if (!cases[i].in->order_is_image.empty()) {
-        auto in = cases[i].in;
-        r.media = [mm, in] { return phi4mm::media_rows(*mm, *in); };
-      }
+      r.media = cases[i].media;
       r.params.max_tokens = steps;
       r.params.temperature = 0;
       r.params.ignore_eos = true;
@@ -662,4 +595,97 @@ TEST_CASE("engine: sampled frequencies follow the softmax; top_k and top_p cut t
   auto p_small = run(0.3, -1);  // the best token alone reaches 0.3
   CHECK(p_small.size() == 1);
   CHECK(p_small[ids3[0]] == 600);
+}
+
+TEST_CASE("engine: media rows are computed by submit on the submitting thread, never on the engine thread") {
+  // The processors and towers run before the request is queued, so an image
+  // never stalls the decode steps of the sequences already running. Proof:
+  // the engine thread is held inside a callback of a decoding text stream
+  // while another thread submits an image request; submit returns with the
+  // media encoded (stats) although the engine thread has not moved.
+  auto mm = phi4mm::init_phi4mm("tiny", 11, DType::f32);
+  Engine e(mm, tokenizer(), opts(3, 16));
+  e.start();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool held = false, release = false;
+  std::vector<int64_t> text_tokens;
+  bool text_done = false;
+  const std::vector<int64_t> text_prompt = ids_of("<|user|>Tell me a story.<|end|><|assistant|>");
+  Request tr;
+  tr.prompt = text_prompt;
+  tr.params.max_tokens = 12;
+  tr.params.temperature = 0;
+  tr.params.ignore_eos = true;
+  e.submit(tr, [&](const RequestOutput& o) {
+    std::unique_lock<std::mutex> lk(mu);
+    text_tokens.insert(text_tokens.end(), o.tokens.begin(), o.tokens.end());
+    text_done |= o.done;
+    if (!o.tokens.empty() && !held) {  // hold the engine thread here once
+      held = true;
+      cv.notify_all();
+      cv.wait(lk, [&] { return release; });
+    }
+  });
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return held; });
+  }
+  const int64_t steps_before = e.stats().steps;
+  const phi4mm::RgbImage im = pattern_image(60, 40, 3);
+  Request ir;
+  ir.prompt = ids_of("<|user|>");
+  ir.prompt.insert(ir.prompt.end(), size_t(phi4mm::num_image_tokens(im.width, im.height)), phi4mm::kImageToken);
+  for (int64_t id : ids_of("What is this?<|end|><|assistant|>")) ir.prompt.push_back(id);
+  ir.adapter = Adapter::vision;
+  ir.media = {phi4mm::Media::of_image(im)};
+  ir.params.max_tokens = 5;
+  ir.params.temperature = 0;
+  ir.params.ignore_eos = true;
+  std::vector<int64_t> media_tokens;
+  bool media_done = false;
+  std::thread client([&] {
+    e.submit(ir, [&](const RequestOutput& o) {
+      std::lock_guard<std::mutex> lk(mu);
+      media_tokens.insert(media_tokens.end(), o.tokens.begin(), o.tokens.end());
+      media_done |= o.done;
+    });
+  });
+  client.join();  // returns while the engine thread is still held
+  const EngineStats mid = e.stats();
+  CHECK(mid.media_items_total == 1);
+  CHECK(mid.media_seconds_total > 0);
+  CHECK(mid.steps == steps_before);  // the engine has not stepped since
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    release = true;
+  }
+  cv.notify_all();
+  e.stop(true);
+  CHECK(text_done);
+  CHECK(media_done);
+  // Same tokens as each request alone.
+  Engine solo(mm, tokenizer(), opts(3, 16));
+  CHECK(text_tokens == generate(solo, {tr})[0][0].tokens);
+  CHECK(media_tokens == generate(solo, {ir})[0][0].tokens);
+
+  // Refusals at submit, before anything is queued.
+  Engine f(tiny_model(), tokenizer(), opts(3, 16));  // no towers
+  CHECK_THROWS_WITH_AS(f.submit(ir, [](const RequestOutput&) {}),
+                       doctest::Contains("media encoding failed: this model has no vision tower"), std::runtime_error);
+  Request wrong = ir;
+  wrong.media.clear();
+  wrong.media_rows = zeros({1, 32});
+  CHECK_THROWS_WITH_AS(f.submit(wrong, [](const RequestOutput&) {}), doctest::Contains("do not match the prompt's"),
+                       std::invalid_argument);
+  Request both = ir;
+  both.media_rows = zeros({1, 32});
+  CHECK_THROWS_WITH_AS(f.submit(both, [](const RequestOutput&) {}), doctest::Contains("not both"),
+                       std::invalid_argument);
+  Request none = ir;
+  none.media.clear();
+  CHECK_THROWS_WITH_AS(f.submit(none, [](const RequestOutput&) {}), doctest::Contains("no media were given"),
+                       std::invalid_argument);
+  CHECK(f.stats().kv_blocks_used == 0);
+  CHECK(f.stats().media_items_total == 0);
 }

@@ -81,7 +81,7 @@ std::vector<double> clip_c() {
 
 struct Prompt {
   std::vector<int64_t> ids;
-  MediaInputs media;
+  std::vector<Media> media;
   Adapter adapter = Adapter::none;
 };
 
@@ -93,16 +93,13 @@ void append(std::vector<int64_t>& ids, int64_t id, int64_t n) {
 }
 
 void add_image(Prompt& p, int64_t w, int64_t h) {
-  p.media.images.push_back(formula_image(w, h));
-  p.media.order_is_image.push_back(true);
-  append(p.ids, kImg, num_image_tokens(p.media.images.back().width, p.media.images.back().height));
+  p.media.push_back(Media::of_image(formula_image(w, h)));
+  append(p.ids, kImg, num_image_tokens(p.media.back().image.width, p.media.back().image.height));
 }
 
 void add_clip(Prompt& p, std::vector<double> samples, int64_t rate) {
   append(p.ids, kAud, audio_token_count(int64_t(samples.size()), rate));
-  p.media.audio.push_back(std::move(samples));
-  p.media.audio_rates.push_back(rate);
-  p.media.order_is_image.push_back(false);
+  p.media.push_back(Media::of_audio(std::move(samples), rate));
 }
 
 // The prompts of make_e2e_golden.py, with the same hand-written text ids.

@@ -108,16 +108,16 @@ TEST_CASE("phi4mm: one load reads config.json once and opens each shard once") {
 TEST_CASE("phi4mm: media rows follow the prompt order and the processors' counts") {
   auto m = init_phi4mm("tiny", 6, DType::f32);
   NoGradGuard ng;
-  MediaInputs in;
-  in.images = {test_image(500, 300, 1), test_image(120, 900, 2)};
-  in.audio = {tone(16000, 16000, 440.0), tone(8000, 8000, 300.0)};
-  in.audio_rates = {16000, 8000};
-  in.order_is_image = {true, false, true, false};  // image, audio, image, audio
+  // image, audio, image, audio
+  const std::vector<Media> in = {Media::of_image(test_image(500, 300, 1)), Media::of_audio(tone(16000, 16000, 440.0), 16000),
+                                 Media::of_image(test_image(120, 900, 2)), Media::of_audio(tone(8000, 8000, 300.0), 8000)};
   Tensor rows = media_rows(*m, in);
-  const int64_t n0 = num_image_tokens(in.images[0].width, in.images[0].height);
-  const int64_t n1 = num_image_tokens(in.images[1].width, in.images[1].height);
-  const int64_t a0 = audio_token_count(int64_t(in.audio[0].size()), 16000);
-  const int64_t a1 = audio_token_count(int64_t(in.audio[1].size()), 8000);
+  const int64_t n0 = num_image_tokens(in[0].image.width, in[0].image.height);
+  const int64_t n1 = num_image_tokens(in[2].image.width, in[2].image.height);
+  const int64_t a0 = audio_token_count(int64_t(in[1].samples.size()), 16000);
+  const int64_t a1 = audio_token_count(int64_t(in[3].samples.size()), 8000);
+  CHECK(media_token_count(in[0]) == n0);
+  CHECK(media_token_count(in[3]) == a1);
   CHECK(a0 == 13);  // 1 s -> 13 tokens (spec)
   REQUIRE(rows.dim() == 2);
   CHECK(rows.size(0) == n0 + a0 + n1 + a1);
@@ -125,16 +125,9 @@ TEST_CASE("phi4mm: media rows follow the prompt order and the processors' counts
 
   // Each block equals the item computed alone (image rows do not depend on the
   // other image; audio rows use the vision projector because an image is present).
-  MediaInputs only_img;
-  only_img.images = {in.images[1]};
-  only_img.order_is_image = {true};
-  Tensor r1 = media_rows(*m, only_img);
+  Tensor r1 = media_rows(*m, std::vector<Media>{in[2]});
   CHECK(testing::rel_err(rows.narrow(0, n0 + a0, n1), r1) < 1e-5);
-  MediaInputs only_audio;
-  only_audio.audio = {in.audio[0]};
-  only_audio.audio_rates = {16000};
-  only_audio.order_is_image = {false};
-  Tensor speech = media_rows(*m, only_audio);  // speech projector
+  Tensor speech = media_rows(*m, std::vector<Media>{in[1]});  // speech projector
   CHECK(speech.size(0) == a0);
   // Audio-only uses the speech projector, with an image the vision one: they differ.
   CHECK(testing::rel_err(rows.narrow(0, n0, a0), speech) > 1e-3);
@@ -156,7 +149,6 @@ TEST_CASE("phi4mm: a bad tower config fails before any weight is read") {
 #include "app/commands_model.h"
 #include "models/phi4mm/processor/image_io.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
-#include "serve/media.h"
 
 TEST_CASE("phi4mm: areno preprocess and areno logits --messages with an image and an audio clip") {
   TempDir dir;
@@ -196,18 +188,14 @@ TEST_CASE("phi4mm: areno preprocess and areno logits --messages with an image an
                            dir.str("l.safetensors")}) == 0);
   Tensor got = SafetensorsFile(dir.str("l.safetensors")).load_copy("logits");
   NoGradGuard ng;
-  MediaInputs in;
-  in.images = {im};
-  auto clip = serve::decode_media(MediaKind::kAudio,
+  auto clip = decode_media(MediaKind::kAudio,
                                   [&] {
                                     std::ifstream f(dir.str("clip.wav"), std::ios::binary);
                                     return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)),
                                                                 std::istreambuf_iterator<char>());
                                   }(),
                                   "clip");
-  in.audio = {clip.samples};
-  in.audio_rates = {clip.sample_rate};
-  in.order_is_image = {true, false};
+  const std::vector<Media> in = {Media::of_image(im), clip};
   PackedBatch b = PackedBatch::single(ids, Adapter::vision);
   b.media_rows = media_rows(*m, in);
   CHECK(testing::rel_err(got, m->logits(b)) < 1e-6);

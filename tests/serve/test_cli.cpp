@@ -51,15 +51,16 @@ TEST_CASE("serve/media_fetch remote URLs with --allow-remote-media: bytes, size 
 
   serve::MediaFetchOptions o;
   o.timeout_seconds = 5;
-  CHECK_THROWS_AS(serve::fetch_media(part(base + "/a.bin"), serve::MediaKind::kImage, "m", o), serve::ApiError);
+  auto fetch = [&](const std::string& path) {
+    return phi4mm::read_media_part(part(base + path), phi4mm::MediaKind::kImage, "m", serve::media_source(o));
+  };
+  CHECK_THROWS_AS(fetch("/a.bin"), phi4mm::ProcessorError);
   o.allow_remote = true;
-  auto bytes = serve::fetch_media(part(base + "/a.bin"), serve::MediaKind::kImage, "m", o);
+  auto bytes = fetch("/a.bin");
   CHECK(std::string(bytes.begin(), bytes.end()) == "abcdef");
-  CHECK(error_of([&] { serve::fetch_media(part(base + "/missing"), serve::MediaKind::kImage, "m", o); })
-            .find("HTTP 404") != std::string::npos);
+  CHECK(error_of([&] { fetch("/missing"); }).find("HTTP 404") != std::string::npos);
   o.max_bytes = 3;
-  CHECK(error_of([&] { serve::fetch_media(part(base + "/a.bin"), serve::MediaKind::kImage, "m", o); })
-            .find("limit") != std::string::npos);
+  CHECK(error_of([&] { fetch("/a.bin"); }).find("limit") != std::string::npos);
   srv.stop();
   th.join();
 }

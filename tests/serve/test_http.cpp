@@ -3,6 +3,7 @@
 // background, httplib clients. Every error case checks the status and the
 // OpenAI error body, then that a good request still succeeds.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <httplib.h>
 
 #include <arpa/inet.h>
@@ -22,40 +23,27 @@
 #include "serve/engine.h"
 #include "serve/http_server.h"
 #include "serve/media_fetch.h"
-#include "serve/chat_request.h"
+#include "models/phi4mm/processor/chat_processor.h"
 #include "models/phi4mm/model.h"
 #include "models/phi4mm/processor/image_io.h"
 
 using namespace areno;
 using namespace areno::serve;
+using areno::phi4mm::encode_base64;
 using nlohmann::json;
 
 namespace {
-
-// Media rows of zeros, 3 per image; audio is refused at counting.
-struct FakeEncoder : MediaEncoder {
-  int64_t hidden = 0;
-  bool supports(MediaKind) const override { return true; }
-  int64_t num_tokens(const DecodedMedia& m) const override {
-    if (m.kind != MediaKind::kImage) throw MediaError("fake encoder: images only");
-    return 3;
-  }
-  std::function<Tensor()> encode(std::vector<DecodedMedia> items, InputMode) const override {
-    const int64_t rows = 3 * int64_t(items.size()), h = hidden;
-    return [rows, h] { return zeros({rows, h}); };
-  }
-};
 
 // One listening server on its own thread.
 struct Served {
   std::unique_ptr<HttpServer> server;
   std::thread thread;
   int port = 0;
-  Served(Engine& e, const MediaEncoder* enc, ServerOptions o) {
+  Served(Engine& e, ServerOptions o) {
     o.host = "127.0.0.1";
     o.port = 0;
     o.threads = 16;
-    server = std::make_unique<HttpServer>(e, enc, std::move(o));
+    server = std::make_unique<HttpServer>(e, std::move(o));
     port = server->bind();
     thread = std::thread([this] { server->listen(); });
   }
@@ -68,11 +56,11 @@ struct Served {
 struct World {
   std::shared_ptr<phi4mm::Phi4MMForCausalLM> model;
   std::shared_ptr<const tok::Tokenizer> tokenizer;
-  std::unique_ptr<Engine> engine;
-  FakeEncoder encoder;
+  std::unique_ptr<Engine> engine;        // text-only model
+  std::unique_ptr<Engine> media_engine;  // the same language model with both towers
   std::filesystem::path media_root;
   std::unique_ptr<Served> plain;   // text only, defaults
-  std::unique_ptr<Served> strict;  // api key, small body limit, prompt limit, media encoder + root
+  std::unique_ptr<Served> strict;  // api key, small body limit, prompt limit, towers + media root
 
   World() {
     std::signal(SIGPIPE, SIG_IGN);
@@ -87,22 +75,24 @@ struct World {
     eo.prefill_chunk_tokens = 64;
     engine = std::make_unique<Engine>(model, tokenizer, eo);
     engine->start();
-    encoder.hidden = model->config().text.hidden_size;
+    media_engine = std::make_unique<Engine>(phi4mm::init_phi4mm("tiny", 0), tokenizer, eo);
+    media_engine->start();
     media_root = std::filesystem::temp_directory_path() / ("areno_serve_media_" + std::to_string(::getpid()));
     std::filesystem::create_directories(media_root);
 
-    plain = std::make_unique<Served>(*engine, nullptr, ServerOptions{});
+    plain = std::make_unique<Served>(*engine, ServerOptions{});
     ServerOptions so;
     so.api_key = "sekret";
     so.max_body_bytes = 8192;
     so.max_prompt_tokens = 24;
     so.media.media_root = media_root.string();
-    strict = std::make_unique<Served>(*engine, &encoder, so);
+    strict = std::make_unique<Served>(*media_engine, so);
   }
   ~World() {
     strict.reset();
     plain.reset();
     engine->stop(false);
+    media_engine->stop(false);
     std::error_code ec;
     std::filesystem::remove_all(media_root, ec);
   }
@@ -535,22 +525,25 @@ TEST_CASE("serve/http auth, body size, prompt limit and media errors on a strict
               400, "base64");
   check_serving(port, kAuth);
 
-  // A decodable image (data URL, then a file under the media root) runs through
-  // the engine with its media rows.
-  Reply ok = post(port, "/v1/chat/completions", with_part(image_url("data:image/bmp;base64," + bmp64)), kAuth);
-  CHECK(ok.status == 200);
-  CAPTURE(ok.raw);
+  // A decodable image (data URL, then a file under the media root) is read,
+  // decoded and counted by the processor: its placeholder tokens then exceed
+  // this server's 24-token prompt limit, and the error tells the count.
   Reply plain_usage = post(port, "/v1/chat/completions",
                            hello_chat({{"messages", {{{"role", "user"}, {"content", "see"}}}}}), kAuth);
-  // <|image_1|>\n prepended: 3 image tokens + "\n".
-  CHECK(ok.body["usage"]["prompt_tokens"].get<int64_t>() == plain_usage.body["usage"]["prompt_tokens"].get<int64_t>() + 4);
+  REQUIRE(plain_usage.status == 200);
+  // <|image_1|>\n prepended: the image's tokens + "\n".
+  const int64_t want = plain_usage.body["usage"]["prompt_tokens"].get<int64_t>() + phi4mm::num_image_tokens(2, 2) + 1;
+  const std::string counted = fmt::format("The prompt has {} tokens", want);
+  check_error(post(port, "/v1/chat/completions", with_part(image_url("data:image/bmp;base64," + bmp64)), kAuth), 400,
+              counted, "messages");
   {
     std::ofstream f(w.media_root / "dot.bmp", std::ios::binary);
     f.write(reinterpret_cast<const char*>(bmp.data()), std::streamsize(bmp.size()));
   }
-  CHECK(post(port, "/v1/chat/completions", with_part(image_url("dot.bmp")), kAuth).status == 200);
-  CHECK(post(port, "/v1/chat/completions", with_part(image_url("file://" + (w.media_root / "dot.bmp").string())), kAuth)
-            .status == 200);
+  check_error(post(port, "/v1/chat/completions", with_part(image_url("dot.bmp")), kAuth), 400, counted);
+  check_error(post(port, "/v1/chat/completions", with_part(image_url("file://" + (w.media_root / "dot.bmp").string())),
+                   kAuth),
+              400, counted);
 }
 
 TEST_CASE("serve/http 429 when the engine queue is full, 503 while draining") {
@@ -574,7 +567,7 @@ TEST_CASE("serve/http 429 when the engine queue is full, 503 while draining") {
   REQUIRE(submitted >= 1);
   REQUIRE(submitted < 8);
   {
-    Served s(idle, nullptr, ServerOptions{});
+    Served s(idle, ServerOptions{});
     Reply q = post(s.port, "/v1/chat/completions", hello_chat());
     check_error(q, 429, "overloaded");
     CHECK(q.body["error"]["type"] == "rate_limit_error");
@@ -640,7 +633,6 @@ TEST_CASE("serve/http a client that disconnects mid-stream frees its sequence an
 TEST_CASE("serve/http image, audio and image+audio requests through the real towers") {
   // The demo model with every component: SigLIP + Conformer towers and projectors.
   auto mm = phi4mm::init_phi4mm("tiny", 0);
-  auto encoder = make_media_encoder(mm);
   auto t = phi4mm::make_tokenizer();
   t.set_padded_vocab_size(size_t(mm->config().text.vocab_size));
   auto tokenizer = std::make_shared<const tok::Tokenizer>(std::move(t));
@@ -649,7 +641,7 @@ TEST_CASE("serve/http image, audio and image+audio requests through the real tow
   eo.prefill_chunk_tokens = 128;
   Engine engine(mm, tokenizer, eo);
   engine.start();
-  Served served(engine, encoder.get(), ServerOptions{});
+  Served served(engine, ServerOptions{});
 
   phi4mm::RgbImage im;
   im.width = 70, im.height = 40;
@@ -667,12 +659,12 @@ TEST_CASE("serve/http image, audio and image+audio requests through the real tow
                             json::array({image_part, audio_part, text_part})}) {
     const json messages = json::array({{{"role", "user"}, {"content", parts}}});
     // Expected: the same request straight through the engine API.
-    PreparedChat pc = prepare_chat(*tokenizer, messages, nullptr, true, encoder.get(), {}, {});
+    phi4mm::ProcessedChat pc = phi4mm::process_chat(*tokenizer, messages, nullptr, phi4mm::processor_options_for(*mm));
     const int64_t n_prompt = int64_t(pc.prompt.ids.size());
     Request r;
     r.prompt = pc.ids();
     r.adapter = pc.adapter;
-    r.media = encoder->encode(std::move(pc.media), pc.prompt.mode);
+    r.media = std::move(pc.media);
     r.params.temperature = 1.0;
     r.params.seed = 42;
     r.params.max_tokens = 6;

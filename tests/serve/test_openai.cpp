@@ -1,5 +1,5 @@
 // OpenAI request validation, response objects, tool-call parsing and media
-// fetching rules (serve/openai.h, serve/media_fetch.h), without HTTP.
+// reading rules (serve/openai.h, models/phi4mm/processor/media_source.h), without HTTP.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -7,11 +7,14 @@
 #include <unistd.h>
 
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
-#include "serve/media_fetch.h"
+#include "models/phi4mm/processor/media_source.h"
 #include "serve/openai.h"
 
 using namespace areno;
 using namespace areno::serve;
+using areno::phi4mm::MediaKind;
+using areno::phi4mm::decode_base64;
+using areno::phi4mm::encode_base64;
 using nlohmann::json;
 
 namespace {
@@ -278,7 +281,7 @@ TEST_CASE("serve/openai tool calls: <|tool_call|> and functools[...] become tool
   CHECK(j["choices"][0]["message"]["tool_calls"].size() == 1);
 }
 
-TEST_CASE("serve/media_fetch base64: strict decoding, round trip") {
+TEST_CASE("processor/media_source base64: strict decoding, round trip") {
   const std::string s = "hello, world!";
   const std::string b = encode_base64(reinterpret_cast<const uint8_t*>(s.data()), s.size());
   CHECK(b == "aGVsbG8sIHdvcmxkIQ==");
@@ -291,7 +294,7 @@ TEST_CASE("serve/media_fetch base64: strict decoding, round trip") {
   CHECK_THROWS_AS(decode_base64("aG==VsbG8"), std::invalid_argument);
 }
 
-TEST_CASE("serve/media_fetch local files only under the media root, symlinks resolved") {
+TEST_CASE("processor/media_source local files only under the media root, symlinks resolved") {
   namespace fs = std::filesystem;
   const fs::path base = fs::temp_directory_path() / ("areno_media_test_" + std::to_string(::getpid()));
   fs::remove_all(base);
@@ -301,49 +304,48 @@ TEST_CASE("serve/media_fetch local files only under the media root, symlinks res
   fs::create_symlink(base / "secret.bin", base / "root" / "link.bin");
   const std::string root = (base / "root").string();
 
-  CHECK(resolve_under_root(root, "sub/a.bin", "p") == fs::canonical(base / "root" / "sub" / "a.bin").string());
-  CHECK_THROWS_AS(resolve_under_root(root, "../secret.bin", "p"), ApiError);
-  CHECK_THROWS_AS(resolve_under_root(root, "sub/../../secret.bin", "p"), ApiError);
-  CHECK_THROWS_AS(resolve_under_root(root, "link.bin", "p"), ApiError);
-  CHECK_THROWS_AS(resolve_under_root(root, (base / "secret.bin").string(), "p"), ApiError);
-  CHECK_THROWS_AS(resolve_under_root("", "sub/a.bin", "p"), ApiError);
+  CHECK(phi4mm::resolve_under_root(root, "sub/a.bin", "p") == fs::canonical(base / "root" / "sub" / "a.bin").string());
+  CHECK_THROWS_AS(phi4mm::resolve_under_root(root, "../secret.bin", "p"), phi4mm::ProcessorError);
+  CHECK_THROWS_AS(phi4mm::resolve_under_root(root, "sub/../../secret.bin", "p"), phi4mm::ProcessorError);
+  CHECK_THROWS_AS(phi4mm::resolve_under_root(root, "link.bin", "p"), phi4mm::ProcessorError);
+  CHECK_THROWS_AS(phi4mm::resolve_under_root(root, (base / "secret.bin").string(), "p"), phi4mm::ProcessorError);
+  CHECK_THROWS_AS(phi4mm::resolve_under_root("", "sub/a.bin", "p"), phi4mm::ProcessorError);
 
-  MediaFetchOptions o;
+  phi4mm::MediaSource o;
   o.media_root = root;
   const json part = {{"type", "image_url"}, {"image_url", {{"url", "file://" + root + "/sub/a.bin"}}}};
-  auto bytes = fetch_media(part, MediaKind::kImage, "m", o);
+  auto bytes = phi4mm::read_media_part(part, MediaKind::kImage, "m", o);
   CHECK(std::string(bytes.begin(), bytes.end()) == "abc");
   const json outside = {{"type", "image_url"}, {"image_url", {{"url", "file://" + root + "/../secret.bin"}}}};
-  CHECK_THROWS_AS(fetch_media(outside, MediaKind::kImage, "m", o), ApiError);
+  CHECK_THROWS_AS(phi4mm::read_media_part(outside, MediaKind::kImage, "m", o), phi4mm::ProcessorError);
   o.max_bytes = 2;
-  CHECK_THROWS_AS(fetch_media(part, MediaKind::kImage, "m", o), ApiError);
+  CHECK_THROWS_AS(phi4mm::read_media_part(part, MediaKind::kImage, "m", o), phi4mm::ProcessorError);
   fs::remove_all(base);
 }
 
-TEST_CASE("serve/media_fetch data URLs, input_audio and remote URLs") {
-  MediaFetchOptions o;
-  auto get = [&](const json& part, MediaKind k) { return fetch_media(part, k, "messages[0].content", o); };
+TEST_CASE("processor/media_source data URLs, input_audio and remote URLs") {
+  phi4mm::MediaSource o;
+  auto get = [&](const json& part, MediaKind k) { return phi4mm::read_media_part(part, k, "messages[0].content", o); };
   auto b = get({{"type", "image_url"}, {"image_url", {{"url", "data:image/png;base64,aGk="}}}}, MediaKind::kImage);
   CHECK(std::string(b.begin(), b.end()) == "hi");
   b = get({{"type", "input_audio"}, {"input_audio", {{"data", "aGk="}, {"format", "wav"}}}}, MediaKind::kAudio);
   CHECK(std::string(b.begin(), b.end()) == "hi");
-  CHECK_THROWS_AS(get({{"type", "image_url"}, {"image_url", {{"url", "data:image/png,hi"}}}}, MediaKind::kImage), ApiError);
+  CHECK_THROWS_AS(get({{"type", "image_url"}, {"image_url", {{"url", "data:image/png,hi"}}}}, MediaKind::kImage), phi4mm::ProcessorError);
   CHECK_THROWS_AS(get({{"type", "image_url"}, {"image_url", {{"url", "data:image/png;base64,@@"}}}}, MediaKind::kImage),
-                  ApiError);
+                  phi4mm::ProcessorError);
   CHECK_THROWS_AS(get({{"type", "input_audio"}, {"input_audio", {{"data", "aGk="}, {"format", "aiff"}}}}, MediaKind::kAudio),
-                  ApiError);
+                  phi4mm::ProcessorError);
   CHECK_THROWS_AS(get({{"type", "input_audio"}, {"input_audio", {{"data", "!!"}, {"format", "wav"}}}}, MediaKind::kAudio),
-                  ApiError);
+                  phi4mm::ProcessorError);
   CHECK_THROWS_AS(get({{"type", "audio_url"}, {"audio_url", {{"url", "http://127.0.0.1:1/a.wav"}}}}, MediaKind::kAudio),
-                  ApiError);  // remote media off
-  CHECK_THROWS_AS(get({{"type", "image_url"}, {"image_url", {{"url", "ftp://x/y.png"}}}}, MediaKind::kImage), ApiError);
+                  phi4mm::ProcessorError);  // remote media off
+  CHECK_THROWS_AS(get({{"type", "image_url"}, {"image_url", {{"url", "ftp://x/y.png"}}}}, MediaKind::kImage), phi4mm::ProcessorError);
   CHECK_THROWS_AS(get({{"type", "image_url"}, {"image_url", {{"url", "/etc/passwd"}}}}, MediaKind::kImage),
-                  ApiError);  // no media root
+                  phi4mm::ProcessorError);  // no media root
   try {
     get({{"type", "image_url"}, {"image_url", {{"url", "data:image/png;base64,@@"}}}}, MediaKind::kImage);
-  } catch (const ApiError& e) {
-    CHECK(e.status == 400);
+  } catch (const phi4mm::ProcessorError& e) {
     CHECK(std::string(e.what()).find("base64") != std::string::npos);
-    CHECK(e.param == "messages[0].content.image_url.url");
+    CHECK(e.field() == "messages[0].content.image_url.url");
   }
 }

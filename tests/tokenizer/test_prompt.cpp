@@ -15,7 +15,7 @@ namespace {
 
 // Counts from a table: image k -> images[k], audio k -> audios[k].
 phi4mm::MediaTokenCounter table_counter(std::vector<size_t> images, std::vector<size_t> audios) {
-  return [images, audios](const phi4mm::MediaItem& m) {
+  return [images, audios](const phi4mm::MediaPart& m) {
     return m.kind == phi4mm::MediaKind::kImage ? images.at(m.index) : audios.at(m.index);
   };
 }
@@ -78,7 +78,7 @@ TEST_CASE("prompt/spec 2.6: one image and one audio, ids and spans") {
 }
 
 TEST_CASE("prompt/placeholders: user-written ones stay, missing ones are prepended grouped by modality") {
-  std::vector<phi4mm::MediaItem> media;
+  std::vector<phi4mm::MediaPart> media;
   // Audio appears first in the message, so all audio placeholders come first.
   const auto msgs = phi4mm::flatten_messages(
       user_parts({audio_part(), text_part("first"), image_part(), text_part("second <|image_2|> here"), image_part(),

@@ -12,18 +12,6 @@ namespace areno::phi4mm {
 using nlohmann::json;
 using tok::require_valid_utf8;
 
-const char* media_kind_name(MediaKind k) { return k == MediaKind::kImage ? "image" : "audio"; }
-
-const char* input_mode_name(InputMode m) {
-  switch (m) {
-    case InputMode::kText: return "text";
-    case InputMode::kVision: return "vision";
-    case InputMode::kSpeech: return "speech";
-    case InputMode::kVisionSpeech: return "vision+speech";
-  }
-  return "?";
-}
-
 std::string python_json_dumps(const json& v) {
   switch (v.type()) {
     case json::value_t::object: {
@@ -153,7 +141,7 @@ std::string join(const std::vector<std::string>& parts, const char* sep) {
 
 }  // namespace
 
-std::vector<ChatMessage> flatten_messages(const json& messages, const json& tools, std::vector<MediaItem>& media) {
+std::vector<ChatMessage> flatten_messages(const json& messages, const json& tools, std::vector<MediaPart>& media) {
   if (!messages.is_array() || messages.empty()) {
     throw std::runtime_error("'messages' must be a non-empty array of {\"role\": ..., \"content\": ...}");
   }
@@ -311,19 +299,30 @@ std::string rewrite_placeholders(const std::string& text, size_t n_images, size_
   return out;
 }
 
+FlatChat flatten_chat(const json& messages, const json& tools) {
+  FlatChat f;
+  f.chat = flatten_messages(messages, tools, f.media);
+  return f;
+}
+
 Prompt build_prompt(const tok::Tokenizer& tokenizer, const json& messages, const MediaTokenCounter& count_tokens,
                     const PromptOptions& options) {
+  return build_prompt(tokenizer, flatten_chat(messages, options.tools), count_tokens, options.add_generation_prompt);
+}
+
+Prompt build_prompt(const tok::Tokenizer& tokenizer, FlatChat flat, const MediaTokenCounter& count_tokens,
+                    bool add_generation_prompt) {
   Prompt p;
-  const std::vector<ChatMessage> chat = flatten_messages(messages, options.tools, p.media);
-  p.text = render_chat(chat, options.add_generation_prompt);
+  p.media = std::move(flat.media);
+  p.text = render_chat(flat.chat, add_generation_prompt);
   size_t n[2] = {0, 0};
-  for (const MediaItem& m : p.media) ++n[m.kind == MediaKind::kImage ? 0 : 1];
+  for (const MediaPart& m : p.media) ++n[m.kind == MediaKind::kImage ? 0 : 1];
   const std::string rewritten = rewrite_placeholders(p.text, n[0], n[1]);
   const std::vector<tok::TokenId> ids = tokenizer.encode(rewritten);
 
   // Expand: the k-th 200010 is the k-th image, the k-th 200011 the k-th audio.
-  std::vector<const MediaItem*> by_kind[2];
-  for (const MediaItem& m : p.media) by_kind[m.kind == MediaKind::kImage ? 0 : 1].push_back(&m);
+  std::vector<const MediaPart*> by_kind[2];
+  for (const MediaPart& m : p.media) by_kind[m.kind == MediaKind::kImage ? 0 : 1].push_back(&m);
   size_t seen[2] = {0, 0};
   for (const tok::TokenId id : ids) {
     const int kind = id == kImageToken ? 0 : id == kAudioToken ? 1 : -1;
@@ -337,7 +336,7 @@ Prompt build_prompt(const tok::Tokenizer& tokenizer, const json& messages, const
           "contain the literal token {}", kind ? "audio" : "image", seen[kind] + 1, kind ? "audio" : "image",
           by_kind[kind].size(), kind ? "<|endoftext11|>" : "<|endoftext10|>"));
     }
-    const MediaItem& item = *by_kind[kind][seen[kind]++];
+    const MediaPart& item = *by_kind[kind][seen[kind]++];
     const size_t count = count_tokens(item);
     if (count == 0) {
       throw std::runtime_error(fmt::format("{} {} has a token count of 0 (processors must report >= 1)",

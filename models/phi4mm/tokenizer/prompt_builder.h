@@ -13,20 +13,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/phi4mm/processor/media.h"
 #include "models/phi4mm/tokenizer/chat_template.h"
 #include "models/phi4mm/tokenizer/tokenizer.h"
 
 namespace areno::phi4mm {
 
-enum class MediaKind { kImage, kAudio };
-const char* media_kind_name(MediaKind k);  // "image" / "audio"
-
-// The model's input mode (spec 2.3): 0 text, 1 vision, 2 speech, 3 both.
-enum class InputMode { kText = 0, kVision = 1, kSpeech = 2, kVisionSpeech = 3 };
-const char* input_mode_name(InputMode m);
-
-// One image or audio content part, numbered per modality across the request.
-struct MediaItem {
+// Where one image or audio content part sits in the request, numbered per
+// modality across the request (the chat processor reads and decodes it into
+// a Media, processor/media.h).
+struct MediaPart {
   MediaKind kind;
   size_t index = 0;    // 0-based within its modality; placeholder number is index + 1
   size_t message = 0;  // index into messages
@@ -45,13 +41,13 @@ struct Prompt {
   std::string text;  // rendered prompt with <|image_k|> / <|audio_k|> placeholders
   std::vector<tok::TokenId> ids;
   std::vector<MediaSpan> spans;  // in order of appearance
-  std::vector<MediaItem> media;  // in the order the parts appear in the request
+  std::vector<MediaPart> media;  // in the order the parts appear in the request
   InputMode mode = InputMode::kText;
 };
 
 // Number of ids an item expands to (N_img / N_aud, from the vision and audio
 // processors). Must be >= 1.
-using MediaTokenCounter = std::function<size_t(const MediaItem&)>;
+using MediaTokenCounter = std::function<size_t(const MediaPart&)>;
 
 struct PromptOptions {
   bool add_generation_prompt = true;
@@ -64,9 +60,17 @@ struct PromptOptions {
 // 5.1, as ollama does).
 inline constexpr const char* kToolsDefaultSystem = "You are a helpful assistant with some tools.";
 
-// Steps, exposed for tests and for the server.
+// Steps, exposed for tests and for the chat processor.
 std::vector<ChatMessage> flatten_messages(const nlohmann::json& messages, const nlohmann::json& tools,
-                                          std::vector<MediaItem>& media);
+                                          std::vector<MediaPart>& media);
+
+// Messages flattened once: the chat turns (placeholders in the text) and the
+// media parts in request order.
+struct FlatChat {
+  std::vector<ChatMessage> chat;
+  std::vector<MediaPart> media;
+};
+FlatChat flatten_chat(const nlohmann::json& messages, const nlohmann::json& tools);
 // Serialises OpenAI tools as the list of inner function objects, Python
 // json.dumps style (", " and ": " separators, UTF-8 kept).
 std::string tools_to_string(const nlohmann::json& tools);
@@ -78,5 +82,8 @@ std::string python_json_dumps(const nlohmann::json& value);
 
 Prompt build_prompt(const tok::Tokenizer& tokenizer, const nlohmann::json& messages,
                     const MediaTokenCounter& count_tokens, const PromptOptions& options = {});
+// The same from messages already flattened (flatten_chat with options.tools).
+Prompt build_prompt(const tok::Tokenizer& tokenizer, FlatChat flat, const MediaTokenCounter& count_tokens,
+                    bool add_generation_prompt = true);
 
 }  // namespace areno::phi4mm

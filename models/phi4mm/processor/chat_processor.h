@@ -1,0 +1,48 @@
+#pragma once
+// The Phi-4-multimodal processor as a library: OpenAI chat messages -> prompt
+// ids + the request's decoded media, for the server, the CLI commands and the
+// trainer alike.
+//
+// The messages are flattened once (prompt_builder.h); each media part is read
+// (media_source.h: data URL, base64, file under the media root, or the
+// injected remote fetcher), decoded and counted (media.h), and the prompt is
+// built with those counts. Every problem is a ProcessorError {field, message}.
+// The towers do not run here: the caller hands the media to media_rows
+// (model.h) -- the engine does that at submit, off its stepping thread.
+#include <cstdint>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/phi4mm/processor/media.h"
+#include "models/phi4mm/processor/media_source.h"
+#include "models/phi4mm/text.h"
+#include "models/phi4mm/tokenizer/prompt_builder.h"
+
+namespace areno::phi4mm {
+
+struct ProcessorOptions {
+  bool image = true;           // the model has a vision tower (else image parts are refused)
+  bool audio = true;           // the model has an audio encoder
+  MediaSource source;
+  MediaLimits limits;
+  bool add_generation_prompt = true;
+};
+
+// What a model can take: the modalities of `model`'s towers.
+ProcessorOptions processor_options_for(const Phi4MMForCausalLM& model);
+
+struct ProcessedChat {
+  Prompt prompt;              // ids with the media placeholders expanded
+  std::vector<Media> media;   // in prompt order (as media_rows wants them)
+  Adapter adapter = Adapter::none;  // vision when an image is present, else speech for audio
+  std::vector<int64_t> ids() const { return {prompt.ids.begin(), prompt.ids.end()}; }
+};
+
+ProcessedChat process_chat(const tok::Tokenizer& tokenizer, const nlohmann::json& messages,
+                           const nlohmann::json& tools, const ProcessorOptions& options);
+
+// The adapter a prompt's input mode selects (spec text.md 3.3).
+Adapter adapter_for(InputMode mode);
+
+}  // namespace areno::phi4mm
