@@ -113,14 +113,10 @@ int cmd_generate(const Args& args) {
   flags.value("--system", system).value("--image", image).value("--audio", audio);
   flags.integer("--max-tokens", p.max_tokens, 1);
   flags.value("--temperature", [&](const std::string& v) {
-    p.temperature = parse_double_flag("--temperature", v, 0.0);
-    if (p.temperature > 2) throw std::invalid_argument("--temperature: must be in [0, 2]");
+    p.temperature = parse_bounded_flag("--temperature", v, serve::bounds::temperature);
   });
-  flags.value("--top-p", [&](const std::string& v) {
-    p.top_p = parse_double_flag("--top-p", v, 0.0);
-    if (p.top_p <= 0 || p.top_p > 1) throw std::invalid_argument("--top-p: must be in (0, 1]");
-  });
-  flags.integer("--top-k", p.top_k, -1);
+  flags.value("--top-p", [&](const std::string& v) { p.top_p = parse_bounded_flag("--top-p", v, serve::bounds::top_p); });
+  flags.integer("--top-k", p.top_k, serve::bounds::kMinTopK);
   flags.value("--seed", [&](const std::string& v) { p.seed = uint64_t(parse_int_flag("--seed", v, 0)); });
   if (auto rc = flags.parse(args)) return *rc;
   if (!have_prompt) {
@@ -139,7 +135,6 @@ int cmd_generate(const Args& args) {
   r.adapter = cp.adapter;
   r.media = std::move(cp.media);
   r.params = p;
-  serve::validate(r.params, m.model->config().text.vocab_size);
   int64_t generated = 0;
   std::string finish = "none", error;
   const auto t0 = std::chrono::steady_clock::now();

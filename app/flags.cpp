@@ -36,6 +36,16 @@ double parse_double_flag(const std::string& flag, const std::string& value, doub
   throw std::invalid_argument(fmt::format("{}: expected a number >= {}, got '{}'", flag, min_value, value));
 }
 
+double parse_bounded_flag(const std::string& flag, const std::string& value, const serve::Bound& b) {
+  try {
+    size_t used = 0;
+    const double v = std::stod(value, &used);
+    if (used == value.size() && b.contains(v)) return v;
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument(fmt::format("{}: expected a number in {}, got '{}'", flag, b.range(), value));
+}
+
 Flags::Flags(std::string command, const char* usage, OnUnknown on_unknown)
     : command_(std::move(command)), usage_(usage), on_unknown_(on_unknown) {}
 

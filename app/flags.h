@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "app/commands.h"
+#include "serve/sampler.h"
 #include "tensor/dtype.h"
 
 namespace areno::app {
@@ -19,6 +20,8 @@ namespace areno::app {
 // Flag value parsers that name the flag in their errors.
 int64_t parse_int_flag(const std::string& flag, const std::string& value, int64_t min_value);
 double parse_double_flag(const std::string& flag, const std::string& value, double min_value);
+// A sampling parameter within its bound from the sampler's table (serve/sampler.h).
+double parse_bounded_flag(const std::string& flag, const std::string& value, const serve::Bound& bound);
 // --dtype: "" (the checkpoint's dtype: nullopt) | "f32" | "bf16".
 std::optional<DType> parse_dtype_flag(const std::string& dtype);
 

@@ -21,11 +21,10 @@
 //   4. runs forward_incremental once over all chunks, samples the sequences
 //      whose last chunk ended, checks stops and reports RequestOutput events.
 //
-// Sampling is per sequence and batch-independent: the random number of
-// generated token k of sample j depends only on (seed, j, k), so a seeded
-// request gives the same tokens alone, in any batch, and after preemption.
-// Log-probabilities are those of the raw model distribution (log_softmax of
-// the logits before temperature, penalties or filtering), as vLLM reports.
+// Sampling (sampler.h) is per sequence and batch-independent: the random
+// number of generated token k of sample j depends only on (seed, j, k), so a
+// seeded request gives the same tokens alone, in any batch, and after
+// preemption.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -42,41 +41,11 @@
 #include "models/phi4mm/processor/media.h"
 #include "models/phi4mm/text.h"
 #include "models/phi4mm/tokenizer/tokenizer.h"
+#include "serve/sampler.h"
 
 namespace areno::serve {
 
 using phi4mm::Adapter;
-
-struct SamplingParams {
-  int64_t n = 1;                 // samples sharing the prompt
-  double temperature = 1.0;      // 0 = greedy (ties: lowest id)
-  double top_p = 1.0;            // (0, 1]
-  int64_t top_k = -1;            // <= 0: off
-  double min_p = 0.0;            // [0, 1]: drop tokens below min_p * max prob
-  double presence_penalty = 0.0;   // [-2, 2], OpenAI semantics over generated tokens
-  double frequency_penalty = 0.0;  // [-2, 2]
-  double repetition_penalty = 1.0; // > 0, vLLM semantics over prompt + generated tokens
-  std::vector<std::pair<int64_t, double>> logit_bias;  // token id -> bias added to the logit
-  std::optional<uint64_t> seed;  // none: drawn from the engine's generator at submit
-  int64_t max_tokens = 16;       // generated tokens (stop token included)
-  int64_t min_tokens = 0;        // stop tokens are masked before this many
-  std::vector<std::string> stop;        // stop strings, matched on the decoded text
-  std::vector<int64_t> stop_token_ids;  // in addition to the eos ids (unless ignore_eos)
-  bool ignore_eos = false;
-  bool include_stop_str_in_output = false;
-  bool skip_special_tokens = true;      // in the decoded text
-  int64_t logprobs = -1;         // -1: none; k >= 0: logprob of each token and the top k
-  int64_t prompt_logprobs = -1;  // -1: none; k >= 0: logprobs of the prompt tokens (echo)
-};
-
-// Validates ranges; throws std::invalid_argument naming the field.
-void validate(const SamplingParams& p, int64_t vocab_size);
-
-struct TokenLogprob {
-  int64_t token = 0;
-  float logprob = 0;
-  std::vector<std::pair<int64_t, float>> top;  // best first
-};
 
 enum class FinishReason { none, stop, length, abort };
 const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort" (none: nullptr)
@@ -132,6 +101,7 @@ struct QueueFull : std::runtime_error {
 struct EngineStats {
   int64_t requests_total = 0, requests_finished = 0, requests_aborted = 0, requests_failed = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0, preemptions = 0, reprefills = 0;
+  int64_t numerical_faults = 0;  // requests failed for a non-finite logit
   int64_t running = 0, waiting = 0;
   int64_t kv_blocks_total = 0, kv_blocks_used = 0;
   int64_t steps = 0;
@@ -180,16 +150,22 @@ class Engine {
   struct Seq;
   struct Req;
   void take_inbox();
+  // One step (step 2 to 4 above) in three named calls.
+  struct StepItem;
+  struct RowRef;
   void schedule_and_run();
+  std::vector<StepItem> plan_step();
+  Tensor run_step(const std::vector<StepItem>& items, std::vector<RowRef>& rows);
+  void emit_step(const std::vector<StepItem>& items, const std::vector<RowRef>& rows, const float* logits);
+  phi4mm::RopeTable table_for(const Seq& s) const;
+  int64_t chunk_for(const Seq& s, int64_t budget) const;
+  bool make_room(Seq& s, int64_t new_len, const std::vector<StepItem>& items);
+  bool admit_seq(Seq& s, std::vector<StepItem>& items, int64_t& budget);
+  std::vector<int64_t> stop_ids(const SamplingParams& p) const;
+  void report_token(Seq& s, const Picked& picked);
   void finish_request(Req& r, FinishReason why, const std::string& error = {});
   void preempt(Seq& s);
   void end_sample(Seq& s, RequestOutput& o);
-  struct Picked {
-    int64_t token = 0;
-    std::optional<TokenLogprob> logprob;
-  };
-  Picked pick(const Seq& s, const float* row, const std::vector<int64_t>& stop_ids, std::vector<float>& work,
-              std::vector<double>& probs) const;
   void release(Seq& s);
 
   std::shared_ptr<phi4mm::Phi4MMForCausalLM> model_;

@@ -267,14 +267,8 @@ struct HttpServer::Impl {
           reqs.push_back(std::move(r));
         }
       }
-      for (const Request& r : reqs) {
-        try {
-          validate(r.params, opts.api.vocab_size);
-        } catch (const std::invalid_argument& e) {
-          throw ApiError(400, e.what());
-        }
-      }
-
+      // Engine::submit validates each request (sampler.h's bounds table, as
+      // the parser did); an invalid one is a 400 and aborts those submitted.
       auto pending = std::make_shared<Pending>();
       pending->total = reqs.size();
       pending->finished.assign(reqs.size(), false);
@@ -505,6 +499,11 @@ struct HttpServer::Impl {
     metric("areno_requests_finished_total", "counter", "Requests that finished normally.", double(s.requests_finished));
     metric("areno_requests_aborted_total", "counter", "Requests aborted (client gone, shutdown).", double(s.requests_aborted));
     metric("areno_requests_failed_total", "counter", "Requests that failed in the engine.", double(s.requests_failed));
+    metric("areno_numerical_faults_total", "counter", "Requests failed for a non-finite logit.",
+           double(s.numerical_faults));
+    metric("areno_media_items_total", "counter", "Media items encoded at submit (processors + towers).",
+           double(s.media_items_total));
+    metric("areno_media_seconds_total", "counter", "Seconds spent encoding media at submit.", s.media_seconds_total);
     metric("areno_prompt_tokens_total", "counter", "Prompt tokens admitted (expanded media included).", double(s.prompt_tokens));
     metric("areno_generation_tokens_total", "counter", "Tokens generated.", double(s.generated_tokens));
     metric("areno_preemptions_total", "counter", "Sequences preempted when the KV cache was full.", double(s.preemptions));

@@ -67,13 +67,14 @@ bool get_bool(const json& body, const char* key, bool dflt) {
   return body[key].get<bool>();
 }
 
-double get_number(const json& body, const char* key, double dflt, double lo, double hi, bool lo_open = false) {
+// A number in the bounds table's range for its parameter (sampler.h).
+double get_number(const json& body, const Bound& b, double dflt) {
+  const char* key = b.name;
   if (!has(body, key)) return dflt;
   const json& v = body[key];
   if (!v.is_number()) throw bad(key, fmt::format("'{}' must be a number (got {})", key, v.type_name()));
   const double x = v.get<double>();
-  if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo))
-    throw bad(key, fmt::format("'{}' must be in {}{}, {}] (got {})", key, lo_open ? "(" : "[", lo, hi, x));
+  if (!std::isfinite(x) || !b.contains(x)) throw bad(key, fmt::format("'{}' must be in {} (got {})", key, b.range(), x));
   return x;
 }
 
@@ -114,16 +115,18 @@ void parse_common(const json& body, const ApiLimits& lim, ApiRequest& r) {
   }
   SamplingParams& p = r.params;
   p.n = get_int(body, "n", 1, 1, lim.max_n);
-  p.temperature = get_number(body, "temperature", 1.0, 0.0, 2.0);
-  p.top_p = get_number(body, "top_p", 1.0, 0.0, 1.0, true);
+  const SamplingParams defaults;
+  p.temperature = get_number(body, bounds::temperature, defaults.temperature);
+  p.top_p = get_number(body, bounds::top_p, defaults.top_p);
   if (has(body, "top_k")) {
     p.top_k = as_int(body["top_k"], "top_k");
-    if (p.top_k < -1) throw bad("top_k", fmt::format("'top_k' must be -1 (off), 0 (off) or >= 1 (got {})", p.top_k));
+    if (p.top_k < bounds::kMinTopK)
+      throw bad("top_k", fmt::format("'top_k' must be -1 (off), 0 (off) or >= 1 (got {})", p.top_k));
   }
-  p.min_p = get_number(body, "min_p", 0.0, 0.0, 1.0);
-  p.presence_penalty = get_number(body, "presence_penalty", 0.0, -2.0, 2.0);
-  p.frequency_penalty = get_number(body, "frequency_penalty", 0.0, -2.0, 2.0);
-  p.repetition_penalty = get_number(body, "repetition_penalty", 1.0, 0.0, 2.0, true);
+  p.min_p = get_number(body, bounds::min_p, defaults.min_p);
+  p.presence_penalty = get_number(body, bounds::presence_penalty, defaults.presence_penalty);
+  p.frequency_penalty = get_number(body, bounds::frequency_penalty, defaults.frequency_penalty);
+  p.repetition_penalty = get_number(body, bounds::repetition_penalty, defaults.repetition_penalty);
   if (has(body, "seed")) {
     const int64_t s = as_int(body["seed"], "seed");
     p.seed = uint64_t(s);
@@ -165,8 +168,9 @@ void parse_common(const json& body, const ApiLimits& lim, ApiRequest& r) {
         throw bad("logit_bias", fmt::format("'logit_bias': key '{}' is not a token id in [0, {})", it.key(), lim.vocab_size));
       if (!it.value().is_number()) throw bad("logit_bias", "'logit_bias' values must be numbers");
       const double v = it.value().get<double>();
-      if (!(v >= -100 && v <= 100))
-        throw bad("logit_bias", fmt::format("'logit_bias' values must be in [-100, 100] (got {} for {})", v, it.key()));
+      if (!bounds::logit_bias.contains(v))
+        throw bad("logit_bias", fmt::format("'logit_bias' values must be in {} (got {} for {})",
+                                            bounds::logit_bias.range(), v, it.key()));
       p.logit_bias.emplace_back(id, v);
     }
   }

@@ -54,7 +54,7 @@ struct ApiLimits {
   int64_t default_max_tokens = 1024;             // chat, when neither max_completion_tokens nor max_tokens
   int64_t completion_default_max_tokens = 16;    // /v1/completions (OpenAI's default)
   int64_t max_n = 16;                            // choices per prompt
-  int64_t max_logprobs = 20;                     // top_logprobs / logprobs cap
+  int64_t max_logprobs = bounds::kMaxLogprobs;   // top_logprobs / logprobs cap
   int64_t max_prompts = 64;                      // /v1/completions prompt list length
   int64_t vocab_size = 200064;                   // ids in logit_bias, stop_token_ids, prompts
 };

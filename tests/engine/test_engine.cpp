@@ -689,3 +689,50 @@ TEST_CASE("engine: media rows are computed by submit on the submitting thread, n
   CHECK(f.stats().kv_blocks_used == 0);
   CHECK(f.stats().media_items_total == 0);
 }
+
+TEST_CASE("engine: a non-finite logit fails only its request, with a numerical-fault error and no token") {
+  const auto cases = mixed_cases();
+  const Case* with_media = nullptr;
+  for (const auto& c : cases)
+    if (c.n_media() > 0) with_media = &c;
+  REQUIRE(with_media != nullptr);
+  const Case& text = cases[0];
+  REQUIRE(text.n_media() == 0);
+  for (bool prompt_logprobs : {false, true}) {
+    CAPTURE(prompt_logprobs);
+    Engine e(tiny_model(), tokenizer(), opts(3, 16));
+    // The media rows of one request hold a NaN: its logits are NaN from there on.
+    Request bad = make_request(*with_media, 5);
+    bad.media_rows = bad.media_rows.clone();
+    static_cast<float*>(bad.media_rows.data_ptr())[3] = std::numeric_limits<float>::quiet_NaN();
+    bad.params.logprobs = 2;
+    if (prompt_logprobs) bad.params.prompt_logprobs = 1;
+    std::vector<int64_t> good_tokens, bad_tokens;
+    std::string bad_error, good_error;
+    bool bad_done = false, good_done = false, bad_prompt_lps = false;
+    e.submit(make_request(text, 8), [&](const RequestOutput& o) {
+      good_tokens.insert(good_tokens.end(), o.tokens.begin(), o.tokens.end());
+      good_error += o.error;
+      good_done |= o.done;
+    });
+    e.submit(bad, [&](const RequestOutput& o) {
+      bad_tokens.insert(bad_tokens.end(), o.tokens.begin(), o.tokens.end());
+      bad_prompt_lps |= !o.prompt_logprobs.empty();
+      bad_error += o.error;
+      bad_done |= o.done;
+    });
+    e.run_until_idle();
+    CHECK(good_done);
+    CHECK(good_error.empty());
+    CHECK(good_tokens == reference_greedy(text, 8));  // the batch went on
+    CHECK(bad_done);
+    CHECK(bad_tokens.empty());
+    CHECK_FALSE(bad_prompt_lps);
+    CHECK(bad_error.find("numerical fault") != std::string::npos);
+    CHECK(bad_error.find("non-finite logit") != std::string::npos);
+    const EngineStats st = e.stats();
+    CHECK(st.numerical_faults == 1);
+    CHECK(st.requests_failed == 1);
+    CHECK(st.kv_blocks_used == 0);
+  }
+}

@@ -3,9 +3,13 @@
 #include <doctest/doctest.h>
 #include <httplib.h>
 
+#include <fmt/format.h>
+
+#include <limits>
 #include <thread>
 
 #include "app/commands_serve.h"
+#include "app/flags.h"
 #include "serve/media_fetch.h"
 #include "serve/openai.h"
 #include "tests/test_util.h"
@@ -63,4 +67,68 @@ TEST_CASE("serve/media_fetch remote URLs with --allow-remote-media: bytes, size 
   CHECK(error_of([&] { fetch("/a.bin"); }).find("limit") != std::string::npos);
   srv.stop();
   th.join();
+}
+
+TEST_CASE("sampler: one bounds table read by the HTTP parser, the CLI flags and the engine") {
+  using serve::SamplingParams;
+  struct Row {
+    const serve::Bound& bound;
+    double SamplingParams::*field;
+    const char* flag;  // the CLI flag, when generate has one
+  };
+  const std::vector<Row> table = {
+      {serve::bounds::temperature, &SamplingParams::temperature, "--temperature"},
+      {serve::bounds::top_p, &SamplingParams::top_p, "--top-p"},
+      {serve::bounds::min_p, &SamplingParams::min_p, nullptr},
+      {serve::bounds::presence_penalty, &SamplingParams::presence_penalty, nullptr},
+      {serve::bounds::frequency_penalty, &SamplingParams::frequency_penalty, nullptr},
+      {serve::bounds::repetition_penalty, &SamplingParams::repetition_penalty, nullptr},
+  };
+  const nlohmann::json messages = nlohmann::json::array({{{"role", "user"}, {"content", "hi"}}});
+  for (const Row& r : table) {
+    const serve::Bound& b = r.bound;
+    CAPTURE(b.name);
+    for (double x : {b.lo - 0.25, b.lo, b.lo + 1e-3, (b.lo + b.hi) / 2, b.hi, b.hi + 1e-3, b.hi + 3}) {
+      CAPTURE(x);
+      const bool want = b.lo_open ? x > b.lo && x <= b.hi : x >= b.lo && x <= b.hi;
+      CHECK(b.contains(x) == want);
+      // HTTP: the request parser.
+      bool http_ok = true;
+      try {
+        serve::parse_chat_request({{"messages", messages}, {b.name, x}}, {});
+      } catch (const serve::ApiError& e) {
+        http_ok = false;
+        CHECK(e.status == 400);
+        CHECK(e.param == b.name);
+        CHECK(std::string(e.what()).find(b.range()) != std::string::npos);
+      }
+      CHECK(http_ok == want);
+      // The engine's validation (what Engine::submit runs).
+      SamplingParams p;
+      p.*r.field = x;
+      bool engine_ok = true;
+      try {
+        serve::validate(p, 1000);
+      } catch (const std::invalid_argument& e) {
+        engine_ok = false;
+        CHECK(std::string(e.what()).find(b.name) == 0);
+      }
+      CHECK(engine_ok == want);
+      // The CLI flag.
+      if (r.flag) {
+        bool cli_ok = true;
+        try {
+          app::parse_bounded_flag(r.flag, fmt::format("{}", x), b);
+        } catch (const std::invalid_argument& e) {
+          cli_ok = false;
+          CHECK(std::string(e.what()).find(b.range()) != std::string::npos);
+        }
+        CHECK(cli_ok == want);
+      }
+    }
+  }
+  // NaN is outside every range.
+  for (const Row& r : table) CHECK_FALSE(r.bound.contains(std::numeric_limits<double>::quiet_NaN()));
+  CHECK(error_of([] { app::cmd_generate({"--prompt", "x", "--temperature", "2.5"}); }).find("[0, 2]") !=
+        std::string::npos);
 }
