@@ -79,6 +79,9 @@ double get_number(const json& body, const Bound& b, double dflt) {
 }
 
 int64_t as_int(const json& v, const std::string& field) {
+  // Unsigned values past int64 would wrap to negative numbers the client never sent.
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+    throw bad(field, fmt::format("'{}' is out of range: {} does not fit in a 64-bit signed integer", field, dump_json(v)));
   if (v.is_number_integer()) return v.get<int64_t>();
   if (v.is_number_float()) {
     const double x = v.get<double>();

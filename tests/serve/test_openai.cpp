@@ -142,6 +142,20 @@ TEST_CASE("serve/openai chat validation: every bad field is a 400 naming it") {
   }
   CHECK(chat_error(json{{"messages", json::array()}}).param == "messages");
   CHECK(chat_error(json{{"messages", "hi"}}).param == "messages");
+  // Integers past int64 are refused as sent, never wrapped into negative numbers.
+  for (const char* key : {"max_tokens", "seed", "n", "min_tokens", "top_k"}) {
+    for (const std::string big : {"9223372036854775808", "18446744073709551615"}) {
+      CAPTURE(key);
+      const json body = json::parse(std::string("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"") + key +
+                                    "\": " + big + "}");
+      ApiError e = chat_error(body);
+      CHECK(e.status == 400);
+      CHECK(e.param == key);
+      CHECK(std::string(e.what()).find(big) != std::string::npos);
+      CHECK(std::string(e.what()).find("-9") == std::string::npos);
+      CHECK(std::string(e.what()).find("-1") == std::string::npos);
+    }
+  }
   CHECK(chat_error(json::object()).param == "messages");
   CHECK(chat_error(json::array()).status == 400);
 }
