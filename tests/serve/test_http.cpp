@@ -21,6 +21,7 @@
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "serve/engine.h"
 #include "serve/http_server.h"
+#include "tests/serve/http_fixture.h"
 #include "serve/media_fetch.h"
 #include "serve/chat_request.h"
 #include "models/phi4mm/model.h"
@@ -43,25 +44,6 @@ struct FakeEncoder : MediaEncoder {
   std::function<Tensor()> encode(std::vector<DecodedMedia> items, InputMode) const override {
     const int64_t rows = 3 * int64_t(items.size()), h = hidden;
     return [rows, h] { return zeros({rows, h}); };
-  }
-};
-
-// One listening server on its own thread.
-struct Served {
-  std::unique_ptr<HttpServer> server;
-  std::thread thread;
-  int port = 0;
-  Served(Engine& e, const MediaEncoder* enc, ServerOptions o) {
-    o.host = "127.0.0.1";
-    o.port = 0;
-    o.threads = 16;
-    server = std::make_unique<HttpServer>(e, enc, std::move(o));
-    port = server->bind();
-    thread = std::thread([this] { server->listen(); });
-  }
-  ~Served() {
-    server->stop();
-    thread.join();
   }
 };
 
