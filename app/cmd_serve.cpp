@@ -51,14 +51,24 @@ constexpr const char* kServeUsage =
     "                            the context length limits them)\n"
     "  --max-context-len N       prompt + completion limit (default: the model's\n"
     "                            max_position_embeddings)\n"
-    "  --max-body-mb X           request bodies above this get 413 (default 32)\n"
+    "  --max-body-mb X           request bodies above this get 413; every byte counts as received,\n"
+    "                            chunk framing included (default 32)\n"
     "  --max-json-depth N        request JSON nested deeper gets 400, checked while parsing\n"
     "                            (default 64)\n"
     "http:\n"
     "  --host ADDR               address to bind (default 127.0.0.1; 0.0.0.0 for all)\n"
     "  --port N                  port (default 8000; 0 picks a free one)\n"
-    "  --api-key KEY             require \"Authorization: Bearer KEY\" on /v1/* (default: none)\n"
-    "  --threads N               HTTP worker threads (default max(64, 2 * max-running-prompts))\n"
+    "  --api-key KEY             require \"Authorization: Bearer KEY\" on every route but /health\n"
+    "                            (default: none)\n"
+    "  --threads N               HTTP worker threads; they run complete requests only (default\n"
+    "                            max(64, 2 * max-running-prompts))\n"
+    "  --listen-backlog N        connections the kernel queues until accepted (default 1024)\n"
+    "  --max-connections N       connections open at once; more wait in the backlog (default 4096)\n"
+    "  --header-timeout-s X      request line + headers must arrive within X s of the connection\n"
+    "                            (or of the first byte after a keep-alive pause), else 408 (default 10)\n"
+    "  --body-timeout-s X        the body must arrive within X s after the headers, else 408\n"
+    "                            (default 60)\n"
+    "  --keep-alive-timeout-s X  an idle connection is closed X s after its last response (default 5)\n"
     "media:\n"
     "  --media-root DIR          allow local paths and file:// URLs under DIR (symlinks resolved;\n"
     "                            default: refused)\n"
@@ -77,8 +87,8 @@ int cmd_serve(const Args& args) {
   serve::ServerOptions so;
   serve::EngineOptions eo;
   double kv_gb = 1.0, body_mb = 32;
-  // A positive size (GiB, MiB) for --kv-cache-gb and --max-body-mb.
-  auto size_flag = [](const std::string& name, double& dst) {
+  // A positive number: --kv-cache-gb, --max-body-mb, the HTTP timeouts.
+  auto positive_flag = [](const std::string& name, double& dst) {
     return [name, &dst](const std::string& v) {
       dst = parse_double_flag(name, v, 0.0);
       if (dst <= 0) throw std::invalid_argument(name + ": must be > 0");
@@ -101,12 +111,12 @@ int cmd_serve(const Args& args) {
   flags.integer("--max-running-prompts", eo.max_running, 1)
       .integer("--max-batch-tokens", eo.max_batch_tokens, 1)
       .integer("--prefill-chunk-tokens", eo.prefill_chunk_tokens, 1);
-  flags.value("--kv-cache-gb", size_flag("--kv-cache-gb", kv_gb));
+  flags.value("--kv-cache-gb", positive_flag("--kv-cache-gb", kv_gb));
   flags.integer("--max-queue", eo.max_queue, 1).integer("--seed", eo.seed, 0);
   flags.integer("--default-max-tokens", so.api.default_max_tokens, 1)
       .integer("--max-prompt-tokens", so.max_prompt_tokens, 0)
       .integer("--max-context-len", so.max_context_len, 0);
-  flags.value("--max-body-mb", size_flag("--max-body-mb", body_mb));
+  flags.value("--max-body-mb", positive_flag("--max-body-mb", body_mb));
   flags.value("--max-json-depth", [&](const std::string& v) {
     so.max_json_depth = int(parse_int_flag("--max-json-depth", v, 1));
     if (so.max_json_depth > 4096)
@@ -116,7 +126,12 @@ int cmd_serve(const Args& args) {
     so.api_key = v;
     if (so.api_key.empty()) throw std::invalid_argument("--api-key: the key must not be empty");
   });
-  flags.integer("--threads", so.threads, 1);
+  flags.integer("--threads", so.threads, 1)
+      .integer("--listen-backlog", so.connections.backlog, 1)
+      .integer("--max-connections", so.connections.max_connections, 1);
+  flags.value("--header-timeout-s", positive_flag("--header-timeout-s", so.connections.header_timeout_s))
+      .value("--body-timeout-s", positive_flag("--body-timeout-s", so.connections.body_timeout_s))
+      .value("--keep-alive-timeout-s", positive_flag("--keep-alive-timeout-s", so.connections.keep_alive_timeout_s));
   flags.value("--media-root", [&](const std::string& v) {
     so.media.media_root = v;
     if (!std::filesystem::is_directory(so.media.media_root))

@@ -12,6 +12,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <thread>
 
 #include "areno_build_config.h"
@@ -31,6 +32,15 @@ void send_json(httplib::Response& res, int status, const json& body) {
 }
 
 void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status, error_body(e)); }
+
+// Takes time that depends only on `expected`'s length, so a client cannot
+// learn from the answer's timing how much of a guessed key was right.
+bool equal_secret(std::string_view given, std::string_view expected) {
+  volatile unsigned char diff = given.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i)
+    diff = diff | static_cast<unsigned char>(expected[i] ^ (i < given.size() ? given[i] : 0));
+  return diff == 0;
+}
 
 // The outputs of one HTTP request's engine requests, filled by the engine
 // thread's callbacks and drained by the handler.
@@ -78,7 +88,8 @@ struct HttpServer::Impl {
   Engine& engine;
   ServerOptions opts;
   phi4mm::ProcessorOptions processor;  // the model's modalities, media sources and limits
-  httplib::Server http;
+  RequestRouter http;
+  std::unique_ptr<HttpListener> listener;
   int bound_port = -1;
   std::atomic<bool> draining{false};
   std::atomic<int64_t> inflight{0};
@@ -98,22 +109,32 @@ struct HttpServer::Impl {
     opts.api.vocab_size = engine.model().config().text.vocab_size;
     if (opts.threads == 0) opts.threads = size_t(std::max<int64_t>(64, 2 * engine.options().max_running));
     routes();
+    ListenerOptions lo;
+    lo.host = opts.host;
+    lo.port = opts.port;
+    lo.workers = opts.threads;
+    lo.max_body_bytes = opts.max_body_bytes;
+    lo.limits = opts.connections;
+    listener = std::make_unique<HttpListener>(http, lo, [this](int status, const std::string& message) {
+      count_http("other", status);
+      return dump_json(error_body(ApiError(status, message)));
+    });
+  }
+
+  void count_http(const std::string& route, int status) {
+    std::lock_guard<std::mutex> lk(metrics_mu);
+    http_counts[{route, status}]++;
   }
 
   // ---- plumbing ----------------------------------------------------------
 
   void routes() {
-    const size_t threads = opts.threads;
-    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-    http.set_payload_max_length(opts.max_body_bytes);
-    http.set_read_timeout(30, 0);
-    http.set_write_timeout(30, 0);
-
+    // Only liveness is open: /tokenize and /detokenize decode media, /metrics
+    // and /version describe the server.
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      const bool api = req.path.rfind("/v1/", 0) == 0;
-      if (api && !opts.api_key.empty()) {
+      if (!opts.api_key.empty() && req.path != "/health") {
         const std::string auth = req.get_header_value("Authorization");
-        if (auth != "Bearer " + opts.api_key) {
+        if (!equal_secret(auth, "Bearer " + opts.api_key)) {
           send_error(res, ApiError(401, auth.empty() ? "missing API key: send 'Authorization: Bearer <key>'"
                                                      : "invalid API key",
                                    "", "invalid_api_key"));
@@ -123,22 +144,16 @@ struct HttpServer::Impl {
       return httplib::Server::HandlerResponse::Unhandled;
     });
     http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      std::string route = req.matches.empty() ? "other" : req.path;
-      std::lock_guard<std::mutex> lk(metrics_mu);
-      http_counts[{route, res.status}]++;
+      count_http(req.matches.empty() ? "other" : req.path, res.status);
     });
-    // httplib's own errors (404 unknown route, 413 body too large, 400 bad
-    // request line...) get OpenAI bodies too.
+    // httplib's own errors (404 unknown route, 400 bad request line...) get
+    // OpenAI bodies too; the listener answers 408, 413 and 431 itself.
     http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
       std::string msg;
       switch (res.status) {
         case 404: msg = fmt::format("no route {} {}", req.method, req.path); break;
         case 405: msg = fmt::format("method {} is not allowed on {}", req.method, req.path); break;
-        case 413:
-          msg = fmt::format("the request body is larger than the server's limit of {} bytes (--max-body-mb)",
-                            opts.max_body_bytes);
-          break;
         default: msg = fmt::format("HTTP error {} on {} {}", res.status, req.method, req.path);
       }
       send_error(res, ApiError(res.status, msg));
@@ -531,20 +546,8 @@ HttpServer::HttpServer(Engine& engine, ServerOptions opts) : impl_(std::make_uni
 
 HttpServer::~HttpServer() { stop(); }
 
-int HttpServer::bind() {
-  Impl& m = *impl_;
-  if (m.opts.port == 0) {
-    m.bound_port = m.http.bind_to_any_port(m.opts.host);
-  } else {
-    m.bound_port = m.http.bind_to_port(m.opts.host, m.opts.port) ? m.opts.port : -1;
-  }
-  if (m.bound_port < 0)
-    throw std::runtime_error(fmt::format("cannot listen on {}:{} (address in use or not available)", m.opts.host,
-                                         m.opts.port));
-  return m.bound_port;
-}
-
-void HttpServer::listen() { impl_->http.listen_after_bind(); }
+int HttpServer::bind() { return impl_->bound_port = impl_->listener->bind(); }
+void HttpServer::listen() { impl_->listener->run(); }
 int HttpServer::port() const { return impl_->bound_port; }
 void HttpServer::begin_drain() { impl_->draining = true; }
 bool HttpServer::draining() const { return impl_->draining; }
@@ -560,7 +563,7 @@ bool HttpServer::wait_idle(double seconds) const {
 }
 
 void HttpServer::stop() {
-  if (impl_ && !impl_->stopped.exchange(true)) impl_->http.stop();
+  if (impl_ && !impl_->stopped.exchange(true)) impl_->listener->stop();
 }
 
 }  // namespace areno::serve

@@ -13,15 +13,18 @@
 // Every error carries OpenAI's body {"error": {"message", "type", "param",
 // "code"}}: 400 bad JSON / fields / media / prompt too long (code
 // "context_length_exceeded", as OpenAI and vLLM), 401 bad bearer token, 404
-// unknown model or route, 413 body over --max-body-mb, 429 engine queue full,
-// 503 draining. A streaming client that disconnects aborts its request in the
-// engine, which frees its KV blocks.
+// unknown model or route, 408 headers or body too slow, 413 body over
+// --max-body-mb, 431 headers too large, 429 engine queue full, 503 draining.
+// A streaming client that disconnects aborts its request in the engine, which
+// frees its KV blocks. Connections are read by serve/http_listener.h: workers
+// only see complete requests.
 #include <cstdint>
 #include <memory>
 #include <string>
 
 #include "serve/engine.h"
 #include "models/phi4mm/processor/media.h"
+#include "serve/http_listener.h"
 #include "serve/media_fetch.h"
 #include "serve/openai.h"
 
@@ -32,12 +35,13 @@ struct ServerOptions {
   int port = 8000;                  // 0: any free port (see HttpServer::port())
   std::string served_model_name = "areno-demo";
   std::string model_path;           // also accepted as `model`; reported as `root`
-  std::string api_key;              // non-empty: /v1/* needs "Authorization: Bearer <key>"
-  size_t max_body_bytes = size_t(32) << 20;
+  std::string api_key;              // non-empty: every route but /health needs "Authorization: Bearer <key>"
+  size_t max_body_bytes = size_t(32) << 20;  // every body byte as received, chunk framing included
   int max_json_depth = kDefaultMaxJsonDepth;  // arrays/objects nested deeper get 400 while parsing
   int64_t max_prompt_tokens = 0;    // 0: only the context length limits prompts
   int64_t max_context_len = 0;      // 0: the engine's (the model's max_position_embeddings)
   size_t threads = 0;               // HTTP worker threads; 0: max(64, 2 * engine max_running)
+  ConnectionLimits connections;     // backlog, deadlines, keep-alive (serve/http_listener.h)
   ApiLimits api;
   MediaFetchOptions media;
   phi4mm::MediaLimits media_limits;

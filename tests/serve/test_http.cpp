@@ -22,6 +22,7 @@
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "serve/engine.h"
 #include "serve/http_server.h"
+#include "tests/serve/http_fixture.h"
 #include "serve/media_fetch.h"
 #include "models/phi4mm/processor/chat_processor.h"
 #include "models/phi4mm/model.h"
@@ -33,25 +34,6 @@ using areno::phi4mm::encode_base64;
 using nlohmann::json;
 
 namespace {
-
-// One listening server on its own thread.
-struct Served {
-  std::unique_ptr<HttpServer> server;
-  std::thread thread;
-  int port = 0;
-  Served(Engine& e, ServerOptions o) {
-    o.host = "127.0.0.1";
-    o.port = 0;
-    o.threads = 16;
-    server = std::make_unique<HttpServer>(e, std::move(o));
-    port = server->bind();
-    thread = std::thread([this] { server->listen(); });
-  }
-  ~Served() {
-    server->stop();
-    thread.join();
-  }
-};
 
 struct World {
   std::shared_ptr<phi4mm::Phi4MMForCausalLM> model;
