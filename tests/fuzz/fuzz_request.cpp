@@ -1,0 +1,36 @@
+// A request body as the server sees it: bounded JSON parsing, the chat and
+// completion request parsers, and the chat processor (flattening, template,
+// tools, data-URL media decoded and counted, prompt built) with the built-in
+// tokenizer. No files or network: no media root, no remote fetcher.
+#include <exception>
+#include <string>
+
+#include "models/phi4mm/processor/chat_processor.h"
+#include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+#include "serve/openai.h"
+#include "tests/fuzz/fuzz_common.h"
+
+using namespace areno;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const tok::Tokenizer tokenizer = phi4mm::make_tokenizer();
+  if (size > (1 << 20)) return 0;
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  try {
+    const nlohmann::json body = serve::parse_json_bounded(text, serve::kDefaultMaxJsonDepth);
+    const bool chat = body.is_object() && body.contains("messages");
+    serve::ApiRequest r = chat ? serve::parse_chat_request(body, {}) : serve::parse_completion_request(body, {});
+    if (chat) {
+      phi4mm::ProcessorOptions po;
+      po.limits.max_image_pixels = 1 << 22;  // keep the fuzzer's memory small
+      po.limits.max_audio_seconds = 30;
+      po.add_generation_prompt = r.add_generation_prompt;
+      const phi4mm::ProcessedChat pc = phi4mm::process_chat(tokenizer, r.messages, r.tools, po);
+      (void)pc.ids();
+    } else {
+      (void)serve::completion_prompt_ids(r, tokenizer, 200064);
+    }
+  } catch (const std::exception&) {
+  }
+  return 0;
+}
