@@ -12,7 +12,16 @@ Standard library only. Either point it at a running server or let it start one:
     python3 bench/serve/load.py --areno build/app/areno --clients 32 --duration 120
     python3 bench/serve/load.py --url http://127.0.0.1:8000 --clients 8 --duration 30
 
-Exit status 0 only when no request failed and the metrics returned to zero.
+With --disconnect-fraction F the first F of the clients close their
+connection mid-stream (after a few content chunks) on every request, as
+impatient users do; their requests are counted apart, and the others must
+still all succeed without connection resets. The resident memory after the
+warm-up (--warmup seconds) must stay within --rss-tolerance of its first
+value (issue 13's soak: 128 clients, 10 minutes, a quarter disconnecting --
+`ninja -C build bench-serve-soak`).
+
+Exit status 0 only when no request failed, the metrics returned to zero and
+the memory stayed flat.
 """
 import argparse
 import http.client
@@ -82,6 +91,8 @@ class Stats:
         self.tokens = 0
         self.ok = 0
         self.failed = 0
+        self.resets = 0
+        self.disconnected = 0
         self.errors = []
 
     def add(self, ttft, gaps, tokens):
@@ -92,14 +103,19 @@ class Stats:
             self.itl.extend(gaps)
             self.tokens += tokens
 
-    def fail(self, why):
+    def hung_up(self):
+        with self.lock:
+            self.disconnected += 1
+
+    def fail(self, why, reset=False):
         with self.lock:
             self.failed += 1
+            self.resets += reset
             if len(self.errors) < 10:
                 self.errors.append(why)
 
 
-def one_request(host, port, headers, body, stats):
+def one_request(host, port, headers, body, stats, hang_up_after=0):
     conn = http.client.HTTPConnection(host, port, timeout=120)
     try:
         t0 = time.perf_counter()
@@ -128,6 +144,10 @@ def one_request(host, port, headers, body, stats):
                 tokens = chunk["usage"]["completion_tokens"]
             for ch in chunk.get("choices", []):
                 if ch.get("delta", {}).get("content"):
+                    if hang_up_after and len(gaps) + 1 >= hang_up_after:
+                        conn.sock.shutdown(socket.SHUT_RDWR)  # the client goes away mid-stream
+                        stats.hung_up()
+                        return
                     now = time.perf_counter()
                     if first is None:
                         first = now - t0
@@ -138,6 +158,8 @@ def one_request(host, port, headers, body, stats):
             stats.fail("stream ended without [DONE]")
             return
         stats.add(first, gaps, tokens)
+    except ConnectionResetError as e:
+        stats.fail(f"connection reset: {e}", reset=True)
     except Exception as e:  # noqa: BLE001 - any failure counts
         stats.fail(f"{type(e).__name__}: {e}")
     finally:
@@ -154,6 +176,10 @@ def main():
     ap.add_argument("--duration", type=float, default=120.0, help="seconds")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--disconnect-fraction", type=float, default=0.0,
+                    help="this fraction of the clients hang up mid-stream on every request")
+    ap.add_argument("--warmup", type=float, default=60.0, help="seconds before the memory must stay flat")
+    ap.add_argument("--rss-tolerance", type=float, default=0.10, help="allowed RSS growth after the warm-up")
     ap.add_argument("--json", default="", help="write the report here as JSON")
     args = ap.parse_args()
 
@@ -192,24 +218,30 @@ def main():
     t_start = time.perf_counter()
     deadline = t_start + args.duration
 
+    n_hangup = int(round(args.clients * args.disconnect_fraction))
+
     def client(i):
         k = 0
+        hang_up_after = 3 + (i % 5) if i < n_hangup else 0
         while time.perf_counter() < deadline:
             body = json.dumps({
                 "model": model,
                 "messages": [{"role": "user", "content": PROMPTS[(i + k) % len(PROMPTS)]}],
                 "max_tokens": args.max_tokens, "temperature": args.temperature, "seed": i * 1000 + k,
                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
-            one_request(host, port, headers, body, stats)
+            one_request(host, port, headers, body, stats, hang_up_after)
             k += 1
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(args.clients)]
     for t in threads:
         t.start()
+    rss_after_warmup = []
     while any(t.is_alive() for t in threads):
         time.sleep(1.0)
         if proc:
             rss_samples.append(rss_mb(proc.pid))
+            if time.perf_counter() - t_start >= args.warmup:
+                rss_after_warmup.append(rss_samples[-1])
     elapsed = time.perf_counter() - t_start
 
     # The engine must return to idle with every KV block free.
@@ -226,7 +258,8 @@ def main():
 
     report = {
         "clients": args.clients, "duration_s": round(elapsed, 2), "max_tokens": args.max_tokens,
-        "requests_ok": stats.ok, "requests_failed": stats.failed,
+        "requests_ok": stats.ok, "requests_failed": stats.failed, "connection_resets": stats.resets,
+        "clients_hanging_up": n_hangup, "requests_hung_up": stats.disconnected,
         "generated_tokens": stats.tokens, "throughput_tok_s": round(stats.tokens / elapsed, 1),
         "ttft_p50_ms": round(1e3 * percentile(stats.ttft, 50), 1),
         "ttft_p99_ms": round(1e3 * percentile(stats.ttft, 99), 1),
@@ -240,6 +273,11 @@ def main():
         "rss_mb_trace": [round(x, 1) for x in rss_samples[::10]],
         "errors": stats.errors,
     }
+    flat = True
+    if rss_after_warmup:
+        growth = max(rss_after_warmup) / rss_after_warmup[0] - 1
+        report["rss_growth_after_warmup"] = round(growth, 4)
+        flat = growth <= args.rss_tolerance
     if proc:
         proc.send_signal(signal.SIGINT)
         try:
@@ -251,7 +289,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
-    ok = stats.failed == 0 and idle and stats.ok > 0 and report.get("server_exit_code", 0) == 0
+    ok = stats.failed == 0 and idle and stats.ok > 0 and flat and report.get("server_exit_code", 0) == 0
     print("load test:", "PASS" if ok else "FAIL")
     return 0 if ok else 1
 
