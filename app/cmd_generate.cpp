@@ -22,7 +22,7 @@ namespace {
 constexpr const char* kGenerateUsage =
     "usage: areno generate [--model-path DIR] --prompt TEXT [--system TEXT] [--image FILE] [--audio FILE]\n"
     "                      [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
-    "                      [--no-chat-template] [--device cpu|cuda[:N]] [--dtype f32|bf16]\n"
+    "                      [--no-chat-template] [--device cpu|cuda[:N]] [--dtype f32|bf16] [--check-weights]\n"
     "\n"
     "Runs one chat request and streams the answer to stdout (statistics to stderr).\n"
     "  --model-path DIR    checkpoint (default: the embedded demo model, random weights)\n"
@@ -34,16 +34,18 @@ constexpr const char* kGenerateUsage =
     "  --temperature T     0 = greedy (default 0)\n"
     "  --top-p P, --top-k K  nucleus / top-k sampling (default off)\n"
     "  --seed S            sampling seed (default 0)\n"
-    "  --no-chat-template  tokenize --prompt as is (no <|user|> ... <|assistant|>)\n";
+    "  --no-chat-template  tokenize --prompt as is (no <|user|> ... <|assistant|>)\n"
+    "  --check-weights     refuse a checkpoint holding NaN or infinite weights, naming the tensor\n";
 
 constexpr const char* kScoreUsage =
     "usage: areno score [--model-path DIR] --prompt TEXT --completion TEXT [--no-chat-template]\n"
-    "                   [--device cpu|cuda[:N]] [--dtype f32|bf16]\n"
+    "                   [--device cpu|cuda[:N]] [--dtype f32|bf16] [--check-weights]\n"
     "\n"
     "Prints, as JSON, the log-probability of each token of --completion after --prompt\n"
     "(the packed training forward; no sampling) and their sum.\n"
     "  --model-path DIR    checkpoint (default: the embedded demo model, random weights)\n"
-    "  --no-chat-template  tokenize --prompt as is (default: a user turn + <|assistant|>)\n";
+    "  --no-chat-template  tokenize --prompt as is (default: a user turn + <|assistant|>)\n"
+    "  --check-weights     refuse a checkpoint holding NaN or infinite weights, naming the tensor\n";
 
 // The request as a chat (or raw text): ids, adapter and media.
 struct CliPrompt {
@@ -90,8 +92,9 @@ CliPrompt make_prompt(const ServedModel& m, const std::string& system, const std
 
 // The flags generate and score share.
 void add_common_flags(Flags& flags, std::string& model_path, std::string& prompt, bool& have_prompt,
-                      bool& chat_template, std::string& device, std::string& dtype) {
+                      bool& chat_template, std::string& device, std::string& dtype, ModelNeeds& needs) {
   flags.value("--model-path", model_path).value("--device", device).value("--dtype", dtype);
+  flags.toggle("--check-weights", needs.check_weights);
   flags.value("--prompt", [&](const std::string& v) {
     prompt = v;
     have_prompt = true;
@@ -109,7 +112,8 @@ int cmd_generate(const Args& args) {
   p.max_tokens = 256;
   p.seed = 0;
   Flags flags("generate", kGenerateUsage);
-  add_common_flags(flags, model_path, prompt, have_prompt, chat_template, device, dtype);
+  ModelNeeds needs;
+  add_common_flags(flags, model_path, prompt, have_prompt, chat_template, device, dtype, needs);
   flags.value("--system", system).value("--image", image).value("--audio", audio);
   flags.integer("--max-tokens", p.max_tokens, 1);
   flags.value("--temperature", [&](const std::string& v) {
@@ -123,7 +127,7 @@ int cmd_generate(const Args& args) {
     fmt::print(stderr, "areno generate: --prompt is required\n\n{}", kGenerateUsage);
     return 2;
   }
-  ServedModel m = load_served_model(model_path, device, dtype);
+  ServedModel m = load_served_model(model_path, device, dtype, needs);
   if (m.demo) fmt::print(stderr, "(no --model-path: the embedded demo model, random weights)\n");
   serve::EngineOptions eo;
   eo.eos_token_ids = m.model->config().generation.eos_token_ids;
@@ -164,7 +168,8 @@ int cmd_score(const Args& args) {
   std::string model_path, device = "cpu", dtype, prompt, completion;
   bool have_prompt = false, have_completion = false, chat_template = true;
   Flags flags("score", kScoreUsage);
-  add_common_flags(flags, model_path, prompt, have_prompt, chat_template, device, dtype);
+  ModelNeeds needs;
+  add_common_flags(flags, model_path, prompt, have_prompt, chat_template, device, dtype, needs);
   flags.value("--completion", [&](const std::string& v) {
     completion = v;
     have_completion = true;
@@ -174,7 +179,7 @@ int cmd_score(const Args& args) {
     fmt::print(stderr, "areno score: --prompt and --completion are required\n\n{}", kScoreUsage);
     return 2;
   }
-  ServedModel m = load_served_model(model_path, device, dtype);
+  ServedModel m = load_served_model(model_path, device, dtype, needs);
   const std::vector<int64_t> pids = make_prompt(m, "", prompt, chat_template).ids;
   std::vector<int64_t> cids;
   for (tok::TokenId id : m.tokenizer->encode(completion)) cids.push_back(id);

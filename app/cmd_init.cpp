@@ -12,6 +12,7 @@
 #include "models/phi4mm/init.h"
 #include "models/phi4mm/model.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+#include "nn/io/finite.h"
 
 namespace areno::app {
 
@@ -27,9 +28,14 @@ constexpr const char* kInitUsage =
     "its separators and projector, and the Conformer audio encoder with its\n"
     "speech and vision projectors. tiny/small write their smaller tower sizes\n"
     "into config.json (img_processor, audio_processor.config); full uses the\n"
-    "released sizes (5.57 B parameters).\n"
+    "released sizes (5.57 B parameters). Every file is written to a temporary,\n"
+    "synced and renamed into place; a checkpoint of an older layout in DIR\n"
+    "(stale shards, index, model.safetensors, *-lora/ adapters) is replaced and\n"
+    "its leftover files removed; a failed write leaves DIR's previous checkpoint\n"
+    "loadable. The weights written are read back and refused if any is NaN or\n"
+    "infinite (as --check-weights does when loading).\n"
     "  --preset    tiny (tests), small (CPU benchmarks) or full (released sizes)\n"
-    "  --out DIR   output directory (created)\n"
+    "  --out DIR   output directory (created; a checkpoint there is replaced)\n"
     "  --seed N    random seed (same seed, same weights on every machine)\n"
     "  --dtype     bf16 (default, as released) or f32\n"
     "  --rank-file o200k_base.tiktoken to build the tokenizer files from\n"
@@ -70,6 +76,7 @@ int cmd_init(const Args& args) {
                                          "or leave it out to use the built-in copy)", rank_file));
   auto model = phi4mm::init_phi4mm(preset, *seed, dt);
   phi4mm::save_model(*model, out);
+  check_finite(SafetensorsCheckpoint(out));  // --check-weights is always on here
   if (tokenizer)
     phi4mm::write_tokenizer_files(rank_file.empty() ? phi4mm::make_tokenizer() : phi4mm::make_tokenizer(rank_file),
                                   out);

@@ -21,6 +21,7 @@ namespace {
 constexpr const char* kLogitsUsage =
     "usage: areno logits --model-path DIR (--token-ids 1,2,3 | --messages FILE.json)\n"
     "                    [--adapter none|vision|speech] [--dtype f32|bf16] [--device cpu|cuda]\n"
+    "                    [--check-weights]\n"
     "                    --out FILE.safetensors\n"
     "\n"
     "Runs the model and writes \"logits\" [T, vocab] (f32) and \"token_ids\" [T] to\n"
@@ -33,7 +34,8 @@ constexpr const char* kLogitsUsage =
     "               the towers and their rows merged at the placeholders; the adapter\n"
     "               follows the input mode (vision with an image, speech for audio only)\n"
     "  --adapter    modality LoRA for --token-ids (default none = text only)\n"
-    "  --dtype      compute dtype (default: the checkpoint's)\n";
+    "  --dtype      compute dtype (default: the checkpoint's)\n"
+    "  --check-weights  refuse a checkpoint holding NaN or infinite weights, naming the tensor\n";
 
 std::vector<int64_t> parse_ids(const std::string& s) {
   std::vector<int64_t> ids;
@@ -67,6 +69,8 @@ int cmd_logits(const Args& args) {
     adapter_given = true;
   });
   flags.value("--dtype", dtype).value("--device", device).value("--out", out);
+  ModelNeeds needs;
+  flags.toggle("--check-weights", needs.check_weights);
   if (auto rc = flags.parse(args)) return *rc;
   if (model_path.empty() || (ids_str.empty() == messages.empty()) || out.empty()) {
     fmt::print(stderr, "areno logits: --model-path, --out and one of --token-ids or --messages are required\n\n{}",
@@ -76,7 +80,6 @@ int cmd_logits(const Args& args) {
   if (!messages.empty() && adapter_given)
     throw std::invalid_argument("--adapter: with --messages the adapter follows the request's media");
   phi4mm::Adapter ad = phi4mm::adapter_from_name(adapter);
-  ModelNeeds needs;
   needs.lora = !messages.empty() || ad != phi4mm::Adapter::none;
   needs.towers = needs.tokenizer = !messages.empty();
   const ServedModel served = load_served_model(model_path, device, dtype, needs);

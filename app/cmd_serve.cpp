@@ -36,6 +36,8 @@ constexpr const char* kServeUsage =
     "  --served-model-name NAME  the `model` clients send and see (default: the model path)\n"
     "  --device cpu|cuda[:N]     where the model runs (default cpu)\n"
     "  --dtype f32|bf16          compute dtype (default: the checkpoint's; demo: f32)\n"
+    "  --check-weights           refuse a checkpoint holding NaN or infinite weights, naming\n"
+    "                            the tensor (one more pass over the weights at load)\n"
     "  --tp-size N, --world-size N  tensor parallelism: only 1 is supported for now\n"
     "engine:\n"
     "  --max-running-prompts N   sequences decoded together (default 16)\n"
@@ -101,6 +103,8 @@ int cmd_serve(const Args& args) {
     if (so.port > 65535) throw std::invalid_argument(fmt::format("--port: {} is not a port number", so.port));
   });
   flags.value("--device", device).value("--dtype", dtype);
+  ModelNeeds needs;
+  flags.toggle("--check-weights", needs.check_weights);
   for (const char* name : {"--tp-size", "--world-size"})
     flags.value(name, [name](const std::string& s) {
       const int64_t v = parse_int_flag(name, s, 1);
@@ -142,7 +146,7 @@ int cmd_serve(const Args& args) {
   eo.kv_cache_bytes = size_t(kv_gb * double(size_t(1) << 30));
   so.max_body_bytes = size_t(body_mb * double(size_t(1) << 20));
 
-  ServedModel m = load_served_model(model_path, device, dtype);
+  ServedModel m = load_served_model(model_path, device, dtype, needs);
   if (m.demo)
     fmt::print("areno serve: no --model-path; serving the embedded demo model \"areno-demo\" (tiny preset, random "
                "weights: it answers, but with nonsense)\n");

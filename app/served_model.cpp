@@ -36,6 +36,7 @@ ServedModel load_served_model(const std::string& model_path, const std::string& 
   lo.device = dev;
   lo.with_lora = needs.lora;
   lo.vision = lo.audio = needs.towers;
+  lo.check_weights = needs.check_weights;
   phi4mm::LoadReport report;
   const auto t0 = std::chrono::steady_clock::now();
   m.model = phi4mm::load_model(model_path, lo, &report);

@@ -25,6 +25,7 @@ struct ModelNeeds {
   bool lora = true;
   bool towers = true;
   bool tokenizer = true;
+  bool check_weights = false;  // --check-weights: refuse NaN / inf weights (phi4mm::LoadOptions)
 };
 // The one model loader of the commands (serve, generate, score, logits):
 // `device` "cpu" | "cuda[:N]"; `dtype` as parse_dtype_flag (app/flags.h).

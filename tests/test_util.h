@@ -4,7 +4,13 @@
 // skipped, so the summary counts it as skipped rather than passed.
 #include <doctest/doctest.h>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
 #include <exception>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -28,6 +34,56 @@ std::string error_of(F&& f) {
   }
   return "";
 }
+
+// A fresh directory under the system temp dir, removed at scope exit.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    path = std::filesystem::temp_directory_path() /
+           ("areno_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string str(const std::string& sub = "") const { return sub.empty() ? path.string() : (path / sub).string(); }
+  static int& counter() {
+    static int c = 0;
+    return c;
+  }
+};
+
+// The names in `dir`, sorted.
+inline std::vector<std::string> names_in(const std::filesystem::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A full disk, in-process: caps the size of every file this process writes
+// (RLIMIT_FSIZE) with SIGXFSZ ignored, so a write past `bytes` fails with
+// EFBIG ("File too large") as one fails with ENOSPC on a full disk. The limit
+// and the signal's handler are restored at scope exit.
+struct FileSizeLimit {
+  rlimit old{};
+  void (*old_handler)(int) = SIG_DFL;
+  explicit FileSizeLimit(rlim_t bytes) {
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit capped = old;
+    capped.rlim_cur = bytes;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &capped) == 0);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, old_handler);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+};
 
 // Every device this machine can run tests on (CPU first).
 inline std::vector<Device> available_devices() {

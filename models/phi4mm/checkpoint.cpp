@@ -1,7 +1,6 @@
 #include "models/phi4mm/checkpoint.h"
 
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
@@ -12,7 +11,9 @@
 
 #include "models/phi4mm/audio/audio_config.h"
 #include "models/phi4mm/vision/vision_config.h"
+#include "nn/io/atomic_file.h"
 #include "nn/io/files.h"
+#include "nn/io/finite.h"
 #include "nn/io/safetensors.h"
 #include "tensor/autograd.h"
 
@@ -120,10 +121,11 @@ using UnexpectedOf = std::function<std::vector<std::string>(const std::set<std::
 
 // The name walk: resolves every parameter once, checks presence and shape
 // (and the stored tensors left over) before copying anything, then copies,
-// converting to each parameter's dtype.
+// converting to each parameter's dtype; with `check_weights`, a copied
+// parameter holding NaN or inf fails naming the file and the stored tensor.
 void walk(std::vector<std::pair<std::string, Tensor>>& params,
           const std::function<std::optional<Source>(const std::string&)>& find, const std::string& source,
-          const UnexpectedOf& unexpected_of = nullptr) {
+          const UnexpectedOf& unexpected_of = nullptr, bool check_weights = false) {
   std::vector<Source> sources(params.size());
   std::vector<std::string> missing, bad_shape;
   std::set<std::string> used;
@@ -152,6 +154,8 @@ void walk(std::vector<std::pair<std::string, Tensor>>& params,
   for (size_t i = 0; i < params.size(); ++i) {
     params[i].second.copy_(sources[i].file->load(sources[i].name));
     sources[i].file->release_pages(sources[i].name);  // peak memory: the copies, not copies + file
+    // After the copy, so that a value the conversion to the model's dtype overflows is caught too.
+    if (check_weights) check_finite(params[i].second, sources[i].file->path(), sources[i].name);
   }
 }
 
@@ -203,6 +207,14 @@ std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const Load
   if (!ckpt.contains("model.embed_tokens.weight"))
     throw std::runtime_error(fmt::format("{}: no tensor model.embed_tokens.weight (is this a Phi-4-multimodal "
                                          "checkpoint?)", dir));
+  // The config's sizes against the stored embedding before anything is
+  // allocated: a config.json that does not describe these weights (a vocab_size
+  // of 2^40) fails here by name, not in the allocator.
+  const Shape embed = ckpt.entry("model.embed_tokens.weight").shape;
+  if (embed != Shape{cfg.text.vocab_size, cfg.text.hidden_size})
+    throw std::runtime_error(fmt::format("{}/config.json: vocab_size {} and hidden_size {} do not match the stored "
+                                         "model.embed_tokens.weight {}",
+                                         dir, cfg.text.vocab_size, cfg.text.hidden_size, shape_str(embed)));
   const DType dtype = opts.dtype.value_or(ckpt.entry("model.embed_tokens.weight").dtype);
   ModelParts parts;
   parts.lora = opts.with_lora;
@@ -228,7 +240,7 @@ std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const Load
       unexpected.push_back(n);
     }
     return unexpected;
-  });
+  }, opts.check_weights);
   model->eval();
   if (opts.device != Device::cpu()) model->to(opts.device);
   if (report) {
@@ -247,13 +259,28 @@ void save_model(const Phi4MMForCausalLM& model, const std::string& dir, const Sa
   const DType dtype = opts.dtype.value_or(model.dtype());
   for (auto& [name, t] : model.named_parameters())
     tensors.emplace_back(name, t.dtype() == dtype ? t.detach() : t.detach().to(dtype));
-  save_safetensors_sharded(dir, tensors, opts.max_shard_bytes, {{"format", "pt"}});
   Config c = model.config();
   json j = to_original_json(c);
   j["torch_dtype"] = dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
-  std::ofstream(dir + "/config.json") << j.dump(2) << "\n";
-  std::ofstream(dir + "/generation_config.json") << to_generation_json(c.generation).dump(2) << "\n";
-  if (!fs::exists(dir + "/config.json")) throw std::runtime_error("cannot write " + dir + "/config.json");
+  // Every file is written and synced before the first rename: a failure
+  // (disk full) leaves the folder's previous checkpoint loadable.
+  FileSet files;
+  const std::vector<std::string> written =
+      stage_safetensors_sharded(files, dir, tensors, opts.max_shard_bytes, {{"format", "pt"}});
+  files.add(dir + "/config.json").write(j.dump(2) + "\n");
+  files.add(dir + "/generation_config.json").write(to_generation_json(c.generation).dump(2) + "\n");
+  files.commit();
+  // Then the files of an older layout go: stale shards and index, and PEFT
+  // adapter folders (the loader would otherwise add their adapters).
+  remove_stale_shards(dir, written);
+  for (const char* adapter : {"vision-lora", "speech-lora"}) {
+    const fs::path sub = fs::path(dir) / adapter;
+    for (const char* f : {"adapter_config.json", "adapter_model.safetensors"}) {
+      fs::remove(sub / f, ec);
+      if (ec) throw std::runtime_error(fmt::format("cannot remove the stale {}: {}", (sub / f).string(), ec.message()));
+    }
+    if (fs::is_directory(sub, ec) && fs::is_empty(sub, ec)) fs::remove(sub, ec);
+  }
 }
 
 }  // namespace areno::phi4mm

@@ -16,7 +16,12 @@
 // be consumed or skipped; all of that is checked before a weight is copied.
 //
 // Save writes the original layout: shards + index, config.json and
-// generation_config.json; a saved model reloads bit-identically.
+// generation_config.json; a saved model reloads bit-identically. Every file is
+// written through one FileSet (nn/io/atomic_file.h): all are written and
+// fsynced before any is renamed into place, so a failed save (disk full) leaves
+// the folder's previous checkpoint loadable and says which file failed and why.
+// Then the files of an older layout are removed: stale shards, a stale index or
+// single model.safetensors, and vision-lora/ / speech-lora/ adapter files.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -32,6 +37,10 @@ struct LoadOptions {
   Device device = Device::cpu();
   bool vision = true;  // the image embedding, when the checkpoint stores it
   bool audio = true;   // the audio embedding, when the checkpoint stores it
+  // Refuse NaN and infinite weights (after the conversion to `dtype`), naming
+  // the file and the tensor: `--check-weights` of the commands. One more pass
+  // over the weights.
+  bool check_weights = false;
 };
 
 struct LoadReport {
@@ -61,7 +70,7 @@ struct SaveOptions {
 };
 
 // Writes the model (every part it has) into `dir` (created when missing) in
-// the original layout.
+// the original layout, replacing a checkpoint already there (see the top).
 void save_model(const Phi4MMForCausalLM& model, const std::string& dir, const SaveOptions& opts = {});
 
 }  // namespace areno::phi4mm

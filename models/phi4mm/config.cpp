@@ -2,12 +2,12 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "models/phi4mm/config_limits.h"
 #include "nn/io/files.h"
 
 namespace areno::phi4mm {
@@ -49,10 +49,20 @@ int64_t get_int(const json& j, const std::string& source, const std::string& key
   return it->get<int64_t>();
 }
 
-int64_t get_positive(const json& j, const std::string& source, const std::string& key,
+// An integer in [1, max]: sizes are bounded before anything is allocated (config_limits.h).
+int64_t get_positive(const json& j, const std::string& source, const std::string& key, int64_t max,
                      std::optional<int64_t> def = std::nullopt) {
   int64_t v = get_int(j, source, key, def);
   if (v <= 0) fail(source, key, fmt::format("must be positive, got {}", v));
+  if (v > max) fail(source, key, fmt::format("{} is above the supported maximum {}", v, max));
+  return v;
+}
+
+// A finite number > 0 (NaN, infinities, zero and negatives are refused).
+double get_positive_number(const json& j, const std::string& source, const std::string& key,
+                           std::optional<double> def = std::nullopt) {
+  const double v = get_number(j, source, key, def);
+  if (!(v > 0) || !std::isfinite(v)) fail(source, key, fmt::format("must be a finite positive number, got {}", v));
   return v;
 }
 
@@ -84,7 +94,7 @@ std::vector<double> get_factors(const json& rope, const std::string& source, con
     fail(source, key,
          fmt::format("has {} entries, expected rotary_dim / 2 = {}", out.size(), expected));
   for (double f : out)
-    if (!(f > 0)) fail(source, key, "factors must be positive");
+    if (!(f > 0) || !std::isfinite(f)) fail(source, key, fmt::format("factors must be finite and positive, got {}", f));
   return out;
 }
 
@@ -107,10 +117,10 @@ std::optional<LoraConfig> parse_lora(const json& j, const std::string& source, c
   if (!it->is_object()) fail(source, key, "expected an object with r, lora_alpha, layer");
   LoraConfig l;
   const std::string where = source + ": " + key;
-  l.r = get_positive(*it, where, "r");
-  l.alpha = get_number(*it, where, "lora_alpha");
-  if (!(l.alpha > 0)) fail(where, "lora_alpha", "must be positive");
+  l.r = get_positive(*it, where, "r", kMaxWidth);
+  l.alpha = get_positive_number(*it, where, "lora_alpha");
   l.dropout = get_number(*it, where, "dp", 0.0);
+  if (!(l.dropout >= 0 && l.dropout < 1)) fail(where, "dp", fmt::format("must be in [0, 1), got {}", l.dropout));
   auto layer = it->find("layer");
   if (layer == it->end() || !layer->is_string())
     fail(source, key + ".layer", "missing (the module pattern the adapter wraps)");
@@ -213,23 +223,25 @@ Config parse_config(const json& j, const std::string& source) {
          fmt::format("unsupported {} (expected \"phi4mm\" or \"phi4_multimodal\")", mt->dump()));
 
   TextConfig& t = c.text;
-  t.vocab_size = get_positive(j, source, "vocab_size");
-  t.hidden_size = get_positive(j, source, "hidden_size");
-  t.intermediate_size = get_positive(j, source, "intermediate_size");
-  t.num_hidden_layers = get_positive(j, source, "num_hidden_layers");
-  t.num_attention_heads = get_positive(j, source, "num_attention_heads");
-  t.num_key_value_heads = get_positive(j, source, "num_key_value_heads", t.num_attention_heads);
-  t.rms_norm_eps = get_number(j, source, "rms_norm_eps", 1e-5);
-  t.max_position_embeddings = get_positive(j, source, "max_position_embeddings");
+  t.vocab_size = get_positive(j, source, "vocab_size", kMaxVocabSize);
+  t.hidden_size = get_positive(j, source, "hidden_size", kMaxWidth);
+  t.intermediate_size = get_positive(j, source, "intermediate_size", kMaxWidth);
+  t.num_hidden_layers = get_positive(j, source, "num_hidden_layers", kMaxLayers);
+  t.num_attention_heads = get_positive(j, source, "num_attention_heads", kMaxWidth);
+  t.num_key_value_heads = get_positive(j, source, "num_key_value_heads", kMaxWidth, t.num_attention_heads);
+  t.rms_norm_eps = get_positive_number(j, source, "rms_norm_eps", 1e-5);
+  t.max_position_embeddings = get_positive(j, source, "max_position_embeddings", kMaxPositions);
   t.tie_word_embeddings = j.value("tie_word_embeddings", true);
   t.bos_token_id = get_int(j, source, "bos_token_id", 199999);
   t.pad_token_id = get_int(j, source, "pad_token_id", 199999);
   t.eos_token_ids = get_id_list(j, source, "eos_token_id", {199999});
   if (auto it = j.find("hidden_act"); it != j.end() && *it != "silu")
     fail(source, "hidden_act", fmt::format("unsupported {} (only \"silu\")", it->dump()));
-  if (auto it = j.find("head_dim"); it != j.end() && !it->is_null() &&
-      it->get<int64_t>() * t.num_attention_heads != t.hidden_size)
-    fail(source, "head_dim", "must equal hidden_size / num_attention_heads");
+  if (j.contains("head_dim") && !j["head_dim"].is_null() &&
+      get_int(j, source, "head_dim") != t.hidden_size / t.num_attention_heads)
+    fail(source, "head_dim",
+         fmt::format("{} must equal hidden_size / num_attention_heads = {} / {}", j["head_dim"].dump(),
+                     t.hidden_size, t.num_attention_heads));
   if (!t.tie_word_embeddings)
     fail(source, "tie_word_embeddings", "must be true (the released model ties lm_head to embed_tokens)");
   if (t.hidden_size % t.num_attention_heads != 0)
@@ -254,8 +266,8 @@ Config parse_config(const json& j, const std::string& source) {
     if (!it2->is_object()) fail(source, "rope_scaling", "expected an object");
     rope = &*it2;
   }
-  t.rope_theta = get_number(*rope, source + ": " + rope_key, "rope_theta",
-                            get_number(j, source, "rope_theta", 10000.0));
+  t.rope_theta = get_positive_number(*rope, source + ": " + rope_key, "rope_theta",
+                                     get_positive_number(j, source, "rope_theta", 10000.0));
   t.partial_rotary_factor = get_number(*rope, source + ": " + rope_key, "partial_rotary_factor",
                                        get_number(j, source, "partial_rotary_factor", 1.0));
   if (!(t.partial_rotary_factor > 0 && t.partial_rotary_factor <= 1))
@@ -265,8 +277,8 @@ Config parse_config(const json& j, const std::string& source) {
          fmt::format("head_dim {} * {} gives {} rotary dims; an even number >= 2 is required",
                      t.head_dim(), t.partial_rotary_factor, t.rotary_dim()));
   t.original_max_position_embeddings = get_positive(
-      *rope, source + ": " + rope_key, "original_max_position_embeddings",
-      get_int(j, source, "original_max_position_embeddings", t.max_position_embeddings));
+      *rope, source + ": " + rope_key, "original_max_position_embeddings", kMaxPositions,
+      get_positive(j, source, "original_max_position_embeddings", kMaxPositions, t.max_position_embeddings));
   std::string type;
   if (rope->contains("rope_type"))
     type = (*rope)["rope_type"].is_string() ? (*rope)["rope_type"].get<std::string>() : "?";
@@ -279,7 +291,7 @@ Config parse_config(const json& j, const std::string& source) {
     t.short_factor = get_factors(*rope, source + ": " + rope_key, "short_factor", nfreq);
     t.long_factor = get_factors(*rope, source + ": " + rope_key, "long_factor", nfreq);
     if (rope->contains("attention_factor") && !(*rope)["attention_factor"].is_null())
-      t.rope_attention_factor = get_number(*rope, source, "attention_factor");
+      t.rope_attention_factor = get_positive_number(*rope, source + ": " + rope_key, "attention_factor");
     if (rope->contains("factor") && !(*rope)["factor"].is_null())
       fail(source, rope_key + ".factor",
            "an explicit LongRoPE factor is not supported (the released model derives it from "

@@ -1,5 +1,6 @@
 #include "nn/io/safetensors.h"
 
+#include "nn/io/atomic_file.h"
 #include "nn/io/files.h"
 
 #include <fcntl.h>
@@ -8,11 +9,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -340,11 +341,13 @@ std::vector<std::pair<std::string, Tensor>> load_safetensors(const std::string& 
 
 // ---- writing ----
 
-void save_safetensors(const std::string& path,
-                      const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// Validates `tensors` and writes one safetensors file into `out` (see save_safetensors).
+void write_safetensors(AtomicFile& out, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
   auto bad = [&](const std::string& what) {
-    throw std::invalid_argument("save_safetensors '" + path + "': " + what);
+    throw std::invalid_argument("save_safetensors '" + out.path() + "': " + what);
   };
   std::set<std::string> seen;
   for (const auto& [name, t] : tensors) {
@@ -387,42 +390,38 @@ void save_safetensors(const std::string& path,
   }
   text.append((8 - text.size() % 8) % 8, ' ');
 
-  // Write beside the target and rename: a reader that mapped the old file
-  // keeps its (now unlinked) inode instead of seeing a half-written one.
-  const std::string tmp = path + ".partial";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr)
-    throw std::runtime_error("save_safetensors: cannot create '" + tmp + "': " + std::strerror(errno));
-  auto write = [&](const void* p, size_t n) {
-    if (n != 0 && std::fwrite(p, 1, n, f) != n) {
-      int e = errno;
-      std::fclose(f);
-      std::remove(tmp.c_str());
-      throw std::runtime_error("save_safetensors: writing '" + tmp + "' failed: " + std::strerror(e));
-    }
-  };
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
-  write(len, 8);
-  write(text.data(), text.size());
+  out.write(len, 8);
+  out.write(text);
   NoGradGuard no_grad;
   for (size_t i : order) {
     const Tensor& t = tensors[i].second;
     if (t.numel() == 0) continue;
     Tensor c = t.device().is_cpu() ? t.contiguous() : t.to(Device::cpu()).contiguous();
-    write(c.data_ptr(), c.nbytes());
+    out.write(c.data_ptr(), c.nbytes());
   }
-  if (std::fclose(f) != 0) {
-    std::remove(tmp.c_str());
-    throw std::runtime_error("save_safetensors: closing '" + tmp + "' failed: " + std::strerror(errno));
+}
+
+// "<prefix>-00001-of-00003.safetensors" (transformers' shard names: five digits).
+bool is_shard_name(const std::string& name, const std::string& prefix) {
+  static const std::string tail = "-00000-of-00000.safetensors";
+  if (name.size() != prefix.size() + tail.size() || name.compare(0, prefix.size(), prefix) != 0) return false;
+  for (size_t i = 0; i < tail.size(); ++i) {
+    const char c = name[prefix.size() + i];
+    if (tail[i] == '0' ? !std::isdigit(static_cast<unsigned char>(c)) : c != tail[i]) return false;
   }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    throw std::runtime_error("save_safetensors: cannot rename '" + tmp + "' to '" + path +
-                             "': " + ec.message());
-  }
+  return true;
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  AtomicFile out(path);
+  write_safetensors(out, tensors, metadata);
+  out.commit();
 }
 
 // ---- sharded checkpoints ----
@@ -506,10 +505,9 @@ const SafetensorsEntry& SafetensorsCheckpoint::entry(const std::string& name) co
 
 Tensor SafetensorsCheckpoint::load(const std::string& name) const { return file_of(name).load(name); }
 
-std::vector<std::string> save_safetensors_sharded(
-    const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
-    uint64_t max_shard_bytes, const std::map<std::string, std::string>& metadata,
-    const std::string& prefix) {
+std::vector<std::string> stage_safetensors_sharded(
+    FileSet& files, const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
+    uint64_t max_shard_bytes, const std::map<std::string, std::string>& metadata, const std::string& prefix) {
   if (max_shard_bytes == 0)
     throw std::invalid_argument("save_safetensors_sharded: max_shard_bytes must be positive");
   std::set<std::string> seen;
@@ -538,12 +536,12 @@ std::vector<std::string> save_safetensors_sharded(
   if (ec)
     throw std::runtime_error("save_safetensors_sharded: cannot create '" + dir + "': " + ec.message());
 
-  std::vector<std::string> written;
   if (shards.size() == 1) {
     const std::string file = prefix + ".safetensors";
-    save_safetensors((fs::path(dir) / file).string(), tensors, metadata);
+    write_safetensors(files.add((fs::path(dir) / file).string()), tensors, metadata);
     return {file};
   }
+  std::vector<std::string> written;
   json weight_map = json::object();
   const size_t n = shards.size();
   for (size_t s = 0; s < n; ++s) {
@@ -555,19 +553,49 @@ std::vector<std::string> save_safetensors_sharded(
       part.push_back(tensors[i]);
       weight_map[tensors[i].first] = file;
     }
-    save_safetensors((fs::path(dir) / file).string(), part, metadata);
+    write_safetensors(files.add((fs::path(dir) / file).string()), part, metadata);
     written.push_back(file);
   }
   json index = json::object();
   index["metadata"] = {{"total_size", total}};
   index["weight_map"] = std::move(weight_map);
   const std::string ifile = prefix + ".safetensors.index.json";
-  const std::string ipath = (fs::path(dir) / ifile).string();
-  std::ofstream out(ipath, std::ios::binary | std::ios::trunc);
-  out << index.dump(2) << "\n";
-  out.close();
-  if (!out) throw std::runtime_error("save_safetensors_sharded: writing '" + ipath + "' failed");
+  files.add((fs::path(dir) / ifile).string()).write(index.dump(2) + "\n");
   written.push_back(ifile);
+  return written;
+}
+
+void remove_stale_shards(const std::string& dir, const std::vector<std::string>& keep, const std::string& prefix) {
+  const std::set<std::string> kept(keep.begin(), keep.end());
+  const std::string index = prefix + ".safetensors.index.json", single = prefix + ".safetensors";
+  std::vector<fs::path> stale;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (kept.count(name) || !(name == index || name == single || is_shard_name(name, prefix))) continue;
+    // The stale index first: the loader prefers an index, so it must never
+    // outlive the new files nor point at removed shards.
+    if (name == index)
+      stale.insert(stale.begin(), it->path());
+    else
+      stale.push_back(it->path());
+  }
+  if (ec) throw std::runtime_error("cannot list '" + dir + "' to remove stale shards: " + ec.message());
+  for (const auto& p : stale) {
+    fs::remove(p, ec);
+    if (ec) throw std::runtime_error("cannot remove the stale '" + p.string() + "': " + ec.message());
+  }
+  if (!stale.empty()) sync_dir(dir);
+}
+
+std::vector<std::string> save_safetensors_sharded(
+    const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
+    uint64_t max_shard_bytes, const std::map<std::string, std::string>& metadata,
+    const std::string& prefix) {
+  FileSet files;
+  std::vector<std::string> written = stage_safetensors_sharded(files, dir, tensors, max_shard_bytes, metadata, prefix);
+  files.commit();
+  remove_stale_shards(dir, written, prefix);
   return written;
 }
 

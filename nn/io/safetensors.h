@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "nn/io/atomic_file.h"
 #include "tensor/tensor.h"
 
 namespace areno {
@@ -80,9 +81,12 @@ class SafetensorsFile {
 // Writes tensors (any device, any strides, any of our dtypes) to `path`.
 // As the Python package does, data is laid out sorted by element size (largest
 // first) and then name so every tensor is aligned for its dtype, and the header
-// is space padded to a multiple of 8 bytes. The file is written beside `path`
-// and renamed over it, so readers mapping an old version keep a valid file.
-// Throws on duplicate or empty names, undefined tensors and I/O errors.
+// is space padded to a multiple of 8 bytes. The file goes through AtomicFile
+// (nn/io/atomic_file.h): written beside `path`, fsynced and renamed over it, so
+// readers mapping an old version keep a valid file and a failed write leaves
+// the old one. Throws std::invalid_argument on duplicate or empty names and
+// undefined tensors, std::runtime_error naming the file and the reason on I/O
+// errors.
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
@@ -127,9 +131,29 @@ class SafetensorsCheckpoint {
 // shard is written as <prefix>.safetensors without an index (also as
 // transformers does). Tensors keep their given order across shards. `metadata`
 // goes into every shard's __metadata__. Returns the file names written.
+//
+// Every file is written and fsynced before the first one is renamed into
+// place (FileSet), so a failed save (disk full) leaves the folder's previous
+// checkpoint as it was. Once the new files are in place, the files of an older
+// layout with the same prefix are removed (remove_stale_shards): a stale index
+// would otherwise be preferred by the loader over a new single file, and stale
+// shards would linger.
 std::vector<std::string> save_safetensors_sharded(
     const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
     uint64_t max_shard_bytes, const std::map<std::string, std::string>& metadata = {},
     const std::string& prefix = "model");
+
+// The parts of save_safetensors_sharded, for a caller that writes more files
+// with the checkpoint (config.json): stages the shards and the index into
+// `files` (written and checked, not yet in place) and returns their names;
+// after files.commit(), remove_stale_shards removes <prefix>.safetensors,
+// <prefix>.safetensors.index.json and <prefix>-NNNNN-of-NNNNN.safetensors files
+// in `dir` not named in `keep` (the stale index first).
+std::vector<std::string> stage_safetensors_sharded(
+    FileSet& files, const std::string& dir, const std::vector<std::pair<std::string, Tensor>>& tensors,
+    uint64_t max_shard_bytes, const std::map<std::string, std::string>& metadata = {},
+    const std::string& prefix = "model");
+void remove_stale_shards(const std::string& dir, const std::vector<std::string>& keep,
+                         const std::string& prefix = "model");
 
 }  // namespace areno

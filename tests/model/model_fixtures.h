@@ -6,9 +6,9 @@
 #include <cmath>
 #include <filesystem>
 #include <string>
-#include <unistd.h>
 
 #include "nn/io/safetensors.h"
+#include "tests/test_util.h"
 #include "tensor/ops.h"
 
 namespace areno::testing {
@@ -29,25 +29,5 @@ inline double rel_err(const Tensor& a, const Tensor& b) {
   double scale = max(abs(bf)).item();
   return max_abs_diff(a.to(Device::cpu(), DType::f64), bf) / std::max(scale, 1e-30);
 }
-
-// A fresh directory under the system temp dir, removed at scope exit.
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    path = std::filesystem::temp_directory_path() /
-           ("areno_model_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string str(const std::string& sub = "") const { return sub.empty() ? path.string() : (path / sub).string(); }
-  static int& counter() {
-    static int c = 0;
-    return c;
-  }
-};
 
 }  // namespace areno::testing

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "models/phi4mm/config_limits.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
 
@@ -34,14 +35,17 @@ int64_t AudioConfig::output_frames(int64_t feature_frames) const {
 }
 
 void AudioConfig::validate() const {
-  auto positive = [](int64_t v, const char* key) {
+  // Sizes are bounded before anything is allocated (config_limits.h).
+  auto positive = [](int64_t v, const char* key, int64_t max = kMaxWidth) {
     if (v <= 0) throw std::invalid_argument(fmt::format("audio config: {} must be positive, got {}", key, v));
+    if (v > max)
+      throw std::invalid_argument(fmt::format("audio config: {} = {} is above the supported maximum {}", key, v, max));
   };
   positive(input_size, "audio_processor.config.input_size");
   positive(attention_dim, "audio_processor.config.attention_dim");
   positive(attention_heads, "audio_processor.config.attention_heads");
   positive(linear_units, "audio_processor.config.linear_units");
-  positive(num_blocks, "audio_processor.config.num_blocks");
+  positive(num_blocks, "audio_processor.config.num_blocks", kMaxLayers);
   positive(conv_channels, "audio_processor.config.nemo_conv_settings.conv_channels");
   positive(kernel_size, "audio_processor.config.kernel_size");
   positive(bias_max_distance, "audio_processor.config.relative_attention_bias_args.t5_bias_max_distance");
@@ -50,10 +54,10 @@ void AudioConfig::validate() const {
     throw std::invalid_argument(fmt::format(
         "audio config: audio_processor.config.attention_dim {} is not a multiple of attention_heads {}",
         attention_dim, attention_heads));
-  if (time_reduction < 2 || (time_reduction & (time_reduction - 1)))
+  if (time_reduction < 2 || time_reduction > 1024 || (time_reduction & (time_reduction - 1)))
     throw std::invalid_argument(fmt::format(
-        "audio config: audio_processor.config.time_reduction must be a power of two >= 2, got {}", time_reduction));
-  if (!(layer_norm_eps > 0)) throw std::invalid_argument("audio config: layer_norm_eps must be positive");
+        "audio config: audio_processor.config.time_reduction must be a power of two in [2, 1024], got {}", time_reduction));
+  if (!(layer_norm_eps > 0) || !std::isfinite(layer_norm_eps)) throw std::invalid_argument("audio config: layer_norm_eps must be positive");
 }
 
 namespace {

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "nn/io/atomic_file.h"
+
 namespace areno::phi4mm {
 
 namespace fs = std::filesystem;
@@ -106,13 +108,6 @@ tok::Tokenizer load_tokenizer(const fs::path& model_dir) {
 
 namespace {
 
-void write_text(const fs::path& path, std::string_view text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw std::runtime_error(fmt::format("cannot write '{}'", path.string()));
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  if (!out) throw std::runtime_error(fmt::format("writing '{}' failed (disk full?)", path.string()));
-}
-
 nlohmann::ordered_json token_object(const std::string& content) {
   return {{"content", content}, {"lstrip", false}, {"normalized", false}, {"rstrip", false}, {"single_word", false}};
 }
@@ -121,7 +116,9 @@ nlohmann::ordered_json token_object(const std::string& content) {
 
 void write_tokenizer_files(const tok::Tokenizer& tokenizer, const fs::path& model_dir) {
   fs::create_directories(model_dir);
-  write_text(model_dir / "tokenizer.json", tokenizer.to_hf_json());
+  // The four files are written, then put in place together (nn/io/atomic_file.h).
+  FileSet files;
+  files.add((model_dir / "tokenizer.json").string()).write(tokenizer.to_hf_json());
 
   std::vector<tok::AddedToken> added = tokenizer.added_tokens();
   std::sort(added.begin(), added.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
@@ -147,15 +144,16 @@ void write_tokenizer_files(const tok::Tokenizer& tokenizer, const fs::path& mode
       {"tokenizer_class", "GPT2Tokenizer"},
       {"unk_token", eos},
   };
-  write_text(model_dir / "tokenizer_config.json", config.dump(2) + "\n");
+  files.add((model_dir / "tokenizer_config.json").string()).write(config.dump(2) + "\n");
   nlohmann::ordered_json special = {
       {"bos_token", token_object(eos)},
       {"eos_token", token_object(eos)},
       {"pad_token", eos},
       {"unk_token", token_object(eos)},
   };
-  write_text(model_dir / "special_tokens_map.json", special.dump(2) + "\n");
-  write_text(model_dir / "added_tokens.json", added_json.dump(2) + "\n");
+  files.add((model_dir / "special_tokens_map.json").string()).write(special.dump(2) + "\n");
+  files.add((model_dir / "added_tokens.json").string()).write(added_json.dump(2) + "\n");
+  files.commit();
 }
 
 }  // namespace areno::phi4mm

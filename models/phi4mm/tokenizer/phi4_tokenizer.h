@@ -58,7 +58,8 @@ tok::Tokenizer load_tokenizer(const std::filesystem::path& model_dir);
 
 // Writes tokenizer.json, tokenizer_config.json (with the chat template),
 // special_tokens_map.json and added_tokens.json into `model_dir` (created if
-// needed).
+// needed), through one FileSet (nn/io/atomic_file.h): all four are written and
+// synced before any replaces an older one; a failure names the file and why.
 void write_tokenizer_files(const tok::Tokenizer& tokenizer, const std::filesystem::path& model_dir);
 
 // The chat template of tokenizer_config.json (Jinja source, tokens-api.md 2.1).

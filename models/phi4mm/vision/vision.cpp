@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "models/phi4mm/checkpoint.h"
+#include "models/phi4mm/config_limits.h"
 #include "nn/io/safetensors.h"
 #include "tensor/autograd.h"
 
@@ -30,18 +31,21 @@ struct KeyReader {
   [[noreturn]] void fail(const char* key, const std::string& why) const {
     throw std::invalid_argument(fmt::format("{}: {} {}", source, name(key), why));
   }
-  int64_t integer(const char* key, int64_t fallback, int64_t min) const {
+  // Sizes are bounded before anything is allocated (config_limits.h).
+  int64_t integer(const char* key, int64_t fallback, int64_t min, int64_t max = kMaxWidth) const {
     if (!has(key)) return fallback;
     const json& v = obj.at(key);
     if (!v.is_number_integer()) fail(key, fmt::format("must be an integer, got {}", v.dump()));
     int64_t x = v.get<int64_t>();
     if (x < min) fail(key, fmt::format("must be at least {}, got {}", min, x));
+    if (x > max) fail(key, fmt::format("= {} is above the supported maximum {}", x, max));
     return x;
   }
   double positive(const char* key, double fallback) const {
     if (!has(key)) return fallback;
     const json& v = obj.at(key);
-    if (!v.is_number() || !(v.get<double>() > 0)) fail(key, fmt::format("must be a positive number, got {}", v.dump()));
+    if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+      fail(key, fmt::format("must be a finite positive number, got {}", v.dump()));
     return v.get<double>();
   }
   void require_string(const char* key, const char* expected) const {
@@ -75,12 +79,12 @@ VisionConfig vision_config_from(const json& j, const std::string& source) {
     KeyReader r{b, block_key, source};
     c.hidden_size = r.integer("hidden_size", c.hidden_size, 1);
     c.intermediate_size = r.integer("intermediate_size", c.intermediate_size, 1);
-    c.num_hidden_layers = r.integer("num_hidden_layers", c.num_hidden_layers, 1);
+    c.num_hidden_layers = r.integer("num_hidden_layers", c.num_hidden_layers, 1, kMaxLayers);
     c.num_attention_heads = r.integer("num_attention_heads", c.num_attention_heads, 1);
-    c.image_size = r.integer("image_size", c.image_size, 1);
+    c.image_size = r.integer("image_size", c.image_size, 1, kMaxImageSide);
     c.patch_size = r.integer("patch_size", c.patch_size, 1);
     c.layer_norm_eps = r.positive("layer_norm_eps", c.layer_norm_eps);
-    c.image_token_id = r.integer("image_token_id", c.image_token_id, 0);
+    c.image_token_id = r.integer("image_token_id", c.image_token_id, 0, kMaxVocabSize - 1);
     r.require_string("hidden_act", "gelu_pytorch_tanh");
     if (r.has("num_channels") && r.integer("num_channels", 3, 1) != 3) r.fail("num_channels", "must be 3");
     const char* layer_key = native ? "feature_layer" : "layer_idx";  // the remote code's name
@@ -93,7 +97,7 @@ VisionConfig vision_config_from(const json& j, const std::string& source) {
                                       c.num_hidden_layers + 1, c.num_hidden_layers));
     }
     if (!native) r.require_string("type_feature", "patch");
-    if (native && r.has("crop_size")) crop_size = r.integer("crop_size", 0, 1);
+    if (native && r.has("crop_size")) crop_size = r.integer("crop_size", 0, 1, kMaxImageSide);
     if (c.hidden_size % c.num_attention_heads)
       r.fail("num_attention_heads", fmt::format("= {} does not divide hidden_size {}", c.num_attention_heads,
                                                 c.hidden_size));
@@ -108,7 +112,7 @@ VisionConfig vision_config_from(const json& j, const std::string& source) {
     const json& e = j.at("embd_layer").at("image_embd_layer");
     if (!e.is_object()) top.fail("embd_layer", "image_embd_layer must be an object");
     KeyReader r{e, "embd_layer.image_embd_layer", source};
-    if (r.has("crop_size")) crop_size = r.integer("crop_size", 0, 1);
+    if (r.has("crop_size")) crop_size = r.integer("crop_size", 0, 1, kMaxImageSide);
     r.require_string("image_token_compression_cls", "avg_pool_2d");
     r.require_string("hd_transform_order", "sub_glb");
     r.require_string("projection_cls", "mlp");
