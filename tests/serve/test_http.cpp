@@ -23,6 +23,7 @@
 #include "serve/engine.h"
 #include "serve/http_server.h"
 #include "serve/media_fetch.h"
+#include "tests/serve/served.h"
 #include "models/phi4mm/processor/chat_processor.h"
 #include "models/phi4mm/model.h"
 #include "models/phi4mm/processor/image_io.h"
@@ -33,25 +34,6 @@ using areno::phi4mm::encode_base64;
 using nlohmann::json;
 
 namespace {
-
-// One listening server on its own thread.
-struct Served {
-  std::unique_ptr<HttpServer> server;
-  std::thread thread;
-  int port = 0;
-  Served(Engine& e, ServerOptions o) {
-    o.host = "127.0.0.1";
-    o.port = 0;
-    o.threads = 16;
-    server = std::make_unique<HttpServer>(e, std::move(o));
-    port = server->bind();
-    thread = std::thread([this] { server->listen(); });
-  }
-  ~Served() {
-    server->stop();
-    thread.join();
-  }
-};
 
 struct World {
   std::shared_ptr<phi4mm::Phi4MMForCausalLM> model;
@@ -65,9 +47,7 @@ struct World {
   World() {
     std::signal(SIGPIPE, SIG_IGN);
     model = phi4mm::init_model("tiny", 0);
-    auto t = phi4mm::make_tokenizer();
-    t.set_padded_vocab_size(size_t(model->config().text.vocab_size));
-    tokenizer = std::make_shared<const tok::Tokenizer>(std::move(t));
+    tokenizer = tokenizer_for(*model);
     EngineOptions eo;
     eo.max_running = 8;
     eo.kv_blocks = 256;
@@ -512,7 +492,7 @@ TEST_CASE("serve/http auth, body size, prompt limit and media errors on a strict
   check_error(post(port, "/v1/chat/completions", with_part(image_url("data:image/png;base64,aGVsbG8gd29ybGQ=")), kAuth),
               400);  // decodes to "hello world": not an image
   check_error(post(port, "/v1/chat/completions", with_part(image_url("file:///etc/passwd")), kAuth), 400,
-              "outside the media root");
+              "is not a readable file under the media root");
   check_error(post(port, "/v1/chat/completions", with_part(image_url("../../etc/passwd")), kAuth), 400);
   check_error(post(port, "/v1/chat/completions", with_part(image_url("https://example.com/cat.png")), kAuth), 400,
               "allow-remote-media");
