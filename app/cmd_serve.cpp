@@ -74,7 +74,17 @@ constexpr const char* kServeUsage =
     "media:\n"
     "  --media-root DIR          allow local paths and file:// URLs under DIR (symlinks resolved;\n"
     "                            default: refused)\n"
-    "  --allow-remote-media      allow http(s) image/audio URLs (default: refused)\n"
+    "  --allow-remote-media      allow http(s) image/audio URLs (default: refused); the host is\n"
+    "                            resolved once and only public addresses are fetched, each\n"
+    "                            redirect (at most 3) is checked again, and every failure\n"
+    "                            gives the client one text (the reason is logged to stderr)\n"
+    "  --allow-private-media     with --allow-remote-media, also fetch from loopback, private,\n"
+    "                            link-local, multicast and other non-public addresses (default: refused)\n"
+    "  --media-fetch-timeout-s N deadline of one remote fetch, redirects included (default 20)\n"
+    "  --max-media-decode-mb X   decoded image/audio bytes in flight across all requests; an\n"
+    "                            item is reserved from its header before decoding, a request\n"
+    "                            waits up to 10 s for room (then 503), an item larger than the\n"
+    "                            whole budget gets 400 (default 2048)\n"
     "  image_url / audio_url (data URLs; paths per the flags above) and input_audio (base64\n"
     "  wav/mp3/flac/ogg) parts run through the checkpoint's towers; a checkpoint without a\n"
     "  tower answers 400 for that modality\n";
@@ -142,9 +152,20 @@ int cmd_serve(const Args& args) {
       throw std::invalid_argument(fmt::format("--media-root: '{}' is not a directory", so.media.media_root));
   });
   flags.toggle("--allow-remote-media", so.media.allow_remote);
+  flags.toggle("--allow-private-media", so.media.allow_private);
+  flags.value("--media-fetch-timeout-s", [&](const std::string& v) {
+    so.media.timeout_seconds = int(parse_int_flag("--media-fetch-timeout-s", v, 1));
+    if (so.media.timeout_seconds > 3600)
+      throw std::invalid_argument(fmt::format("--media-fetch-timeout-s: {} is above 3600", v));
+  });
+  double decode_mb = double(so.max_media_decode_bytes >> 20);
+  flags.value("--max-media-decode-mb", positive_flag("--max-media-decode-mb", decode_mb));
   if (auto rc = flags.parse(args)) return *rc;
   eo.kv_cache_bytes = size_t(kv_gb * double(size_t(1) << 30));
   so.max_body_bytes = size_t(body_mb * double(size_t(1) << 20));
+  so.max_media_decode_bytes = size_t(decode_mb * double(size_t(1) << 20));
+  if (so.media.allow_private && !so.media.allow_remote)
+    throw std::invalid_argument("--allow-private-media: needs --allow-remote-media");
 
   ServedModel m = load_served_model(model_path, device, dtype, needs);
   if (m.demo)

@@ -104,6 +104,8 @@ struct HttpServer::Impl {
     processor = phi4mm::processor_options_for(engine.model());
     processor.source = media_source(opts.media);
     processor.limits = opts.media_limits;
+    processor.decode_budget = std::make_shared<phi4mm::DecodeBudget>(
+        opts.max_media_decode_bytes, std::chrono::milliseconds(opts.media_decode_wait_ms));
     context = engine.max_context();
     if (opts.max_context_len > 0) context = std::min(context, opts.max_context_len);
     opts.api.vocab_size = engine.model().config().text.vocab_size;
@@ -216,27 +218,42 @@ struct HttpServer::Impl {
 
   // ---- prompts -----------------------------------------------------------
 
-  // The one place where the processor's {field, message} errors become 400s.
-  phi4mm::ProcessedChat build_chat(const json& messages, const json& tools, bool add_generation_prompt) {
+  // The one place where the processor's {field, message} errors become 400s
+  // (503 when the media decode budget stays full). With `ar`, a prompt too long
+  // for it is refused from the media headers, before any media is decoded.
+  phi4mm::ProcessedChat build_chat(const json& messages, const json& tools, bool add_generation_prompt,
+                                   const ApiRequest* ar = nullptr) {
     phi4mm::ProcessorOptions po = processor;
     po.add_generation_prompt = add_generation_prompt;
+    if (ar) po.max_prompt_tokens = max_prompt_length(*ar);
     try {
       return phi4mm::process_chat(engine.tokenizer(), messages, tools, po);
+    } catch (const phi4mm::PromptTooLong& e) {
+      check_prompt_length(e.tokens(), *ar, "messages");
+      throw ApiError(400, e.what(), "messages", "context_length_exceeded");
+    } catch (const phi4mm::MediaBusy& e) {
+      throw ApiError(503, e.what(), e.field());
     } catch (const phi4mm::ProcessorError& e) {
       throw ApiError(400, e.what(), e.field());
     }
   }
 
-  // Checks the prompt length and fixes max_tokens / max_context of `r`.
-  void fit_context(Request& r, const ApiRequest& ar, const char* field) const {
-    const int64_t len = int64_t(r.prompt.size());
+  // The longest prompt check_prompt_length accepts for `ar`.
+  int64_t max_prompt_length(const ApiRequest& ar) const {
+    int64_t n = context - (ar.max_tokens_given ? std::max<int64_t>(ar.params.max_tokens, 0) : 1);
+    if (opts.max_prompt_tokens > 0) n = std::min(n, opts.max_prompt_tokens);
+    return std::max<int64_t>(n, 1);
+  }
+
+  // Throws 400 context_length_exceeded when a prompt of `len` tokens does not fit.
+  void check_prompt_length(int64_t len, const ApiRequest& ar, const char* field) const {
     if (opts.max_prompt_tokens > 0 && len > opts.max_prompt_tokens)
       throw ApiError(400,
                      fmt::format("The prompt has {} tokens, more than this server's limit of {} (--max-prompt-tokens). "
                                  "Please reduce the length of the {}.",
                                  len, opts.max_prompt_tokens, field),
                      field, "context_length_exceeded");
-    int64_t& max_tokens = r.params.max_tokens;
+    int64_t max_tokens = ar.params.max_tokens;
     if (!ar.max_tokens_given) max_tokens = std::min(max_tokens, context - len);
     const int64_t need = len + std::max<int64_t>(max_tokens, ar.max_tokens_given ? 0 : 1);
     if (need > context)
@@ -246,6 +263,14 @@ struct HttpServer::Impl {
                                  context, len + std::max<int64_t>(max_tokens, 1), len, field,
                                  std::max<int64_t>(max_tokens, 1), field),
                      field, "context_length_exceeded");
+  }
+
+  // Checks the prompt length and fixes max_tokens / max_context of `r`.
+  void fit_context(Request& r, const ApiRequest& ar, const char* field) const {
+    const int64_t len = int64_t(r.prompt.size());
+    check_prompt_length(len, ar, field);
+    int64_t& max_tokens = r.params.max_tokens;
+    if (!ar.max_tokens_given) max_tokens = std::min(max_tokens, context - len);
     r.params.min_tokens = std::min(r.params.min_tokens, max_tokens);
     r.max_context = context;
   }
@@ -263,7 +288,7 @@ struct HttpServer::Impl {
       std::vector<Request> reqs;
       std::vector<std::vector<int64_t>> prompt_ids;
       if (kind == ApiKind::chat) {
-        phi4mm::ProcessedChat pc = build_chat(ar.messages, ar.tools, ar.add_generation_prompt);
+        phi4mm::ProcessedChat pc = build_chat(ar.messages, ar.tools, ar.add_generation_prompt, &ar);
         Request r;
         r.prompt = pc.ids();
         r.adapter = pc.adapter;

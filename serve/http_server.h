@@ -12,12 +12,13 @@
 //
 // Every error carries OpenAI's body {"error": {"message", "type", "param",
 // "code"}}: 400 bad JSON / fields / media / prompt too long (code
-// "context_length_exceeded", as OpenAI and vLLM), 401 bad bearer token, 404
-// unknown model or route, 408 headers or body too slow, 413 body over
-// --max-body-mb, 431 headers too large, 429 engine queue full, 503 draining.
-// A streaming client that disconnects aborts its request in the engine, which
-// frees its KV blocks. Connections are read by serve/http_listener.h: workers
-// only see complete requests.
+// "context_length_exceeded", as OpenAI and vLLM; found from the media headers
+// before anything is decoded), 401 bad bearer token, 404 unknown model or
+// route, 408 headers or body too slow, 413 body over --max-body-mb, 431
+// headers too large, 429 engine queue full, 503 draining or the media decode
+// budget full. A streaming client that disconnects aborts its request in the
+// engine, which frees its KV blocks. Connections are read by
+// serve/http_listener.h: workers only see complete requests.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -45,6 +46,10 @@ struct ServerOptions {
   ApiLimits api;
   MediaFetchOptions media;
   phi4mm::MediaLimits media_limits;
+  // Decoded media bytes in flight across all requests (--max-media-decode-mb);
+  // a request waits up to media_decode_wait_ms for room, then gets 503.
+  size_t max_media_decode_bytes = size_t(2048) << 20;
+  int64_t media_decode_wait_ms = 10000;
 };
 
 class HttpServer {

@@ -208,7 +208,7 @@ TEST_CASE("phi4mm/audio rejects bad input with clear messages") {
   // Empty input and bytes that are no audio file at all.
   CHECK_ERROR(decode_audio({}), "is empty (0 bytes)");
   std::vector<uint8_t> text(2000, 'x');
-  CHECK_ERROR(decode_audio(text), "not a readable WAV, FLAC, MP3 or OGG file");
+  CHECK_ERROR(decode_audio(text), "not a supported audio format (first bytes 78 78 78 78; expected WAV, FLAC, MP3 or OGG)");
   // Corrupt header: a RIFF/WAVE whose fmt chunk is cut to 4 bytes.
   {
     auto bad = good;
@@ -216,7 +216,7 @@ TEST_CASE("phi4mm/audio rejects bad input with clear messages") {
     CHECK_ERROR(decode_audio(bad), "audio:");
     auto bad2 = good;
     std::memcpy(bad2.data() + 8, "WAVX", 4);
-    CHECK_ERROR(decode_audio(bad2), "not a readable");
+    CHECK_ERROR(decode_audio(bad2), "not a supported audio format (first bytes 52 49 46 46");
   }
   // Truncated data: the header declares more than the file holds.
   {

@@ -5,9 +5,18 @@
 #include <thread>
 #include <utility>
 
+#include "models/phi4mm/model.h"
+#include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "serve/http_server.h"
 
 namespace areno::serve {
+
+// The demo tokenizer, padded to `model`'s vocabulary.
+inline std::shared_ptr<const tok::Tokenizer> tokenizer_for(const phi4mm::Phi4MMForCausalLM& model) {
+  auto t = phi4mm::make_tokenizer();
+  t.set_padded_vocab_size(size_t(model.config().text.vocab_size));
+  return std::make_shared<const tok::Tokenizer>(std::move(t));
+}
 
 struct Served {
   std::unique_ptr<HttpServer> server;

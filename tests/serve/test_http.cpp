@@ -47,9 +47,7 @@ struct World {
   World() {
     std::signal(SIGPIPE, SIG_IGN);
     model = phi4mm::init_model("tiny", 0);
-    auto t = phi4mm::make_tokenizer();
-    t.set_padded_vocab_size(size_t(model->config().text.vocab_size));
-    tokenizer = std::make_shared<const tok::Tokenizer>(std::move(t));
+    tokenizer = tokenizer_for(*model);
     EngineOptions eo;
     eo.max_running = 8;
     eo.kv_blocks = 256;
@@ -494,7 +492,7 @@ TEST_CASE("serve/http auth, body size, prompt limit and media errors on a strict
   check_error(post(port, "/v1/chat/completions", with_part(image_url("data:image/png;base64,aGVsbG8gd29ybGQ=")), kAuth),
               400);  // decodes to "hello world": not an image
   check_error(post(port, "/v1/chat/completions", with_part(image_url("file:///etc/passwd")), kAuth), 400,
-              "outside the media root");
+              "is not a readable file under the media root");
   check_error(post(port, "/v1/chat/completions", with_part(image_url("../../etc/passwd")), kAuth), 400);
   check_error(post(port, "/v1/chat/completions", with_part(image_url("https://example.com/cat.png")), kAuth), 400,
               "allow-remote-media");

@@ -285,6 +285,11 @@ void audio_features_into(std::span<const double> samples, int64_t sample_rate, f
         acc = acc + prod;
       }
       row[m] = std::log(std::max(acc, 1.0f));
+      // float32 power overflows for samples far beyond full scale (decode_audio
+      // refuses those); never hand the encoder a NaN or an infinity.
+      if (!std::isfinite(row[m]))
+        throw std::invalid_argument("audio features: a non-finite log-mel value at frame " + std::to_string(t) +
+                                    " (sample magnitudes far beyond full scale)");
     }
   }
 }

@@ -121,15 +121,53 @@ struct SndfileCloser {
   void operator()(SNDFILE* f) const { sf_close(f); }
 };
 
-}  // namespace
+// The longest clip `opts` accepts, in frames at `rate`.
+int64_t max_frames(const AudioDecodeOptions& opts, int64_t rate) {
+  return opts.max_seconds > 0 ? int64_t(opts.max_seconds * double(rate)) : INT64_MAX;
+}
 
-DecodedAudio decode_audio(std::span<const uint8_t> bytes, const AudioDecodeOptions& opts, const std::string& name) {
-  if (bytes.empty()) throw std::runtime_error(fmt::format("audio: {} is empty (0 bytes)", name));
-  MemoryReader reader{bytes, 0};
-  SF_VIRTUAL_IO vio{vio_length, vio_seek, vio_read, vio_write, vio_tell};
+bool has_magic(std::span<const uint8_t> b, const char* magic, size_t at = 0) {
+  const size_t n = std::strlen(magic);
+  return b.size() >= at + n && std::memcmp(b.data() + at, magic, n) == 0;
+}
+
+// The container the magic bytes name ("" when none known): libsndfile's own
+// reason for refusing a buffer is often a leftover of an unrelated call ("File
+// does not exist"), so errors name the format from here.
+std::string sniff_container(std::span<const uint8_t> b) {
+  if (has_magic(b, "RIFF") && has_magic(b, "WAVE", 8)) return "WAV";
+  if (has_magic(b, "RF64")) return "RF64";
+  if (has_magic(b, "riff")) return "W64";
+  if (has_magic(b, "fLaC")) return "FLAC";
+  if (has_magic(b, "OggS")) return "OGG";
+  if (has_magic(b, "ID3") || (b.size() >= 2 && b[0] == 0xFF && (b[1] & 0xE0) == 0xE0)) return "MP3";
+  if (has_magic(b, "FORM") && (has_magic(b, "AIFF", 8) || has_magic(b, "AIFC", 8))) return "AIFF";
+  return "";
+}
+
+// " (libsndfile: why)", or nothing when `why` is a leftover that does not
+// apply to a memory buffer.
+std::string libsndfile_reason(const std::string& why) {
+  if (why.empty() || why.find("does not exist") != std::string::npos || why == "No Error.") return "";
+  return " (libsndfile: " + why + ")";
+}
+
+// An open file and the reader it reads from (which must outlive it).
+struct OpenAudio {
+  MemoryReader reader;
   SF_INFO info{};
-  std::unique_ptr<SNDFILE, SndfileCloser> f(sf_open_virtual(&vio, SFM_READ, &info, &reader));
-  if (!f) {
+  std::unique_ptr<SNDFILE, SndfileCloser> file;
+  AudioInfo header;
+};
+
+// Opens `bytes` and applies every check that needs only the header.
+void open_audio(std::span<const uint8_t> bytes, const AudioDecodeOptions& opts, const std::string& name, OpenAudio& a) {
+  if (bytes.empty()) throw std::runtime_error(fmt::format("audio: {} is empty (0 bytes)", name));
+  a.reader = MemoryReader{bytes, 0};
+  SF_VIRTUAL_IO vio{vio_length, vio_seek, vio_read, vio_write, vio_tell};
+  SF_INFO& info = a.info;
+  a.file.reset(sf_open_virtual(&vio, SFM_READ, &info, &a.reader));
+  if (!a.file) {
     const std::string why = sf_strerror(nullptr);
     // WAV codecs libsndfile knows: PCM, IEEE float, A-law, mu-law, MS/IMA ADPCM,
     // GSM 6.10, extensible. Name any other tag as the codec problem it is.
@@ -138,9 +176,15 @@ DecodedAudio decode_audio(std::span<const uint8_t> bytes, const AudioDecodeOptio
     if (tag >= 0 && std::find(std::begin(kKnown), std::end(kKnown), tag) == std::end(kKnown))
       throw std::runtime_error(fmt::format("audio: {}: unsupported codec in a WAV file (format tag 0x{:04x}; "
                                            "expected PCM or IEEE float)", name, tag));
-    throw std::runtime_error(fmt::format(
-        "audio: {} is not a readable WAV, FLAC, MP3 or OGG file (corrupt header or unsupported format: {})", name,
-        why));
+    const std::string sniffed = sniff_container(bytes);
+    if (sniffed.empty()) {
+      std::string first;
+      for (size_t i = 0; i < std::min<size_t>(bytes.size(), 4); ++i) first += fmt::format("{}{:02x}", i ? " " : "", bytes[i]);
+      throw std::runtime_error(fmt::format(
+          "audio: {}: not a supported audio format (first bytes {}; expected WAV, FLAC, MP3 or OGG)", name, first));
+    }
+    throw std::runtime_error(
+        fmt::format("audio: {}: {} data is truncated or corrupt{}", name, sniffed, libsndfile_reason(why)));
   }
   const int major = info.format & SF_FORMAT_TYPEMASK, sub = info.format & SF_FORMAT_SUBMASK;
   const std::string container = container_name(major), codec = codec_name(sub);
@@ -149,54 +193,82 @@ DecodedAudio decode_audio(std::span<const uint8_t> bytes, const AudioDecodeOptio
                                          "expected WAV, FLAC, MP3 or OGG", name, major));
   if (codec.empty())
     throw std::runtime_error(fmt::format("audio: {}: unsupported codec 0x{:x} in a {} file", name, sub, container));
-  DecodedAudio out;
-  out.format = container + " " + codec;
-  out.sample_rate = info.samplerate;
-  out.channels = info.channels;
+  AudioInfo& h = a.header;
+  h.format = container + " " + codec;
+  h.sample_rate = info.samplerate;
+  h.channels = info.channels;
+  const bool declared = info.frames > 0 && info.frames != SF_COUNT_MAX;
+  h.frames = declared ? int64_t(info.frames) : -1;
+  h.exact = declared && major != SF_FORMAT_MPEG;
   if (info.channels < 1 || info.channels > opts.max_channels)
     throw std::runtime_error(fmt::format("audio: {}: {} channels (expected 1 to {})", name, info.channels,
                                          opts.max_channels));
   if (info.samplerate < opts.min_sample_rate || info.samplerate > opts.max_sample_rate)
     throw std::runtime_error(fmt::format("audio: {}: unsupported sample rate {} Hz (expected {} to {} Hz)", name,
                                          info.samplerate, opts.min_sample_rate, opts.max_sample_rate));
-  const int64_t max_frames =
-      opts.max_seconds > 0 ? int64_t(opts.max_seconds * double(info.samplerate)) : INT64_MAX;
   // A header's frame count is a claim, not a promise (MP3 estimates it): check
   // it early, then enforce the limit while reading.
-  if (info.frames > 0 && info.frames != SF_COUNT_MAX && info.frames > max_frames)
+  if (declared && h.frames > max_frames(opts, info.samplerate))
     throw std::runtime_error(fmt::format("audio: {}: {:.1f} s long, more than the {:.1f} s limit", name,
                                          double(info.frames) / info.samplerate, opts.max_seconds));
   if (major == SF_FORMAT_WAV || major == SF_FORMAT_WAVEX) {
-    auto [declared, present] = wav_data_chunk(bytes);
-    if (declared >= 0 && present < declared)
+    auto [declared_bytes, present] = wav_data_chunk(bytes);
+    if (declared_bytes >= 0 && present < declared_bytes)
       throw std::runtime_error(fmt::format("audio: {}: truncated data ({} of the {} bytes the WAV header declares)",
-                                           name, present, declared));
+                                           name, present, declared_bytes));
   }
+}
+
+}  // namespace
+
+AudioInfo probe_audio(std::span<const uint8_t> bytes, const AudioDecodeOptions& opts, const std::string& name) {
+  OpenAudio a;
+  open_audio(bytes, opts, name, a);
+  return a.header;
+}
+
+DecodedAudio decode_audio(std::span<const uint8_t> bytes, const AudioDecodeOptions& opts, const std::string& name) {
+  OpenAudio a;
+  open_audio(bytes, opts, name, a);
+  const SF_INFO& info = a.info;
+  SNDFILE* f = a.file.get();
+  const int major = info.format & SF_FORMAT_TYPEMASK;
+  const int64_t max_frames_read = max_frames(opts, info.samplerate);
+  DecodedAudio out;
+  out.format = a.header.format;
+  out.sample_rate = info.samplerate;
+  out.channels = info.channels;
 
   // Interleaved [N, C] float64, in blocks (never sized from the header alone).
   const int64_t c = info.channels;
   std::vector<double> interleaved, block(size_t(4096 * c));
   int64_t frames = 0;
   for (;;) {
-    const sf_count_t got = sf_readf_double(f.get(), block.data(), 4096);
+    const sf_count_t got = sf_readf_double(f, block.data(), 4096);
     if (got <= 0) break;
     frames += got;
-    if (frames > max_frames)
+    if (frames > max_frames_read)
       throw std::runtime_error(fmt::format("audio: {}: longer than the {:.1f} s limit", name, opts.max_seconds));
+    if (opts.reserve_frames) opts.reserve_frames(frames);
     interleaved.insert(interleaved.end(), block.begin(), block.begin() + got * c);
   }
-  if (sf_error(f.get()) != SF_ERR_NO_ERROR)
-    throw std::runtime_error(fmt::format("audio: {}: corrupt or truncated data after {} frames ({})", name, frames,
-                                         sf_strerror(f.get())));
+  if (sf_error(f) != SF_ERR_NO_ERROR)
+    throw std::runtime_error(fmt::format("audio: {}: {} data is corrupt or truncated after {} frames{}", name,
+                                         a.header.format, frames, libsndfile_reason(sf_strerror(f))));
   if (info.frames > 0 && info.frames != SF_COUNT_MAX && frames < info.frames && major != SF_FORMAT_MPEG)
     throw std::runtime_error(fmt::format("audio: {}: truncated data ({} of the {} frames the header declares)", name,
                                          frames, info.frames));
   if (frames == 0)
     throw std::runtime_error(fmt::format(
         "audio: {}: no audio samples (a zero-length clip, or data cut off before the first samples)", name));
-  for (double v : interleaved)
+  for (double v : interleaved) {
     if (!std::isfinite(v))
       throw std::runtime_error(fmt::format("audio: {}: non-finite sample values (corrupt float data)", name));
+    if (std::abs(v) > opts.max_abs_sample)
+      throw std::runtime_error(fmt::format("audio: {}: sample value {:g} is beyond the accepted magnitude {:g} "
+                                           "(float data far outside [-1, 1] is refused, not clipped)",
+                                           name, v, opts.max_abs_sample));
+  }
 
   out.samples = c == 1 ? std::move(interleaved) : mix_to_mono(interleaved, c);
   if (opts.check_min_length) {

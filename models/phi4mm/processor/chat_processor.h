@@ -5,11 +5,15 @@
 //
 // The messages are flattened once (prompt_builder.h); each media part is read
 // (media_source.h: data URL, base64, file under the media root, or the
-// injected remote fetcher), decoded and counted (media.h), and the prompt is
-// built with those counts. Every problem is a ProcessorError {field, message}.
+// injected remote fetcher) and its header probed and counted (media.h); the
+// prompt is built with those counts and checked against max_prompt_tokens
+// BEFORE any part is decoded, so an over-long request never costs the memory
+// of its decoded media; then the parts are decoded (within the decode budget,
+// if any). Every problem is a ProcessorError {field, message}.
 // The towers do not run here: the caller hands the media to media_rows
 // (model.h) -- the engine does that at submit, off its stepping thread.
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -27,6 +31,11 @@ struct ProcessorOptions {
   MediaSource source;
   MediaLimits limits;
   bool add_generation_prompt = true;
+  // Prompts longer than this are refused (PromptTooLong) before any media is
+  // decoded; 0: no limit. A server sets what its context leaves for the prompt.
+  int64_t max_prompt_tokens = 0;
+  // Decoded bytes in flight across the callers sharing it; null: no budget.
+  std::shared_ptr<DecodeBudget> decode_budget;
 };
 
 // What a model can take: the modalities of `model`'s towers.

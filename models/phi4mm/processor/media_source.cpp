@@ -37,17 +37,25 @@ std::string percent_decode(const std::string& s) {
   return out;
 }
 
-std::vector<uint8_t> read_file_limited(const std::string& path, size_t max_bytes, const std::string& where) {
+// One answer for every local path the server will not read -- missing,
+// unreadable, not a regular file, outside the root -- so that errors do not
+// tell which files exist outside the media root.
+ProcessorError unreadable(const std::string& where, const std::string& path) {
+  return refuse(where, fmt::format("media file '{}' is not a readable file under the media root", path));
+}
+
+std::vector<uint8_t> read_file_limited(const std::string& real, const std::string& path, size_t max_bytes,
+                                       const std::string& where) {
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) throw refuse(where, fmt::format("'{}' is not a regular file", path));
-  const auto size = fs::file_size(path, ec);
-  if (ec) throw refuse(where, fmt::format("cannot read '{}': {}", path, ec.message()));
+  if (!fs::is_regular_file(real, ec)) throw unreadable(where, path);
+  const auto size = fs::file_size(real, ec);
+  if (ec) throw unreadable(where, path);
   if (size > max_bytes) throw refuse(where, fmt::format("'{}' has {} bytes, over the limit of {}", path, size, max_bytes));
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw refuse(where, fmt::format("cannot open '{}'", path));
+  std::ifstream f(real, std::ios::binary);
+  if (!f) throw unreadable(where, path);
   std::vector<uint8_t> bytes(size);
   f.read(reinterpret_cast<char*>(bytes.data()), std::streamsize(size));
-  if (!f) throw refuse(where, fmt::format("cannot read '{}'", path));
+  if (!f) throw unreadable(where, path);
   return bytes;
 }
 
@@ -135,11 +143,12 @@ std::string resolve_under_root(const std::string& root, const std::string& path,
   if (ec) throw refuse(where, fmt::format("the media root of this server is not accessible ({})", ec.message()));
   fs::path p(path);
   if (p.is_relative()) p = real_root / p;
+  // Symlinks are resolved before the check; a missing file and one outside
+  // the root get the same answer.
   const fs::path real = fs::canonical(p, ec);
-  if (ec) throw refuse(where, fmt::format("media file '{}' not found under the media root", path));
+  if (ec) throw unreadable(where, path);
   const fs::path rel = real.lexically_relative(real_root);
-  if (rel.empty() || *rel.begin() == "..")
-    throw refuse(where, fmt::format("media path '{}' is outside the media root", path));
+  if (rel.empty() || *rel.begin() == "..") throw unreadable(where, path);
   return real.string();
 }
 
@@ -194,7 +203,7 @@ std::vector<uint8_t> read_media_part(const json& part, MediaKind kind, const std
       throw refuse(w + ".url", fmt::format("unsupported URL scheme in '{}' (expected data:, http(s):, file: or a path)",
                                            url.substr(0, url.find("://"))));
     }
-    bytes = read_file_limited(resolve_under_root(opts.media_root, path, w + ".url"), opts.max_bytes, w + ".url");
+    bytes = read_file_limited(resolve_under_root(opts.media_root, path, w + ".url"), path, opts.max_bytes, w + ".url");
   }
   if (bytes.size() > opts.max_bytes)
     throw refuse(w, fmt::format("{} bytes exceed the limit of {}", bytes.size(), opts.max_bytes));

@@ -37,7 +37,10 @@ std::vector<uint8_t> read_media_part(const nlohmann::json& part, MediaKind kind,
                                      const MediaSource& source);
 
 // Resolves `path` (relative paths against the root) and returns the real path
-// if it lies under the real `root`, symlinks resolved; throws ProcessorError otherwise.
+// if it lies under the real `root`, symlinks resolved; throws ProcessorError
+// otherwise, with one text for a missing path and one outside the root (and
+// read_media_part the same text for one it cannot read or that is no regular
+// file): no error tells whether a file exists outside the root.
 std::string resolve_under_root(const std::string& root, const std::string& path, const std::string& field);
 
 }  // namespace areno::phi4mm
