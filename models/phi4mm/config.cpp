@@ -21,6 +21,20 @@ const char* const kSpeechLoraRegex =
 
 namespace {
 
+[[noreturn]] void fail(const std::string& source, const std::string& key, const std::string& what);
+
+// Special token ids must be rows of the vocabulary (the engine stops on them
+// and the embedding is indexed by them).
+void check_token_ids(const std::string& source, int64_t bos, int64_t pad, const std::vector<int64_t>& eos,
+                     int64_t vocab) {
+  auto check = [&](const char* key, int64_t id) {
+    if (id < 0 || id >= vocab) fail(source, key, fmt::format("{} is not a token id in [0, {})", id, vocab));
+  };
+  check("bos_token_id", bos);
+  check("pad_token_id", pad);
+  for (int64_t id : eos) check("eos_token_id", id);
+}
+
 [[noreturn]] void fail(const std::string& source, const std::string& key, const std::string& what) {
   throw std::runtime_error(fmt::format("{}: key '{}': {}", source, key, what));
 }
@@ -235,6 +249,7 @@ Config parse_config(const json& j, const std::string& source) {
   t.bos_token_id = get_int(j, source, "bos_token_id", 199999);
   t.pad_token_id = get_int(j, source, "pad_token_id", 199999);
   t.eos_token_ids = get_id_list(j, source, "eos_token_id", {199999});
+  check_token_ids(source, t.bos_token_id, t.pad_token_id, t.eos_token_ids, t.vocab_size);
   if (auto it = j.find("hidden_act"); it != j.end() && *it != "silu")
     fail(source, "hidden_act", fmt::format("unsupported {} (only \"silu\")", it->dump()));
   if (j.contains("head_dim") && !j["head_dim"].is_null() &&
@@ -334,7 +349,11 @@ Config load_config(const std::string& dir) {
   std::string path = dir + "/config.json";
   Config c = parse_config(read_json_file(path), path);
   std::string gpath = dir + "/generation_config.json";
-  if (std::filesystem::exists(gpath)) c.generation = parse_generation_config(read_json_file(gpath), gpath);
+  if (std::filesystem::exists(gpath)) {
+    c.generation = parse_generation_config(read_json_file(gpath), gpath);
+    check_token_ids(gpath, c.generation.bos_token_id, c.generation.pad_token_id, c.generation.eos_token_ids,
+                    c.text.vocab_size);
+  }
   return c;
 }
 

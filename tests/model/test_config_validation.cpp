@@ -47,6 +47,9 @@ std::vector<BadValue> bad_values() {
   using P = json::json_pointer;
   return {
       {P("/rms_norm_eps"), -1, {"rms_norm_eps", "-1"}},
+      {P("/bos_token_id"), -5, {"bos_token_id", "-5"}},
+      {P("/pad_token_id"), int64_t(1) << 40, {"pad_token_id", "1099511627776"}},
+      {P("/eos_token_id"), 300000, {"eos_token_id", "300000"}},
       {P("/rms_norm_eps"), 0, {"rms_norm_eps", "positive"}},
       {P("/rms_norm_eps"), kNaN, {"rms_norm_eps", "nan"}},
       {P("/rms_norm_eps"), kInf, {"rms_norm_eps", "inf"}},
