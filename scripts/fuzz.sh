@@ -39,8 +39,10 @@ for n in "${names[@]}"; do
   mkdir -p "$work" "$findings"
   cp -n tests/fuzz/corpus/"$n"/* "$work"/ 2>/dev/null || true
   log=build-fuzz/fuzz-$n.log
+  par=()
+  ((jobs > 1)) && par=(-fork="$jobs")  # several processes; -jobs would write ./fuzz-N.log instead
   if ! build-fuzz/tests/fuzz/fuzz_"$n" "$work" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \
-       -max_len=262144 -jobs="$jobs" -workers="$jobs" -artifact_prefix="$findings/" -print_final_stats=1 >"$log" 2>&1; then
+       -max_len=262144 "${par[@]}" -artifact_prefix="$findings/" -print_final_stats=1 >"$log" 2>&1; then
     status=1
     echo "fuzz $n: FAILED (see $log and $findings)"
   fi

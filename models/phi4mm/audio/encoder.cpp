@@ -463,7 +463,7 @@ void init_audio_weights(AudioEmbed& m, Generator& gen) {
   NoGradGuard ng;
   for (auto& [name, p] : m.named_parameters()) {
     const std::string leaf = name.substr(name.rfind('.') + 1);
-    auto set = [&](const Tensor& v) { p.copy_(v); };
+    auto set = [&dst = p](const Tensor& v) { dst.copy_(v); };
     if (name.find("global_mean") != std::string::npos) {
       p.fill_(0.0);
     } else if (name.find("global_invstd") != std::string::npos) {
