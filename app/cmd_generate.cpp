@@ -23,6 +23,7 @@ constexpr const char* kGenerateUsage =
     "usage: areno generate [--model-path DIR] --prompt TEXT [--system TEXT] [--image FILE] [--audio FILE]\n"
     "                      [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
     "                      [--no-chat-template] [--device cpu|cuda[:N]] [--dtype f32|bf16] [--check-weights]\n"
+    "                      [--print-ids]\n"
     "\n"
     "Runs one chat request and streams the answer to stdout (statistics to stderr).\n"
     "  --model-path DIR    checkpoint (default: the embedded demo model, random weights)\n"
@@ -35,7 +36,9 @@ constexpr const char* kGenerateUsage =
     "  --top-p P, --top-k K  nucleus / top-k sampling (default off)\n"
     "  --seed S            sampling seed (default 0)\n"
     "  --no-chat-template  tokenize --prompt as is (no <|user|> ... <|assistant|>)\n"
-    "  --check-weights     refuse a checkpoint holding NaN or infinite weights, naming the tensor\n";
+    "  --check-weights     refuse a checkpoint holding NaN or infinite weights, naming the tensor\n"
+    "  --print-ids         instead of streaming the text, print one JSON object:\n"
+    "                      {\"prompt_ids\", \"ids\", \"logprobs\" (raw distribution), \"text\", \"finish_reason\"}\n";
 
 constexpr const char* kScoreUsage =
     "usage: areno score [--model-path DIR] --prompt TEXT --completion TEXT [--no-chat-template]\n"
@@ -122,7 +125,10 @@ int cmd_generate(const Args& args) {
   flags.value("--top-p", [&](const std::string& v) { p.top_p = parse_bounded_flag("--top-p", v, serve::bounds::top_p); });
   flags.integer("--top-k", p.top_k, serve::bounds::kMinTopK);
   flags.value("--seed", [&](const std::string& v) { p.seed = uint64_t(parse_int_flag("--seed", v, 0)); });
+  bool print_ids = false;
+  flags.toggle("--print-ids", print_ids);
   if (auto rc = flags.parse(args)) return *rc;
+  if (print_ids) p.logprobs = 0;
   if (!have_prompt) {
     fmt::print(stderr, "areno generate: --prompt is required\n\n{}", kGenerateUsage);
     return 2;
@@ -139,6 +145,10 @@ int cmd_generate(const Args& args) {
   r.adapter = cp.adapter;
   r.media = std::move(cp.media);
   r.params = p;
+  const std::vector<int64_t> prompt_ids = r.prompt;
+  std::vector<int64_t> ids;
+  std::vector<float> logprobs;
+  std::string text;
   int64_t generated = 0;
   std::string finish = "none", error;
   const auto t0 = std::chrono::steady_clock::now();
@@ -149,7 +159,10 @@ int cmd_generate(const Args& args) {
     if (!o.tokens.empty() && first_token_s < 0)
       first_token_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     generated += int64_t(o.tokens.size());
-    if (!o.text.empty()) {
+    ids.insert(ids.end(), o.tokens.begin(), o.tokens.end());
+    for (const auto& lp : o.logprobs) logprobs.push_back(lp.logprob);
+    text += o.text;
+    if (!o.text.empty() && !print_ids) {
       std::fwrite(o.text.data(), 1, o.text.size(), stdout);
       std::fflush(stdout);
     }
@@ -157,8 +170,14 @@ int cmd_generate(const Args& args) {
   });
   engine.run_until_idle();
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print("\n");
   if (!error.empty()) throw std::runtime_error(error);
+  if (print_ids) {
+    const nlohmann::json out = {{"prompt_ids", prompt_ids}, {"ids", ids},     {"logprobs", logprobs},
+                                {"text", text},             {"finish_reason", finish}};
+    fmt::print("{}\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  } else {
+    fmt::print("\n");
+  }
   fmt::print(stderr, "[{} tokens, finish {}, first token {:.3f} s, {:.1f} tokens/s]\n", generated, finish,
              first_token_s, total > 0 ? double(generated) / total : 0.0);
   return 0;

@@ -21,11 +21,11 @@ namespace {
 constexpr const char* kLogitsUsage =
     "usage: areno logits --model-path DIR (--token-ids 1,2,3 | --messages FILE.json)\n"
     "                    [--adapter none|vision|speech] [--dtype f32|bf16] [--device cpu|cuda]\n"
-    "                    [--check-weights]\n"
+    "                    [--check-weights] [--rows all|last|A:B]\n"
     "                    --out FILE.safetensors\n"
     "\n"
-    "Runs the model and writes \"logits\" [T, vocab] (f32) and \"token_ids\" [T] to\n"
-    "FILE. LongRoPE uses the short table while the sequence holds at most\n"
+    "Runs the model and writes \"logits\" [R, vocab] (f32) of the rows asked for,\n"
+    "\"rows\" [R] (their positions) and \"token_ids\" [T] to FILE. LongRoPE uses the short table while the sequence holds at most\n"
     "original_max_position_embeddings tokens, the long table after.\n"
     "  --token-ids  the language model on these ids\n"
     "  --messages   an OpenAI chat request (array of messages, or {\"messages\": ...})\n"
@@ -35,7 +35,9 @@ constexpr const char* kLogitsUsage =
     "               follows the input mode (vision with an image, speech for audio only)\n"
     "  --adapter    modality LoRA for --token-ids (default none = text only)\n"
     "  --dtype      compute dtype (default: the checkpoint's)\n"
-    "  --check-weights  refuse a checkpoint holding NaN or infinite weights, naming the tensor\n";
+    "  --check-weights  refuse a checkpoint holding NaN or infinite weights, naming the tensor\n"
+    "  --rows       positions whose logits are written: all (default), last, or A:B\n"
+    "               (A inclusive, B exclusive); only those rows go through the head\n";
 
 std::vector<int64_t> parse_ids(const std::string& s) {
   std::vector<int64_t> ids;
@@ -57,10 +59,35 @@ std::vector<int64_t> parse_ids(const std::string& s) {
   return ids;
 }
 
+// --rows: all | last | A:B (0 <= A < B <= T).
+std::vector<int64_t> parse_rows(const std::string& s, int64_t T) {
+  std::vector<int64_t> rows;
+  int64_t a = 0, b = T;
+  if (s == "last") {
+    a = T - 1;
+  } else if (s != "all") {
+    const size_t colon = s.find(':');
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument("");
+      size_t u1 = 0, u2 = 0;
+      a = std::stoll(s.substr(0, colon), &u1);
+      b = std::stoll(s.substr(colon + 1), &u2);
+      if (u1 != colon || u2 != s.size() - colon - 1) throw std::invalid_argument("");
+    } catch (const std::exception&) {
+      throw std::invalid_argument(fmt::format("--rows: expected all, last or A:B, got '{}'", s));
+    }
+    if (a < 0 || a >= b || b > T)
+      throw std::invalid_argument(fmt::format("--rows: {} is not a range inside the {} positions (0 <= A < B <= {})",
+                                              s, T, T));
+  }
+  for (int64_t r = a; r < b; ++r) rows.push_back(r);
+  return rows;
+}
+
 }  // namespace
 
 int cmd_logits(const Args& args) {
-  std::string model_path, ids_str, messages, adapter = "none", dtype, out, device = "cpu";
+  std::string model_path, ids_str, messages, adapter = "none", dtype, out, device = "cpu", rows_flag = "all";
   bool adapter_given = false;
   Flags flags("logits", kLogitsUsage);
   flags.value("--model-path", model_path).value("--token-ids", ids_str).value("--messages", messages);
@@ -68,7 +95,7 @@ int cmd_logits(const Args& args) {
     adapter = v;
     adapter_given = true;
   });
-  flags.value("--dtype", dtype).value("--device", device).value("--out", out);
+  flags.value("--dtype", dtype).value("--device", device).value("--out", out).value("--rows", rows_flag);
   ModelNeeds needs;
   flags.toggle("--check-weights", needs.check_weights);
   if (auto rc = flags.parse(args)) return *rc;
@@ -103,10 +130,14 @@ int cmd_logits(const Args& args) {
         throw std::invalid_argument(fmt::format("--token-ids: id {} is outside the vocabulary (size {})", id, vocab));
     batch = phi4mm::PackedBatch::single(ids, ad);
   }
-  Tensor logits = model.logits(batch).to(Device::cpu(), DType::f32);
-  save_safetensors(out, {{"logits", logits}, {"token_ids", from_vector(ids, {int64_t(ids.size())})}},
+  const std::vector<int64_t> rows = parse_rows(rows_flag, int64_t(ids.size()));
+  Tensor logits = (rows_flag == "all" ? model.logits(batch) : model.logits_at(batch, rows)).to(Device::cpu(), DType::f32);
+  save_safetensors(out,
+                   {{"logits", logits},
+                    {"rows", from_vector(rows, {int64_t(rows.size())})},
+                    {"token_ids", from_vector(ids, {int64_t(ids.size())})}},
                    {{"adapter", adapter}, {"model_path", model_path}});
-  fmt::print("wrote {} (logits [{}, {}])\n", out, ids.size(), vocab);
+  fmt::print("wrote {} (logits [{}, {}])\n", out, rows.size(), vocab);
   return 0;
 }
 

@@ -236,6 +236,25 @@ TEST_CASE("phi4mm/areno init and areno logits") {
     Tensor none = m->logits(PackedBatch::single({1, 200019, 7, 42}, Adapter::none));
     CHECK(rel_err(none, ref) > 1e-4);  // the adapter was applied
   }
+  // --rows: only those rows, equal to the same rows of the full logits.
+  CHECK(f.load_copy("rows").to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2, 3});
+  for (const auto& [flag, want] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+           {"last", {3}}, {"1:3", {1, 2}}, {"0:4", {0, 1, 2, 3}}}) {
+    CAPTURE(flag);
+    const std::string part = tmp.str("rows.safetensors");
+    REQUIRE(app::cmd_logits({"--model-path", dir, "--token-ids", "1,200019,7,42", "--adapter", "vision", "--rows", flag,
+                             "--out", part}) == 0);
+    SafetensorsFile p(part);
+    CHECK(p.load_copy("rows").to_vector<int64_t>() == want);
+    Tensor got = p.load_copy("logits");
+    REQUIRE(got.shape() == Shape{int64_t(want.size()), 200064});
+    for (size_t i = 0; i < want.size(); ++i)
+      CHECK(rel_err(got.narrow(0, int64_t(i), 1), logits.narrow(0, want[i], 1)) < 1e-6);
+  }
+  for (const char* bad : {"4:5", "2:2", "first", "1:x", "-1:2"})
+    CHECK_THROWS_WITH_AS(app::cmd_logits({"--model-path", dir, "--token-ids", "1,200019,7,42", "--rows", bad, "--out",
+                                          tmp.str("bad.safetensors")}),
+                         doctest::Contains("--rows"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(app::cmd_logits({"--model-path", dir, "--token-ids", "1,x", "--out", out}),
                        doctest::Contains("--token-ids"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(app::cmd_logits({"--model-path", dir, "--token-ids", "300000", "--out", out}),
