@@ -26,23 +26,30 @@ std::optional<DType> parse_dtype_flag(const std::string& dtype) {
   throw std::invalid_argument(fmt::format("--dtype: expected f32 or bf16, got '{}'", dtype));
 }
 
-double parse_double_flag(const std::string& flag, const std::string& value, double min_value) {
+namespace {
+
+// The whole of `value` as a finite number, or nothing.
+std::optional<double> parse_number(const std::string& value) {
   try {
     size_t used = 0;
     const double v = std::stod(value, &used);
-    if (used == value.size() && v >= min_value && std::isfinite(v)) return v;
+    if (used == value.size() && std::isfinite(v)) return v;
   } catch (const std::exception&) {
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+double parse_double_flag(const std::string& flag, const std::string& value, double min_value) {
+  const std::optional<double> v = parse_number(value);
+  if (v && *v >= min_value) return *v;
   throw std::invalid_argument(fmt::format("{}: expected a number >= {}, got '{}'", flag, min_value, value));
 }
 
 double parse_bounded_flag(const std::string& flag, const std::string& value, const serve::Bound& b) {
-  try {
-    size_t used = 0;
-    const double v = std::stod(value, &used);
-    if (used == value.size() && b.contains(v)) return v;
-  } catch (const std::exception&) {
-  }
+  const std::optional<double> v = parse_number(value);
+  if (v && b.contains(*v)) return *v;
   throw std::invalid_argument(fmt::format("{}: expected a number in {}, got '{}'", flag, b.range(), value));
 }
 

@@ -57,6 +57,7 @@ struct Engine::Req {
   int64_t max_context = 0;
   Tensor media_rows;                  // computed at submit, on the submitting thread
   std::vector<int64_t> media_before;  // [prompt_len + 1] placeholders before position i
+  std::vector<int64_t> stop_ids;      // stop_token_ids, plus the eos ids unless ignore_eos
   std::vector<std::unique_ptr<Seq>> seqs;
   std::vector<std::optional<TokenLogprob>> prompt_lp;
   bool prompt_lp_sent = false;
@@ -151,6 +152,8 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
   }
   q->r = std::move(r);
   q->cb = std::move(on_output);
+  q->stop_ids = q->r.params.stop_token_ids;
+  if (!q->r.params.ignore_eos) q->stop_ids.insert(q->stop_ids.end(), opts_.eos_token_ids.begin(), opts_.eos_token_ids.end());
   q->prompt_len = P;
   q->max_context = ctx;
   std::lock_guard<std::mutex> lk(mu_);
@@ -518,12 +521,6 @@ Tensor Engine::run_step(const std::vector<StepItem>& items, std::vector<RowRef>&
   }
 }
 
-std::vector<int64_t> Engine::stop_ids(const SamplingParams& p) const {
-  std::vector<int64_t> ids = p.stop_token_ids;
-  if (!p.ignore_eos) ids.insert(ids.end(), opts_.eos_token_ids.begin(), opts_.eos_token_ids.end());
-  return ids;
-}
-
 // Appends the picked token to `s` and reports it (text, stops, finish).
 void Engine::report_token(Seq& s, const Picked& picked) {
   Req& q = *s.req;
@@ -536,7 +533,7 @@ void Engine::report_token(Seq& s, const Picked& picked) {
     q.cb(o);
     return;
   }
-  const std::vector<int64_t> stop = stop_ids(p);
+  const std::vector<int64_t>& stop = q.stop_ids;
   const int64_t token = picked.token;
 
   s.tokens.push_back(token);
@@ -612,10 +609,14 @@ void Engine::emit_step(const std::vector<StepItem>& items, const std::vector<Row
     Req& q = *items[rows[r].item].s->req;
     if (q.done) continue;
     const float* row = host + size_t(r) * size_t(V);
-    int64_t bad = -1;
-    for (int64_t id = 0; id < V && bad < 0; ++id)
-      if (!std::isfinite(row[id])) bad = id;
-    if (bad < 0) continue;
+    // NaN and inf have every exponent bit set: an integer OR over the row (a
+    // loop the compiler vectorises), then a search only in a faulty row.
+    uint32_t nonfinite = 0;
+    for (int64_t id = 0; id < V; ++id)
+      nonfinite |= uint32_t((std::bit_cast<uint32_t>(row[id]) & 0x7f800000u) == 0x7f800000u);
+    if (!nonfinite) continue;
+    int64_t bad = 0;
+    while (bad < V && std::isfinite(row[bad])) ++bad;
     const std::string why = fmt::format(
         "numerical fault: the model produced a non-finite logit ({} for token {}) at position {} of request {}; "
         "the request was stopped", row[bad], bad, rows[r].pos, q.id);
@@ -687,7 +688,7 @@ void Engine::emit_step(const std::vector<StepItem>& items, const std::vector<Row
     const SamplingParams& p = s.req->r.params;
     if (p.max_tokens > 0)
       jobs[size_t(j)].picked = pick_token(p, {s.tokens, &s.counts, s.generated, s.sample, s.req->seed},
-                                          jobs[size_t(j)].row, V, stop_ids(p));
+                                          jobs[size_t(j)].row, V, s.req->stop_ids);
   }
   for (auto& j : jobs)
     if (!j.s->finished && !j.s->req->done) report_token(*j.s, j.picked);

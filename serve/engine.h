@@ -161,7 +161,6 @@ class Engine {
   int64_t chunk_for(const Seq& s, int64_t budget) const;
   bool make_room(Seq& s, int64_t new_len, const std::vector<StepItem>& items);
   bool admit_seq(Seq& s, std::vector<StepItem>& items, int64_t& budget);
-  std::vector<int64_t> stop_ids(const SamplingParams& p) const;
   void report_token(Seq& s, const Picked& picked);
   void finish_request(Req& r, FinishReason why, const std::string& error = {});
   void preempt(Seq& s);

@@ -1,11 +1,11 @@
 #include "train/dataset.h"
 
-#include <fstream>
 #include <sstream>
 
 #include <fmt/format.h>
 
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+#include "nn/io/files.h"
 
 namespace areno::train {
 
@@ -25,8 +25,6 @@ DatasetError::DatasetError(std::string file, int64_t line, std::string field, co
       field_(std::move(field)) {}
 
 namespace {
-
-constexpr const char* kUnparseable = "unparseable: ";
 
 // Splits CSV/TSV text into records of fields (RFC 4180 quoting: "..." with ""
 // for a quote; a quoted field may span lines). Each record keeps its first line.
@@ -82,12 +80,14 @@ std::vector<std::pair<int64_t, std::vector<std::string>>> split_delimited(const 
 }
 
 std::string read_text(const fs::path& file) {
-  std::ifstream f(file, std::ios::binary);
-  if (!f) throw DatasetError(file.string(), 0, "file", "cannot open the dataset");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  try {
+    return read_file(file.string());
+  } catch (const std::exception& e) {
+    throw DatasetError(file.string(), 0, "file", e.what());
+  }
 }
+
+RawRow unparseable(int64_t line, const std::string& why) { return {line, nullptr, "unparseable: " + why}; }
 
 }  // namespace
 
@@ -104,16 +104,16 @@ std::vector<RawRow> read_rows(const fs::path& file) {
       throw DatasetError(name, 0, "file", fmt::format("invalid JSON: {}", e.what()));
     }
     if (!j.is_array()) throw DatasetError(name, 0, "file", "a .json dataset must be an array of rows");
-    for (size_t i = 0; i < j.size(); ++i) rows.push_back({int64_t(i + 1), std::move(j[i])});
+    for (size_t i = 0; i < j.size(); ++i) rows.push_back({int64_t(i + 1), std::move(j[i]), {}});
   } else if (ext == ".jsonl") {
     std::istringstream in(text);
     std::string line;
     for (int64_t n = 1; std::getline(in, line); ++n) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       try {
-        rows.push_back({n, json::parse(line)});
+        rows.push_back({n, json::parse(line), {}});
       } catch (const json::exception& e) {
-        rows.push_back({n, std::string(kUnparseable) + e.what()});
+        rows.push_back(unparseable(n, e.what()));
       }
     }
   } else if (ext == ".csv" || ext == ".tsv") {
@@ -128,24 +128,22 @@ std::vector<RawRow> read_rows(const fs::path& file) {
     for (size_t r = 1; r < recs.size(); ++r) {
       const auto& [line, fields] = recs[r];
       if (fields.size() != header.size()) {
-        rows.push_back({line, fmt::format("{}{} fields where the header has {}", kUnparseable, fields.size(),
-                                          header.size())});
+        rows.push_back(unparseable(line, fmt::format("{} fields where the header has {}", fields.size(), header.size())));
         continue;
       }
-      json row = json::object();
-      for (size_t c = 0; c < header.size(); ++c) {
+      RawRow row{line, json::object(), {}};
+      for (size_t c = 0; c < header.size() && row.error.empty(); ++c) {
         if (header[c] == "messages" || (header[c] == "prompt" && !fields[c].empty() && fields[c][0] == '[')) {
           try {
-            row[header[c]] = json::parse(fields[c]);
+            row.value[header[c]] = json::parse(fields[c]);
           } catch (const json::exception& e) {
-            row = std::string(kUnparseable) + header[c] + ": " + e.what();
-            break;
+            row = unparseable(line, header[c] + ": " + e.what());
           }
         } else {
-          row[header[c]] = fields[c];
+          row.value[header[c]] = fields[c];
         }
       }
-      rows.push_back({line, std::move(row)});
+      rows.push_back(std::move(row));
     }
   } else {
     throw DatasetError(name, 0, "file", fmt::format("unknown dataset format '{}' (expected .json, .jsonl, .csv or .tsv)",
@@ -159,9 +157,8 @@ SftRow make_sft_row(const tok::Tokenizer& tokenizer, const RawRow& row, const st
   auto bad = [&](const std::string& field, const std::string& message) {
     return DatasetError(file, row.line, field, message);
   };
+  if (!row.error.empty()) throw bad("row", row.error);
   const json& v = row.value;
-  if (v.is_string() && v.get<std::string>().rfind(kUnparseable, 0) == 0)
-    throw bad("row", v.get<std::string>());
   if (!v.is_object()) throw bad("row", fmt::format("a row must be an object (got {})", v.type_name()));
   json messages;
   if (v.contains("messages")) {

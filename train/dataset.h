@@ -51,12 +51,13 @@ class DatasetError : public std::runtime_error {
 struct RawRow {
   int64_t line = 0;   // 1-based line (JSONL/CSV/TSV) or element index + 1 (JSON array)
   nlohmann::json value;
+  std::string error;  // non-empty: the line did not parse (value is null)
 };
 
 // Reads every row of a .json / .jsonl / .csv / .tsv file (by extension).
 // Throws DatasetError for a file that cannot be read or parsed as a whole;
-// a JSONL or CSV line that does not parse is a row holding the error text
-// (value is a string starting with "unparseable: ") so it can be skipped.
+// a JSONL or CSV line that does not parse is a row with `error` set, so it
+// can be skipped.
 std::vector<RawRow> read_rows(const std::filesystem::path& file);
 
 struct SftRow {

@@ -37,7 +37,7 @@ ProcessedChat process_chat(const tok::Tokenizer& tokenizer, const nlohmann::json
   };
   std::vector<Part> parts[2];
   std::vector<size_t> counts[2];
-  for (const MediaPart& it : flat.media) {
+  for (MediaPart& it : flat.media) {
     const std::string where = fmt::format("messages[{}].content", it.message);
     const int k = it.kind == MediaKind::kImage ? 0 : 1;
     const bool supported = k == 0 ? options.image : options.audio;
@@ -46,6 +46,7 @@ ProcessedChat process_chat(const tok::Tokenizer& tokenizer, const nlohmann::json
                                               media_kind_name(it.kind), media_kind_name(it.kind)));
     if (it.index != parts[k].size()) throw std::logic_error("process_chat: media parts out of order");
     Part p{where, read_media_part(it.part, it.kind, where, options.source), {}};
+    it.part = nullptr;  // the bytes are read: the prompt keeps no copy of a base64 payload
     p.header = probe_media(it.kind, p.bytes, where, options.limits);
     counts[k].push_back(size_t(header_token_count(p.header, where)));
     parts[k].push_back(std::move(p));
