@@ -13,6 +13,7 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
   Tensor out;
   {
     NoGradGuard ng;
+    InferenceKernelsGuard same_kernels(false);  // as the recomputation below
     out = fn(inputs);
   }
   // The block's parameters are not inputs of the node: the recomputation's

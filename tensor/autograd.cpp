@@ -14,6 +14,13 @@ static thread_local bool g_grad_enabled = true;
 bool grad_enabled() { return g_grad_enabled; }
 void set_grad_enabled(bool e) { g_grad_enabled = e; }
 
+static thread_local bool g_inference_kernels = true;
+bool inference_kernels_enabled() { return g_inference_kernels; }
+InferenceKernelsGuard::InferenceKernelsGuard(bool enabled) : prev_(g_inference_kernels) {
+  g_inference_kernels = enabled;
+}
+InferenceKernelsGuard::~InferenceKernelsGuard() { g_inference_kernels = prev_; }
+
 bool needs_grad(const std::vector<Tensor>& inputs) {
   if (!g_grad_enabled) return false;
   for (auto& t : inputs)

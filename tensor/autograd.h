@@ -35,6 +35,22 @@ class GradModeGuard {
   bool prev_;
 };
 
+// Whether an op that records nothing may use an inference-only kernel whose
+// rounding differs from the path that records (the fused attention kernel).
+// On by default; checkpoint() turns it off for its first forward, so that the
+// recomputation in backward, which records, gives the same values bit for bit.
+bool inference_kernels_enabled();
+class InferenceKernelsGuard {
+ public:
+  explicit InferenceKernelsGuard(bool enabled);
+  ~InferenceKernelsGuard();
+  InferenceKernelsGuard(const InferenceKernelsGuard&) = delete;
+  InferenceKernelsGuard& operator=(const InferenceKernelsGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
 struct NoGradGuard : GradModeGuard {
   NoGradGuard() : GradModeGuard(false) {}
 };

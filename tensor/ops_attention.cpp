@@ -24,7 +24,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   // Inference without bias or padding mask: the backend's fused kernel when it
   // has one (no [TQ, TK] score tensor per head, no separate mask/softmax passes).
   const bool needs_grad = grad_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  if (!needs_grad && !opts.bias.defined() && !opts.key_padding_mask.defined() && q.device() == k.device() &&
+  if (!needs_grad && inference_kernels_enabled() && !opts.bias.defined() && !opts.key_padding_mask.defined() && q.device() == k.device() &&
       q.device() == v.device()) {
     Tensor out = empty({b, hq, tq, d}, TensorOptions(q.dtype(), q.device()));
     if (backend(q.device()).attention_inference(q, k, v, out, scale, opts.causal)) return out;

@@ -27,9 +27,13 @@ std::vector<Tensor> split_rows(const Tensor& rows, const std::vector<int64_t>& c
 }  // namespace
 
 std::shared_ptr<Phi4MMForCausalLM> init_phi4mm(const std::string& preset, uint64_t seed, DType dtype) {
+  return init_phi4mm(preset_config(preset), seed, dtype);
+}
+
+std::shared_ptr<Phi4MMForCausalLM> init_phi4mm(const Config& config, uint64_t seed, DType dtype) {
   ModelParts parts;
   parts.vision = parts.audio = true;
-  auto m = std::make_shared<Phi4MMForCausalLM>(preset_config(preset), TensorOptions(dtype), parts);
+  auto m = std::make_shared<Phi4MMForCausalLM>(config, TensorOptions(dtype), parts);
   {
     Generator g(seed);  // the same language model as init_model alone
     init_weights(*m, g);

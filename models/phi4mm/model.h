@@ -23,6 +23,8 @@ namespace areno::phi4mm {
 // A preset (tiny|small|full) with every component, random weights from `seed`
 // (the language model as init_model, the towers from seed + 1 and seed + 2).
 std::shared_ptr<Phi4MMForCausalLM> init_phi4mm(const std::string& preset, uint64_t seed, DType dtype = DType::f32);
+// The same from a config (a preset's config with changes, e.g. a LoRA dropout).
+std::shared_ptr<Phi4MMForCausalLM> init_phi4mm(const Config& config, uint64_t seed, DType dtype = DType::f32);
 
 // ---- media rows (spec text.md 5.4) ----
 

@@ -10,6 +10,7 @@
 #include "models/phi4mm/audio/encoder.h"
 #include "models/phi4mm/kv_cache.h"
 #include "models/phi4mm/vision/vision.h"
+#include "autograd/checkpoint.h"
 #include "tensor/autograd.h"
 
 namespace areno::phi4mm {
@@ -37,6 +38,18 @@ Weight::Weight(const std::string& type, Shape shape, TensorOptions opts) : Modul
 
 // ---- LoraLinear ----
 
+namespace {
+
+// A generator seed per (forward, layer): splitmix64 of the two.
+uint64_t dropout_stream(uint64_t seed, uint64_t salt) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (salt + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
 LoraLinear::LoraLinear(int64_t in, int64_t out, const std::optional<LoraConfig>& vision,
                        const std::optional<LoraConfig>& speech, TensorOptions opts)
     : Module("LoraLinear"), in_features(in), out_features(out) {
@@ -52,6 +65,7 @@ LoraLinear::LoraLinear(int64_t in, int64_t out, const std::optional<LoraConfig>&
     lora_a_[int(which)] = a->weight;
     lora_b_[int(which)] = b->weight;
     scaling_[int(which)] = cfg->scaling();
+    dropout_[int(which)] = cfg->dropout;
   };
   add(Adapter::vision, vision);
   add(Adapter::speech, speech);
@@ -66,15 +80,15 @@ Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
       throw std::runtime_error(fmt::format(
           "the batch asks for the {} adapter but the model has no {} LoRA weights", adapter_name(a),
           adapter_name(a)));
-    // PEFT rounding order: (x·Aᵀ)·Bᵀ, times the scaling, then added.
-    if (rows.all[k]) {
-      y = add(y, mul(linear(linear(x, lora_a_[k]), lora_b_[k]), scaling_[k]));
-    } else {
-      // Only the rows of sequences that use this adapter pay for it.
-      Tensor xs = index_select(x, 0, rows.rows[k]);
-      Tensor d = mul(linear(linear(xs, lora_a_[k]), lora_b_[k]), scaling_[k]);
-      y = index_add(y, 0, rows.rows[k], d);
+    // PEFT rounding order: (drop(x)·Aᵀ)·Bᵀ, times the scaling, then added.
+    // Only the rows of sequences that use this adapter pay for it.
+    Tensor xs = rows.all[k] ? x : index_select(x, 0, rows.rows[k]);
+    if (is_training() && dropout_[k] > 0) {
+      Generator g(dropout_stream(rows.dropout_seed, salt * 3 + uint64_t(k)));
+      xs = dropout(xs, dropout_[k], true, g);
     }
+    Tensor d = mul(linear(linear(xs, lora_a_[k]), lora_b_[k]), scaling_[k]);
+    y = rows.all[k] ? add(y, d) : index_add(y, 0, rows.rows[k], d);
   }
   return y;
 }
@@ -165,6 +179,9 @@ DecoderLayer::DecoderLayer(const Config& c, int64_t index, TensorOptions opts)
   const int64_t H = c.text.hidden_size;
   self_attn = register_module("self_attn", std::make_shared<Attention>(c, opts));
   mlp = register_module("mlp", std::make_shared<Mlp>(c, opts));
+  const uint64_t base = uint64_t(index) * 4;
+  self_attn->qkv_proj->salt = base, self_attn->o_proj->salt = base + 1;
+  mlp->gate_up_proj->salt = base + 2, mlp->down_proj->salt = base + 3;
   input_layernorm = register_module("input_layernorm", std::make_shared<Weight>("RMSNorm", Shape{H}, opts));
   post_attention_layernorm =
       register_module("post_attention_layernorm", std::make_shared<Weight>("RMSNorm", Shape{H}, opts));
@@ -231,6 +248,7 @@ Phi4MMForCausalLM::Phi4MMForCausalLM(const Config& c, TensorOptions opts, const 
     cfg_.speech_lora.reset();
   }
   model = register_module("model", std::make_shared<TextModel>(cfg_, parts, opts));
+  eval();  // no dropout unless a trainer switches a part to training mode
 }
 
 std::shared_ptr<ImageEmbed> Phi4MMForCausalLM::image_embed() const {
@@ -390,8 +408,19 @@ Tensor Phi4MMForCausalLM::decoder(const PackedBatch& b) const {
   } else {
     h = embedding(model->embed_tokens->weight, b.token_ids.to(device()));  // [T, H]
   }
-  for (size_t i = 0; i < model->layers->size(); ++i)
-    h = model->layers->at<DecoderLayer>(i)->forward(h, cos, sin, b.cu_seqlens, rows, b.kv);
+  rows.dropout_seed = b.dropout_seed;
+  const bool recompute = b.recompute_layers && !b.kv && grad_enabled();
+  for (size_t i = 0; i < model->layers->size(); ++i) {
+    std::shared_ptr<DecoderLayer> layer = model->layers->at<DecoderLayer>(i);
+    if (!recompute) {
+      h = layer->forward(h, cos, sin, b.cu_seqlens, rows, b.kv);
+      continue;
+    }
+    // Only the layer's input is kept; backward runs the layer again.
+    h = checkpoint([layer, cos, sin, cu = b.cu_seqlens, rows](const std::vector<Tensor>& in) {
+      return layer->forward(in[0], cos, sin, cu, rows, nullptr);
+    }, {h});
+  }
   return h;
 }
 

@@ -77,10 +77,15 @@ struct AdapterRows {
   Tensor rows[3];          // i64 row indices on the model's device; [0] unused
   bool all[3] = {false, false, false};  // every row uses this adapter (no gather needed)
   bool any(Adapter a) const { return all[int(a)] || rows[int(a)].defined(); }
+  // Seed of this forward's LoRA dropout masks (PackedBatch::dropout_seed).
+  uint64_t dropout_seed = 0;
 };
 
 // A bias-free linear layer with optional vision and speech LoRA adapters:
-//   y = x·Wᵀ + s_a · (x_a·A_aᵀ)·B_aᵀ  for the rows x_a that use adapter a.
+//   y = x·Wᵀ + s_a · (drop_a(x_a)·A_aᵀ)·B_aᵀ  for the rows x_a that use adapter a.
+// drop_a is the adapter's dropout (config "dp", PEFT's lora_dropout), applied
+// only in training mode; its mask is a function of (dropout_seed, salt,
+// adapter), so a recomputed forward (activation checkpointing) draws the same.
 class LoraLinear : public Module {
  public:
   LoraLinear(int64_t in, int64_t out, const std::optional<LoraConfig>& vision,
@@ -91,10 +96,12 @@ class LoraLinear : public Module {
 
   int64_t in_features, out_features;
   std::shared_ptr<Weight> base_layer;
+  uint64_t salt = 0;  // this layer's place in the model (distinct dropout masks per layer)
 
  private:
   Tensor lora_a_[3], lora_b_[3];  // [r, in], [out, r]
   double scaling_[3] = {0, 0, 0};
+  double dropout_[3] = {0, 0, 0};
 };
 
 // The KV-cache side of a forward step. Sequence s's chunk (rows cu[s]..cu[s+1]
@@ -194,6 +201,11 @@ struct PackedBatch {
   Tensor media_rows;                 // [M, H] or undefined
   // The KV-cache step (set by forward_incremental), or null for whole sequences.
   const KvStep* kv = nullptr;
+  // Training: recompute each decoder layer's activations in backward instead
+  // of keeping them (activation checkpointing; only when recording autograd).
+  bool recompute_layers = false;
+  // Training: the seed of this forward's dropout masks (modules in training mode).
+  uint64_t dropout_seed = 0;
 
   // One sequence, all tokens.
   static PackedBatch single(const std::vector<int64_t>& ids, Adapter a = Adapter::none,
@@ -212,6 +224,8 @@ class Phi4MMForCausalLM : public Module {
   // The adapters present follow the config (vision_lora / speech_lora blocks)
   // unless parts.lora is false; the towers follow parts. Parameters are
   // allocated uninitialised: load a checkpoint or call the init functions (init.h).
+  // Built in evaluation mode (no dropout); the trainer switches the parts it
+  // trains to training mode.
   Phi4MMForCausalLM(const Config& c, TensorOptions opts = {}, const ModelParts& parts = {});
 
   const Config& config() const { return cfg_; }

@@ -15,6 +15,7 @@
 namespace areno {
 
 struct ParamGroup {
+  std::string name;  // for reports and checks ("lm", "lm.no_decay"); may be empty
   std::vector<Tensor> params;
   // Names used as keys in state files; "g<group>.p<index>" when left empty.
   // Giving Module::named_parameters() names makes state files readable and

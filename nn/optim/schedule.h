@@ -45,4 +45,17 @@ class WarmupCosineSchedule : public LrSchedule {
   double min_ratio_;
 };
 
+// Linear warm-up as above, then a straight line from 1 down to `min_ratio` at
+// step `total`, held there afterwards (transformers'
+// get_linear_schedule_with_warmup when min_ratio = 0).
+class WarmupLinearSchedule : public LrSchedule {
+ public:
+  WarmupLinearSchedule(int64_t warmup, int64_t total, double min_ratio = 0.0);
+  double factor(int64_t step) const override;
+
+ private:
+  int64_t warmup_, total_;
+  double min_ratio_;
+};
+
 }  // namespace areno

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "model_fixtures.h"
+#include "tests/media_fixtures.h"
 #include "models/phi4mm/model.h"
 #include "nn/io/safetensors.h"
 #include "tensor/autograd.h"
@@ -27,6 +28,9 @@
 using namespace areno;
 using namespace areno::phi4mm;
 using areno::testing::rel_err;
+using areno::testing::clip_b;
+using areno::testing::clip_c;
+using areno::testing::formula_image;
 
 namespace {
 
@@ -42,41 +46,6 @@ Tensor eg(const std::string& name) { return e2e_golden().load_copy(name); }
 const Phi4MMForCausalLM& tiny_model() {
   static std::shared_ptr<Phi4MMForCausalLM> m = init_phi4mm("tiny", 5, DType::f32);
   return *m;
-}
-
-// Spec vision.md 12: R = 7x + 3y, G = x ^ y, B = 5(x + 2y) + xy, all mod 256.
-RgbImage formula_image(int64_t w, int64_t h) {
-  RgbImage im;
-  im.width = w, im.height = h;
-  im.rgb.resize(size_t(w * h * 3));
-  for (int64_t y = 0; y < h; ++y)
-    for (int64_t x = 0; x < w; ++x) {
-      uint8_t* p = &im.rgb[size_t((y * w + x) * 3)];
-      p[0] = uint8_t((7 * x + 3 * y) % 256);
-      p[1] = uint8_t((x ^ y) % 256);
-      p[2] = uint8_t((5 * (x + 2 * y) + x * y) % 256);
-    }
-  return im;
-}
-
-// make_e2e_golden.py clip_b: 1.25 s chirp at 16 kHz.
-std::vector<double> clip_b() {
-  std::vector<double> s(20000);
-  for (size_t i = 0; i < s.size(); ++i) {
-    const double t = double(i) / 16000.0;
-    s[i] = std::sin(2 * M_PI * (200.0 * t + 1200.0 * t * t)) * 0.5;
-  }
-  return s;
-}
-
-// make_e2e_golden.py clip_c: 1.25 s of two tones at 8 kHz.
-std::vector<double> clip_c() {
-  std::vector<double> s(10000);
-  for (size_t i = 0; i < s.size(); ++i) {
-    const double t = double(i) / 8000.0;
-    s[i] = 0.3 * std::sin(2 * M_PI * 440.0 * t) + 0.2 * std::sin(2 * M_PI * 1250.0 * t);
-  }
-  return s;
 }
 
 struct Prompt {

@@ -1,0 +1,27 @@
+#pragma once
+// The SFT loss (issue 14, "Loop"): token cross-entropy over target rows only,
+// through the tied head, a chunk of rows at a time, so the [tokens, vocab] f32
+// logits of a micro-batch never exist at once. The backward recomputes each
+// chunk's logits instead of keeping them.
+#include <cstdint>
+
+#include "tensor/tensor.h"
+
+namespace areno::train {
+
+// Rows per chunk when the caller does not say: 1024 rows of a 200064-wide
+// vocabulary are 0.8 GB of f32 logits.
+inline constexpr int64_t kDefaultLossChunkRows = 1024;
+
+// Sum over the rows t with targets[t] >= 0 of -log softmax(hidden[t] · weightᵀ)[targets[t]],
+// as an f32 scalar that records its backward (to hidden and weight).
+//   hidden  [T, H] (the final-norm hidden states, any float dtype)
+//   weight  [V, H] (the tied embedding)
+//   targets [T] integer, -1 (any negative) = no loss at that row
+// The logits are computed in the weight's dtype and reduced in f32, as
+// torch's F.cross_entropy(logits.float(), ...). Throws std::invalid_argument
+// for shapes that do not match or a target outside [0, V).
+Tensor chunked_cross_entropy_sum(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
+                                 int64_t chunk_rows = kDefaultLossChunkRows);
+
+}  // namespace areno::train

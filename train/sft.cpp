@@ -1,0 +1,358 @@
+#include "train/sft.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "models/phi4mm/checkpoint.h"
+#include "models/phi4mm/model.h"
+#include "nn/io/atomic_file.h"
+#include "nn/io/files.h"
+#include "tensor/autograd.h"
+
+namespace areno::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+uint64_t mix(uint64_t a, uint64_t b) { return mix(a ^ mix(b + 0x632be59bd9b4e019ull)); }
+
+void require(bool ok, const char* flag, const std::string& what) {
+  if (!ok) throw std::invalid_argument(fmt::format("{}: {}", flag, what));
+}
+
+// A dropout the forward does not implement, asked for by a part that trains.
+void check_dropouts(const phi4mm::Phi4MMForCausalLM& m, const GroupOptions& g) {
+  const json& raw = m.config().raw;
+  auto refuse = [](const std::string& key, double v, const char* part) {
+    throw std::invalid_argument(fmt::format(
+        "config.json: {} = {}: dropout in the {} is not implemented for training; set it to 0 or keep the "
+        "group frozen", key, v, part));
+  };
+  auto number = [](const json& j, const char* key) {
+    auto it = j.find(key);
+    return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
+  };
+  if (g.lm == LmTrainable::all)
+    for (const char* key : {"embd_pdrop", "resid_pdrop", "attention_dropout"})
+      if (double v = number(raw, key); v != 0) refuse(key, v, "decoder");
+  if (!g.tower) return;
+  if (auto it = raw.find("img_processor"); it != raw.end() && it->is_object())
+    if (double v = number(*it, "attention_dropout"); v != 0) refuse("img_processor.attention_dropout", v, "vision tower");
+  if (auto it = raw.find("audio_processor"); it != raw.end() && it->is_object())
+    if (auto c = it->find("config"); c != it->end() && c->is_object())
+      if (double v = number(*c, "dropout_rate"); v != 0)
+        refuse("audio_processor.config.dropout_rate", v, "audio encoder");
+}
+
+const char* decay_name(DecayStyle d) {
+  switch (d) {
+    case DecayStyle::cosine: return "cosine";
+    case DecayStyle::linear: return "linear";
+    case DecayStyle::constant: return "constant";
+  }
+  return "?";
+}
+
+}  // namespace
+
+DecayStyle decay_style_from_name(const std::string& name) {
+  if (name == "cosine") return DecayStyle::cosine;
+  if (name == "linear") return DecayStyle::linear;
+  if (name == "constant") return DecayStyle::constant;
+  throw std::invalid_argument(fmt::format("--lr-decay-style: '{}' is not cosine, linear or constant", name));
+}
+
+void validate(const SftOptions& o) {
+  require(o.epochs >= 1, "--epochs", "must be at least 1");
+  require(o.max_steps >= 0, "--max-steps", "must be >= 0");
+  require(o.batch_size >= 1, "--batch-size", "must be at least 1");
+  require(o.mini_bs >= 1 && o.mini_bs <= o.batch_size, "--mini-bs",
+          fmt::format("must be between 1 and --batch-size ({}), got {}", o.batch_size, o.mini_bs));
+  auto lr_ok = [](double v) { return std::isfinite(v) && v >= 0 && v < 1e3; };
+  require(lr_ok(o.lr) && o.lr > 0, "--lr", "must be a positive finite number");
+  require(lr_ok(o.min_lr) && o.min_lr <= o.lr, "--min-lr", "must be in [0, --lr]");
+  require(lr_ok(o.mm_projector_lr), "--mm-projector-lr", "must be a finite number >= 0 (0: --lr)");
+  require(lr_ok(o.mm_tower_lr), "--mm-tower-lr", "must be a finite number >= 0 (0: --lr)");
+  require(o.lr_decay_steps >= 0, "--lr-decay-steps", "must be >= 0");
+  require(o.warmup_steps >= 0, "--warmup-steps", "must be >= 0");
+  require(o.adam_beta1 >= 0 && o.adam_beta1 < 1, "--adam-beta1", "must be in [0, 1)");
+  require(o.adam_beta2 >= 0 && o.adam_beta2 < 1, "--adam-beta2", "must be in [0, 1)");
+  require(std::isfinite(o.adam_eps) && o.adam_eps > 0, "--adam-eps", "must be positive");
+  require(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "--weight-decay", "must be a finite number >= 0");
+  require(std::isfinite(o.grad_clip_norm) && o.grad_clip_norm >= 0, "--grad-clip-norm",
+          "must be a finite number >= 0 (0: no clipping)");
+  require(o.loss_chunk_rows >= 1, "--loss-chunk-rows", "must be at least 1");
+}
+
+SftTrainer::SftTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::vector<SftRow> rows,
+                       SftOptions options)
+    : model_(std::move(model)), rows_(std::move(rows)), options_(options) {
+  validate(options_);
+  if (rows_.empty()) throw std::invalid_argument("the dataset has no rows to train on");
+  for (const SftRow& r : rows_) {
+    if (r.target_tokens <= 0)
+      throw std::invalid_argument(fmt::format("row {}: no target token", r.line));
+    if (!model_->has_adapter(r.adapter))
+      throw std::invalid_argument(fmt::format("row {}: the model has no {} adapter", r.line,
+                                              phi4mm::adapter_name(r.adapter)));
+    for (const phi4mm::Media& m : r.media) {
+      if (m.kind == phi4mm::MediaKind::kImage && !model_->image_embed())
+        throw std::invalid_argument(fmt::format("row {}: an image, but the model has no vision tower", r.line));
+      if (m.kind == phi4mm::MediaKind::kAudio && !model_->audio_embed())
+        throw std::invalid_argument(fmt::format("row {}: audio, but the model has no audio encoder", r.line));
+    }
+  }
+  check_dropouts(*model_, options_.groups);
+  apply_trainable(*model_, options_.groups);
+
+  const int64_t total = total_steps();
+  const int64_t decay = options_.lr_decay_steps > 0 ? options_.lr_decay_steps : total;
+  if (options_.warmup_steps > decay)
+    throw std::invalid_argument(fmt::format("--warmup-steps ({}) exceeds the decay steps ({})",
+                                            options_.warmup_steps, decay));
+  GroupHyper h;
+  h.lr[int(Group::lm)] = options_.lr;
+  h.lr[int(Group::projector)] = options_.mm_projector_lr > 0 ? options_.mm_projector_lr : options_.lr;
+  h.lr[int(Group::tower)] = options_.mm_tower_lr > 0 ? options_.mm_tower_lr : options_.lr;
+  h.weight_decay = options_.weight_decay;
+  const double min_ratio = options_.min_lr / options_.lr;
+  switch (options_.decay) {
+    case DecayStyle::cosine:
+      h.schedule = std::make_shared<WarmupCosineSchedule>(options_.warmup_steps, decay, min_ratio);
+      break;
+    case DecayStyle::linear:
+      h.schedule = std::make_shared<WarmupLinearSchedule>(options_.warmup_steps, decay, min_ratio);
+      break;
+    case DecayStyle::constant:
+      h.schedule = std::make_shared<WarmupConstantSchedule>(options_.warmup_steps);
+      break;
+  }
+  AdamWOptions ao;
+  ao.beta1 = options_.adam_beta1;
+  ao.beta2 = options_.adam_beta2;
+  ao.eps = options_.adam_eps;
+  optimizer_ = std::make_unique<AdamW>(make_param_groups(*model_, h), ao);
+}
+
+int64_t SftTrainer::steps_per_epoch() const {
+  const int64_t n = int64_t(rows_.size());
+  return (n + options_.batch_size - 1) / options_.batch_size;
+}
+
+int64_t SftTrainer::total_steps() const {
+  return options_.max_steps > 0 ? options_.max_steps : options_.epochs * steps_per_epoch();
+}
+
+std::vector<int64_t> SftTrainer::epoch_order(int64_t epoch) const {
+  std::vector<int64_t> order(rows_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int64_t(i);
+  if (!options_.shuffle) return order;
+  // Fisher-Yates on our own stream: the same order on every platform.
+  uint64_t s = mix(options_.seed, uint64_t(epoch));
+  for (size_t i = order.size(); i > 1; --i) {
+    s = mix(s);
+    std::swap(order[i - 1], order[size_t(s % i)]);
+  }
+  return order;
+}
+
+std::vector<const SftRow*> SftTrainer::next_batch() const {
+  const std::vector<int64_t> order = epoch_order(state_.epoch);
+  std::vector<const SftRow*> batch;
+  for (int64_t i = state_.position; i < int64_t(order.size()) && int64_t(batch.size()) < options_.batch_size; ++i)
+    batch.push_back(&rows_[size_t(order[size_t(i)])]);
+  return batch;
+}
+
+double SftTrainer::accumulate(const std::vector<const SftRow*>& rows, int64_t normaliser, uint64_t dropout_seed) {
+  if (normaliser <= 0) {
+    normaliser = 0;
+    for (const SftRow* r : rows) normaliser += r->target_tokens;
+  }
+  double total = 0;
+  const Tensor& head = model_->model->embed_tokens->weight;
+  for (size_t b = 0, micro = 0; b < rows.size(); b += size_t(options_.mini_bs), ++micro) {
+    const size_t e = std::min(rows.size(), b + size_t(options_.mini_bs));
+    std::vector<int64_t> ids, targets;
+    phi4mm::PackedBatch pb;
+    pb.cu_seqlens = {0};
+    std::vector<Tensor> media;
+    for (size_t i = b; i < e; ++i) {
+      const SftRow& r = *rows[i];
+      ids.insert(ids.end(), r.ids.begin(), r.ids.end());
+      targets.insert(targets.end(), r.targets.begin(), r.targets.end());
+      pb.cu_seqlens.push_back(int64_t(ids.size()));
+      pb.adapters.push_back(r.adapter);
+      // Each row's media rows with its own projector choice (audio beside an image uses the vision one).
+      if (!r.media.empty()) media.push_back(phi4mm::media_rows(*model_, r.media));
+    }
+    const int64_t T = int64_t(ids.size());
+    pb.token_ids = from_vector(ids, {T});
+    if (!media.empty()) pb.media_rows = media.size() == 1 ? media[0] : cat(media, 0);
+    pb.recompute_layers = options_.activation_checkpointing;
+    pb.dropout_seed = mix(dropout_seed, micro);
+    Tensor hidden = model_->hidden_states(pb);
+    Tensor loss = mul(chunked_cross_entropy_sum(hidden, head, from_vector(targets, {T}), options_.loss_chunk_rows),
+                      1.0 / double(normaliser));
+    total += loss.item();
+    if (loss.requires_grad()) loss.backward();
+  }
+  return total;
+}
+
+StepStats SftTrainer::step() {
+  if (done()) throw std::logic_error(fmt::format("the run is done ({} steps)", total_steps()));
+  const auto t0 = std::chrono::steady_clock::now();
+  StepStats st;
+  st.step = state_.step + 1;
+  const std::vector<const SftRow*> batch = next_batch();
+  for (const SftRow* r : batch) {
+    st.rows += 1;
+    st.tokens += int64_t(r->ids.size());
+    st.target_tokens += r->target_tokens;
+  }
+  for (size_t g = 0; g < optimizer_->param_groups().size(); ++g) {
+    const ParamGroup& pg = optimizer_->param_groups()[g];
+    const char* name = group_name(group_of_param_group(pg));
+    if (st.lrs.empty() || st.lrs.back().first != name) st.lrs.emplace_back(name, optimizer_->current_lr(g));
+  }
+  st.loss = accumulate(batch, st.target_tokens, mix(options_.seed ^ 0x5eedull, uint64_t(state_.step)));
+  const double clip = options_.grad_clip_norm > 0 ? options_.grad_clip_norm : std::numeric_limits<double>::infinity();
+  st.grad_norm = clip_grad_norm(optimizer_->parameters(), clip);
+  optimizer_->step();
+  optimizer_->zero_grad();
+  state_.step += 1;
+  state_.position += int64_t(batch.size());
+  if (state_.position >= int64_t(rows_.size())) {
+    state_.epoch += 1;
+    state_.position = 0;
+  }
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+std::string SftTrainer::fingerprint() const {
+  // FNV-1a over every row's ids, targets and adapter, then the options that
+  // decide which rows a step reads and which parameters train.
+  uint64_t h = 1469598103934665603ull;
+  auto eat = [&h](int64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= uint64_t(v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  for (const SftRow& r : rows_) {
+    eat(int64_t(r.ids.size()));
+    for (int64_t v : r.ids) eat(v);
+    for (int64_t v : r.targets) eat(v);
+    eat(int64_t(r.adapter));
+  }
+  const GroupOptions& g = options_.groups;
+  return fmt::format("rows={} data={:016x} batch={} seed={} shuffle={} lm={} projector={} tower={}", rows_.size(), h,
+                     options_.batch_size, options_.seed, options_.shuffle, int(g.lm), g.projector, g.tower);
+}
+
+fs::path SftTrainer::save_checkpoint(const fs::path& save_path, const fs::path& source) const {
+  fs::create_directories(save_path);
+  const std::string name = fmt::format("step-{}", state_.step);
+  const fs::path final_dir = save_path / name;
+  const fs::path tmp = save_path / fmt::format(".{}.tmp-{}", name, ::getpid());
+  fs::remove_all(tmp);
+  phi4mm::save_model(*model_, tmp.string());
+  // Tokenizer, processor and remote-code files of the checkpoint the run started from.
+  if (!source.empty() && fs::is_directory(source)) {
+    for (const auto& entry : fs::directory_iterator(source)) {
+      if (!entry.is_regular_file()) continue;
+      const std::string f = entry.path().filename().string();
+      if (f == "config.json" || f == "generation_config.json" || f == "model.safetensors.index.json" ||
+          f == "trainer_state.json" || f == "optimizer.safetensors" || f == "latest" ||
+          entry.path().extension() == ".safetensors" || f.find(".tmp-") != std::string::npos)
+        continue;
+      write_file_atomic((tmp / f).string(), read_file(entry.path().string()));
+    }
+  }
+  optimizer_->save_state((tmp / "optimizer.safetensors").string());
+  json st = {{"format", 1},
+             {"step", state_.step},
+             {"epoch", state_.epoch},
+             {"position", state_.position},
+             {"total_steps", total_steps()},
+             {"seed", options_.seed},
+             {"lr_decay_style", decay_name(options_.decay)},
+             {"fingerprint", fingerprint()}};
+  write_file_atomic((tmp / "trainer_state.json").string(), st.dump(2) + "\n");
+  sync_dir(tmp.string());
+  // Put the folder in place; a folder of the same step (a rerun) is replaced
+  // only once the new one is complete.
+  if (fs::exists(final_dir)) {
+    const fs::path old = save_path / fmt::format(".{}.old-{}", name, ::getpid());
+    fs::remove_all(old);
+    fs::rename(final_dir, old);
+    fs::rename(tmp, final_dir);
+    fs::remove_all(old);
+  } else {
+    fs::rename(tmp, final_dir);
+  }
+  sync_dir(save_path.string());
+  write_file_atomic((save_path / "latest").string(), name + "\n");
+  return final_dir;
+}
+
+void SftTrainer::load_state(const fs::path& step_dir) {
+  const fs::path file = step_dir / "trainer_state.json";
+  json st;
+  try {
+    st = json::parse(read_file(file.string()));
+  } catch (const json::exception& e) {
+    throw std::runtime_error(fmt::format("{}: {}", file.string(), e.what()));
+  }
+  auto get = [&](const char* key) -> int64_t {
+    auto it = st.find(key);
+    if (it == st.end() || !it->is_number_integer() || it->get<int64_t>() < 0)
+      throw std::runtime_error(fmt::format("{}: {} must be a non-negative integer", file.string(), key));
+    return it->get<int64_t>();
+  };
+  if (st.value("fingerprint", std::string()) != fingerprint())
+    throw std::runtime_error(fmt::format(
+        "{}: the checkpoint was trained on another dataset or with another --batch-size, --seed or trainable "
+        "groups ({} there, {} now)", file.string(), st.value("fingerprint", std::string("none")), fingerprint()));
+  TrainerState s{get("step"), get("epoch"), get("position")};
+  if (s.position >= int64_t(rows_.size()))
+    throw std::runtime_error(fmt::format("{}: position {} is past the dataset's {} rows", file.string(), s.position,
+                                         rows_.size()));
+  optimizer_->load_state((step_dir / "optimizer.safetensors").string());
+  state_ = s;
+}
+
+fs::path resolve_resume_dir(const fs::path& dir) {
+  if (fs::exists(dir / "trainer_state.json")) return dir;
+  const fs::path latest = dir / "latest";
+  if (!fs::exists(latest))
+    throw std::runtime_error(fmt::format("--resume {}: neither a step folder (trainer_state.json) nor a save folder "
+                                         "(latest)", dir.string()));
+  std::string name = read_file(latest.string());
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
+  if (name.rfind("step-", 0) != 0 || name.find('/') != std::string::npos || name.size() > 32)
+    throw std::runtime_error(fmt::format("{}: '{}' is not a step folder name", latest.string(), name));
+  const fs::path step = dir / name;
+  if (!fs::exists(step / "trainer_state.json"))
+    throw std::runtime_error(fmt::format("{} names {}, which holds no trainer_state.json", latest.string(), step.string()));
+  return step;
+}
+
+}  // namespace areno::train

@@ -1,0 +1,135 @@
+#pragma once
+// Supervised fine-tuning (issue 14, "Loop" and "Checkpoints"): the loop that
+// updates the same Phi4MMForCausalLM object `areno serve` runs, through its one
+// packed forward.
+//
+// A step takes the next `batch_size` rows of the epoch's order (shuffled per
+// epoch from the seed; the last step of an epoch may be shorter), splits them
+// into micro-batches of `mini_bs` rows, each packed into one variable-length
+// forward (no padding; text, image, audio and image+audio rows mixed, each
+// with its own adapter), and accumulates the gradient of
+//   loss = sum of target-token cross-entropies / target tokens of the step,
+// so splitting a step into micro-batches does not change it. Then the global
+// gradient norm is clipped, AdamW steps every group with its learning rate and
+// the shared schedule, and the gradients are dropped.
+//
+// save_checkpoint writes <save>/step-N/ in the released layout (weights,
+// config, tokenizer and processor files copied from the source checkpoint)
+// plus optimizer.safetensors (moments, master weights, step counts) and
+// trainer_state.json (step, epoch, data position, seed, dataset fingerprint),
+// all in a temporary folder that is synced and renamed, then <save>/latest.
+// A run resumed from it (load the model from the step folder, then
+// load_state) continues exactly as the uninterrupted run.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/phi4mm/text.h"
+#include "nn/optim/adamw.h"
+#include "train/dataset.h"
+#include "train/loss.h"
+#include "train/param_groups.h"
+
+namespace areno::train {
+
+enum class DecayStyle { cosine, linear, constant };
+DecayStyle decay_style_from_name(const std::string& name);  // "cosine" | "linear" | "constant"
+
+struct SftOptions {
+  int64_t epochs = 1;
+  int64_t max_steps = 0;    // > 0: stop after this many steps (epochs repeat as needed)
+  int64_t batch_size = 8;   // rows per optimizer step
+  int64_t mini_bs = 1;      // rows per micro-batch (one packed forward)
+  double lr = 1e-5;         // lm group
+  double min_lr = 0.0;      // lm group's floor; the other groups keep the same ratio
+  double mm_projector_lr = 0.0;  // 0: lr
+  double mm_tower_lr = 0.0;      // 0: lr
+  int64_t lr_decay_steps = 0;    // 0: the run's total steps
+  DecayStyle decay = DecayStyle::cosine;
+  int64_t warmup_steps = 0;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
+  double weight_decay = 0.0;     // not on biases, norm weights, separators
+  double grad_clip_norm = 1.0;   // 0: no clipping
+  bool activation_checkpointing = true;
+  uint64_t seed = 42;            // data order and dropout
+  bool shuffle = true;
+  GroupOptions groups;
+  int64_t loss_chunk_rows = kDefaultLossChunkRows;
+};
+
+// Checks option values (throws std::invalid_argument naming the flag).
+void validate(const SftOptions& o);
+
+// Where the run is: optimizer steps done, and the next row to read.
+struct TrainerState {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  int64_t position = 0;  // index into the epoch's order
+};
+
+struct StepStats {
+  int64_t step = 0;           // this step's number (1-based)
+  double loss = 0;            // mean cross-entropy over the step's target tokens
+  double grad_norm = 0;       // global norm before clipping
+  int64_t rows = 0, tokens = 0, target_tokens = 0;
+  double seconds = 0;
+  std::vector<std::pair<std::string, double>> lrs;  // learning rate used, per trained group
+};
+
+class SftTrainer {
+ public:
+  // Applies the trainable groups to `model` (requires_grad, train/eval mode)
+  // and builds the optimizer. Throws when a trained group's config asks for
+  // a dropout the forward does not implement, or when no row has a target.
+  SftTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::vector<SftRow> rows, SftOptions options);
+
+  int64_t steps_per_epoch() const;
+  int64_t total_steps() const;
+  bool done() const { return state_.step >= total_steps(); }
+  const TrainerState& state() const { return state_; }
+  const SftOptions& options() const { return options_; }
+  AdamW& optimizer() { return *optimizer_; }
+  phi4mm::Phi4MMForCausalLM& model() { return *model_; }
+
+  // One optimizer step.
+  StepStats step();
+
+  // Forward and backward of `rows` as micro-batches of mini_bs rows,
+  // gradients accumulated into the parameters, each micro-batch's loss
+  // divided by `normaliser` (0: the rows' own target tokens). Returns the
+  // summed loss. `dropout_seed` seeds the dropout masks. For step() and tests.
+  double accumulate(const std::vector<const SftRow*>& rows, int64_t normaliser, uint64_t dropout_seed);
+
+  // The rows of the next step, in order (does not advance).
+  std::vector<const SftRow*> next_batch() const;
+
+  // Writes save_path/step-N (see the top) and save_path/latest; tokenizer and
+  // processor files are copied from `source` (the checkpoint the run started
+  // from). Returns the step folder.
+  std::filesystem::path save_checkpoint(const std::filesystem::path& save_path,
+                                        const std::filesystem::path& source) const;
+  // Restores the optimizer and the data position from a step folder written
+  // by save_checkpoint (the model's weights are loaded by the caller from the
+  // same folder). Refuses a folder from another dataset or other options
+  // that change the run (batch size, seed, groups).
+  void load_state(const std::filesystem::path& step_dir);
+
+ private:
+  std::vector<int64_t> epoch_order(int64_t epoch) const;
+  std::string fingerprint() const;
+
+  std::shared_ptr<phi4mm::Phi4MMForCausalLM> model_;
+  std::vector<SftRow> rows_;
+  SftOptions options_;
+  std::unique_ptr<AdamW> optimizer_;
+  TrainerState state_;
+};
+
+// The step folder a --resume argument names: DIR itself when it holds
+// trainer_state.json, else DIR/<name in DIR/latest>.
+std::filesystem::path resolve_resume_dir(const std::filesystem::path& dir);
+
+}  // namespace areno::train
