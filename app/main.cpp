@@ -11,6 +11,7 @@
 #include "app/commands.h"
 #include "app/commands_model.h"
 #include "app/commands_serve.h"
+#include "app/commands_train.h"
 #include "areno_build_config.h"
 
 namespace {
@@ -32,6 +33,7 @@ const std::vector<Command>& commands() {
       {"serve", "OpenAI-compatible HTTP server (demo model without --model-path)", areno::app::cmd_serve},
       {"generate", "run one chat request and stream the answer", areno::app::cmd_generate},
       {"score", "print per-token log-probabilities of a completion (JSON)", areno::app::cmd_score},
+      {"train", "fine-tune a checkpoint on chat rows (--algo sft)", areno::app::cmd_train},
   };
   return cmds;
 }

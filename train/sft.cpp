@@ -267,7 +267,8 @@ std::string SftTrainer::fingerprint() const {
                      options_.batch_size, options_.seed, options_.shuffle, int(g.lm), g.projector, g.tower);
 }
 
-fs::path SftTrainer::save_checkpoint(const fs::path& save_path, const fs::path& source) const {
+fs::path SftTrainer::save_checkpoint(const fs::path& save_path, const fs::path& source,
+                                     const std::function<void(const fs::path&)>& add_files) const {
   fs::create_directories(save_path);
   const std::string name = fmt::format("step-{}", state_.step);
   const fs::path final_dir = save_path / name;
@@ -286,6 +287,7 @@ fs::path SftTrainer::save_checkpoint(const fs::path& save_path, const fs::path& 
       write_file_atomic((tmp / f).string(), read_file(entry.path().string()));
     }
   }
+  if (add_files) add_files(tmp);
   optimizer_->save_state((tmp / "optimizer.safetensors").string());
   json st = {{"format", 1},
              {"step", state_.step},

@@ -22,6 +22,7 @@
 // load_state) continues exactly as the uninterrupted run.
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -108,9 +109,11 @@ class SftTrainer {
 
   // Writes save_path/step-N (see the top) and save_path/latest; tokenizer and
   // processor files are copied from `source` (the checkpoint the run started
-  // from). Returns the step folder.
-  std::filesystem::path save_checkpoint(const std::filesystem::path& save_path,
-                                        const std::filesystem::path& source) const;
+  // from; empty: none), then `add_files` may write more into the temporary
+  // folder before it is renamed. Returns the step folder.
+  std::filesystem::path save_checkpoint(
+      const std::filesystem::path& save_path, const std::filesystem::path& source,
+      const std::function<void(const std::filesystem::path&)>& add_files = {}) const;
   // Restores the optimizer and the data position from a step folder written
   // by save_checkpoint (the model's weights are loaded by the caller from the
   // same folder). Refuses a folder from another dataset or other options

@@ -1,0 +1,261 @@
+// `areno train --algo sft` (issue 14): supervised fine-tuning of the model
+// `areno serve` runs, through the library in train/.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "app/commands_train.h"
+#include "app/flags.h"
+#include "app/served_model.h"
+#include "models/phi4mm/checkpoint.h"
+#include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+#include "train/dataset.h"
+#include "train/metrics.h"
+#include "train/sft.h"
+
+extern char** environ;
+
+namespace areno::app {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kTrainUsage =
+    "usage: areno train --algo sft --dataset-path FILE [--ckpt DIR] [options]\n"
+    "\n"
+    "Fine-tunes the model in --ckpt (the released layout; without it the embedded\n"
+    "demo model) on chat rows and saves checkpoints that `areno serve --model-path`\n"
+    "loads as they are.\n"
+    "\n"
+    "data:\n"
+    "  --dataset-path FILE       .json (array), .jsonl, .csv or .tsv: rows {\"messages\": [...]}\n"
+    "                            or {\"prompt\": ..., \"response\": ...}\n"
+    "  --dataset-loader-cmd CMD  run `CMD FILE` and read its stdout as JSONL rows\n"
+    "  --media-root DIR          media paths resolve under DIR (default: the dataset's folder)\n"
+    "  --train-on all|last       assistant turns that are targets (default all)\n"
+    "  --skip-bad-rows           count and skip bad rows instead of stopping\n"
+    "  --max-prompt-tokens N     drop (and count) rows with a longer prompt\n"
+    "  --max-new-tokens N        drop (and count) rows with more target tokens\n"
+    "\n"
+    "loop:\n"
+    "  --ckpt DIR, --model-path DIR   the checkpoint to start from\n"
+    "  --algo sft                the algorithm (sft)\n"
+    "  --epochs N                passes over the data (default 1)\n"
+    "  --max-steps N             stop after N optimizer steps (default: the epochs)\n"
+    "  --batch-size N            rows per optimizer step (default 8)\n"
+    "  --mini-bs N               rows per micro-batch, packed into one forward (default 1)\n"
+    "  --gradient-accumulation-steps N   micro-batches per step: --mini-bs = --batch-size / N\n"
+    "  --lr X, --min-lr X        learning rate of the lm group and its floor (default 1e-5, 0)\n"
+    "  --lr-decay-steps N        steps of the decay (default: all steps)\n"
+    "  --lr-decay-style S        cosine (default), linear or constant\n"
+    "  --warmup-steps N          linear warm-up steps (default 0)\n"
+    "  --adam-beta1 X, --adam-beta2 X, --adam-eps X   (default 0.9, 0.999, 1e-8)\n"
+    "  --weight-decay X          AdamW decay, not on biases, norms, separators (default 0)\n"
+    "  --grad-clip-norm X        global gradient norm limit, 0 = none (default 1)\n"
+    "  --activation-checkpointing / --no-activation-checkpointing\n"
+    "                            recompute each decoder layer in backward (default on)\n"
+    "  --seed N                  data order and dropout (default 42)\n"
+    "  --no-shuffle              keep the dataset's order\n"
+    "  --loss-chunk-rows N       logit rows per chunk of the loss (default 1024)\n"
+    "  --device cpu|cuda[:N], --dtype f32|bf16   (bf16 keeps f32 master weights)\n"
+    "\n"
+    "groups (towers and projectors are frozen by default):\n"
+    "  --lm-trainable all|lora|none   the decoder: everything, only the LoRA branches, nothing\n"
+    "  --unfreeze-mm-projector   train the image/audio projections and separators\n"
+    "  --mm-projector-lr X       their learning rate (default --lr)\n"
+    "  --unfreeze-mm-tower       train SigLIP and the Conformer encoder\n"
+    "  --mm-tower-lr X           their learning rate (default --lr)\n"
+    "\n"
+    "checkpoints and metrics:\n"
+    "  --save-path DIR           write DIR/step-N/ (released layout + optimizer and data\n"
+    "                            state) and DIR/latest; always after the last step\n"
+    "  --save-interval N         also every N steps\n"
+    "  --resume DIR              continue from DIR/latest (or a step folder) exactly\n"
+    "  --metrics-log-dir DIR     metrics.jsonl and TensorBoard event files\n";
+
+// Runs `CMD FILE` through /bin/sh with FILE as "$1" (no quoting of the path
+// into the command) and writes its stdout to `out`.
+void run_loader(const std::string& cmd, const fs::path& dataset, const fs::path& out) {
+  const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot create: {}", out.string(), std::strerror(errno)));
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fd, STDOUT_FILENO);
+  const std::string script = cmd + " \"$1\"";
+  const std::string path = dataset.string();
+  const char* argv[] = {"/bin/sh", "-c", script.c_str(), "areno-dataset-loader", path.c_str(), nullptr};
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, "/bin/sh", &fa, nullptr, const_cast<char* const*>(argv), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(fd);
+  if (rc != 0) throw std::runtime_error(fmt::format("--dataset-loader-cmd: cannot start /bin/sh: {}", std::strerror(rc)));
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) throw std::runtime_error(fmt::format("--dataset-loader-cmd: waitpid: {}", std::strerror(errno)));
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw std::runtime_error(fmt::format("--dataset-loader-cmd '{}' on {} failed ({})", cmd, path,
+                                         WIFEXITED(status) ? fmt::format("exit status {}", WEXITSTATUS(status))
+                                                           : fmt::format("signal {}", WTERMSIG(status))));
+}
+
+// A temporary file removed when it goes out of scope.
+struct TempFile {
+  fs::path path;
+  ~TempFile() {
+    std::error_code ec;
+    if (!path.empty()) fs::remove(path, ec);
+  }
+};
+
+}  // namespace
+
+int cmd_train(const Args& args) {
+  std::string ckpt, algo = "sft", dataset, loader_cmd, media_root, train_on = "all", device = "cpu", dtype;
+  std::string lm_trainable = "all", decay_style = "cosine", save_path, resume, metrics_dir;
+  bool skip_bad = false;
+  int64_t max_prompt = 0, max_new = 0, save_interval = 0, grad_accum = 0;
+  std::optional<int64_t> mini_bs;
+  train::SftOptions o;
+  auto num = [](const std::string& flag, double& dst, double min) {
+    return [&dst, flag, min](const std::string& v) { dst = parse_double_flag(flag, v, min); };
+  };
+  Flags flags("train", kTrainUsage);
+  flags.value("--ckpt", ckpt).value("--model-path", ckpt).value("--algo", algo).value("--dataset-path", dataset);
+  flags.value("--dataset-loader-cmd", loader_cmd).value("--media-root", media_root).value("--train-on", train_on);
+  flags.toggle("--skip-bad-rows", skip_bad);
+  flags.integer("--max-prompt-tokens", max_prompt, 1).integer("--max-new-tokens", max_new, 1);
+  flags.integer("--epochs", o.epochs, 1).integer("--max-steps", o.max_steps, 1).integer("--batch-size", o.batch_size, 1);
+  flags.value("--mini-bs", [&](const std::string& v) { mini_bs = parse_int_flag("--mini-bs", v, 1); });
+  flags.integer("--gradient-accumulation-steps", grad_accum, 1);
+  flags.value("--lr", num("--lr", o.lr, 0)).value("--min-lr", num("--min-lr", o.min_lr, 0));
+  flags.integer("--lr-decay-steps", o.lr_decay_steps, 1).value("--lr-decay-style", decay_style);
+  flags.integer("--warmup-steps", o.warmup_steps, 0);
+  flags.value("--adam-beta1", num("--adam-beta1", o.adam_beta1, 0)).value("--adam-beta2", num("--adam-beta2", o.adam_beta2, 0));
+  flags.value("--adam-eps", num("--adam-eps", o.adam_eps, 0)).value("--weight-decay", num("--weight-decay", o.weight_decay, 0));
+  flags.value("--grad-clip-norm", num("--grad-clip-norm", o.grad_clip_norm, 0));
+  flags.toggle("--activation-checkpointing", o.activation_checkpointing, true);
+  flags.toggle("--no-activation-checkpointing", o.activation_checkpointing, false);
+  flags.integer("--seed", o.seed, 0).toggle("--no-shuffle", o.shuffle, false);
+  flags.integer("--loss-chunk-rows", o.loss_chunk_rows, 1);
+  flags.value("--device", device).value("--dtype", dtype).value("--lm-trainable", lm_trainable);
+  flags.toggle("--unfreeze-mm-projector", o.groups.projector, true).toggle("--unfreeze-mm-tower", o.groups.tower, true);
+  flags.value("--mm-projector-lr", num("--mm-projector-lr", o.mm_projector_lr, 0));
+  flags.value("--mm-tower-lr", num("--mm-tower-lr", o.mm_tower_lr, 0));
+  flags.value("--save-path", save_path).integer("--save-interval", save_interval, 1).value("--resume", resume);
+  flags.value("--metrics-log-dir", metrics_dir);
+  if (auto rc = flags.parse(args)) return *rc;
+
+  if (algo != "sft")
+    throw std::invalid_argument(fmt::format("--algo: '{}' is not supported (sft; RL is issue 15)", algo));
+  if (dataset.empty()) {
+    fmt::print(stderr, "areno train: --dataset-path is required\n\n{}", kTrainUsage);
+    return 2;
+  }
+  if (!fs::exists(dataset)) throw std::runtime_error(fmt::format("--dataset-path {}: no such file", dataset));
+  if (grad_accum > 0) {
+    if (o.batch_size % grad_accum != 0)
+      throw std::invalid_argument(fmt::format("--gradient-accumulation-steps {} does not divide --batch-size {}",
+                                              grad_accum, o.batch_size));
+    if (mini_bs && *mini_bs != o.batch_size / grad_accum)
+      throw std::invalid_argument(fmt::format("--mini-bs {} contradicts --batch-size {} / --gradient-accumulation-steps {}",
+                                              *mini_bs, o.batch_size, grad_accum));
+    o.mini_bs = o.batch_size / grad_accum;
+  } else if (mini_bs) {
+    o.mini_bs = *mini_bs;
+  }
+  o.mini_bs = std::min(o.mini_bs, o.batch_size);
+  o.decay = train::decay_style_from_name(decay_style);
+  o.groups.lm = train::lm_trainable_from_name(lm_trainable);
+  const train::TrainOn on = train::train_on_from_name(train_on);
+  train::validate(o);
+  if (save_path.empty()) fmt::print(stderr, "areno train: no --save-path: the trained weights will not be saved\n");
+
+  // The model: a step folder to resume, the checkpoint, or the demo.
+  fs::path step_dir;
+  if (!resume.empty()) step_dir = train::resolve_resume_dir(resume);
+  const std::string model_dir = !step_dir.empty() ? step_dir.string() : ckpt;
+  ServedModel sm = load_served_model(model_dir, device, dtype);
+
+  // The rows, through the serving processor.
+  train::DatasetOptions dopts;
+  dopts.train_on = on;
+  dopts.media_root = media_root;
+  dopts.skip_bad_rows = skip_bad;
+  dopts.max_prompt_tokens = max_prompt;
+  dopts.max_new_tokens = max_new;
+  dopts.image = sm.model->image_embed() != nullptr;
+  dopts.audio = sm.model->audio_embed() != nullptr;
+  TempFile loaded;
+  fs::path rows_file = dataset;
+  if (!loader_cmd.empty()) {
+    loaded.path = fs::temp_directory_path() / fmt::format("areno-loader-{}.jsonl", ::getpid());
+    run_loader(loader_cmd, dataset, loaded.path);
+    rows_file = loaded.path;
+    if (dopts.media_root.empty()) dopts.media_root = fs::absolute(dataset).parent_path().string();
+  }
+  train::SftDataset data = train::load_sft_dataset(rows_file, *sm.tokenizer, dopts);
+  fmt::print(stderr, "dataset {}: {} rows ({} bad rows skipped, {} too long dropped)\n", dataset, data.rows.size(),
+             data.bad_rows, data.too_long);
+
+  train::SftTrainer trainer(sm.model, std::move(data.rows), o);
+  if (!step_dir.empty()) {
+    trainer.load_state(step_dir);
+    fmt::print(stderr, "resumed from {} at step {}\n", step_dir.string(), trainer.state().step);
+  }
+  int64_t trainable = 0;
+  for (const ParamGroup& g : trainer.optimizer().param_groups())
+    for (const Tensor& p : g.params) trainable += p.numel();
+  fmt::print(stderr, "training {} of {} parameters for {} steps ({} per epoch)\n", trainable,
+             sm.model->num_parameters(), trainer.total_steps(), trainer.steps_per_epoch());
+
+  std::optional<train::MetricsWriter> metrics;
+  if (!metrics_dir.empty()) metrics.emplace(metrics_dir, trainer.state().step);
+  const fs::path source = step_dir.empty() ? fs::path(ckpt) : step_dir;
+  auto save = [&] {
+    const tok::Tokenizer& tk = *sm.tokenizer;
+    const bool demo = sm.demo;
+    fs::path dir = trainer.save_checkpoint(save_path, source, [&](const fs::path& tmp) {
+      if (demo) phi4mm::write_tokenizer_files(tk, tmp);
+    });
+    fmt::print(stderr, "saved {}\n", dir.string());
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!trainer.done()) {
+    const train::StepStats st = trainer.step();
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double tps = st.seconds > 0 ? double(st.tokens) / st.seconds : 0;
+    train::ProgressInfo pi;
+    pi.step = st.step, pi.total_steps = trainer.total_steps(), pi.loss = st.loss, pi.lrs = st.lrs;
+    pi.grad_norm = st.grad_norm, pi.tokens_per_s = tps, pi.elapsed_s = elapsed;
+    // ETA from this run's steps only (a resumed run starts its clock at the resume step).
+    fmt::print("{}\n", train::format_progress(pi));
+    std::fflush(stdout);
+    if (!std::isfinite(st.loss))
+      throw std::runtime_error(fmt::format("step {}: the loss is not finite ({}); stopping", st.step, st.loss));
+    if (metrics) {
+      train::Scalars s = {{"train/loss", st.loss}, {"train/grad_norm", st.grad_norm}};
+      for (auto& [g, lr] : st.lrs) s.emplace_back("train/lr/" + g, lr);
+      s.insert(s.end(), {{"train/tokens", double(st.tokens)},
+                         {"train/target_tokens", double(st.target_tokens)},
+                         {"train/tokens_per_s", tps},
+                         {"time/step_s", st.seconds},
+                         {"memory/peak_rss_bytes", double(train::peak_rss_bytes())}});
+      metrics->write(st.step, s);
+    }
+    if (!save_path.empty() && (trainer.done() || (save_interval > 0 && st.step % save_interval == 0))) save();
+  }
+  return 0;
+}
+
+}  // namespace areno::app
