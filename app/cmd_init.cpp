@@ -11,6 +11,7 @@
 #include "models/phi4mm/checkpoint.h"
 #include "models/phi4mm/init.h"
 #include "models/phi4mm/model.h"
+#include "models/phi4mm/processor/processor_config.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "nn/io/finite.h"
 
@@ -23,7 +24,8 @@ constexpr const char* kInitUsage =
     "                  [--rank-file FILE | --no-tokenizer]\n"
     "\n"
     "Writes a random-weight checkpoint (config.json, generation_config.json,\n"
-    "model*.safetensors (+ index when sharded), tokenizer files) with every\n"
+    "model*.safetensors (+ index when sharded), preprocessor_config.json,\n"
+    "tokenizer files) with every\n"
     "component: the text model, both LoRA adapters, the SigLIP vision tower with\n"
     "its separators and projector, and the Conformer audio encoder with its\n"
     "speech and vision projectors. tiny/small write their smaller tower sizes\n"
@@ -77,6 +79,7 @@ int cmd_init(const Args& args) {
   auto model = phi4mm::init_phi4mm(preset, *seed, dt);
   phi4mm::save_model(*model, out);
   check_finite(SafetensorsCheckpoint(out));  // --check-weights is always on here
+  phi4mm::write_preprocessor_config(out);
   if (tokenizer)
     phi4mm::write_tokenizer_files(rank_file.empty() ? phi4mm::make_tokenizer() : phi4mm::make_tokenizer(rank_file),
                                   out);

@@ -12,6 +12,7 @@
 
 #include "models/phi4mm/checkpoint.h"
 #include "models/phi4mm/model.h"
+#include "models/phi4mm/processor/processor_config.h"
 #include "nn/io/atomic_file.h"
 #include "nn/io/files.h"
 #include "tensor/autograd.h"
@@ -287,6 +288,7 @@ fs::path SftTrainer::save_checkpoint(const fs::path& save_path, const fs::path& 
       write_file_atomic((tmp / f).string(), read_file(entry.path().string()));
     }
   }
+  if (!fs::exists(tmp / "preprocessor_config.json")) phi4mm::write_preprocessor_config(tmp);
   if (add_files) add_files(tmp);
   optimizer_->save_state((tmp / "optimizer.safetensors").string());
   json st = {{"format", 1},
