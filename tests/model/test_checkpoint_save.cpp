@@ -13,6 +13,9 @@
 #include "models/phi4mm/checkpoint.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "nn/io/atomic_file.h"
+#include "nn/io/files.h"
+
+#include <nlohmann/json.hpp>
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
 #include "tests/model/model_fixtures.h"
@@ -88,7 +91,11 @@ TEST_CASE("phi4mm/areno init into a folder with an older sharded checkpoint") {
   save_model(*scaled_tiny(1.0), tmp.str(), sharded());  // vocabulary 128, three shards + index
   REQUIRE(app::cmd_init({"--preset", "tiny", "--out", tmp.str(), "--seed", "3", "--dtype", "f32",
                          "--no-tokenizer"}) == 0);
-  CHECK(names_in(tmp.str()) == kSingleLayout);
+  CHECK(names_in(tmp.str()) == std::vector<std::string>{"config.json", "generation_config.json", "model.safetensors",
+                                                        "preprocessor_config.json"});
+  const auto pre = nlohmann::json::parse(read_file(tmp.str("preprocessor_config.json")));
+  CHECK(pre["dynamic_hd"] == 36);
+  CHECK(pre["processor_class"] == "Phi4MMProcessor");
   LoadOptions text_only;
   text_only.vision = text_only.audio = false;
   text_only.check_weights = true;
