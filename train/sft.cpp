@@ -78,6 +78,15 @@ DecayStyle decay_style_from_name(const std::string& name) {
   throw std::invalid_argument(fmt::format("--lr-decay-style: '{}' is not cosine, linear or constant", name));
 }
 
+std::shared_ptr<LrSchedule> make_schedule(DecayStyle style, int64_t warmup, int64_t decay_steps, double min_ratio) {
+  switch (style) {
+    case DecayStyle::cosine: return std::make_shared<WarmupCosineSchedule>(warmup, decay_steps, min_ratio);
+    case DecayStyle::linear: return std::make_shared<WarmupLinearSchedule>(warmup, decay_steps, min_ratio);
+    case DecayStyle::constant: return std::make_shared<WarmupConstantSchedule>(warmup);
+  }
+  throw std::invalid_argument("unknown decay style");
+}
+
 void validate(const SftOptions& o) {
   require(o.epochs >= 1, "--epochs", "must be at least 1");
   require(o.max_steps >= 0, "--max-steps", "must be >= 0");
@@ -131,18 +140,7 @@ SftTrainer::SftTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::ve
   h.lr[int(Group::projector)] = options_.mm_projector_lr > 0 ? options_.mm_projector_lr : options_.lr;
   h.lr[int(Group::tower)] = options_.mm_tower_lr > 0 ? options_.mm_tower_lr : options_.lr;
   h.weight_decay = options_.weight_decay;
-  const double min_ratio = options_.min_lr / options_.lr;
-  switch (options_.decay) {
-    case DecayStyle::cosine:
-      h.schedule = std::make_shared<WarmupCosineSchedule>(options_.warmup_steps, decay, min_ratio);
-      break;
-    case DecayStyle::linear:
-      h.schedule = std::make_shared<WarmupLinearSchedule>(options_.warmup_steps, decay, min_ratio);
-      break;
-    case DecayStyle::constant:
-      h.schedule = std::make_shared<WarmupConstantSchedule>(options_.warmup_steps);
-      break;
-  }
+  h.schedule = make_schedule(options_.decay, options_.warmup_steps, decay, options_.min_lr / options_.lr);
   AdamWOptions ao;
   ao.beta1 = options_.adam_beta1;
   ao.beta2 = options_.adam_beta2;

@@ -39,6 +39,11 @@ namespace areno::train {
 enum class DecayStyle { cosine, linear, constant };
 DecayStyle decay_style_from_name(const std::string& name);  // "cosine" | "linear" | "constant"
 
+// The learning-rate factor every group shares: linear warm-up over `warmup`
+// steps, then the decay style down to `min_ratio` (min_lr / lr) at step
+// `decay_steps`, held there (constant: 1 after warm-up).
+std::shared_ptr<LrSchedule> make_schedule(DecayStyle style, int64_t warmup, int64_t decay_steps, double min_ratio);
+
 struct SftOptions {
   int64_t epochs = 1;
   int64_t max_steps = 0;    // > 0: stop after this many steps (epochs repeat as needed)
