@@ -280,7 +280,7 @@ fs::path SftTrainer::save_checkpoint(const fs::path& save_path, const fs::path& 
       if (!entry.is_regular_file()) continue;
       const std::string f = entry.path().filename().string();
       if (f == "config.json" || f == "generation_config.json" || f == "model.safetensors.index.json" ||
-          f == "trainer_state.json" || f == "optimizer.safetensors" || f == "latest" ||
+          f == "trainer_state.json" || f == "latest" ||
           entry.path().extension() == ".safetensors" || f.find(".tmp-") != std::string::npos)
         continue;
       write_file_atomic((tmp / f).string(), read_file(entry.path().string()));
@@ -288,7 +288,11 @@ fs::path SftTrainer::save_checkpoint(const fs::path& save_path, const fs::path& 
   }
   if (!fs::exists(tmp / "preprocessor_config.json")) phi4mm::write_preprocessor_config(tmp);
   if (add_files) add_files(tmp);
-  optimizer_->save_state((tmp / "optimizer.safetensors").string());
+  // In a subfolder: tools that read every *.safetensors of a checkpoint
+  // folder as weights (the port's conversion script, vLLM) must not see it.
+  fs::create_directories(tmp / "optimizer");
+  optimizer_->save_state((tmp / "optimizer" / "optimizer.safetensors").string());
+  sync_dir((tmp / "optimizer").string());
   json st = {{"format", 1},
              {"step", state_.step},
              {"epoch", state_.epoch},
@@ -337,7 +341,7 @@ void SftTrainer::load_state(const fs::path& step_dir) {
   if (s.position >= int64_t(rows_.size()))
     throw std::runtime_error(fmt::format("{}: position {} is past the dataset's {} rows", file.string(), s.position,
                                          rows_.size()));
-  optimizer_->load_state((step_dir / "optimizer.safetensors").string());
+  optimizer_->load_state((step_dir / "optimizer" / "optimizer.safetensors").string());
   state_ = s;
 }
 

@@ -15,7 +15,9 @@
 //
 // save_checkpoint writes <save>/step-N/ in the released layout (weights,
 // config, tokenizer and processor files copied from the source checkpoint)
-// plus optimizer.safetensors (moments, master weights, step counts) and
+// plus optimizer/optimizer.safetensors (moments, master weights, step counts;
+// in a subfolder, so tools that read every *.safetensors of the folder as
+// weights do not see it) and
 // trainer_state.json (step, epoch, data position, seed, dataset fingerprint),
 // all in a temporary folder that is synced and renamed, then <save>/latest.
 // A run resumed from it (load the model from the step folder, then

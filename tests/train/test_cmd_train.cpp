@@ -185,7 +185,7 @@ TEST_CASE("areno train: a run stopped after 2 steps and resumed from its save fo
   run({"--max-steps", "2", "--save-path", dir.str("save"), "--metrics-log-dir", dir.str("mb")});
   CHECK(read_file(dir.str("save/latest")) == "step-2\n");
   for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                        "tokenizer_config.json", "preprocessor_config.json", "optimizer.safetensors", "trainer_state.json"})
+                        "tokenizer_config.json", "preprocessor_config.json", "optimizer/optimizer.safetensors", "trainer_state.json"})
     CHECK(fs::exists(dir.path / "save" / "step-2" / f));
   run({"--max-steps", "4", "--resume", dir.str("save"), "--save-path", dir.str("save"), "--metrics-log-dir",
        dir.str("mb")});
