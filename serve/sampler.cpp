@@ -56,13 +56,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 }  // namespace
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 // The uniform number of generated token `step` of sample `sample`: a pure
 // function of its arguments, so batching and preemption cannot change it.
 double uniform01(uint64_t seed, int64_t sample, int64_t step) {

@@ -101,6 +101,5 @@ TokenLogprob make_logprob(const float* row, int64_t n, double lse, int64_t token
 
 // The uniform number of generated token `step` of sample `sample`.
 double uniform01(uint64_t seed, int64_t sample, int64_t step);
-uint64_t splitmix64(uint64_t x);
 
 }  // namespace areno::serve

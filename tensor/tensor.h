@@ -162,6 +162,15 @@ class Generator {
   uint64_t offset_ = 0;
 };
 
+// SplitMix64: the one integer mixer for seeds derived from other seeds
+// (sampling streams, dropout masks, data order).
+constexpr uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
 Tensor rand_uniform(Shape shape, Generator& gen, double low = 0.0, double high = 1.0,
                     TensorOptions opts = {});
 Tensor rand_normal(Shape shape, Generator& gen, double mean = 0.0, double std = 1.0,

@@ -24,13 +24,7 @@ using nlohmann::json;
 
 namespace {
 
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-uint64_t mix(uint64_t a, uint64_t b) { return mix(a ^ mix(b + 0x632be59bd9b4e019ull)); }
+uint64_t mix(uint64_t a, uint64_t b) { return splitmix64(a ^ splitmix64(b + 0x632be59bd9b4e019ull)); }
 
 void require(bool ok, const char* flag, const std::string& what) {
   if (!ok) throw std::invalid_argument(fmt::format("{}: {}", flag, what));
@@ -164,7 +158,7 @@ std::vector<int64_t> SftTrainer::epoch_order(int64_t epoch) const {
   // Fisher-Yates on our own stream: the same order on every platform.
   uint64_t s = mix(options_.seed, uint64_t(epoch));
   for (size_t i = order.size(); i > 1; --i) {
-    s = mix(s);
+    s = splitmix64(s);
     std::swap(order[i - 1], order[size_t(s % i)]);
   }
   return order;

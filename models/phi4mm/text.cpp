@@ -40,13 +40,8 @@ Weight::Weight(const std::string& type, Shape shape, TensorOptions opts) : Modul
 
 namespace {
 
-// A generator seed per (forward, layer): splitmix64 of the two.
-uint64_t dropout_stream(uint64_t seed, uint64_t salt) {
-  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (salt + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+// A generator seed per (forward, layer, adapter).
+uint64_t dropout_stream(uint64_t seed, uint64_t salt) { return splitmix64(seed ^ splitmix64(salt)); }
 
 }  // namespace
 
