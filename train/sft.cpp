@@ -42,7 +42,9 @@ void check_dropouts(const phi4mm::Phi4MMForCausalLM& m, const GroupOptions& g) {
     auto it = j.find(key);
     return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
   };
-  if (g.lm == LmTrainable::all)
+  // The decoder layers run in training mode as soon as any of their
+  // parameters (the LoRA branches included) train.
+  if (g.lm != LmTrainable::none)
     for (const char* key : {"embd_pdrop", "resid_pdrop", "attention_dropout"})
       if (double v = number(raw, key); v != 0) refuse(key, v, "decoder");
   if (!g.tower) return;

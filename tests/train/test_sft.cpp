@@ -295,3 +295,24 @@ TEST_CASE("train/checkpoint: a resumed run reproduces the uninterrupted losses e
     CHECK_THROWS_WITH_AS(t.load_state(step2), doctest::Contains("another dataset"), std::runtime_error);
   }
 }
+
+TEST_CASE("train/freeze: a dropout the forward does not implement is refused for a group that trains") {
+  phi4mm::Config c = phi4mm::preset_config("tiny");
+  c.raw["resid_pdrop"] = 0.1;
+  c.raw["audio_processor"]["config"]["dropout_rate"] = 0.05;
+  auto model = phi4mm::init_phi4mm(c, 5, DType::f32);
+  CHECK_THROWS_WITH_AS(SftTrainer(model, golden_rows(), SftOptions{}),
+                       doctest::Contains("config.json: resid_pdrop = 0.1"), std::invalid_argument);
+  SftOptions lora;
+  lora.groups.lm = LmTrainable::lora;
+  CHECK_THROWS_AS(SftTrainer(model, golden_rows(), lora), std::invalid_argument);
+  SftOptions towers;
+  towers.groups.lm = LmTrainable::none;
+  towers.groups.tower = true;
+  CHECK_THROWS_WITH_AS(SftTrainer(model, golden_rows(), towers),
+                       doctest::Contains("audio_processor.config.dropout_rate = 0.05"), std::invalid_argument);
+  SftOptions projector;  // the decoder and towers frozen: their dropouts never run
+  projector.groups.lm = LmTrainable::none;
+  projector.groups.projector = true;
+  CHECK_NOTHROW(SftTrainer(model, golden_rows(), projector));
+}
