@@ -8,6 +8,7 @@
 #include <map>
 
 #include "models/phi4mm/checkpoint.h"
+#include "models/phi4mm/kv_cache.h"
 #include "nn/io/files.h"
 #include "tensor/autograd.h"
 #include "tests/test_util.h"
@@ -275,6 +276,17 @@ TEST_CASE("train/checkpoint: a resumed run reproduces the uninterrupted losses e
     Tensor want = model->logits(b);
     b.media_rows = phi4mm::media_rows(*loaded, r.media);
     CHECK(max_abs_diff(loaded->logits(b), want) == 0.0);
+    // And through the serving forward (paged KV cache, chunked prefill, the
+    // inference kernels): the last row's logits, bit for bit.
+    auto served = [&](const phi4mm::Phi4MMForCausalLM& m) {
+      phi4mm::PagedKvCache cache(m, 64);
+      phi4mm::KvSequence seq;
+      phi4mm::IncrementalBatch ib;
+      ib.add(seq, r.ids, r.adapter);
+      ib.media_rows = phi4mm::media_rows(m, r.media);
+      return phi4mm::forward_incremental(m, cache, ib);
+    };
+    CHECK(max_abs_diff(served(*loaded), served(*model)) == 0.0);
   }
   CHECK(resolve_resume_dir(dir.path / "save") == step2);
   {
