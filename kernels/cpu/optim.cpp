@@ -16,26 +16,34 @@ void CpuBackend::adamw_step(const Tensor& param, const Tensor& grad, const Tenso
   double bc2 = 1.0 - std::pow(args.beta2, double(args.step));
   double step_size = args.lr / bc1;
   double decay = 1.0 - args.lr * args.weight_decay;
-  float b1 = float(args.beta1), b2 = float(args.beta2);
+  const float b1 = float(args.beta1), b2 = float(args.beta2);
+  const double eps = args.eps;
   auto run = [&](auto ptag, auto gtag) {
     using P = decltype(ptag);
     using G = decltype(gtag);
-    P* pp = static_cast<P*>(param.data_ptr());
-    const G* gp = static_cast<const G*>(grad.data_ptr());
-    float* master_p = master.defined() ? static_cast<float*>(master.data_ptr()) : nullptr;
-    parallel_for(n, 16, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) {
-        float g = float(gp[i]);
-        mp[i] = b1 * mp[i] + (1.0f - b1) * g;
-        vp[i] = b2 * vp[i] + (1.0f - b2) * g * g;
-        double denom = std::sqrt(double(vp[i]) / bc2) + args.eps;
-        if (master_p) {
-          double w = double(master_p[i]) * decay - step_size * double(mp[i]) / denom;
+    P* __restrict pp = static_cast<P*>(param.data_ptr());
+    const G* __restrict gp = static_cast<const G*>(grad.data_ptr());
+    float* __restrict master_p = master.defined() ? static_cast<float*>(master.data_ptr()) : nullptr;
+    // The moments' and the weight's new values; one loop per case, no
+    // aliasing, so that the compiler vectorises it.
+    parallel_for(n, 4096, [&](int64_t lo, int64_t hi) {
+      float* __restrict m_ = mp;
+      float* __restrict v_ = vp;
+      if (master_p) {
+        for (int64_t i = lo; i < hi; ++i) {
+          const float g = float(gp[i]);
+          const float mi = b1 * m_[i] + (1.0f - b1) * g, vi = b2 * v_[i] + (1.0f - b2) * g * g;
+          m_[i] = mi, v_[i] = vi;
+          const double w = double(master_p[i]) * decay - step_size * double(mi) / (std::sqrt(double(vi) / bc2) + eps);
           master_p[i] = float(w);
           pp[i] = P(float(w));
-        } else {
-          double w = double(pp[i]) * decay - step_size * double(mp[i]) / denom;
-          pp[i] = P(w);
+        }
+      } else {
+        for (int64_t i = lo; i < hi; ++i) {
+          const float g = float(gp[i]);
+          const float mi = b1 * m_[i] + (1.0f - b1) * g, vi = b2 * v_[i] + (1.0f - b2) * g * g;
+          m_[i] = mi, v_[i] = vi;
+          pp[i] = P(double(pp[i]) * decay - step_size * double(mi) / (std::sqrt(double(vi) / bc2) + eps));
         }
       }
     });
