@@ -34,7 +34,11 @@
 //   [--mini-bs 1] [--warmup 1] [--steps 3] [--rows N] [--activation-checkpointing on|off]
 //   [--lm-trainable all|lora] [--targets half|all] [--lr 1e-5] [--weight-decay 0.1]
 //   [--phases on|off] [--gemm-peak on|off] [--perf-fifo PATH]
-//   [--device cpu|cuda[:N]] [--dtype f32|bf16] [--peak-tflops X]
+//   [--device cpu|cuda[:N]] [--dtype f32|bf16] [--peak-tflops X] [--loss-only REPS]
+// --loss-only REPS: no training steps; times chunked_cross_entropy_sum alone
+// (train/loss.h) on the model's head and random hidden states of
+// batch_size x (targets per row) rows, forward and backward separately, one
+// warm-up then REPS repetitions (best and median), and reports peak RSS.
 // --device cuda: the model is built on the host in --dtype and moved; every
 // step ends with a device synchronize (its time is the wall time); peak RSS
 // is then the host's, and "mfu" = model FLOPs/s / --peak-tflops (the GEMM
@@ -45,6 +49,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -105,6 +110,7 @@ struct Args {
   std::string perf_fifo;  // perf record --control=fifo:PATH: enabled for the measured steps only
   std::string device = "cpu", dtype = "f32";
   double peak_tflops = 0;  // > 0: MFU against this peak (e.g. 989 for H200 dense bf16)
+  int64_t loss_only = 0;   // > 0: time only the loss, this many repetitions
   std::string lm = "all";
   double lr = 1e-5, weight_decay = 0.1;
 };
@@ -142,6 +148,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--device") a.device = v;
     else if (f == "--dtype") a.dtype = v;
     else if (f == "--peak-tflops") a.peak_tflops = std::stod(v);
+    else if (f == "--loss-only") a.loss_only = std::stoll(v);
     else throw std::invalid_argument(fmt::format("unknown option '{}' (see the top of bench_train.cpp)", f));
   }
   if (a.lm != "all" && a.lm != "lora") throw std::invalid_argument("--lm-trainable: expected all or lora");
@@ -206,6 +213,47 @@ std::string json_list(const std::vector<double>& v, int digits) {
   return s + "]";
 }
 
+// --loss-only: the loss's forward and backward on their own.
+int loss_only(const Args& a, Phi4MMForCausalLM& model, Device dev) {
+  const int64_t H = model.config().text.hidden_size;
+  const int64_t per_row = a.half ? a.seq / 2 : a.seq - 1;
+  const int64_t N = a.batch * per_row;
+  Tensor head = model.model->embed_tokens->weight;
+  head.set_requires_grad(true);
+  Generator g(a.seed);
+  Tensor hidden = rand_normal({N, H}, g, 0.0, 1.0, TensorOptions(head.dtype(), dev));
+  hidden.set_requires_grad(true);
+  const std::vector<int64_t> tg = bench_ids(N, kIdLimit, 7);
+  const Tensor targets = from_vector(tg, {N});
+  std::vector<double> fwd, bwd;
+  double value = 0;
+  for (int64_t r = 0; r <= a.loss_only; ++r) {
+    head.zero_grad();
+    hidden.zero_grad();
+    double t0 = now_s();
+    Tensor loss = mul(chunked_cross_entropy_sum(hidden, head, targets), 1.0 / double(N));
+    value = loss.item();
+    const double tf = now_s() - t0;
+    t0 = now_s();
+    loss.backward();
+    backend(dev).synchronize(dev);
+    const double tb = now_s() - t0;
+    if (r > 0) fwd.push_back(tf), bwd.push_back(tb);
+  }
+  auto best = [](std::vector<double> v) { return *std::min_element(v.begin(), v.end()); };
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  fmt::print("{{\"impl\": \"areno\", \"bench\": \"loss_only\", \"rows\": {}, \"vocab\": {}, \"hidden\": {}, "
+             "\"loss\": {:.6f}, \"forward_s\": {}, \"backward_s\": {}, \"forward_best_s\": {:.3f}, "
+             "\"forward_median_s\": {:.3f}, \"backward_best_s\": {:.3f}, \"backward_median_s\": {:.3f}, "
+             "\"peak_rss_bytes\": {}}}\n",
+             N, head.size(0), H, value, json_list(fwd, 3), json_list(bwd, 3), best(fwd), median(fwd), best(bwd),
+             median(bwd), peak_rss_bytes());
+  return 0;
+}
+
 int run(int argc, char** argv) {
   const Args a = parse(argc, argv);
   const char* threads = std::getenv("OMP_NUM_THREADS");
@@ -217,6 +265,7 @@ int run(int argc, char** argv) {
   const double build_s = now_s() - t_build;
   const int64_t rss_model = peak_rss_bytes();
 
+  if (a.loss_only > 0) return loss_only(a, *model, dev);
   const bool lora = a.lm == "lora";
   std::vector<SftRow> rows;
   for (int64_t r = 0; r < a.rows; ++r) rows.push_back(make_row(r, a.seq, a.half, lora ? Adapter::vision : Adapter::none));
