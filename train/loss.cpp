@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "tensor/autograd.h"
+#include "tensor/backend.h"
 #include "tensor/ops.h"
 
 namespace areno::train {
@@ -15,7 +16,6 @@ namespace {
 struct Chunk {
   int64_t begin, rows;
   Tensor targets;  // [rows, 1] i64 on the device
-  Tensor lse;      // [rows, 1] f32 log-sum-exp of the chunk's logits
 };
 
 // The chunk's logits in f32: [rows, V].
@@ -59,12 +59,14 @@ Tensor chunked_cross_entropy_sum(const Tensor& hidden, const Tensor& weight, con
   {
     NoGradGuard ng;
     for (int64_t b = 0; b < N; b += chunk_rows) {
-      Chunk c{b, std::min(chunk_rows, N - b), Tensor(), Tensor()};
+      Chunk c{b, std::min(chunk_rows, N - b), Tensor()};
       c.targets = all_targets.narrow(0, b, c.rows);
-      Tensor lg = chunk_logits(h, weight, c);
-      Tensor m = max(lg, 1, true);
-      c.lse = add(m, log(sum(exp(sub(lg, m)), {1}, true)));
-      Tensor part = sum(sub(c.lse, gather(lg, 1, c.targets)));
+      // log_softmax in place in the chunk's own logits buffer: one row kernel
+      // (max, exp-sum, subtract) instead of four passes and two more
+      // [rows, V] temporaries.
+      Tensor lp = chunk_logits(h, weight, c);
+      backend(dev).softmax(lp, lp, /*log=*/true);
+      Tensor part = neg(sum(gather(lp, 1, c.targets)));
       total = total.defined() ? add(total, part) : part;
       chunks.push_back(std::move(c));
     }
@@ -77,14 +79,19 @@ Tensor chunked_cross_entropy_sum(const Tensor& hidden, const Tensor& weight, con
     Tensor gw;
     const Tensor gf = g.to(DType::f32);
     for (const Chunk& c : chunks) {
-      Tensor p = exp(sub(chunk_logits(hd, wd, c), c.lse));
-      p = scatter_add(p, 1, c.targets, full({c.rows, 1}, -1.0, TensorOptions(DType::f32, p.device())));
-      p = mul(p, gf);
+      // p = softmax(logits) - onehot(target), in the recomputed logits'
+      // buffer; the incoming gradient scales the small operands instead of p.
+      Tensor p = chunk_logits(hd, wd, c);
+      backend(p.device()).softmax(p, p, /*log=*/false);
+      backend(p.device()).scatter(p, 1, c.targets, full({c.rows, 1}, -1.0, TensorOptions(DType::f32, p.device())),
+                                  /*accumulate=*/true);
       // The rows' gradient in the weight's dtype; the weight's in f32 (a bf16
-      // sum over chunks would lose the small contributions).
-      gh.push_back(matmul(p.to(wd.dtype()), wd));
-      Tensor part = matmul(p.t(), hd.narrow(0, c.begin, c.rows).to(DType::f32));
-      gw = gw.defined() ? add(gw, part) : part;
+      // sum over chunks would lose the small contributions), accumulated in
+      // place over the chunks.
+      gh.push_back(mul(matmul(p.to(wd.dtype()), wd), gf));
+      Tensor hc = mul(hd.narrow(0, c.begin, c.rows).to(DType::f32), gf).contiguous();
+      if (!gw.defined()) gw = matmul(p.t(), hc);
+      else backend(p.device()).matmul(p.t().unsqueeze(0), hc.unsqueeze(0), gw.unsqueeze(0), 1.0, 1.0);
     }
     return std::vector<Tensor>{gh.size() == 1 ? gh[0] : cat(gh, 0), gw};
   });
