@@ -1,0 +1,388 @@
+#include "train/rl/objectives.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "tensor/autograd.h"
+#include "tensor/ops.h"
+
+namespace areno::train::rl {
+
+namespace {
+
+// The response mask of a [N, T] batch, as the ops and the host need it.
+struct Mask {
+  Tensor f;     // [N, T] 0/1 in logp's dtype
+  Tensor keep;  // [N, T] bool
+  std::vector<double> lens;  // response tokens per sequence
+  double tokens = 0;
+  double sequences = 0;      // sequences with at least one response token
+  int64_t N = 0, T = 0;
+};
+
+std::vector<double> host_f64(const Tensor& t) {
+  return t.detach().to(Device::cpu(), DType::f64).contiguous().to_vector<double>();
+}
+
+void check_tokens(const Tensor& t, int64_t N, int64_t T, const char* what, const char* name) {
+  if (!t.defined() || t.dim() != 2 || t.size(0) != N || t.size(1) != T || !is_floating(t.dtype()))
+    throw std::invalid_argument(fmt::format("{}: {} must be a [{}, {}] float tensor, got {}", what, name, N, T,
+                                            t.defined() ? t.str() : "none"));
+}
+
+void check_sequences(const Tensor& t, int64_t N, const char* what, const char* name) {
+  if (!t.defined() || t.dim() != 1 || t.size(0) != N || !is_floating(t.dtype()))
+    throw std::invalid_argument(fmt::format("{}: {} must be a [{}] float tensor, got {}", what, name, N,
+                                            t.defined() ? t.str() : "none"));
+}
+
+Mask read_mask(const Tensor& mask, const Tensor& logp, const char* what) {
+  if (!logp.defined() || logp.dim() != 2 || !is_floating(logp.dtype()))
+    throw std::invalid_argument(fmt::format("{}: logp must be a [N, T] float tensor, got {}", what,
+                                            logp.defined() ? logp.str() : "none"));
+  Mask m;
+  m.N = logp.size(0);
+  m.T = logp.size(1);
+  check_tokens(mask, m.N, m.T, what, "mask");
+  const std::vector<double> v = host_f64(mask);
+  m.lens.assign(size_t(m.N), 0.0);
+  for (int64_t i = 0; i < m.N; ++i)
+    for (int64_t t = 0; t < m.T; ++t) {
+      const double x = v[size_t(i * m.T + t)];
+      if (x != 0.0 && x != 1.0)
+        throw std::invalid_argument(fmt::format("{}: mask[{}, {}] is {}; a mask holds 0 or 1", what, i, t, x));
+      m.lens[size_t(i)] += x;
+    }
+  for (double l : m.lens) {
+    m.tokens += l;
+    m.sequences += l > 0;
+  }
+  m.keep = ne(mask, zeros_like(mask));
+  m.f = m.keep.to(logp.dtype());
+  return m;
+}
+
+// x where the mask is 1, else 0: what a masked position holds (padding
+// garbage, inf, NaN) never reaches an op whose value or gradient is kept.
+Tensor masked(const Tensor& x, const Mask& m) { return where(m.keep, x, zeros_like(x)); }
+
+Tensor token_mean(const Tensor& x, const Mask& m) {
+  return mul(sum(mul(x, m.f)), 1.0 / std::max(m.tokens, 1.0));
+}
+
+Tensor seq_mean_token_mean(const Tensor& x, const Mask& m) {
+  // Each sequence's token sum weighted by 1 / (|y_i| * sequences); 0 for an
+  // empty sequence.
+  std::vector<double> w(size_t(m.N), 0.0);
+  for (size_t i = 0; i < w.size(); ++i)
+    if (m.lens[i] > 0) w[i] = 1.0 / (m.lens[i] * m.sequences);
+  Tensor wt = from_vector(w, {m.N}, TensorOptions(x.dtype(), x.device()));
+  return sum(mul(sum(mul(x, m.f), {1}), wt));
+}
+
+Tensor aggregate(const Tensor& x, const Mask& m, LossAgg agg) {
+  return agg == LossAgg::token_mean ? token_mean(x, m) : seq_mean_token_mean(x, m);
+}
+
+double mean_of(const Tensor& x, const Mask& m) {
+  NoGradGuard ng;
+  return token_mean(x.detach().to(m.f.dtype()), m).item();
+}
+
+// clamp(x, lo, hi) whose gradient is 0 on the bounds themselves, as torch's
+// clamp (ours passes it there): the objectives are checked against torch,
+// and a ratio can sit exactly on a bound.
+Tensor clip(const Tensor& x, double lo, double hi) {
+  Tensor inside;
+  {
+    NoGradGuard ng;
+    inside = logical_and(gt(x, full_like(x, lo)), lt(x, full_like(x, hi)));
+  }
+  return where(inside, x, clamp(x.detach(), lo, hi));
+}
+
+// The clipped surrogate per token, from the log-ratio (whose gradient is the
+// caller's business) and the advantages, [N, T]:
+//   l = max(-A r, -A clip(r, 1 - eps, 1 + eps)), and with c > 0, for A < 0,
+//   l <- min(l, -A c) (dual clip).
+// At r exactly on 1 +- eps the two terms tie: the tie splits the gradient
+// evenly, and the clipped term has none there (see clip), so such a token gets
+// half its unclipped gradient, the mean of the two one-sided derivatives, as
+// torch gives; it does not count as clipped.
+struct Surrogate {
+  Tensor loss, ratio;
+  Tensor clipped;        // bool: the clipped term is the larger
+  Tensor clipped_lower;  // bool: held at -A c (dual clip only)
+};
+
+Surrogate clipped_surrogate(const Tensor& log_ratio, const Tensor& adv, double eps, double c) {
+  Surrogate s;
+  s.ratio = exp(log_ratio);
+  Tensor l1 = neg(mul(adv, s.ratio));
+  Tensor l2 = neg(mul(adv, clip(s.ratio, 1.0 - eps, 1.0 + eps)));
+  s.loss = maximum(l1, l2);
+  {
+    NoGradGuard ng;
+    s.clipped = gt(l2, l1);
+  }
+  if (c > 0) {
+    Tensor l3 = neg(mul(adv, c));
+    Tensor negative = lt(adv, zeros_like(adv));
+    {
+      NoGradGuard ng;
+      s.clipped_lower = logical_and(gt(s.loss, l3), negative);
+    }
+    s.loss = where(negative, minimum(s.loss, l3), s.loss);
+  }
+  return s;
+}
+
+Tensor log_ratio_of(const Tensor& lp, const Tensor& old) { return clip(sub(lp, old), -20.0, 20.0); }
+
+Tensor per_token(const Tensor& seq, const Mask& m) { return seq.unsqueeze(1).expand({m.N, m.T}); }
+
+}  // namespace
+
+Tensor sequence_logp(const Tensor& logp, const Tensor& mask) {
+  const Mask m = read_mask(mask, logp, "sequence_logp");
+  return sum(mul(masked(logp, m), m.f), {1});
+}
+
+Tensor low_var_kl(const Tensor& logp, const Tensor& ref_logp, const Tensor& mask) {
+  const Mask m = read_mask(mask, logp, "low_var_kl");
+  check_tokens(ref_logp, m.N, m.T, "low_var_kl", "ref_logp");
+  Tensor d = clip(sub(masked(ref_logp, m), masked(logp, m)), -20.0, 20.0);
+  Tensor k = clip(add(sub(exp(d), d), -1.0), -10.0, 10.0);
+  return mul(k, m.f);
+}
+
+// ---------------------------------------------------------------- GRPO
+
+Tensor group_advantages(const Tensor& rewards, int64_t group_size, double eps) {
+  if (!rewards.defined() || rewards.dim() != 1 || !is_floating(rewards.dtype()))
+    throw std::invalid_argument("group_advantages: rewards must be a [N] float tensor");
+  const int64_t N = rewards.size(0);
+  if (group_size < 1 || N % group_size != 0)
+    throw std::invalid_argument(fmt::format(
+        "group_advantages: {} rewards do not make groups of {} (--n-samples); N must be a multiple", N, group_size));
+  const std::vector<double> r = host_f64(rewards);
+  std::vector<double> a(r.size(), 0.0);
+  for (int64_t g0 = 0; g0 < N; g0 += group_size) {
+    const auto first = r.begin() + g0, last = first + group_size;
+    const auto [lo, hi] = std::minmax_element(first, last);
+    if (*lo == *hi) continue;  // all equal (or a group of one): no signal
+    double mean = 0;
+    for (auto it = first; it != last; ++it) mean += *it;
+    mean /= double(group_size);
+    double ss = 0;
+    for (auto it = first; it != last; ++it) ss += (*it - mean) * (*it - mean);
+    const double std = std::sqrt(ss / double(group_size - 1));
+    for (int64_t j = g0; j < g0 + group_size; ++j) a[size_t(j)] = (r[size_t(j)] - mean) / (std + eps);
+  }
+  return from_vector(a, {N}, TensorOptions(rewards.dtype(), rewards.device()));
+}
+
+PolicyLoss grpo_loss(const Tensor& logp, const Tensor& old_logp, const Tensor& advantages, const Tensor& mask,
+                     const GrpoOptions& o, const Tensor& ref_logp) {
+  const Mask m = read_mask(mask, logp, "grpo");
+  check_tokens(old_logp, m.N, m.T, "grpo", "old_logp");
+  check_sequences(advantages, m.N, "grpo", "advantages");
+  if (o.kl_coef > 0 && !ref_logp.defined())
+    throw std::invalid_argument("grpo: kl_coef > 0 needs the reference log-probabilities");
+  Tensor lp = masked(logp, m), old = masked(old_logp, m);
+  Tensor adv = masked(per_token(advantages.to(logp.dtype()), m), m);
+  Surrogate s = clipped_surrogate(log_ratio_of(lp, old), adv, o.clip_eps, 0.0);
+
+  PolicyLoss out;
+  Tensor pg = aggregate(s.loss, m, o.agg);
+  out.loss = pg;
+  if (o.kl_coef > 0) {
+    Tensor kl = aggregate(low_var_kl(logp, ref_logp, mask), m, o.agg);
+    out.stats.kl_loss = kl.item();
+    out.loss = add_scaled(pg, kl, o.kl_coef);
+  }
+  out.stats.pg_loss = pg.item();
+  out.stats.ratio_mean = mean_of(s.ratio, m);
+  out.stats.clip_frac = mean_of(s.clipped, m);
+  out.stats.kl = mean_of(sub(old, lp), m);
+  out.stats.advantage_mean = mean_of(adv, m);
+  return out;
+}
+
+// ---------------------------------------------------------------- GSPO
+
+PolicyLoss gspo_loss(const Tensor& logp, const Tensor& old_logp, const Tensor& advantages, const Tensor& mask,
+                     const GspoOptions& o) {
+  const Mask m = read_mask(mask, logp, "gspo");
+  check_tokens(old_logp, m.N, m.T, "gspo", "old_logp");
+  check_sequences(advantages, m.N, "gspo", "advantages");
+  Tensor lp = masked(logp, m), old = masked(old_logp, m);
+  // log s_i: the mean log-ratio over i's response tokens (0 for an empty
+  // sequence), clamped only against overflow.
+  std::vector<double> inv_len(size_t(m.N), 0.0);
+  for (size_t i = 0; i < inv_len.size(); ++i) inv_len[i] = m.lens[i] > 0 ? 1.0 / m.lens[i] : 0.0;
+  Tensor log_s;
+  {
+    NoGradGuard ng;
+    Tensor per_seq = sum(mul(sub(lp, old), m.f), {1});
+    log_s = clamp(mul(per_seq, from_vector(inv_len, {m.N}, TensorOptions(logp.dtype(), logp.device()))), -20.0, 20.0);
+  }
+  // GSPO-token: value log s_i at every token, gradient 1 w.r.t. that token's logp.
+  Tensor log_ratio = add(sub(lp, lp.detach()), per_token(log_s, m));
+  Tensor adv_seq = advantages.to(logp.dtype());
+  Tensor adv = masked(per_token(adv_seq, m), m);
+  Surrogate s = clipped_surrogate(log_ratio, adv, o.clip_eps, 0.0);
+
+  PolicyLoss out;
+  out.loss = seq_mean_token_mean(s.loss, m);
+  out.stats.pg_loss = out.loss.item();
+  // Sequence statistics: the ratio and the clipping decision are per sequence.
+  {
+    NoGradGuard ng;
+    Tensor s_seq = exp(log_s);
+    Tensor l1 = neg(mul(adv_seq, s_seq)), l2 = neg(mul(adv_seq, clamp(s_seq, 1.0 - o.clip_eps, 1.0 + o.clip_eps)));
+    const std::vector<double> sv = host_f64(s_seq), cv = host_f64(gt(l2, l1));
+    for (int64_t i = 0; i < m.N; ++i)
+      if (m.lens[size_t(i)] > 0) {
+        out.stats.ratio_mean += sv[size_t(i)];
+        out.stats.clip_frac += cv[size_t(i)];
+      }
+    out.stats.ratio_mean /= std::max(m.sequences, 1.0);
+    out.stats.clip_frac /= std::max(m.sequences, 1.0);
+  }
+  out.stats.kl = mean_of(sub(old, lp), m);
+  out.stats.advantage_mean = mean_of(adv, m);
+  return out;
+}
+
+// ---------------------------------------------------------------- DPO
+
+namespace {
+
+// -log sigmoid(z) = max(-z, 0) + log(1 + exp(-|z|)), finite for any z; its
+// gradient -sigmoid(-z) is written out (the composition's abs and relu have
+// no useful derivative at z = 0, where a first DPO step sits).
+Tensor neg_log_sigmoid(const Tensor& z) {
+  Tensor out;
+  {
+    NoGradGuard ng;
+    out = add(relu(neg(z)), log(add(exp(neg(abs(z))), 1.0)));
+  }
+  if (needs_grad({z})) {
+    Tensor zd = z.detach();
+    record(out, "neg_log_sigmoid", {z},
+           [zd](const Tensor& g) { return std::vector<Tensor>{neg(mul(g, sigmoid(neg(zd))))}; });
+  }
+  return out;
+}
+
+}  // namespace
+
+DpoLoss dpo_loss(const Tensor& policy_chosen, const Tensor& policy_rejected, const Tensor& ref_chosen,
+                 const Tensor& ref_rejected, const DpoOptions& o) {
+  if (!policy_chosen.defined() || policy_chosen.dim() != 1)
+    throw std::invalid_argument("dpo: policy_chosen must be a [B] float tensor of summed log-probabilities");
+  const int64_t B = policy_chosen.size(0);
+  check_sequences(policy_chosen, B, "dpo", "policy_chosen");
+  check_sequences(policy_rejected, B, "dpo", "policy_rejected");
+  check_sequences(ref_chosen, B, "dpo", "ref_chosen");
+  check_sequences(ref_rejected, B, "dpo", "ref_rejected");
+  Tensor chosen = sub(policy_chosen, ref_chosen), rejected = sub(policy_rejected, ref_rejected);
+  Tensor z = mul(sub(chosen, rejected), o.beta);
+
+  DpoLoss out;
+  out.loss = mean(neg_log_sigmoid(z));
+  out.stats.loss = out.loss.item();
+  NoGradGuard ng;
+  out.stats.chosen_reward = mean(mul(chosen, o.beta)).item();
+  out.stats.rejected_reward = mean(mul(rejected, o.beta)).item();
+  out.stats.reward_margin = mean(z).item();
+  out.stats.reward_accuracy = mean(gt(z, zeros_like(z)).to(DType::f64)).item();
+  return out;
+}
+
+// ---------------------------------------------------------------- PPO
+
+Gae gae(const Tensor& token_rewards, const Tensor& values, const Tensor& mask, double gamma, double lam,
+        bool whiten) {
+  const Mask m = read_mask(mask, values, "gae");
+  check_tokens(token_rewards, m.N, m.T, "gae", "token_rewards");
+  const std::vector<double> r = host_f64(token_rewards), v = host_f64(values), keep = host_f64(m.keep);
+  std::vector<double> adv(r.size(), 0.0), ret(r.size(), 0.0);
+  for (int64_t i = 0; i < m.N; ++i) {
+    double next_value = 0, next_adv = 0;
+    for (int64_t t = m.T - 1; t >= 0; --t) {
+      const size_t k = size_t(i * m.T + t);
+      if (keep[k] == 0) continue;
+      const double delta = r[k] + gamma * next_value - v[k];
+      adv[k] = delta + gamma * lam * next_adv;
+      ret[k] = adv[k] + v[k];
+      next_value = v[k];
+      next_adv = adv[k];
+    }
+  }
+  if (whiten && m.tokens > 0) {
+    double mean = 0, ss = 0;
+    for (size_t k = 0; k < adv.size(); ++k) mean += keep[k] * adv[k];
+    mean /= m.tokens;
+    for (size_t k = 0; k < adv.size(); ++k) ss += keep[k] * (adv[k] - mean) * (adv[k] - mean);
+    const double var = m.tokens > 1 ? ss / (m.tokens - 1) : 0.0;
+    const double inv = 1.0 / std::sqrt(var + 1e-8);
+    for (size_t k = 0; k < adv.size(); ++k)
+      if (keep[k] != 0) adv[k] = (adv[k] - mean) * inv;
+  }
+  const TensorOptions opts(values.dtype(), values.device());
+  return Gae{from_vector(adv, {m.N, m.T}, opts), from_vector(ret, {m.N, m.T}, opts)};
+}
+
+PpoLoss ppo_loss(const Tensor& logp, const Tensor& old_logp, const Tensor& advantages, const Tensor& mask,
+                 const Tensor& values, const Tensor& old_values, const Tensor& returns, const PpoOptions& o,
+                 const Tensor& ref_logp) {
+  const Mask m = read_mask(mask, logp, "ppo");
+  check_tokens(old_logp, m.N, m.T, "ppo", "old_logp");
+  check_tokens(advantages, m.N, m.T, "ppo", "advantages");
+  check_tokens(values, m.N, m.T, "ppo", "values");
+  check_tokens(old_values, m.N, m.T, "ppo", "old_values");
+  check_tokens(returns, m.N, m.T, "ppo", "returns");
+  if (o.use_kl_loss && !ref_logp.defined())
+    throw std::invalid_argument("ppo: --use-kl-loss needs the reference log-probabilities");
+  Tensor lp = masked(logp, m), old = masked(old_logp, m), adv = masked(advantages.to(logp.dtype()), m);
+  Surrogate s = clipped_surrogate(log_ratio_of(lp, old), adv, o.clip_eps, o.clip_ratio_c);
+
+  PpoLoss out;
+  Tensor pg = token_mean(s.loss, m);
+  Tensor loss = pg;
+  if (o.use_kl_loss) {
+    Tensor kl = token_mean(low_var_kl(logp, ref_logp, mask), m);
+    out.stats.policy.kl_loss = kl.item();
+    loss = add_scaled(loss, kl, o.kl_loss_coef);
+  }
+  // Value: the prediction may move at most value_clip_eps from the rollout's
+  // value; the larger of the two squared errors counts (verl's clip_by_value
+  // as max(min(v, hi), lo)).
+  Tensor v = masked(values, m), v_old = masked(old_values.to(values.dtype()), m);
+  Tensor ret = masked(returns.to(values.dtype()), m);
+  Tensor v_clipped = maximum(minimum(v, add(v_old, o.value_clip_eps)), add(v_old, -o.value_clip_eps));
+  Tensor e1 = square(sub(v, ret)), e2 = square(sub(v_clipped, ret));
+  Tensor vf = mul(token_mean(maximum(e1, e2), m), 0.5);
+  out.loss = add_scaled(loss, vf.to(loss.dtype()), o.value_loss_coef);
+
+  PolicyStats& p = out.stats.policy;
+  p.pg_loss = pg.item();
+  p.ratio_mean = mean_of(s.ratio, m);
+  p.clip_frac = mean_of(s.clipped, m);
+  p.clip_frac_lower = s.clipped_lower.defined() ? mean_of(s.clipped_lower, m) : 0.0;
+  p.kl = mean_of(sub(old, lp), m);
+  p.advantage_mean = mean_of(adv, m);
+  out.stats.vf_loss = vf.item();
+  out.stats.vf_clip_frac = mean_of(gt(e2, e1), m);
+  out.stats.value_mean = mean_of(v, m);
+  out.stats.return_mean = mean_of(ret, m);
+  return out;
+}
+
+}  // namespace areno::train::rl
