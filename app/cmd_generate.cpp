@@ -26,7 +26,7 @@ constexpr const char* kGenerateUsage =
     "                      [--print-ids]\n"
     "\n"
     "Runs one chat request and streams the answer to stdout (statistics to stderr).\n"
-    "  --model-path DIR    checkpoint (default: the embedded demo model, random weights)\n"
+    "  --model-path DIR    checkpoint (default: the embedded demo model, docs/demo.md)\n"
     "  --prompt TEXT       the user message\n"
     "  --system TEXT       a system message\n"
     "  --image / --audio   an image (PNG/JPEG/BMP/GIF/PNM) and/or audio (WAV/FLAC/MP3/OGG) file\n"
@@ -46,7 +46,7 @@ constexpr const char* kScoreUsage =
     "\n"
     "Prints, as JSON, the log-probability of each token of --completion after --prompt\n"
     "(the packed training forward; no sampling) and their sum.\n"
-    "  --model-path DIR    checkpoint (default: the embedded demo model, random weights)\n"
+    "  --model-path DIR    checkpoint (default: the embedded demo model, docs/demo.md)\n"
     "  --no-chat-template  tokenize --prompt as is (default: a user turn + <|assistant|>)\n"
     "  --check-weights     refuse a checkpoint holding NaN or infinite weights, naming the tensor\n";
 
@@ -134,7 +134,7 @@ int cmd_generate(const Args& args) {
     return 2;
   }
   ServedModel m = load_served_model(model_path, device, dtype, needs);
-  if (m.demo) fmt::print(stderr, "(no --model-path: the embedded demo model, random weights)\n");
+  if (m.demo) fmt::print(stderr, "(no --model-path: the embedded demo model, docs/demo.md)\n");
   serve::EngineOptions eo;
   eo.eos_token_ids = m.model->config().generation.eos_token_ids;
   eo.kv_cache_bytes = size_t(256) << 20;

@@ -31,8 +31,8 @@ constexpr const char* kServeUsage =
     "\n"
     "model:\n"
     "  --model-path DIR          checkpoint directory (config.json, safetensors, tokenizer.json);\n"
-    "                            without it: the embedded demo model (tiny preset, random\n"
-    "                            weights, seed 0), served as \"areno-demo\"\n"
+    "                            without it: the embedded demo model (the tiny preset trained\n"
+    "                            on a synthetic set, docs/demo.md), served as \"areno-demo\"\n"
     "  --served-model-name NAME  the `model` clients send and see (default: the model path)\n"
     "  --device cpu|cuda[:N]     where the model runs (default cpu)\n"
     "  --dtype f32|bf16          compute dtype (default: the checkpoint's; demo: f32)\n"
@@ -169,8 +169,9 @@ int cmd_serve(const Args& args) {
 
   ServedModel m = load_served_model(model_path, device, dtype, needs);
   if (m.demo)
-    fmt::print("areno serve: no --model-path; serving the embedded demo model \"areno-demo\" (tiny preset, random "
-               "weights: it answers, but with nonsense)\n");
+    fmt::print("areno serve: no --model-path; serving the embedded demo model \"areno-demo\" (a tiny model trained "
+               "on a synthetic set: it answers small sums, the colour or shape of a drawn shape, beep or noise, "
+               "loud or quiet; docs/demo.md)\n");
   so.served_model_name = served_name.empty() ? m.name : served_name;
   so.model_path = model_path;
   eo.eos_token_ids = m.model->config().generation.eos_token_ids;

@@ -72,6 +72,8 @@ constexpr const char* kTrainUsage =
     "\n"
     "groups (towers and projectors are frozen by default):\n"
     "  --lm-trainable all|lora|none   the decoder: everything, only the LoRA branches, nothing\n"
+    "  --embed-rows all|data|none   rows of the tied embedding/head that train with the lm group:\n"
+    "                            all (default), only the token ids the dataset's rows use, none\n"
     "  --unfreeze-mm-projector   train the image/audio projections and separators\n"
     "  --mm-projector-lr X       their learning rate (default --lr)\n"
     "  --unfreeze-mm-tower       train SigLIP and the Conformer encoder\n"
@@ -122,7 +124,7 @@ struct TempFile {
 
 int cmd_train(const Args& args) {
   std::string ckpt, algo = "sft", dataset, loader_cmd, media_root, train_on = "all", device = "cpu", dtype;
-  std::string lm_trainable = "all", decay_style = "cosine", save_path, resume, metrics_dir;
+  std::string lm_trainable = "all", embed_rows = "all", decay_style = "cosine", save_path, resume, metrics_dir;
   bool skip_bad = false;
   int64_t max_prompt = 0, max_new = 0, save_interval = 0, grad_accum = 0;
   std::optional<int64_t> mini_bs;
@@ -149,6 +151,7 @@ int cmd_train(const Args& args) {
   flags.integer("--seed", o.seed, 0).toggle("--no-shuffle", o.shuffle, false);
   flags.integer("--loss-chunk-rows", o.loss_chunk_rows, 1);
   flags.value("--device", device).value("--dtype", dtype).value("--lm-trainable", lm_trainable);
+  flags.value("--embed-rows", embed_rows);
   flags.toggle("--unfreeze-mm-projector", o.groups.projector, true).toggle("--unfreeze-mm-tower", o.groups.tower, true);
   flags.value("--mm-projector-lr", num("--mm-projector-lr", o.mm_projector_lr, 0));
   flags.value("--mm-tower-lr", num("--mm-tower-lr", o.mm_tower_lr, 0));
@@ -177,6 +180,7 @@ int cmd_train(const Args& args) {
   o.mini_bs = std::min(o.mini_bs, o.batch_size);
   o.decay = train::decay_style_from_name(decay_style);
   o.groups.lm = train::lm_trainable_from_name(lm_trainable);
+  o.groups.embed_rows = train::embed_rows_from_name(embed_rows);
   const train::TrainOn on = train::train_on_from_name(train_on);
   train::validate(o);
   if (save_path.empty()) fmt::print(stderr, "areno train: no --save-path: the trained weights will not be saved\n");
@@ -218,6 +222,9 @@ int cmd_train(const Args& args) {
     for (const Tensor& p : g.params) trainable += p.numel();
   fmt::print(stderr, "training {} of {} parameters for {} steps ({} per epoch)\n", trainable,
              sm.model->num_parameters(), trainer.total_steps(), trainer.steps_per_epoch());
+  if (const int64_t rows = trainer.embed_rows_trained())
+    fmt::print(stderr, "--embed-rows data: {} of the embedding's {} rows train (the dataset's token ids)\n", rows,
+               sm.model->model->embed_tokens->weight.size(0));
 
   std::optional<train::MetricsWriter> metrics;
   if (!metrics_dir.empty()) metrics.emplace(metrics_dir, trainer.state().step);

@@ -7,6 +7,7 @@
 
 #include "app/flags.h"
 #include "models/phi4mm/checkpoint.h"
+#include "models/phi4mm/demo/demo.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 
 namespace areno::app {
@@ -22,7 +23,7 @@ ServedModel load_served_model(const std::string& model_path, const std::string& 
   }
   ServedModel m;
   if (model_path.empty()) {
-    m.model = phi4mm::init_phi4mm("tiny", 0, dt.value_or(DType::f32));
+    m.model = phi4mm::demo_model(dt.value_or(DType::f32));
     if (!dev.is_cpu()) m.model->to(dev);
     auto t = phi4mm::make_tokenizer();
     t.set_padded_vocab_size(size_t(m.model->config().text.vocab_size));

@@ -10,7 +10,12 @@
 #include <algorithm>
 #include <csignal>
 #include <exception>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -90,6 +95,35 @@ inline std::vector<Device> available_devices() {
   std::vector<Device> d{Device::cpu()};
   if (has_cuda()) d.push_back(Device::cuda(0));
   return d;
+}
+
+// Runs `f` with the process's stdout sent to a temporary file; returns what it
+// printed (stdout is restored when `f` throws too).
+inline std::string captured_stdout(const std::function<void()>& f) {
+  std::fflush(stdout);
+  char path[] = "/tmp/areno_stdout_XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  const int saved = ::dup(STDOUT_FILENO);
+  ::dup2(fd, STDOUT_FILENO);
+  auto restore = [&] {
+    std::fflush(stdout);
+    ::dup2(saved, STDOUT_FILENO);
+    ::close(saved);
+    ::close(fd);
+  };
+  try {
+    f();
+  } catch (...) {
+    restore();
+    ::unlink(path);
+    throw;
+  }
+  restore();
+  std::ifstream in(path, std::ios::binary);
+  std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ::unlink(path);
+  return out;
 }
 
 }  // namespace areno::testing

@@ -44,9 +44,26 @@ LmTrainable lm_trainable_from_name(const std::string& name) {
   throw std::invalid_argument(fmt::format("--lm-trainable: '{}' is not all, lora or none", name));
 }
 
+EmbedRows embed_rows_from_name(const std::string& name) {
+  if (name == "all") return EmbedRows::all;
+  if (name == "data") return EmbedRows::data;
+  if (name == "none") return EmbedRows::none;
+  throw std::invalid_argument(fmt::format("--embed-rows: '{}' is not all, data or none", name));
+}
+
+const char* embed_rows_name(EmbedRows e) {
+  switch (e) {
+    case EmbedRows::all: return "all";
+    case EmbedRows::data: return "data";
+    case EmbedRows::none: return "none";
+  }
+  return "?";
+}
+
 bool trains(const std::string& name, const GroupOptions& o) {
   switch (group_of(name)) {
     case Group::lm:
+      if (o.embed_rows == EmbedRows::none && starts_with(name, "model.embed_tokens.")) return false;
       return o.lm == LmTrainable::all || (o.lm == LmTrainable::lora && is_lora(name));
     case Group::projector: return o.projector;
     case Group::tower: return o.tower;

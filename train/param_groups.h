@@ -36,10 +36,20 @@ bool is_lora(const std::string& name);
 enum class LmTrainable { all, lora, none };
 LmTrainable lm_trainable_from_name(const std::string& name);  // "all" | "lora" | "none"
 
+enum class EmbedRows { all, data, none };
+EmbedRows embed_rows_from_name(const std::string& name);  // "all" | "data" | "none"
+const char* embed_rows_name(EmbedRows e);
+
 struct GroupOptions {
   LmTrainable lm = LmTrainable::all;
   bool projector = false;  // --unfreeze-mm-projector
   bool tower = false;      // --unfreeze-mm-tower
+  // --embed-rows: which rows of model.embed_tokens (the tied input embedding
+  // and head) train when the lm group does: all, only the rows of token ids
+  // that occur in the training rows (as peft's trainable_token_indices; the
+  // trainer masks the other rows' gradient, so they stay bitwise unchanged),
+  // or none.
+  EmbedRows embed_rows = EmbedRows::all;
 };
 
 // Whether a parameter trains under `o`.

@@ -125,6 +125,19 @@ SftTrainer::SftTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::ve
   }
   check_dropouts(*model_, options_.groups);
   apply_trainable(*model_, options_.groups);
+  Tensor& embed = model_->model->embed_tokens->weight;
+  if (options_.groups.embed_rows == EmbedRows::data && embed.requires_grad()) {
+    // Weight decay would move the rows the mask keeps still.
+    if (options_.weight_decay > 0)
+      throw std::invalid_argument("--embed-rows data: needs --weight-decay 0 (decay would change the frozen rows)");
+    const int64_t vocab = embed.size(0);
+    std::vector<float> mask(size_t(vocab), 0.0f);
+    for (const SftRow& r : rows_)
+      for (const std::vector<int64_t>* v : {&r.ids, &r.targets})
+        for (int64_t id : *v)
+          if (id >= 0 && id < vocab) mask[size_t(id)] = 1.0f;
+    embed_row_mask_ = from_vector(mask, {vocab, 1}).to(embed.device()).to(embed.dtype());
+  }
 
   const int64_t total = total_steps();
   const int64_t decay = options_.lr_decay_steps > 0 ? options_.lr_decay_steps : total;
@@ -142,6 +155,10 @@ SftTrainer::SftTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::ve
   ao.beta2 = options_.adam_beta2;
   ao.eps = options_.adam_eps;
   optimizer_ = std::make_unique<AdamW>(make_param_groups(*model_, h), ao);
+}
+
+int64_t SftTrainer::embed_rows_trained() const {
+  return embed_row_mask_.defined() ? int64_t(std::lround(sum(embed_row_mask_.to(DType::f64)).item())) : 0;
 }
 
 int64_t SftTrainer::steps_per_epoch() const {
@@ -227,6 +244,13 @@ StepStats SftTrainer::step() {
     if (st.lrs.empty() || st.lrs.back().first != name) st.lrs.emplace_back(name, optimizer_->current_lr(g));
   }
   st.loss = accumulate(batch, st.target_tokens, mix(options_.seed ^ 0x5eedull, uint64_t(state_.step)));
+  if (embed_row_mask_.defined()) {
+    // --embed-rows data: only the rows of the dataset's token ids get a
+    // gradient; with no gradient and no moments AdamW leaves the others as they are.
+    NoGradGuard no_grad;
+    Tensor g = model_->model->embed_tokens->weight.grad();
+    if (g.defined()) g.copy_(mul(g, embed_row_mask_));
+  }
   const double clip = options_.grad_clip_norm > 0 ? options_.grad_clip_norm : std::numeric_limits<double>::infinity();
   st.grad_norm = clip_grad_norm(optimizer_->parameters(), clip);
   optimizer_->step();
@@ -258,8 +282,9 @@ std::string SftTrainer::fingerprint() const {
     eat(int64_t(r.adapter));
   }
   const GroupOptions& g = options_.groups;
-  return fmt::format("rows={} data={:016x} batch={} seed={} shuffle={} lm={} projector={} tower={}", rows_.size(), h,
-                     options_.batch_size, options_.seed, options_.shuffle, int(g.lm), g.projector, g.tower);
+  return fmt::format("rows={} data={:016x} batch={} seed={} shuffle={} lm={} projector={} tower={}{}", rows_.size(), h,
+                     options_.batch_size, options_.seed, options_.shuffle, int(g.lm), g.projector, g.tower,
+                     g.embed_rows == EmbedRows::all ? "" : fmt::format(" embed_rows={}", embed_rows_name(g.embed_rows)));
 }
 
 fs::path SftTrainer::save_checkpoint(const fs::path& save_path, const fs::path& source,

@@ -100,6 +100,8 @@ class SftTrainer {
   const TrainerState& state() const { return state_; }
   const SftOptions& options() const { return options_; }
   AdamW& optimizer() { return *optimizer_; }
+  // --embed-rows data: how many embedding rows train (0 otherwise).
+  int64_t embed_rows_trained() const;
   phi4mm::Phi4MMForCausalLM& model() { return *model_; }
 
   // One optimizer step.
@@ -136,6 +138,7 @@ class SftTrainer {
   SftOptions options_;
   std::unique_ptr<AdamW> optimizer_;
   TrainerState state_;
+  Tensor embed_row_mask_;  // [vocab, 1] 0/1, --embed-rows data only
 };
 
 // The step folder a --resume argument names: DIR itself when it holds

@@ -88,8 +88,9 @@ struct MappedFile {
   void* base = nullptr;
   size_t size = 0;
   bool writable = true;  // false: read-only pages, so load() must copy
+  bool mapped = true;    // false: memory the caller owns (from_memory)
   ~MappedFile() {
-    if (base != nullptr) munmap(base, size);
+    if (base != nullptr && mapped) munmap(base, size);
   }
 };
 
@@ -179,6 +180,26 @@ bool as_index(const json& j, uint64_t& out) {
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   map_ = map_file(path);
+  parse();
+}
+
+SafetensorsFile SafetensorsFile::from_memory(const std::string& name, std::string_view bytes) {
+  auto m = std::make_shared<MappedFile>();
+  m->base = const_cast<char*>(bytes.data());
+  m->size = bytes.size();
+  m->writable = false;
+  m->mapped = false;
+  if (m->size < 8)
+    fail_file(name, "holds " + std::to_string(m->size) + " bytes, fewer than the 8-byte header length");
+  SafetensorsFile f;
+  f.path_ = name;
+  f.map_ = std::move(m);
+  f.parse();
+  return f;
+}
+
+void SafetensorsFile::parse() {
+  const std::string& path = path_;
   const auto* bytes = static_cast<const uint8_t*>(map_->base);
   const uint64_t size = map_->size;
   const uint64_t n = read_u64_le(bytes);
@@ -316,6 +337,7 @@ Tensor SafetensorsFile::load(const std::string& name) const {
 
 void SafetensorsFile::release_pages(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
+  if (!map_->mapped) return;
   const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
   const uintptr_t begin = reinterpret_cast<uintptr_t>(data_of(e));
   const uintptr_t lo = (begin + page - 1) / page * page, hi = (begin + (e.end - e.begin)) / page * page;

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -44,6 +45,10 @@ class SafetensorsFile {
   // Maps `path` and validates the whole header (every entry's dtype, shape and
   // offsets); throws std::runtime_error naming the file and the tensor.
   explicit SafetensorsFile(const std::string& path);
+  // The same over bytes already in memory (data compiled into the program):
+  // `bytes` must outlive the object and its tensors; loads copy. `name`
+  // stands for the path in messages.
+  static SafetensorsFile from_memory(const std::string& name, std::string_view bytes);
 
   const std::string& path() const { return path_; }
   // Tensor names in the order of their data in the file.
@@ -68,6 +73,8 @@ class SafetensorsFile {
   void release_pages(const std::string& name) const;
 
  private:
+  SafetensorsFile() = default;
+  void parse();  // the header of map_
   const uint8_t* data_of(const SafetensorsEntry& e) const;
 
   std::string path_;

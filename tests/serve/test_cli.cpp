@@ -16,6 +16,7 @@
 
 #include "app/commands_serve.h"
 #include "app/flags.h"
+#include "models/phi4mm/demo/demo.h"
 #include "models/phi4mm/model.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "serve/media_fetch.h"
@@ -145,40 +146,8 @@ TEST_CASE("sampler: one bounds table read by the HTTP parser, the CLI flags and 
         std::string::npos);
 }
 
-namespace {
-
-// Runs `f` with the process's stdout sent to a file; returns what it printed.
-std::string captured_stdout(const std::function<void()>& f) {
-  std::fflush(stdout);
-  char path[] = "/tmp/areno_stdout_XXXXXX";
-  const int fd = ::mkstemp(path);
-  REQUIRE(fd >= 0);
-  const int saved = ::dup(1);
-  ::dup2(fd, 1);
-  try {
-    f();
-  } catch (...) {
-    std::fflush(stdout);
-    ::dup2(saved, 1);
-    ::close(saved);
-    ::close(fd);
-    ::unlink(path);
-    throw;
-  }
-  std::fflush(stdout);
-  ::dup2(saved, 1);
-  ::close(saved);
-  ::close(fd);
-  std::ifstream in(path);
-  std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  ::unlink(path);
-  return out;
-}
-
-}  // namespace
-
 TEST_CASE("serve/cli generate --print-ids: ids and raw logprobs as JSON, equal to scoring the same tokens") {
-  const std::string out = captured_stdout([] {
+  const std::string out = testing::captured_stdout([] {
     REQUIRE(app::cmd_generate({"--prompt", "Hello there", "--max-tokens", "5", "--print-ids"}) == 0);
   });
   const nlohmann::json j = nlohmann::json::parse(out);
@@ -190,7 +159,7 @@ TEST_CASE("serve/cli generate --print-ids: ids and raw logprobs as JSON, equal t
   CHECK(lps.size() == ids.size());
   CHECK(j["finish_reason"].is_string());
   // The demo model and tokenizer, as the command loads them.
-  auto m = phi4mm::init_phi4mm("tiny", 0);
+  auto m = phi4mm::demo_model();
   auto t = phi4mm::make_tokenizer();
   t.set_padded_vocab_size(size_t(m->config().text.vocab_size));
   CHECK(prompt_ids.back() == phi4mm::kAssistant);
@@ -198,7 +167,10 @@ TEST_CASE("serve/cli generate --print-ids: ids and raw logprobs as JSON, equal t
   CHECK(j["text"] == t.decode(tid, true));
   const std::vector<float> scored = phi4mm::score(*m, prompt_ids, ids);
   REQUIRE(scored.size() == lps.size());
-  for (size_t i = 0; i < lps.size(); ++i) CHECK(std::abs(scored[i] - lps[i]) < 1e-4);
+  // Two f32 paths (decode with the KV cache vs the packed forward): the trained
+  // demo's logits reach about 20, so reassociation moves a log-probability by
+  // up to about 1e-5 of that.
+  for (size_t i = 0; i < lps.size(); ++i) CHECK(std::abs(scored[i] - lps[i]) < 1e-3);
   // Greedy: a second run prints the same object.
-  CHECK(captured_stdout([] { app::cmd_generate({"--prompt", "Hello there", "--max-tokens", "5", "--print-ids"}); }) == out);
+  CHECK(testing::captured_stdout([] { app::cmd_generate({"--prompt", "Hello there", "--max-tokens", "5", "--print-ids"}); }) == out);
 }

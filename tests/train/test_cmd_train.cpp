@@ -84,28 +84,10 @@ void write_beeps(const fs::path& path, int beeps) {
   out.write(reinterpret_cast<const char*>(s.data()), std::streamsize(2 * n));
 }
 
-// What a command prints on stdout.
+// What a command prints on stdout; it must succeed.
 std::string stdout_of(const std::function<int()>& run) {
-  std::fflush(stdout);
-  char name[] = "/tmp/areno_stdout_XXXXXX";
-  const int fd = ::mkstemp(name);
-  REQUIRE(fd >= 0);
-  const int saved = ::dup(STDOUT_FILENO);
-  ::dup2(fd, STDOUT_FILENO);
   int rc = -1;
-  try {
-    rc = run();
-  } catch (...) {
-    std::fflush(stdout);
-    ::dup2(saved, STDOUT_FILENO);
-    ::close(saved), ::close(fd), ::unlink(name);
-    throw;
-  }
-  std::fflush(stdout);
-  ::dup2(saved, STDOUT_FILENO);
-  ::close(saved), ::close(fd);
-  const std::string out = read_file(name);
-  ::unlink(name);
+  const std::string out = testing::captured_stdout([&] { rc = run(); });
   REQUIRE(rc == 0);
   return out;
 }

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "models/phi4mm/checkpoint.h"
 #include "models/phi4mm/kv_cache.h"
@@ -153,6 +154,51 @@ TEST_CASE("train/freeze: by default towers and projectors stay bitwise unchanged
     else CHECK(d == 0.0);
   }
   CHECK(changed > 0);
+}
+
+TEST_CASE("train/groups: --embed-rows data trains only the embedding rows of the dataset's ids; none freezes it") {
+  const std::vector<SftRow> rows = golden_rows();
+  std::set<int64_t> used;
+  for (const SftRow& r : rows)
+    for (int64_t id : r.ids) used.insert(id);
+  auto model = tiny_phi4mm();
+  const Tensor before = model->model->embed_tokens->weight.detach().clone();
+  SftOptions o;
+  o.batch_size = 4, o.mini_bs = 4, o.lr = 1e-3, o.epochs = 2;
+  o.groups.embed_rows = EmbedRows::data;
+  {
+    SftOptions bad = o;
+    bad.weight_decay = 0.1;
+    CHECK_THROWS_WITH_AS(SftTrainer(tiny_phi4mm(), rows, bad), doctest::Contains("--weight-decay 0"),
+                         std::invalid_argument);
+  }
+  SftTrainer t(model, rows, o);
+  t.step();
+  t.step();
+  const Tensor after = model->model->embed_tokens->weight;
+  const int64_t vocab = after.size(0);
+  int64_t changed = 0, changed_outside = 0;
+  for (int64_t r = 0; r < vocab; ++r) {
+    const bool differs = max_abs_diff(after.narrow(0, r, 1), before.narrow(0, r, 1)) != 0.0;
+    changed += differs;
+    if (differs && !used.count(r)) ++changed_outside;
+  }
+  CHECK(changed_outside == 0);
+  // The rows of text tokens move (the placeholders' rows are replaced by media
+  // rows in the forward and get no gradient).
+  CHECK(changed >= int64_t(used.size()) - 3);
+  CHECK(changed <= int64_t(used.size()));
+  // The rest of the decoder trains as usual.
+  CHECK(max_abs_diff(model->model->norm->weight, tiny_phi4mm()->model->norm->weight) > 0);
+
+  auto frozen = tiny_phi4mm();
+  o.groups.embed_rows = EmbedRows::none;
+  SftTrainer tf(frozen, rows, o);
+  CHECK_FALSE(frozen->model->embed_tokens->weight.requires_grad());
+  tf.step();
+  CHECK(max_abs_diff(frozen->model->embed_tokens->weight, before) == 0.0);
+  CHECK(embed_rows_from_name("data") == EmbedRows::data);
+  CHECK_THROWS_WITH_AS(embed_rows_from_name("some"), doctest::Contains("--embed-rows"), std::invalid_argument);
 }
 
 TEST_CASE("train/freeze: dropout (the speech LoRA's 0.01) runs only when its group trains") {
