@@ -1,0 +1,137 @@
+#include "train/rl/policy_logp.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "models/phi4mm/model.h"
+#include "tensor/autograd.h"
+#include "tensor/backend.h"
+#include "tensor/ops.h"
+
+namespace areno::train::rl {
+
+Tensor chunked_target_logp(const Tensor& hidden, const Tensor& weight, const std::vector<int64_t>& rows,
+                           const std::vector<int64_t>& targets, int64_t chunk_rows) {
+  if (!hidden.defined() || hidden.dim() != 2 || !weight.defined() || weight.dim() != 2 ||
+      hidden.size(1) != weight.size(1) || rows.size() != targets.size() || chunk_rows < 1)
+    throw std::invalid_argument("target logp: hidden must be [T, H], weight [V, H], one target per row, chunk_rows >= 1");
+  const int64_t T = hidden.size(0), V = weight.size(0), K = int64_t(rows.size());
+  for (int64_t k = 0; k < K; ++k)
+    if (rows[size_t(k)] < 0 || rows[size_t(k)] >= T || targets[size_t(k)] < 0 || targets[size_t(k)] >= V)
+      throw std::invalid_argument(fmt::format("target logp: pair {} (row {}, target {}) is outside [0, {}) x [0, {})",
+                                              k, rows[size_t(k)], targets[size_t(k)], T, V));
+  const Device dev = hidden.device();
+  const TensorOptions i64(DType::i64, dev), f32(DType::f32, dev);
+  if (K == 0) return zeros({0}, f32);
+  Tensor h = index_select(hidden, 0, from_vector(rows, {K}, i64));  // records its own backward
+  const Tensor all_targets = from_vector(targets, {K, 1}, i64);
+  // The chunk's logits in f32: [n, V].
+  auto chunk_logits = [](const Tensor& hs, const Tensor& w, int64_t b, int64_t n) {
+    return linear(hs.narrow(0, b, n), w).to(DType::f32);
+  };
+
+  std::vector<Tensor> parts;
+  {
+    NoGradGuard ng;
+    for (int64_t b = 0; b < K; b += chunk_rows) {
+      const int64_t n = std::min(chunk_rows, K - b);
+      Tensor lp = chunk_logits(h, weight, b, n);
+      backend(dev).softmax(lp, lp, /*log=*/true);
+      parts.push_back(gather(lp, 1, all_targets.narrow(0, b, n)).reshape({n}));
+    }
+  }
+  Tensor out = parts.size() == 1 ? parts[0] : cat(parts, 0);
+  if (!needs_grad({h, weight})) return out;
+  Tensor hd = h.detach(), wd = weight.detach();
+  record(out, "chunked_target_logp", {h, weight}, [hd, wd, all_targets, chunk_rows, chunk_logits](const Tensor& g) {
+    // d logp_t / d logits_t = onehot(target_t) - softmax_t; with the incoming
+    // g_t that is (softmax_t - onehot_t) * (-g_t): the column -g scales the
+    // small operands (rows of h, rows of the result), not the [n, V] one.
+    const int64_t K = hd.size(0);
+    const Tensor ng = neg(g.to(DType::f32)).reshape({K, 1});
+    std::vector<Tensor> gh;
+    Tensor gw;
+    for (int64_t b = 0; b < K; b += chunk_rows) {
+      const int64_t n = std::min(chunk_rows, K - b);
+      Tensor p = chunk_logits(hd, wd, b, n);
+      backend(p.device()).softmax(p, p, /*log=*/false);
+      backend(p.device()).scatter(p, 1, all_targets.narrow(0, b, n),
+                                  full({n, 1}, -1.0, TensorOptions(DType::f32, p.device())), /*accumulate=*/true);
+      const Tensor col = ng.narrow(0, b, n);
+      gh.push_back(mul(matmul(p.to(wd.dtype()), wd), col.to(wd.dtype())));
+      Tensor hc = mul(hd.narrow(0, b, n).to(DType::f32), col).contiguous();
+      if (!gw.defined()) gw = matmul(p.t(), hc);
+      else backend(p.device()).matmul(p.t().unsqueeze(0), hc.unsqueeze(0), gw.unsqueeze(0), 1.0, 1.0);
+    }
+    return std::vector<Tensor>{gh.size() == 1 ? gh[0] : cat(gh, 0), gw};
+  });
+  return out;
+}
+
+TokenLogp policy_logp(const phi4mm::Phi4MMForCausalLM& model, const std::vector<Prompt>& prompts,
+                      const std::vector<Sequence>& sequences, const PolicyLogpOptions& options) {
+  const int64_t N = int64_t(sequences.size());
+  int64_t T = 0;
+  for (const Sequence& s : sequences) {
+    if (s.prompt < 0 || s.prompt >= int64_t(prompts.size()))
+      throw std::invalid_argument(fmt::format("policy_logp: sequence refers to prompt {} of {}", s.prompt,
+                                              prompts.size()));
+    if (prompts[size_t(s.prompt)].ids.empty())
+      throw std::invalid_argument(fmt::format("policy_logp: prompt {} is empty", s.prompt));
+    T = std::max(T, int64_t(s.completion.size()));
+  }
+  const Tensor& head = model.model->embed_tokens->weight;
+  const Device dev = head.device();
+  const TensorOptions f32(DType::f32, dev);
+  std::vector<float> mask(size_t(N * T), 0.0f);
+  if (T == 0) return {zeros({N, T}, f32), zeros({N, T}, f32)};
+
+  // Each prompt's media rows once (its towers run once for all its samples).
+  std::vector<Tensor> prompt_media(prompts.size());
+  for (size_t p = 0; p < prompts.size(); ++p)
+    if (!prompts[p].media.empty()) prompt_media[p] = phi4mm::media_rows(model, prompts[p].media);
+
+  // Pack prompt + completion[:-1]; the row before completion token t targets it.
+  // rows: the packed row before each completion token; cells: n * T + t of that token.
+  std::vector<int64_t> ids, rows, targets, cells;
+  phi4mm::PackedBatch pb;
+  pb.cu_seqlens = {0};
+  std::vector<Tensor> media;
+  for (int64_t n = 0; n < N; ++n) {
+    const Sequence& s = sequences[size_t(n)];
+    if (s.completion.empty()) continue;
+    const Prompt& p = prompts[size_t(s.prompt)];
+    ids.insert(ids.end(), p.ids.begin(), p.ids.end());
+    ids.insert(ids.end(), s.completion.begin(), s.completion.end() - 1);
+    const int64_t first = int64_t(ids.size() - s.completion.size());  // the prompt's last row
+    for (size_t t = 0; t < s.completion.size(); ++t) {
+      rows.push_back(first + int64_t(t));
+      targets.push_back(s.completion[t]);
+      cells.push_back(n * T + int64_t(t));
+      mask[size_t(n * T) + t] = 1.0f;
+    }
+    pb.cu_seqlens.push_back(int64_t(ids.size()));
+    pb.adapters.push_back(p.adapter);
+    if (prompt_media[size_t(s.prompt)].defined()) media.push_back(prompt_media[size_t(s.prompt)]);
+  }
+  const int64_t L = int64_t(ids.size());
+  const int64_t V = model.config().text.vocab_size;
+  for (const std::vector<int64_t>* v : {&ids, &targets})
+    for (int64_t id : *v)
+      if (id < 0 || id >= V)
+        throw std::invalid_argument(fmt::format("policy_logp: token id {} is outside [0, {})", id, V));
+  pb.token_ids = from_vector(ids, {L});
+  if (!media.empty()) pb.media_rows = media.size() == 1 ? media[0] : cat(media, 0);
+  pb.recompute_layers = options.recompute_layers;
+  pb.dropout_seed = options.dropout_seed;
+  const Tensor hidden = model.hidden_states(pb);
+  const Tensor lp = chunked_target_logp(hidden, head, rows, targets, options.chunk_rows);
+  const int64_t K = int64_t(cells.size());
+  Tensor logp = index_add(zeros({N * T}, f32), 0, from_vector(cells, {K}, TensorOptions(DType::i64, dev)), lp)
+                    .reshape({N, T});
+  return {logp, from_vector(mask, {N, T}, f32)};
+}
+
+}  // namespace areno::train::rl

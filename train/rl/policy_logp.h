@@ -1,0 +1,70 @@
+#pragma once
+// The training forward's log-probabilities of sampled tokens (issue 15,
+// "Rollout"): one packed varlen forward of the policy over (prompt, completion)
+// sequences, the same PackedBatch path as SFT (train/sft.cpp), then the tied
+// head a chunk of rows at a time, so the [tokens, vocab] logits of the batch
+// never exist at once.
+//
+// Distribution: log_softmax of the raw logits (temperature 1, no top-k/top-p,
+// no penalties). That is what the engine reports with a token
+// (serve/sampler.h: "Log-probabilities are those of the raw model
+// distribution ... as vLLM reports"), whatever temperature the rollout
+// sampled at, so the rollout's and the trainer's numbers are like for like.
+//
+// Output layout: the [N, T] log-probabilities + [N, T] 0/1 mask of
+// train/rl/objectives.h, N sequences, T the longest completion, f32 (the
+// logits are reduced in f32, as the SFT loss does).
+#include <cstdint>
+#include <vector>
+
+#include "models/phi4mm/processor/media.h"
+#include "models/phi4mm/text.h"
+#include "tensor/tensor.h"
+#include "train/loss.h"
+
+namespace areno::train::rl {
+
+// A prompt as the model sees it: expanded ids (media placeholders repeated),
+// its media in order of appearance, its adapter (train/dataset.h's SftRow
+// prompt part).
+struct Prompt {
+  std::vector<int64_t> ids;
+  std::vector<phi4mm::Media> media;
+  phi4mm::Adapter adapter = phi4mm::Adapter::none;
+};
+
+// One sampled completion of prompts[prompt].
+struct Sequence {
+  int64_t prompt = 0;
+  std::vector<int64_t> completion;
+};
+
+struct TokenLogp {
+  Tensor logp;  // [N, T] f32: log p(completion[t] | prompt, completion[:t]); 0 on padding
+  Tensor mask;  // [N, T] f32: 1 on completion tokens, 0 on padding
+};
+
+struct PolicyLogpOptions {
+  int64_t chunk_rows = kDefaultLossChunkRows;  // head rows per chunk
+  bool recompute_layers = false;               // activation checkpointing (PackedBatch)
+  uint64_t dropout_seed = 0;                   // for parts in training mode
+};
+
+// One packed forward over every sequence (prompt + completion, the last
+// completion token not fed), each with its prompt's adapter and media rows
+// (each prompt's towers run once, however many sequences share it). The
+// result records its backward to the model's parameters that require grad.
+// Throws std::invalid_argument for a prompt index out of range, an empty
+// prompt, or a token outside the vocabulary.
+TokenLogp policy_logp(const phi4mm::Phi4MMForCausalLM& model, const std::vector<Prompt>& prompts,
+                      const std::vector<Sequence>& sequences, const PolicyLogpOptions& options = {});
+
+// log softmax(hidden[rows[k]] · weightᵀ)[targets[k]] for each pair k: [K]
+// f32. The chunked head of train/loss.h's chunked_cross_entropy_sum with a
+// per-pair result (a per-pair incoming gradient in backward); each chunk's
+// logits are recomputed in backward instead of kept. Throws
+// std::invalid_argument for a row outside [0, T) or a target outside [0, V).
+Tensor chunked_target_logp(const Tensor& hidden, const Tensor& weight, const std::vector<int64_t>& rows,
+                           const std::vector<int64_t>& targets, int64_t chunk_rows = kDefaultLossChunkRows);
+
+}  // namespace areno::train::rl
