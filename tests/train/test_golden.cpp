@@ -7,33 +7,16 @@
 //                  warm-up + cosine / linear decay, global-norm clipping (torch.optim.AdamW)
 #include <doctest/doctest.h>
 
-#include <map>
-#include <set>
-#include <sstream>
-
 #include <fmt/format.h>
 
 #include "nn/io/safetensors.h"
+#include "tests/train/grad_golden_check.h"
 #include "tests/train/train_fixtures.h"
 #include "train/sft.h"
 
 using namespace areno;
 using namespace areno::train;
 using namespace areno::testing;
-
-namespace {
-
-std::set<std::string> split_names(const std::string& s) {
-  std::set<std::string> out;
-  std::stringstream in(s);
-  for (std::string n; std::getline(in, n, ',');)
-    if (!n.empty()) out.insert(n);
-  return out;
-}
-
-double max_abs(const Tensor& t) { return max(abs(t.to(DType::f64))).item(); }
-
-}  // namespace
 
 TEST_CASE("train/golden: one mixed micro-batch gives PyTorch's loss and gradients, every group unfrozen") {
   SafetensorsFile g("tests/data/train/grad_golden.safetensors");
@@ -59,57 +42,9 @@ TEST_CASE("train/golden: one mixed micro-batch gives PyTorch's loss and gradient
   const double want = g.load_copy("loss").item();
   CHECK(std::abs(loss - want) / want < 1e-6);
 
-  const std::set<std::string> no_grad = split_names(g.metadata().at("no_grad"));
-  const std::set<std::string> zero_by_math = split_names(g.metadata().at("zero_by_math"));
-  // Each tensor is measured against the larger of its own and its group's
-  // largest gradient: torch's own f32 gradients of the Conformer's small q/k
-  // tensors are 1.2e-5 from f64 on their own scale (README), 1e-6 on the group's.
-  std::map<Group, double> group_max;
-  for (auto& [name, p] : model->named_parameters())
-    if (g.contains("grad." + name)) {
-      double& m = group_max[group_of(name)];
-      m = std::max(m, max_abs(g.load_copy("grad." + name)));
-    }
-  int64_t compared = 0;
-  double worst = 0;
-  for (auto& [name, p] : model->named_parameters()) {
-    CAPTURE(name);
-    if (name.find(".encoder_embedding.global_") != std::string::npos) {
-      CHECK_FALSE(p.requires_grad());
-      continue;
-    }
-    REQUIRE(p.requires_grad());
-    const Tensor ours = p.grad();
-    if (name == "model.embed_tokens.weight") {
-      REQUIRE(ours.defined());
-      Tensor rows_idx = g.load_copy("embed_grad.rows");
-      Tensor picked = index_select(ours, 0, rows_idx);
-      Tensor gold = g.load_copy("embed_grad.values");
-      CHECK(max_abs_diff(picked, gold) / max_abs(gold) < 1e-5);
-      Tensor colsum = sum(ours.to(DType::f64), {0});
-      Tensor gold_colsum = g.load_copy("embed_grad.colsum");
-      CHECK(max_abs_diff(colsum, gold_colsum) / max_abs(gold_colsum) < 1e-5);
-      const double sq = sum(square(ours.to(DType::f64))).item();
-      CHECK(sq == doctest::Approx(g.load_copy("embed_grad.sqsum").item()).epsilon(1e-5));
-      ++compared;
-      continue;
-    }
-    if (no_grad.count(name)) {  // SigLIP's last layer, post_layernorm, head: outside the graph
-      CHECK((!ours.defined() || max_abs(ours) == 0.0));
-      continue;
-    }
-    REQUIRE(g.contains("grad." + name));
-    REQUIRE(ours.defined());
-    Tensor gold = g.load_copy("grad." + name);
-    const double scale = zero_by_math.count(name) ? group_max[group_of(name)]
-                                                  : std::max(max_abs(gold), group_max[group_of(name)] * 1e-1);
-    const double err = max_abs_diff(ours, gold) / scale;
-    CHECK(err < 1e-5);
-    worst = std::max(worst, err);
-    ++compared;
-  }
-  CHECK(compared == 180);  // 179 tensors + the embedding
-  MESSAGE("loss " << loss << " (torch " << want << "), worst gradient error " << worst);
+  const GradCheck gc = check_golden_grads(*model, g);
+  CHECK(gc.compared == 180);  // 179 tensors + the embedding
+  MESSAGE("loss " << loss << " (torch " << want << "), worst gradient error " << gc.worst);
 }
 
 TEST_CASE("train/golden: three AdamW steps, three groups, warm-up, decay and clipping equal torch.optim.AdamW") {

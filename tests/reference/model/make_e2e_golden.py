@@ -50,6 +50,7 @@ Usage (from the repository root; about a minute on 2 cores):
     python3 tests/reference/model/make_e2e_golden.py --checkpoint DIR
 """
 import argparse
+import contextlib
 import glob
 import importlib.util
 import json
@@ -302,22 +303,40 @@ def rel(a, b):
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
-def main():
+def checkpoint_args(out_default):
+    """The command line of a golden script that needs the tiny checkpoint: --areno or
+    --checkpoint, and --out. Also fixes torch's thread count (the goldens' last bits depend on it)."""
     ap = argparse.ArgumentParser()
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--areno", help="the areno binary: runs `init --preset tiny --seed 5 --dtype f32`")
     g.add_argument("--checkpoint", help="a directory written by `areno init --preset tiny --seed 5 --dtype f32`")
-    ap.add_argument("--out", default=OUT)
+    ap.add_argument("--out", default=out_default)
     args = ap.parse_args()
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    tmp = None
-    if args.areno:
-        tmp = tempfile.TemporaryDirectory(prefix="areno_e2e_")
-        ckpt = os.path.join(tmp.name, "tiny")
+    return args
+
+
+@contextlib.contextmanager
+def tiny_checkpoint(args, prefix):
+    """The checkpoint directory: args.checkpoint, or one `args.areno init` writes to a temporary
+    directory removed afterwards."""
+    if not args.areno:
+        yield args.checkpoint
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        ckpt = os.path.join(tmp, "tiny")
         subprocess.run([args.areno, "init", "--preset", "tiny", "--out", ckpt, "--seed", "5", "--dtype", "f32"],
                        check=True)
-    else:
-        ckpt = args.checkpoint
+        yield ckpt
+
+
+def main():
+    args = checkpoint_args(OUT)
+    with tiny_checkpoint(args, "areno_e2e_") as ckpt:
+        return write_golden(args, ckpt)
+
+
+def write_golden(args, ckpt):
     pm, n_loaded = build(ckpt)
     print(f"loaded {n_loaded} tensors from {ckpt}")
 
@@ -373,8 +392,6 @@ def main():
     save_file({k: v.contiguous() for k, v in gold.items()}, args.out, metadata=meta)
     os.chmod(args.out, 0o644)
     print(f"wrote {args.out} ({os.path.getsize(args.out) / 1024:.0f} KiB)")
-    if tmp:
-        tmp.cleanup()
 
 
 if __name__ == "__main__":

@@ -113,23 +113,30 @@ def unfreeze(pm):
         p.requires_grad_(True)
 
 
-def row_loss(pm, row, dtype, full_logits):
-    """Summed cross-entropy over the row's target positions (an f32 scalar for f32 weights).
-    full_logits: the head runs on every position (the golden); otherwise only on the target
-    positions (the float64 self-check; the same function of the parameters)."""
+def row_hidden(pm, ids, inputs, adapter, dtype):
+    """The decoder's final hidden states [T, C] of one sequence (its own batch of one, positions
+    from 0) with its media inputs, under its adapter ("none": peft's adapters disabled)."""
     inner = pm.base_model.model  # Phi4MultimodalForCausalLM with the LoRA layers injected
-    inputs = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in row["inputs"].items()}
-    ids = torch.tensor([row["ids"]], dtype=torch.int64)
-    if row["adapter"] == "none":
+    inputs = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
+    ids = torch.tensor([ids], dtype=torch.int64)
+    if adapter == "none":
         ctx = pm.disable_adapter()
     else:
-        pm.set_adapter(row["adapter"])
+        pm.set_adapter(adapter)
         ctx = contextlib.nullcontext()
     with ctx:
         unfreeze(pm)
         out = inner.model(input_ids=ids, **inputs, use_cache=False)
     unfreeze(pm)
-    h = out.last_hidden_state[0]
+    return out.last_hidden_state[0]
+
+
+def row_loss(pm, row, dtype, full_logits):
+    """Summed cross-entropy over the row's target positions (an f32 scalar for f32 weights).
+    full_logits: the head runs on every position (the golden); otherwise only on the target
+    positions (the float64 self-check; the same function of the parameters)."""
+    inner = pm.base_model.model
+    h = row_hidden(pm, row["ids"], row["inputs"], row["adapter"], dtype)
     tgt = torch.tensor(row["targets"], dtype=torch.int64)
     if not full_logits:
         keep = tgt >= 0
@@ -335,6 +342,40 @@ def f64_check(pm, rows, loss32, grads32):
     return report
 
 
+def gradient_tensors(params, token_ids):
+    """The golden's gradient tensors after a backward: `grad.<name>` for every parameter but the
+    embedding, which is reduced to the rows of `token_ids` (the batch's ids and targets, media
+    placeholders left out) and FIXED_EMBED_ROWS, its column sums and its sum of squares (the
+    full [200064, C] gradient would be megabytes). Returns (gold, grads32 by name, names without
+    a gradient, squared gradient norm per group)."""
+    gold, grads32, no_grad = {}, {}, []
+    for name in sorted(params):
+        p = params[name]
+        if p.grad is None:
+            no_grad.append(name)
+            continue
+        g = p.grad.detach().clone()
+        if name != EMBED:
+            assert g.dtype == torch.float32 and tuple(g.shape) == tuple(p.shape)
+            gold[f"grad.{name}"] = g
+        grads32[name] = g
+    norms = {}
+    for name, g in grads32.items():
+        norms.setdefault(group_of(name), 0.0)
+        norms[group_of(name)] += g.double().pow(2).sum().item()
+    for k, v in norms.items():
+        print(f"  grad norm {k}: {math.sqrt(v):.6g}")
+    print(f"  no gradient: {no_grad}")
+
+    ge = grads32[EMBED]
+    erows = sorted(set(t for t in token_ids if t not in (IMG, AUD)) | set(FIXED_EMBED_ROWS))
+    gold["embed_grad.rows"] = torch.tensor(erows, dtype=torch.int64)
+    gold["embed_grad.values"] = ge[erows].contiguous()
+    gold["embed_grad.colsum"] = ge.double().sum(0)
+    gold["embed_grad.sqsum"] = ge.double().pow(2).sum()
+    return gold, grads32, no_grad, norms
+
+
 def grad_golden(ckpt, out_path, do_f64):
     torch.manual_seed(0)
     pm, n_loaded = e2e.build(ckpt)
@@ -357,33 +398,9 @@ def grad_golden(ckpt, out_path, do_f64):
     n_tgt = sum(r["n_targets"] for r in rows)
     print(f"loss {loss.item():.17g} ({n_tgt} targets; row sums {row_sums})")
 
-    gold, grads32, no_grad = {}, {}, []
-    for name in sorted(params):
-        p = params[name]
-        if p.grad is None:
-            no_grad.append(name)
-            continue
-        g = p.grad.detach().clone()
-        if name != EMBED:
-            assert g.dtype == torch.float32 and tuple(g.shape) == tuple(p.shape)
-            gold[f"grad.{name}"] = g
-        grads32[name] = g
-    norms = {}
-    for name, g in grads32.items():
-        norms.setdefault(group_of(name), 0.0)
-        norms[group_of(name)] += g.double().pow(2).sum().item()
-    for k, v in norms.items():
-        print(f"  grad norm {k}: {math.sqrt(v):.6g}")
-    print(f"  no gradient: {no_grad}")
-
-    ge = grads32[EMBED]
     all_ids = [t for r in rows for t in r["ids"]]
     all_tgt = [t for r in rows for t in r["targets"] if t >= 0]
-    erows = sorted(set(t for t in all_ids if t not in (IMG, AUD)) | set(all_tgt) | set(FIXED_EMBED_ROWS))
-    gold["embed_grad.rows"] = torch.tensor(erows, dtype=torch.int64)
-    gold["embed_grad.values"] = ge[erows].contiguous()
-    gold["embed_grad.colsum"] = ge.double().sum(0)
-    gold["embed_grad.sqsum"] = ge.double().pow(2).sum()
+    gold, grads32, no_grad, norms = gradient_tensors(params, all_ids + all_tgt)
 
     lens = [len(r["ids"]) for r in rows]
     gold["batch.ids"] = torch.tensor(all_ids, dtype=torch.int64)
