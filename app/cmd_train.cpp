@@ -1,5 +1,6 @@
-// `areno train --algo sft` (issue 14): supervised fine-tuning of the model
-// `areno serve` runs, through the library in train/.
+// `areno train --algo sft|grpo|gspo` (issues 14 and 15): supervised
+// fine-tuning and RL post-training of the model `areno serve` runs, through
+// the library in train/ and train/rl/.
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -8,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -21,6 +23,8 @@
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "train/dataset.h"
 #include "train/metrics.h"
+#include "train/rl/grpo.h"
+#include "train/rl/rewards.h"
 #include "train/sft.h"
 
 extern char** environ;
@@ -33,10 +37,12 @@ namespace {
 
 constexpr const char* kTrainUsage =
     "usage: areno train --algo sft --dataset-path FILE [--ckpt DIR] [options]\n"
+    "       areno train --algo grpo|gspo --dataset-path FILE (--reward R | --reward-cmd CMD) [options]\n"
     "\n"
     "Fine-tunes the model in --ckpt (the released layout; without it the embedded\n"
-    "demo model) on chat rows and saves checkpoints that `areno serve --model-path`\n"
-    "loads as they are.\n"
+    "demo model) on chat rows (sft) or by RL on prompts rolled out through the\n"
+    "inference engine and scored by a reward (grpo, gspo), and saves checkpoints\n"
+    "that `areno serve --model-path` loads as they are.\n"
     "\n"
     "data:\n"
     "  --dataset-path FILE       .json (array), .jsonl, .csv or .tsv: rows {\"messages\": [...]}\n"
@@ -47,14 +53,16 @@ constexpr const char* kTrainUsage =
     "  --skip-bad-rows           count and skip bad rows instead of stopping\n"
     "  --max-prompt-tokens N     drop (and count) rows with a longer prompt\n"
     "  --max-new-tokens N        drop (and count) rows with more target tokens\n"
+    "                            (grpo/gspo: tokens per completion, default 256)\n"
     "\n"
     "loop:\n"
     "  --ckpt DIR, --model-path DIR   the checkpoint to start from\n"
-    "  --algo sft                the algorithm (sft)\n"
+    "  --algo sft|grpo|gspo      the algorithm (default sft)\n"
     "  --epochs N                passes over the data (default 1)\n"
     "  --max-steps N             stop after N optimizer steps (default: the epochs)\n"
-    "  --batch-size N            rows per optimizer step (default 8)\n"
-    "  --mini-bs N               rows per micro-batch, packed into one forward (default 1)\n"
+    "  --batch-size N            rows per optimizer step (default 8; grpo/gspo: prompts)\n"
+    "  --mini-bs N               rows per micro-batch, packed into one forward (default 1;\n"
+    "                            grpo/gspo: completions)\n"
     "  --gradient-accumulation-steps N   micro-batches per step: --mini-bs = --batch-size / N\n"
     "  --lr X, --min-lr X        learning rate of the lm group and its floor (default 1e-5, 0)\n"
     "  --lr-decay-steps N        steps of the decay (default: all steps)\n"
@@ -83,8 +91,19 @@ constexpr const char* kTrainUsage =
     "  --save-path DIR           write DIR/step-N/ (released layout + optimizer and data\n"
     "                            state) and DIR/latest; always after the last step\n"
     "  --save-interval N         also every N steps\n"
-    "  --resume DIR              continue from DIR/latest (or a step folder) exactly\n"
-    "  --metrics-log-dir DIR     metrics.jsonl and TensorBoard event files\n";
+    "  --resume DIR              continue from DIR/latest (or a step folder) exactly (sft only)\n"
+    "  --metrics-log-dir DIR     metrics.jsonl and TensorBoard event files\n"
+    "\n"
+    "grpo/gspo (rows {\"prompt\": string or messages, ...fields the reward reads}):\n"
+    "  --n-samples N             completions per prompt, the group (default 4)\n"
+    "  --temperature X, --top-k N, --top-p X   rollout sampling (default 1, off, 1)\n"
+    "  --greedy                  greedy rollouts (temperature 0)\n"
+    "  --reward exact|math|regex:PATTERN   a built-in reward (docs/rl.md)\n"
+    "  --reward-cmd CMD          a program: one JSON record per line in, one number per line out\n"
+    "  --reward-timeout-s X      per record of --reward-cmd (default 30)\n"
+    "  --grpo-clip-eps X         GRPO token ratio clip (default 0.2)\n"
+    "  --gspo-clip-eps X         GSPO sequence ratio clip (default 3e-4)\n"
+    "  --drop-rollout-state      free the engine and its KV cache after each rollout\n";
 
 // Runs `CMD FILE` through /bin/sh with FILE as "$1" (no quoting of the path
 // into the command) and writes its stdout to `out`.
@@ -119,6 +138,56 @@ struct TempFile {
     if (!path.empty()) fs::remove(path, ec);
   }
 };
+
+// What a save writes besides the model: the demo's tokenizer files.
+std::function<void(const fs::path&)> extra_files(const ServedModel& sm) {
+  return [&sm](const fs::path& tmp) {
+    if (sm.demo) phi4mm::write_tokenizer_files(*sm.tokenizer, tmp);
+  };
+}
+
+struct RlFlags {
+  train::rl::RlOptions options;
+  std::string reward, reward_cmd;
+  double reward_timeout_s = 30;
+};
+
+// --algo grpo|gspo: prompts, rollouts, rewards, GrpoTrainer steps.
+int train_rl(RlFlags f, const ServedModel& sm, const fs::path& dataset, const train::DatasetOptions& dopts,
+             const std::string& metrics_dir, const std::string& save_path, int64_t save_interval,
+             const std::string& ckpt) {
+  train::PromptDataset data = train::load_prompt_dataset(dataset, *sm.tokenizer, dopts);
+  fmt::print(stderr, "dataset {}: {} prompts ({} bad rows skipped, {} too long dropped)\n", dataset.string(),
+             data.rows.size(), data.bad_rows, data.too_long);
+  std::unique_ptr<train::rl::RewardFn> reward;
+  if (!f.reward_cmd.empty()) {
+    train::rl::RewardProcessOptions ro;
+    ro.timeout_s = f.reward_timeout_s;
+    reward = std::make_unique<train::rl::RewardProcess>(f.reward_cmd, ro);
+  } else {
+    reward = train::rl::make_reward(f.reward);
+  }
+  train::rl::GrpoTrainer trainer(sm.model, sm.tokenizer, std::move(data.rows), f.options, std::move(reward));
+  int64_t trainable = 0;
+  for (const ParamGroup& g : trainer.optimizer().param_groups())
+    for (const Tensor& p : g.params) trainable += p.numel();
+  fmt::print(stderr, "{}: training {} of {} parameters for {} steps ({} per epoch), {} completions per prompt\n",
+             train::rl::rl_algo_name(f.options.algo), trainable, sm.model->num_parameters(), trainer.total_steps(),
+             trainer.steps_per_epoch(), f.options.rollout.n_samples);
+  std::optional<train::MetricsWriter> metrics;
+  if (!metrics_dir.empty()) metrics.emplace(metrics_dir, 0);
+  while (!trainer.done()) {
+    const train::rl::RlStepStats st = trainer.step();
+    fmt::print("{}\n", train::rl::format_rl_progress(st, trainer.total_steps()));
+    std::fflush(stdout);
+    if (!std::isfinite(st.loss))
+      throw std::runtime_error(fmt::format("step {}: the loss is not finite ({}); stopping", st.step, st.loss));
+    if (metrics) metrics->write(st.step, train::rl::rl_scalars(st));
+    if (!save_path.empty() && (trainer.done() || (save_interval > 0 && st.step % save_interval == 0)))
+      fmt::print(stderr, "saved {}\n", trainer.save_checkpoint(save_path, ckpt, extra_files(sm)).string());
+  }
+  return 0;
+}
 
 }  // namespace
 
@@ -157,32 +226,62 @@ int cmd_train(const Args& args) {
   flags.value("--mm-tower-lr", num("--mm-tower-lr", o.mm_tower_lr, 0));
   flags.value("--save-path", save_path).integer("--save-interval", save_interval, 1).value("--resume", resume);
   flags.value("--metrics-log-dir", metrics_dir);
+  RlFlags rl;
+  train::rl::RolloutOptions& ro = rl.options.rollout;
+  ro.n_samples = 4;
+  flags.integer("--n-samples", ro.n_samples, 1).value("--temperature", num("--temperature", ro.temperature, 0));
+  flags.integer("--top-k", ro.top_k, 0).value("--top-p", num("--top-p", ro.top_p, 0)).toggle("--greedy", ro.greedy);
+  flags.value("--reward", rl.reward).value("--reward-cmd", rl.reward_cmd);
+  flags.value("--reward-timeout-s", num("--reward-timeout-s", rl.reward_timeout_s, 0));
+  flags.value("--grpo-clip-eps", num("--grpo-clip-eps", rl.options.grpo.clip_eps, 0));
+  flags.value("--gspo-clip-eps", num("--gspo-clip-eps", rl.options.gspo.clip_eps, 0));
+  flags.toggle("--drop-rollout-state", ro.drop_rollout_state);
   if (auto rc = flags.parse(args)) return *rc;
 
-  if (algo != "sft")
-    throw std::invalid_argument(fmt::format("--algo: '{}' is not supported (sft; RL is issue 15)", algo));
+  const bool is_rl = algo == "grpo" || algo == "gspo";
+  if (algo != "sft" && !is_rl)
+    throw std::invalid_argument(fmt::format("--algo: '{}' is not supported (sft, grpo, gspo; dpo and ppo are not "
+                                            "built yet)", algo));
+  if (is_rl) {
+    if (!resume.empty())
+      throw std::invalid_argument("--resume: resuming a grpo/gspo run is not supported yet (start a new run from "
+                                  "the step folder with --ckpt)");
+    if (rl.reward.empty() == rl.reward_cmd.empty())
+      throw std::invalid_argument("--algo grpo|gspo needs exactly one of --reward exact|math|regex:PATTERN and "
+                                  "--reward-cmd CMD");
+    if (!(rl.reward_timeout_s > 0)) throw std::invalid_argument("--reward-timeout-s: must be positive");
+  }
   if (dataset.empty()) {
     fmt::print(stderr, "areno train: --dataset-path is required\n\n{}", kTrainUsage);
     return 2;
   }
   if (!fs::exists(dataset)) throw std::runtime_error(fmt::format("--dataset-path {}: no such file", dataset));
+  // grpo/gspo micro-batches count completions: --batch-size x --n-samples per step.
+  const int64_t step_items = is_rl ? o.batch_size * ro.n_samples : o.batch_size;
   if (grad_accum > 0) {
-    if (o.batch_size % grad_accum != 0)
-      throw std::invalid_argument(fmt::format("--gradient-accumulation-steps {} does not divide --batch-size {}",
-                                              grad_accum, o.batch_size));
-    if (mini_bs && *mini_bs != o.batch_size / grad_accum)
+    if (step_items % grad_accum != 0)
+      throw std::invalid_argument(fmt::format("--gradient-accumulation-steps {} does not divide --batch-size {}{}",
+                                              grad_accum, o.batch_size, is_rl ? " x --n-samples" : ""));
+    if (mini_bs && *mini_bs != step_items / grad_accum)
       throw std::invalid_argument(fmt::format("--mini-bs {} contradicts --batch-size {} / --gradient-accumulation-steps {}",
                                               *mini_bs, o.batch_size, grad_accum));
-    o.mini_bs = o.batch_size / grad_accum;
+    o.mini_bs = step_items / grad_accum;
   } else if (mini_bs) {
     o.mini_bs = *mini_bs;
   }
-  o.mini_bs = std::min(o.mini_bs, o.batch_size);
+  o.mini_bs = std::min(o.mini_bs, step_items);
   o.decay = train::decay_style_from_name(decay_style);
   o.groups.lm = train::lm_trainable_from_name(lm_trainable);
   o.groups.embed_rows = train::embed_rows_from_name(embed_rows);
   const train::TrainOn on = train::train_on_from_name(train_on);
-  train::validate(o);
+  if (is_rl) {
+    rl.options.algo = train::rl::rl_algo_from_name(algo);
+    rl.options.loop = o;
+    if (max_new > 0) ro.max_new_tokens = max_new;
+    train::rl::validate(rl.options);
+  } else {
+    train::validate(o);
+  }
   if (save_path.empty()) fmt::print(stderr, "areno train: no --save-path: the trained weights will not be saved\n");
 
   // The model: a step folder to resume, the checkpoint, or the demo.
@@ -208,6 +307,10 @@ int cmd_train(const Args& args) {
     rows_file = loaded.path;
     if (dopts.media_root.empty()) dopts.media_root = fs::absolute(dataset).parent_path().string();
   }
+  if (is_rl) {
+    dopts.max_new_tokens = 0;  // the rollout's length, not a filter
+    return train_rl(rl, sm, rows_file, dopts, metrics_dir, save_path, save_interval, ckpt);
+  }
   train::SftDataset data = train::load_sft_dataset(rows_file, *sm.tokenizer, dopts);
   fmt::print(stderr, "dataset {}: {} rows ({} bad rows skipped, {} too long dropped)\n", dataset, data.rows.size(),
              data.bad_rows, data.too_long);
@@ -230,12 +333,7 @@ int cmd_train(const Args& args) {
   if (!metrics_dir.empty()) metrics.emplace(metrics_dir, trainer.state().step);
   const fs::path source = step_dir.empty() ? fs::path(ckpt) : step_dir;
   auto save = [&] {
-    const tok::Tokenizer& tk = *sm.tokenizer;
-    const bool demo = sm.demo;
-    fs::path dir = trainer.save_checkpoint(save_path, source, [&](const fs::path& tmp) {
-      if (demo) phi4mm::write_tokenizer_files(tk, tmp);
-    });
-    fmt::print(stderr, "saved {}\n", dir.string());
+    fmt::print(stderr, "saved {}\n", trainer.save_checkpoint(save_path, source, extra_files(sm)).string());
   };
   const auto t0 = std::chrono::steady_clock::now();
   while (!trainer.done()) {

@@ -89,6 +89,30 @@ std::string read_text(const fs::path& file) {
 
 RawRow unparseable(int64_t line, const std::string& why) { return {line, nullptr, "unparseable: " + why}; }
 
+// The messages of a row through the serving processor (the one path from
+// messages to ids and media, for SFT and RL rows alike).
+phi4mm::ProcessedChat process_row(const tok::Tokenizer& tokenizer, const json& messages, const json& v, int64_t line,
+                                  const std::string& file, const DatasetOptions& options, bool generation_prompt) {
+  phi4mm::ProcessorOptions po;
+  po.image = options.image;
+  po.audio = options.audio;
+  po.add_generation_prompt = generation_prompt;
+  po.source.media_root =
+      options.media_root.empty() ? fs::absolute(fs::path(file)).parent_path().string() : options.media_root;
+  try {
+    return phi4mm::process_chat(tokenizer, messages, v.value("tools", json()), po);
+  } catch (const phi4mm::ProcessorError& e) {
+    throw DatasetError(file, line, e.field(), e.what());
+  }
+}
+
+// A row's "prompt" field as messages: a string is one user turn.
+json prompt_messages(const json& p, int64_t line, const std::string& file) {
+  if (p.is_string()) return json::array({{{"role", "user"}, {"content", p}}});
+  if (p.is_array()) return p;
+  throw DatasetError(file, line, "prompt", "must be a string or an array of messages");
+}
+
 }  // namespace
 
 std::vector<RawRow> read_rows(const fs::path& file) {
@@ -164,27 +188,13 @@ SftRow make_sft_row(const tok::Tokenizer& tokenizer, const RawRow& row, const st
   if (v.contains("messages")) {
     messages = v["messages"];
   } else if (v.contains("prompt") && v.contains("response")) {
-    const json& p = v["prompt"];
-    if (p.is_string()) messages = json::array({{{"role", "user"}, {"content", p}}});
-    else if (p.is_array()) messages = p;
-    else throw bad("prompt", "must be a string or an array of messages");
+    messages = prompt_messages(v["prompt"], row.line, file);
     if (!v["response"].is_string()) throw bad("response", "must be a string");
     messages.push_back({{"role", "assistant"}, {"content", v["response"]}});
   } else {
     throw bad("messages", "a row needs \"messages\", or \"prompt\" and \"response\"");
   }
-  phi4mm::ProcessorOptions po;
-  po.image = options.image;
-  po.audio = options.audio;
-  po.add_generation_prompt = false;
-  po.source.media_root =
-      options.media_root.empty() ? fs::absolute(fs::path(file)).parent_path().string() : options.media_root;
-  phi4mm::ProcessedChat pc;
-  try {
-    pc = phi4mm::process_chat(tokenizer, messages, v.value("tools", json()), po);
-  } catch (const phi4mm::ProcessorError& e) {
-    throw bad(e.field(), e.what());
-  }
+  phi4mm::ProcessedChat pc = process_row(tokenizer, messages, v, row.line, file, options, false);
   SftRow out;
   out.ids = pc.ids();
   out.media = std::move(pc.media);
@@ -208,6 +218,45 @@ SftRow make_sft_row(const tok::Tokenizer& tokenizer, const RawRow& row, const st
   out.prompt_tokens = int64_t(turns.front().first);
   for (int64_t t : out.targets) out.target_tokens += t >= 0;
   return out;
+}
+
+PromptRow make_prompt_row(const tok::Tokenizer& tokenizer, const RawRow& row, const std::string& file,
+                          const DatasetOptions& options) {
+  if (!row.error.empty()) throw DatasetError(file, row.line, "row", row.error);
+  const json& v = row.value;
+  if (!v.is_object())
+    throw DatasetError(file, row.line, "row", fmt::format("a row must be an object (got {})", v.type_name()));
+  if (!v.contains("prompt")) throw DatasetError(file, row.line, "prompt", "an RL row needs a \"prompt\"");
+  PromptRow out;
+  out.messages = prompt_messages(v["prompt"], row.line, file);
+  phi4mm::ProcessedChat pc = process_row(tokenizer, out.messages, v, row.line, file, options, true);
+  out.ids = pc.ids();
+  out.media = std::move(pc.media);
+  out.adapter = pc.adapter;
+  out.line = row.line;
+  out.row = v;
+  return out;
+}
+
+PromptDataset load_prompt_dataset(const fs::path& file, const tok::Tokenizer& tokenizer,
+                                  const DatasetOptions& options) {
+  PromptDataset d;
+  for (const RawRow& raw : read_rows(file)) {
+    PromptRow row;
+    try {
+      row = make_prompt_row(tokenizer, raw, file.string(), options);
+    } catch (const DatasetError&) {
+      if (!options.skip_bad_rows) throw;
+      d.bad_rows++;
+      continue;
+    }
+    if (options.max_prompt_tokens > 0 && int64_t(row.ids.size()) > options.max_prompt_tokens) {
+      d.too_long++;
+      continue;
+    }
+    d.rows.push_back(std::move(row));
+  }
+  return d;
 }
 
 SftDataset load_sft_dataset(const fs::path& file, const tok::Tokenizer& tokenizer, const DatasetOptions& options) {

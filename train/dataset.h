@@ -83,6 +83,34 @@ struct DatasetOptions {
 SftRow make_sft_row(const tok::Tokenizer& tokenizer, const RawRow& row, const std::string& file,
                     const DatasetOptions& options);
 
+// A prompt-only row for RL (issue 15): {"prompt": string | messages, ...any
+// other fields}, through the same processor as make_sft_row with the
+// generation prompt added ("<|assistant|>" last), so the model continues
+// with its answer. `messages` are the prompt messages as given to the model
+// and `row` the whole raw row (the reward reads its fields).
+struct PromptRow {
+  std::vector<int64_t> ids;  // placeholders expanded, ends with <|assistant|>
+  std::vector<phi4mm::Media> media;
+  phi4mm::Adapter adapter = phi4mm::Adapter::none;
+  int64_t line = 0;
+  nlohmann::json messages;
+  nlohmann::json row;
+};
+
+// Throws DatasetError naming `file`, the line and the field. Uses
+// options.image / audio / media_root; not train_on or max_new_tokens.
+PromptRow make_prompt_row(const tok::Tokenizer& tokenizer, const RawRow& row, const std::string& file,
+                          const DatasetOptions& options);
+
+struct PromptDataset {
+  std::vector<PromptRow> rows;
+  int64_t bad_rows = 0;   // skipped with skip_bad_rows
+  int64_t too_long = 0;   // dropped for max_prompt_tokens
+};
+
+PromptDataset load_prompt_dataset(const std::filesystem::path& file, const tok::Tokenizer& tokenizer,
+                                  const DatasetOptions& options);
+
 struct SftDataset {
   std::vector<SftRow> rows;
   int64_t bad_rows = 0;   // skipped with skip_bad_rows

@@ -105,6 +105,66 @@ void validate(const SftOptions& o) {
   require(o.loss_chunk_rows >= 1, "--loss-chunk-rows", "must be at least 1");
 }
 
+std::unique_ptr<AdamW> make_training_optimizer(phi4mm::Phi4MMForCausalLM& model, const SftOptions& o,
+                                               int64_t total_steps) {
+  check_dropouts(model, o.groups);
+  apply_trainable(model, o.groups);
+  const int64_t decay = o.lr_decay_steps > 0 ? o.lr_decay_steps : total_steps;
+  if (o.warmup_steps > decay)
+    throw std::invalid_argument(fmt::format("--warmup-steps ({}) exceeds the decay steps ({})",
+                                            o.warmup_steps, decay));
+  GroupHyper h;
+  h.lr[int(Group::lm)] = o.lr;
+  h.lr[int(Group::projector)] = o.mm_projector_lr > 0 ? o.mm_projector_lr : o.lr;
+  h.lr[int(Group::tower)] = o.mm_tower_lr > 0 ? o.mm_tower_lr : o.lr;
+  h.weight_decay = o.weight_decay;
+  h.schedule = make_schedule(o.decay, o.warmup_steps, decay, o.min_lr / o.lr);
+  AdamWOptions ao;
+  ao.beta1 = o.adam_beta1;
+  ao.beta2 = o.adam_beta2;
+  ao.eps = o.adam_eps;
+  return std::make_unique<AdamW>(make_param_groups(model, h), ao);
+}
+
+std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool shuffle) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int64_t(i);
+  if (!shuffle) return order;
+  // Fisher-Yates on our own stream: the same order on every platform.
+  uint64_t s = mix(seed, uint64_t(epoch));
+  for (size_t i = order.size(); i > 1; --i) {
+    s = splitmix64(s);
+    std::swap(order[i - 1], order[size_t(s % i)]);
+  }
+  return order;
+}
+
+double clip_and_step(AdamW& optimizer, double grad_clip_norm) {
+  const double clip = grad_clip_norm > 0 ? grad_clip_norm : std::numeric_limits<double>::infinity();
+  const double norm = clip_grad_norm(optimizer.parameters(), clip);
+  optimizer.step();
+  optimizer.zero_grad();
+  return norm;
+}
+
+void advance(TrainerState& state, int64_t taken, int64_t rows) {
+  state.step += 1;
+  state.position += taken;
+  if (state.position >= rows) {
+    state.epoch += 1;
+    state.position = 0;
+  }
+}
+
+std::vector<std::pair<std::string, double>> group_lrs(const AdamW& optimizer) {
+  std::vector<std::pair<std::string, double>> lrs;
+  for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+    const char* name = group_name(group_of_param_group(optimizer.param_groups()[g]));
+    if (lrs.empty() || lrs.back().first != name) lrs.emplace_back(name, optimizer.current_lr(g));
+  }
+  return lrs;
+}
+
 SftTrainer::SftTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::vector<SftRow> rows,
                        SftOptions options)
     : model_(std::move(model)), rows_(std::move(rows)), options_(options) {
@@ -123,8 +183,7 @@ SftTrainer::SftTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::ve
         throw std::invalid_argument(fmt::format("row {}: audio, but the model has no audio encoder", r.line));
     }
   }
-  check_dropouts(*model_, options_.groups);
-  apply_trainable(*model_, options_.groups);
+  optimizer_ = make_training_optimizer(*model_, options_, total_steps());
   Tensor& embed = model_->model->embed_tokens->weight;
   if (options_.groups.embed_rows == EmbedRows::data && embed.requires_grad()) {
     // Weight decay would move the rows the mask keeps still.
@@ -138,23 +197,6 @@ SftTrainer::SftTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::ve
           if (id >= 0 && id < vocab) mask[size_t(id)] = 1.0f;
     embed_row_mask_ = from_vector(mask, {vocab, 1}).to(embed.device()).to(embed.dtype());
   }
-
-  const int64_t total = total_steps();
-  const int64_t decay = options_.lr_decay_steps > 0 ? options_.lr_decay_steps : total;
-  if (options_.warmup_steps > decay)
-    throw std::invalid_argument(fmt::format("--warmup-steps ({}) exceeds the decay steps ({})",
-                                            options_.warmup_steps, decay));
-  GroupHyper h;
-  h.lr[int(Group::lm)] = options_.lr;
-  h.lr[int(Group::projector)] = options_.mm_projector_lr > 0 ? options_.mm_projector_lr : options_.lr;
-  h.lr[int(Group::tower)] = options_.mm_tower_lr > 0 ? options_.mm_tower_lr : options_.lr;
-  h.weight_decay = options_.weight_decay;
-  h.schedule = make_schedule(options_.decay, options_.warmup_steps, decay, options_.min_lr / options_.lr);
-  AdamWOptions ao;
-  ao.beta1 = options_.adam_beta1;
-  ao.beta2 = options_.adam_beta2;
-  ao.eps = options_.adam_eps;
-  optimizer_ = std::make_unique<AdamW>(make_param_groups(*model_, h), ao);
 }
 
 int64_t SftTrainer::embed_rows_trained() const {
@@ -170,21 +212,8 @@ int64_t SftTrainer::total_steps() const {
   return options_.max_steps > 0 ? options_.max_steps : options_.epochs * steps_per_epoch();
 }
 
-std::vector<int64_t> SftTrainer::epoch_order(int64_t epoch) const {
-  std::vector<int64_t> order(rows_.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = int64_t(i);
-  if (!options_.shuffle) return order;
-  // Fisher-Yates on our own stream: the same order on every platform.
-  uint64_t s = mix(options_.seed, uint64_t(epoch));
-  for (size_t i = order.size(); i > 1; --i) {
-    s = splitmix64(s);
-    std::swap(order[i - 1], order[size_t(s % i)]);
-  }
-  return order;
-}
-
 std::vector<const SftRow*> SftTrainer::next_batch() const {
-  const std::vector<int64_t> order = epoch_order(state_.epoch);
+  const std::vector<int64_t> order = epoch_order(int64_t(rows_.size()), options_.seed, state_.epoch, options_.shuffle);
   std::vector<const SftRow*> batch;
   for (int64_t i = state_.position; i < int64_t(order.size()) && int64_t(batch.size()) < options_.batch_size; ++i)
     batch.push_back(&rows_[size_t(order[size_t(i)])]);
@@ -238,11 +267,7 @@ StepStats SftTrainer::step() {
     st.tokens += int64_t(r->ids.size());
     st.target_tokens += r->target_tokens;
   }
-  for (size_t g = 0; g < optimizer_->param_groups().size(); ++g) {
-    const ParamGroup& pg = optimizer_->param_groups()[g];
-    const char* name = group_name(group_of_param_group(pg));
-    if (st.lrs.empty() || st.lrs.back().first != name) st.lrs.emplace_back(name, optimizer_->current_lr(g));
-  }
+  st.lrs = group_lrs(*optimizer_);
   st.loss = accumulate(batch, st.target_tokens, mix(options_.seed ^ 0x5eedull, uint64_t(state_.step)));
   if (embed_row_mask_.defined()) {
     // --embed-rows data: only the rows of the dataset's token ids get a
@@ -251,16 +276,8 @@ StepStats SftTrainer::step() {
     Tensor g = model_->model->embed_tokens->weight.grad();
     if (g.defined()) g.copy_(mul(g, embed_row_mask_));
   }
-  const double clip = options_.grad_clip_norm > 0 ? options_.grad_clip_norm : std::numeric_limits<double>::infinity();
-  st.grad_norm = clip_grad_norm(optimizer_->parameters(), clip);
-  optimizer_->step();
-  optimizer_->zero_grad();
-  state_.step += 1;
-  state_.position += int64_t(batch.size());
-  if (state_.position >= int64_t(rows_.size())) {
-    state_.epoch += 1;
-    state_.position = 0;
-  }
+  st.grad_norm = clip_and_step(*optimizer_, options_.grad_clip_norm);
+  advance(state_, int64_t(batch.size()), int64_t(rows_.size()));
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
 }
@@ -287,14 +304,15 @@ std::string SftTrainer::fingerprint() const {
                      g.embed_rows == EmbedRows::all ? "" : fmt::format(" embed_rows={}", embed_rows_name(g.embed_rows)));
 }
 
-fs::path SftTrainer::save_checkpoint(const fs::path& save_path, const fs::path& source,
-                                     const std::function<void(const fs::path&)>& add_files) const {
+fs::path save_step_folder(const phi4mm::Phi4MMForCausalLM& model, const AdamW& optimizer, int64_t step,
+                          const fs::path& save_path, const fs::path& source, const json& trainer_state,
+                          const std::function<void(const fs::path&)>& add_files) {
   fs::create_directories(save_path);
-  const std::string name = fmt::format("step-{}", state_.step);
+  const std::string name = fmt::format("step-{}", step);
   const fs::path final_dir = save_path / name;
   const fs::path tmp = save_path / fmt::format(".{}.tmp-{}", name, ::getpid());
   fs::remove_all(tmp);
-  phi4mm::save_model(*model_, tmp.string());
+  phi4mm::save_model(model, tmp.string());
   // Tokenizer, processor and remote-code files of the checkpoint the run started from.
   if (!source.empty() && fs::is_directory(source)) {
     for (const auto& entry : fs::directory_iterator(source)) {
@@ -312,17 +330,9 @@ fs::path SftTrainer::save_checkpoint(const fs::path& save_path, const fs::path& 
   // In a subfolder: tools that read every *.safetensors of a checkpoint
   // folder as weights (the port's conversion script, vLLM) must not see it.
   fs::create_directories(tmp / "optimizer");
-  optimizer_->save_state((tmp / "optimizer" / "optimizer.safetensors").string());
+  optimizer.save_state((tmp / "optimizer" / "optimizer.safetensors").string());
   sync_dir((tmp / "optimizer").string());
-  json st = {{"format", 1},
-             {"step", state_.step},
-             {"epoch", state_.epoch},
-             {"position", state_.position},
-             {"total_steps", total_steps()},
-             {"seed", options_.seed},
-             {"lr_decay_style", decay_name(options_.decay)},
-             {"fingerprint", fingerprint()}};
-  write_file_atomic((tmp / "trainer_state.json").string(), st.dump(2) + "\n");
+  write_file_atomic((tmp / "trainer_state.json").string(), trainer_state.dump(2) + "\n");
   sync_dir(tmp.string());
   // Put the folder in place; a folder of the same step (a rerun) is replaced
   // only once the new one is complete.
@@ -338,6 +348,19 @@ fs::path SftTrainer::save_checkpoint(const fs::path& save_path, const fs::path& 
   sync_dir(save_path.string());
   write_file_atomic((save_path / "latest").string(), name + "\n");
   return final_dir;
+}
+
+fs::path SftTrainer::save_checkpoint(const fs::path& save_path, const fs::path& source,
+                                     const std::function<void(const fs::path&)>& add_files) const {
+  json st = {{"format", 1},
+             {"step", state_.step},
+             {"epoch", state_.epoch},
+             {"position", state_.position},
+             {"total_steps", total_steps()},
+             {"seed", options_.seed},
+             {"lr_decay_style", decay_name(options_.decay)},
+             {"fingerprint", fingerprint()}};
+  return save_step_folder(*model_, *optimizer_, state_.step, save_path, source, st, add_files);
 }
 
 void SftTrainer::load_state(const fs::path& step_dir) {

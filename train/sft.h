@@ -30,6 +30,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "models/phi4mm/text.h"
 #include "nn/optim/adamw.h"
 #include "train/dataset.h"
@@ -71,12 +73,47 @@ struct SftOptions {
 // Checks option values (throws std::invalid_argument naming the flag).
 void validate(const SftOptions& o);
 
+// Shared by the SFT and RL trainers.
+
+// Checks that no trained part asks for a dropout the forward does not
+// implement, applies the trainable groups to `model` (requires_grad,
+// train/eval mode) and builds AdamW over make_param_groups with the groups'
+// learning rates and the schedule of `o` over `total_steps`. Throws
+// std::invalid_argument naming the flag or config key.
+std::unique_ptr<AdamW> make_training_optimizer(phi4mm::Phi4MMForCausalLM& model, const SftOptions& o,
+                                               int64_t total_steps);
+
+// The order of `n` items in `epoch`: 0..n-1, shuffled from (seed, epoch)
+// with our own Fisher-Yates stream (the same on every platform).
+std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool shuffle);
+
+// The end of a step: clips the global gradient norm to `grad_clip_norm` (0:
+// no clipping), AdamW steps, drops the gradients. Returns the norm before clipping.
+double clip_and_step(AdamW& optimizer, double grad_clip_norm);
+
+// The learning rate each trained group uses at the optimizer's next step.
+std::vector<std::pair<std::string, double>> group_lrs(const AdamW& optimizer);
+
+// Writes save_path/step-<step> (the released layout of `model`, tokenizer and
+// processor files copied from `source`, what `add_files` writes, the
+// optimizer state in optimizer/ and `trainer_state` as trainer_state.json) in
+// a temporary folder that is synced and renamed, then save_path/latest.
+// Returns the step folder.
+std::filesystem::path save_step_folder(const phi4mm::Phi4MMForCausalLM& model, const AdamW& optimizer, int64_t step,
+                                       const std::filesystem::path& save_path, const std::filesystem::path& source,
+                                       const nlohmann::json& trainer_state,
+                                       const std::function<void(const std::filesystem::path&)>& add_files = {});
+
 // Where the run is: optimizer steps done, and the next row to read.
 struct TrainerState {
   int64_t step = 0;
   int64_t epoch = 0;
   int64_t position = 0;  // index into the epoch's order
 };
+
+// After a step that read `taken` rows of a dataset of `rows`: the next
+// position, and the next epoch when this one is done.
+void advance(TrainerState& state, int64_t taken, int64_t rows);
 
 struct StepStats {
   int64_t step = 0;           // this step's number (1-based)
@@ -130,7 +167,6 @@ class SftTrainer {
   void load_state(const std::filesystem::path& step_dir);
 
  private:
-  std::vector<int64_t> epoch_order(int64_t epoch) const;
   std::string fingerprint() const;
 
   std::shared_ptr<phi4mm::Phi4MMForCausalLM> model_;

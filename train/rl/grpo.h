@@ -1,0 +1,124 @@
+#pragma once
+// The GRPO / GSPO loop (issue 15, "Objectives"; docs/rl.md, "The GRPO/GSPO
+// loop"): rollouts through the engine over the trainer's own model, rewards,
+// group advantages, the clipped objective on the training forward's
+// log-probabilities, and one AdamW step per batch of prompts, with the SFT
+// trainer's groups, schedules and checkpoints (train/sft.h).
+//
+// One step:
+//   1. the next `loop.batch_size` prompt rows of the epoch's order (as SFT);
+//   2. `rollout.n_samples` completions each (Rollout; the engine's KV blocks
+//      are free afterwards, the engine itself dropped with drop_rollout_state);
+//   3. each completion decoded (special tokens skipped) and scored by the RewardFn;
+//   4. group_advantages over each prompt's samples;
+//   5. micro-batches of `loop.mini_bs` samples: policy_logp + grpo_loss (or
+//      gspo_loss) with old_logp = the rollout's log-probabilities, backward;
+//   6. the global gradient norm clipped, AdamW steps, gradients dropped.
+//
+// Accumulation: a micro-batch's loss is an average over its own tokens
+// (GRPO token_mean) or sequences (GSPO, GRPO seq_mean_token_mean). It is
+// multiplied by its share of the step's tokens (or sequences) before
+// backward, so the summed gradient is that of the same average over the
+// whole batch: splitting into micro-batches does not change the step.
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/phi4mm/text.h"
+#include "models/phi4mm/tokenizer/tokenizer.h"
+#include "nn/optim/adamw.h"
+#include "train/dataset.h"
+#include "train/metrics.h"
+#include "train/rl/objectives.h"
+#include "train/rl/rewards.h"
+#include "train/rl/rollout.h"
+#include "train/sft.h"
+
+namespace areno::train::rl {
+
+enum class RlAlgo { grpo, gspo };
+RlAlgo rl_algo_from_name(const std::string& name);  // "grpo" | "gspo"
+const char* rl_algo_name(RlAlgo a);
+
+struct RlOptions {
+  RlAlgo algo = RlAlgo::grpo;
+  // The SFT loop's options: batch_size = prompts per step, mini_bs = samples
+  // per micro-batch (1 .. batch_size * n_samples), lr, schedules, groups,
+  // clipping, seed (data order and rollout sampling), epochs, max_steps.
+  // embed_rows must be all or none.
+  SftOptions loop;
+  RolloutOptions rollout;  // n_samples is the group size; seed is set from loop.seed
+  GrpoOptions grpo;
+  GspoOptions gspo;
+};
+
+// Throws std::invalid_argument naming the flag.
+void validate(const RlOptions& o);
+
+struct RlStepStats {
+  int64_t step = 0;
+  int64_t prompts = 0, samples = 0, response_tokens = 0;
+  double reward_mean = 0;
+  double advantage_mean = 0;         // token mean
+  double response_len = 0;           // mean tokens per completion (stop token included)
+  double rollout_logprobs_mean = 0;  // token mean of the engine's log-probabilities
+  double train_logprobs_mean = 0;    // token mean of policy_logp, before the update
+  double logp_diff_mean = 0;         // token mean of train - rollout
+  double logp_abs_diff_mean = 0;     // token mean of |train - rollout|
+  double logp_abs_diff_max = 0;
+  double ratio_mean = 0, clip_frac = 0, kl = 0;
+  double loss = 0, pg_loss = 0;
+  double grad_norm = 0;              // before clipping
+  std::vector<std::pair<std::string, double>> lrs;
+  double rollout_s = 0, reward_s = 0, train_s = 0, total_s = 0;
+  std::vector<double> rewards;       // per sample, prompt-major
+};
+
+// The step's scalars for MetricsWriter, named as issue 15 names them
+// (reward_mean, ..., loss, grad_norm, lr/<group>, time/rollout_s, ...).
+Scalars rl_scalars(const RlStepStats& st);
+
+// "step 3/10  reward 0.750  loss -0.0123  grad_norm 0.41  time rollout=1.2s train=0.8s total=2.1s"
+std::string format_rl_progress(const RlStepStats& st, int64_t total_steps);
+
+class GrpoTrainer {
+ public:
+  // Applies the trainable groups to `model` and builds the optimizer (as
+  // SftTrainer) and the Rollout over the same model.
+  GrpoTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::shared_ptr<const tok::Tokenizer> tokenizer,
+              std::vector<PromptRow> rows, RlOptions options, std::unique_ptr<RewardFn> reward);
+
+  int64_t steps_per_epoch() const;
+  int64_t total_steps() const;
+  bool done() const { return state_.step >= total_steps(); }
+  const TrainerState& state() const { return state_; }
+  const RlOptions& options() const { return options_; }
+  AdamW& optimizer() { return *optimizer_; }
+  Rollout& rollout() { return rollout_; }
+
+  // One optimizer step (see the top).
+  RlStepStats step();
+
+  // save_path/step-N as SftTrainer::save_checkpoint writes it (weights,
+  // optimizer, trainer_state.json with "algo"). Resuming an RL run is not
+  // supported yet.
+  std::filesystem::path save_checkpoint(const std::filesystem::path& save_path, const std::filesystem::path& source,
+                                        const std::function<void(const std::filesystem::path&)>& add_files = {}) const;
+
+ private:
+  std::shared_ptr<phi4mm::Phi4MMForCausalLM> model_;
+  std::shared_ptr<const tok::Tokenizer> tok_;
+  std::vector<PromptRow> rows_;
+  RlOptions options_;
+  std::unique_ptr<RewardFn> reward_;
+  std::unique_ptr<AdamW> optimizer_;
+  Rollout rollout_;
+  TrainerState state_;
+};
+
+}  // namespace areno::train::rl
