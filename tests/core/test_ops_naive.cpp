@@ -10,6 +10,7 @@
 
 #include "tensor/ops.h"
 #include "tests/core/op_harness.h"
+#include "tests/test_util.h"
 
 using namespace areno;
 using namespace areno::testing;
@@ -87,6 +88,33 @@ TEST_CASE("ops/naive: softmax, log_softmax, cumsum, var along a middle dim") {
   Tensor big = as_tensor({1000.0, 1001.0, 1002.0}, {3});
   double e = std::exp(-1.0), e2 = std::exp(-2.0), z = 1 + e + e2;
   check_close(softmax(big), {e2 / z, e / z, 1 / z}, {3});
+}
+
+TEST_CASE("ops/naive: log_softmax and softmax of a confident 200064-wide row keep the tail's mass (f32)") {
+  // One logit far above the rest, as a trained model's head gives: the sum of
+  // exponentials must not drop the 200063 small terms (f32 vector lanes did,
+  // log-probabilities ended up ~6e-5 too high).
+  const int64_t n = 200064;
+  std::vector<float> v(static_cast<size_t>(n));
+  uint64_t s = 7;
+  for (auto& x : v) x = float(double(splitmix64(s++) >> 11) * 0x1p-53 * 8.0 - 4.0);
+  v[18] = 17.0f;
+  double mx = 17.0, sum = 0;
+  for (float x : v) sum += std::exp(double(x) - mx);
+  const double lse = mx + std::log(sum);
+  const double tail = 1.0 - std::exp(17.0 - lse);
+  CHECK(tail > 1e-3);  // the case is one where the tail matters
+  for (const Device& d : testing::available_devices()) {
+    CAPTURE(d.str());
+    Tensor x = from_vector(v, {1, n}).to(d);
+    const std::vector<float> lp = log_softmax(x, -1).to(Device::cpu()).to_vector<float>();
+    const std::vector<float> p = softmax(x, -1).to(Device::cpu()).to_vector<float>();
+    CHECK(std::abs(double(lp[18]) - (17.0 - lse)) < 2e-6);
+    CHECK(std::abs(double(p[18]) - std::exp(17.0 - lse)) < 1e-6);
+    double worst = 0;
+    for (int64_t j = 0; j < n; j += 997) worst = std::max(worst, std::abs(double(lp[size_t(j)]) - (double(v[size_t(j)]) - lse)));
+    CHECK(worst < 4e-6);
+  }
 }
 
 TEST_CASE("ops/naive: layer_norm and rms_norm") {

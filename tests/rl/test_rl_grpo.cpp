@@ -212,9 +212,9 @@ TEST_CASE("areno train --algo grpo|gspo: 2 steps on a prompt file write the issu
       }
       CHECK(j["reward_mean"].get<double>() >= 0.0);
       CHECK(j["reward_mean"].get<double>() <= 1.0);
-      // The demo model is trained and confident (large logits): its parity is
-      // a few 1e-5 in f32, the tiny random model's below 1e-5 (the cases above).
-      CHECK(j["logp_abs_diff_mean"].get<double>() < 1e-4);
+      // The demo model is trained and confident: its rows have a tail that an
+      // f32 sum of exponentials used to drop (kernels/cpu/rows.cpp).
+      CHECK(j["logp_abs_diff_mean"].get<double>() < 1e-5);
       CHECK(j["samples"].get<double>() == 6.0);
     }
     CHECK(fs::exists(dir.path / (std::string("save-") + algo) / "step-2" / "optimizer" / "optimizer.safetensors"));
