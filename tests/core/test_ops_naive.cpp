@@ -60,6 +60,23 @@ TEST_CASE("ops/naive: matmul, batched and transposed") {
   check_close(linear(x, w, bias), y, {6, 3});
 }
 
+TEST_CASE("ops/naive: f32 head shapes (1-17 rows times a wide transposed weight) on every dispatch path") {
+  // The vocabulary head at decode: [M, K] x W^T with N large enough for the
+  // column split (N >= 1024 x threads, M N K >= 2^21), M around the small-M
+  // limit (4) and K not a multiple of the vector width.
+  const int64_t K = 259, N = 8200;
+  Tensor w = rnd({N, K}, 40);
+  const std::vector<double> wt = w.t().contiguous().to_vector<double>();
+  for (int64_t M : {1, 2, 3, 4, 5, 8, 17}) {
+    CAPTURE(M);
+    Tensor x = rnd({M, K}, 41 + uint64_t(M));
+    const std::vector<double> want = naive_matmul(x.to_vector<double>(), wt, 1, M, K, N);
+    Tensor got = linear(x.to(DType::f32), w.to(DType::f32), Tensor()).to(DType::f64);
+    Mismatch m = compare(got, as_tensor(want, {M, N}), 2e-5);
+    CHECK_MESSAGE(m.ok, m.message);
+  }
+}
+
 TEST_CASE("ops/naive: softmax, log_softmax, cumsum, var along a middle dim") {
   Tensor x = rnd({3, 6, 4}, 10);
   auto v = x.to_vector<double>();
