@@ -1,4 +1,4 @@
-// `areno train --algo sft|grpo|gspo` (issues 14 and 15): supervised
+// `areno train --algo sft|grpo|gspo|dpo` (issues 14 and 15): supervised
 // fine-tuning and RL post-training of the model `areno serve` runs, through
 // the library in train/ and train/rl/.
 #include <fcntl.h>
@@ -23,6 +23,7 @@
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "train/dataset.h"
 #include "train/metrics.h"
+#include "train/rl/dpo.h"
 #include "train/rl/grpo.h"
 #include "train/rl/rewards.h"
 #include "train/sft.h"
@@ -38,31 +39,34 @@ namespace {
 constexpr const char* kTrainUsage =
     "usage: areno train --algo sft --dataset-path FILE [--ckpt DIR] [options]\n"
     "       areno train --algo grpo|gspo --dataset-path FILE (--reward R | --reward-cmd CMD) [options]\n"
+    "       areno train --algo dpo --dataset-path FILE [--dpo-beta X] [--ref-ckpt DIR] [options]\n"
     "\n"
     "Fine-tunes the model in --ckpt (the released layout; without it the embedded\n"
-    "demo model) on chat rows (sft) or by RL on prompts rolled out through the\n"
-    "inference engine and scored by a reward (grpo, gspo), and saves checkpoints\n"
-    "that `areno serve --model-path` loads as they are.\n"
+    "demo model) on chat rows (sft), by RL on prompts rolled out through the\n"
+    "inference engine and scored by a reward (grpo, gspo), or on preference pairs\n"
+    "(dpo), and saves checkpoints that `areno serve --model-path` loads as they are.\n"
     "\n"
     "data:\n"
     "  --dataset-path FILE       .json (array), .jsonl, .csv or .tsv: rows {\"messages\": [...]}\n"
     "                            or {\"prompt\": ..., \"response\": ...}\n"
     "  --dataset-loader-cmd CMD  run `CMD FILE` and read its stdout as JSONL rows\n"
     "  --media-root DIR          media paths resolve under DIR (default: the dataset's folder)\n"
-    "  --train-on all|last       assistant turns that are targets (default all)\n"
+    "  --train-on all|last       assistant turns that are targets (default all; dpo: last)\n"
     "  --skip-bad-rows           count and skip bad rows instead of stopping\n"
     "  --max-prompt-tokens N     drop (and count) rows with a longer prompt\n"
     "  --max-new-tokens N        drop (and count) rows with more target tokens\n"
-    "                            (grpo/gspo: tokens per completion, default 256)\n"
+    "                            (grpo/gspo: tokens per completion, default 256;\n"
+    "                            dpo: pairs with a longer chosen or rejected response)\n"
     "\n"
     "loop:\n"
     "  --ckpt DIR, --model-path DIR   the checkpoint to start from\n"
-    "  --algo sft|grpo|gspo      the algorithm (default sft)\n"
+    "  --algo sft|grpo|gspo|dpo  the algorithm (default sft)\n"
     "  --epochs N                passes over the data (default 1)\n"
     "  --max-steps N             stop after N optimizer steps (default: the epochs)\n"
-    "  --batch-size N            rows per optimizer step (default 8; grpo/gspo: prompts)\n"
+    "  --batch-size N            rows per optimizer step (default 8; grpo/gspo: prompts;\n"
+    "                            dpo: pairs)\n"
     "  --mini-bs N               rows per micro-batch, packed into one forward (default 1;\n"
-    "                            grpo/gspo: completions)\n"
+    "                            grpo/gspo: completions; dpo: pairs)\n"
     "  --gradient-accumulation-steps N   micro-batches per step: --mini-bs = --batch-size / N\n"
     "  --lr X, --min-lr X        learning rate of the lm group and its floor (default 1e-5, 0)\n"
     "  --lr-decay-steps N        steps of the decay (default: all steps)\n"
@@ -103,7 +107,12 @@ constexpr const char* kTrainUsage =
     "  --reward-timeout-s X      per record of --reward-cmd (default 30)\n"
     "  --grpo-clip-eps X         GRPO token ratio clip (default 0.2)\n"
     "  --gspo-clip-eps X         GSPO sequence ratio clip (default 3e-4)\n"
-    "  --drop-rollout-state      free the engine and its KV cache after each rollout\n";
+    "  --drop-rollout-state      free the engine and its KV cache after each rollout\n"
+    "\n"
+    "dpo (rows {\"prompt\": string or messages, \"chosen\": string, \"rejected\": string}):\n"
+    "  --dpo-beta X              the DPO temperature beta (default 0.1)\n"
+    "  --ref-ckpt DIR            the reference model (default: the starting policy); its\n"
+    "                            log-probabilities are computed once, before the first step\n";
 
 // Runs `CMD FILE` through /bin/sh with FILE as "$1" (no quoting of the path
 // into the command) and writes its stdout to `out`.
@@ -189,11 +198,52 @@ int train_rl(RlFlags f, const ServedModel& sm, const fs::path& dataset, const tr
   return 0;
 }
 
+// --algo dpo: preference pairs, reference sums once, DpoTrainer steps.
+int train_dpo(const train::rl::DpoTrainOptions& o, const ServedModel& sm, const fs::path& dataset,
+              const train::DatasetOptions& dopts, const std::string& ref_ckpt, const std::string& device,
+              const std::string& dtype, const std::string& metrics_dir, const std::string& save_path,
+              int64_t save_interval, const std::string& ckpt) {
+  train::rl::DpoDataset data = train::rl::load_dpo_dataset(dataset, *sm.tokenizer, dopts);
+  fmt::print(stderr, "dataset {}: {} pairs ({} bad rows skipped, {} too long dropped)\n", dataset.string(),
+             data.rows.size(), data.bad_rows, data.too_long);
+  std::optional<train::rl::DpoTrainer> trainer;
+  if (ref_ckpt.empty()) {
+    trainer.emplace(sm.model, std::move(data.rows), o);
+  } else {
+    // Loaded as the policy is, used once for the reference sums, then dropped.
+    ModelNeeds needs;
+    needs.tokenizer = false;
+    const ServedModel ref = load_served_model(ref_ckpt, device, dtype, needs);
+    trainer.emplace(sm.model, std::move(data.rows), o, ref.model.get());
+  }
+  int64_t trainable = 0;
+  for (const ParamGroup& g : trainer->optimizer().param_groups())
+    for (const Tensor& p : g.params) trainable += p.numel();
+  fmt::print(stderr, "dpo: training {} of {} parameters for {} steps ({} per epoch), beta {}; reference ({}) "
+             "log-probabilities in {:.2f}s\n", trainable, sm.model->num_parameters(), trainer->total_steps(),
+             trainer->steps_per_epoch(), o.dpo.beta, ref_ckpt.empty() ? "the starting policy" : ref_ckpt,
+             trainer->reference_seconds());
+  std::optional<train::MetricsWriter> metrics;
+  if (!metrics_dir.empty()) metrics.emplace(metrics_dir, 0);
+  while (!trainer->done()) {
+    const train::rl::DpoStepStats st = trainer->step();
+    fmt::print("{}\n", train::rl::format_dpo_progress(st, trainer->total_steps()));
+    std::fflush(stdout);
+    if (!std::isfinite(st.dpo.loss))
+      throw std::runtime_error(fmt::format("step {}: the loss is not finite ({}); stopping", st.step, st.dpo.loss));
+    if (metrics) metrics->write(st.step, train::rl::dpo_scalars(st));
+    if (!save_path.empty() && (trainer->done() || (save_interval > 0 && st.step % save_interval == 0)))
+      fmt::print(stderr, "saved {}\n", trainer->save_checkpoint(save_path, ckpt, extra_files(sm)).string());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_train(const Args& args) {
   std::string ckpt, algo = "sft", dataset, loader_cmd, media_root, train_on = "all", device = "cpu", dtype;
   std::string lm_trainable = "all", embed_rows = "all", decay_style = "cosine", save_path, resume, metrics_dir;
+  std::string ref_ckpt;
   bool skip_bad = false;
   int64_t max_prompt = 0, max_new = 0, save_interval = 0, grad_accum = 0;
   std::optional<int64_t> mini_bs;
@@ -236,12 +286,18 @@ int cmd_train(const Args& args) {
   flags.value("--grpo-clip-eps", num("--grpo-clip-eps", rl.options.grpo.clip_eps, 0));
   flags.value("--gspo-clip-eps", num("--gspo-clip-eps", rl.options.gspo.clip_eps, 0));
   flags.toggle("--drop-rollout-state", ro.drop_rollout_state);
+  train::rl::DpoTrainOptions dpo;
+  flags.value("--dpo-beta", num("--dpo-beta", dpo.dpo.beta, 0)).value("--ref-ckpt", ref_ckpt);
   if (auto rc = flags.parse(args)) return *rc;
 
-  const bool is_rl = algo == "grpo" || algo == "gspo";
-  if (algo != "sft" && !is_rl)
-    throw std::invalid_argument(fmt::format("--algo: '{}' is not supported (sft, grpo, gspo; dpo and ppo are not "
+  const bool is_rl = algo == "grpo" || algo == "gspo", is_dpo = algo == "dpo";
+  if (algo != "sft" && !is_rl && !is_dpo)
+    throw std::invalid_argument(fmt::format("--algo: '{}' is not supported (sft, grpo, gspo, dpo; ppo is not "
                                             "built yet)", algo));
+  if (is_dpo && !resume.empty())
+    throw std::invalid_argument("--resume: resuming a dpo run is not supported yet (start a new run from the step "
+                                "folder with --ckpt, and --ref-ckpt for the original reference)");
+  if (!is_dpo && !ref_ckpt.empty()) throw std::invalid_argument("--ref-ckpt: only with --algo dpo");
   if (is_rl) {
     if (!resume.empty())
       throw std::invalid_argument("--resume: resuming a grpo/gspo run is not supported yet (start a new run from "
@@ -279,6 +335,9 @@ int cmd_train(const Args& args) {
     rl.options.loop = o;
     if (max_new > 0) ro.max_new_tokens = max_new;
     train::rl::validate(rl.options);
+  } else if (is_dpo) {
+    dpo.loop = o;
+    train::rl::validate(dpo);
   } else {
     train::validate(o);
   }
@@ -311,6 +370,8 @@ int cmd_train(const Args& args) {
     dopts.max_new_tokens = 0;  // the rollout's length, not a filter
     return train_rl(rl, sm, rows_file, dopts, metrics_dir, save_path, save_interval, ckpt);
   }
+  if (is_dpo)
+    return train_dpo(dpo, sm, rows_file, dopts, ref_ckpt, device, dtype, metrics_dir, save_path, save_interval, ckpt);
   train::SftDataset data = train::load_sft_dataset(rows_file, *sm.tokenizer, dopts);
   fmt::print(stderr, "dataset {}: {} rows ({} bad rows skipped, {} too long dropped)\n", dataset, data.rows.size(),
              data.bad_rows, data.too_long);
@@ -338,7 +399,7 @@ int cmd_train(const Args& args) {
   const auto t0 = std::chrono::steady_clock::now();
   while (!trainer.done()) {
     const train::StepStats st = trainer.step();
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double elapsed = train::seconds_since(t0);
     const double tps = st.seconds > 0 ? double(st.tokens) / st.seconds : 0;
     train::ProgressInfo pi;
     pi.step = st.step, pi.total_steps = trainer.total_steps(), pi.loss = st.loss, pi.lrs = st.lrs;

@@ -221,13 +221,20 @@ std::string format_duration(double seconds) {
   return fmt::format("{}s", s);
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+std::string format_group_lrs(const std::vector<std::pair<std::string, double>>& lrs) {
+  std::string s = "lr";
+  for (const auto& [group, lr] : lrs) s += fmt::format(" {} {:.2e}", group, lr);
+  return s;
+}
+
 std::string format_progress(const ProgressInfo& p) {
   std::string s = p.total_steps > 0 ? fmt::format("step {}/{}", p.step, p.total_steps) : fmt::format("step {}", p.step);
   s += fmt::format("  loss {:.4f}", p.loss);
-  if (!p.lrs.empty()) {
-    s += "  lr";
-    for (const auto& [group, lr] : p.lrs) s += fmt::format(" {} {:.2e}", group, lr);
-  }
+  if (!p.lrs.empty()) s += "  " + format_group_lrs(p.lrs);
   s += fmt::format("  grad_norm {:.3f}  tok/s {:.0f}  elapsed {}", p.grad_norm, p.tokens_per_s,
                    format_duration(p.elapsed_s));
   if (p.total_steps > 0)

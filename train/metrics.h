@@ -20,6 +20,7 @@
 // R + 1: on a START after the first, TensorBoard drops the steps > R that the
 // earlier files hold, so neither view has a step twice. A fresh run is R = 0:
 // metrics.jsonl starts empty and TensorBoard drops older runs' steps.
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -72,9 +73,16 @@ struct ProgressInfo {
 // total is unknown.
 std::string format_progress(const ProgressInfo& p);
 
+// "lr lm 1.00e-05 projector 5.00e-05": each trained group's learning rate, as
+// the progress lines show them.
+std::string format_group_lrs(const std::vector<std::pair<std::string, double>>& lrs);
+
 // "7s", "1m02s", "2h03m04s" (rounded to the second); "?" for a negative or
 // non-finite duration.
 std::string format_duration(double seconds);
+
+// Seconds on the steady clock since `t`.
+double seconds_since(std::chrono::steady_clock::time_point t);
 
 // The process's peak resident set (VmHWM in /proc/self/status) in bytes; 0
 // when unavailable.

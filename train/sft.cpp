@@ -16,6 +16,7 @@
 #include "nn/io/atomic_file.h"
 #include "nn/io/files.h"
 #include "tensor/autograd.h"
+#include "train/metrics.h"
 
 namespace areno::train {
 
@@ -203,20 +204,34 @@ int64_t SftTrainer::embed_rows_trained() const {
   return embed_row_mask_.defined() ? int64_t(std::lround(sum(embed_row_mask_.to(DType::f64)).item())) : 0;
 }
 
-int64_t SftTrainer::steps_per_epoch() const {
-  const int64_t n = int64_t(rows_.size());
-  return (n + options_.batch_size - 1) / options_.batch_size;
+int64_t loop_steps_per_epoch(int64_t rows, const SftOptions& o) { return (rows + o.batch_size - 1) / o.batch_size; }
+
+int64_t loop_total_steps(int64_t rows, const SftOptions& o) {
+  return o.max_steps > 0 ? o.max_steps : o.epochs * loop_steps_per_epoch(rows, o);
 }
 
-int64_t SftTrainer::total_steps() const {
-  return options_.max_steps > 0 ? options_.max_steps : options_.epochs * steps_per_epoch();
+std::vector<int64_t> next_step_rows(const TrainerState& state, int64_t rows, const SftOptions& o) {
+  const std::vector<int64_t> order = epoch_order(rows, o.seed, state.epoch, o.shuffle);
+  const int64_t end = std::min<int64_t>(int64_t(order.size()), state.position + o.batch_size);
+  return std::vector<int64_t>(order.begin() + std::min(state.position, end), order.begin() + end);
 }
+
+json trainer_state_json(const TrainerState& state, int64_t total_steps, uint64_t seed) {
+  return {{"format", 1},
+          {"step", state.step},
+          {"epoch", state.epoch},
+          {"position", state.position},
+          {"total_steps", total_steps},
+          {"seed", seed}};
+}
+
+int64_t SftTrainer::steps_per_epoch() const { return loop_steps_per_epoch(int64_t(rows_.size()), options_); }
+
+int64_t SftTrainer::total_steps() const { return loop_total_steps(int64_t(rows_.size()), options_); }
 
 std::vector<const SftRow*> SftTrainer::next_batch() const {
-  const std::vector<int64_t> order = epoch_order(int64_t(rows_.size()), options_.seed, state_.epoch, options_.shuffle);
   std::vector<const SftRow*> batch;
-  for (int64_t i = state_.position; i < int64_t(order.size()) && int64_t(batch.size()) < options_.batch_size; ++i)
-    batch.push_back(&rows_[size_t(order[size_t(i)])]);
+  for (int64_t i : next_step_rows(state_, int64_t(rows_.size()), options_)) batch.push_back(&rows_[size_t(i)]);
   return batch;
 }
 
@@ -278,7 +293,7 @@ StepStats SftTrainer::step() {
   }
   st.grad_norm = clip_and_step(*optimizer_, options_.grad_clip_norm);
   advance(state_, int64_t(batch.size()), int64_t(rows_.size()));
-  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  st.seconds = seconds_since(t0);
   return st;
 }
 
@@ -352,14 +367,9 @@ fs::path save_step_folder(const phi4mm::Phi4MMForCausalLM& model, const AdamW& o
 
 fs::path SftTrainer::save_checkpoint(const fs::path& save_path, const fs::path& source,
                                      const std::function<void(const fs::path&)>& add_files) const {
-  json st = {{"format", 1},
-             {"step", state_.step},
-             {"epoch", state_.epoch},
-             {"position", state_.position},
-             {"total_steps", total_steps()},
-             {"seed", options_.seed},
-             {"lr_decay_style", decay_name(options_.decay)},
-             {"fingerprint", fingerprint()}};
+  json st = trainer_state_json(state_, total_steps(), options_.seed);
+  st["lr_decay_style"] = decay_name(options_.decay);
+  st["fingerprint"] = fingerprint();
   return save_step_folder(*model_, *optimizer_, state_.step, save_path, source, st, add_files);
 }
 

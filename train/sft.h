@@ -115,6 +115,19 @@ struct TrainerState {
 // position, and the next epoch when this one is done.
 void advance(TrainerState& state, int64_t taken, int64_t rows);
 
+// A loop over `rows` rows with o.batch_size rows a step: steps per epoch (the
+// last may be shorter) and in the run (o.max_steps, else o.epochs epochs).
+int64_t loop_steps_per_epoch(int64_t rows, const SftOptions& o);
+int64_t loop_total_steps(int64_t rows, const SftOptions& o);
+
+// The indices of the next step's rows: up to o.batch_size from
+// state.position in the epoch's order (epoch_order); does not advance.
+std::vector<int64_t> next_step_rows(const TrainerState& state, int64_t rows, const SftOptions& o);
+
+// trainer_state.json's fields every trainer writes: format, step, epoch,
+// position, total_steps, seed.
+nlohmann::json trainer_state_json(const TrainerState& state, int64_t total_steps, uint64_t seed);
+
 struct StepStats {
   int64_t step = 0;           // this step's number (1-based)
   double loss = 0;            // mean cross-entropy over the step's target tokens

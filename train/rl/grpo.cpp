@@ -20,8 +20,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
 RolloutOptions seeded(RolloutOptions r, uint64_t seed) {
   r.seed = seed;
   return r;
@@ -68,13 +66,9 @@ GrpoTrainer::GrpoTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model,
   optimizer_ = make_training_optimizer(*model_, options_.loop, total_steps());
 }
 
-int64_t GrpoTrainer::steps_per_epoch() const {
-  return (int64_t(rows_.size()) + options_.loop.batch_size - 1) / options_.loop.batch_size;
-}
+int64_t GrpoTrainer::steps_per_epoch() const { return loop_steps_per_epoch(int64_t(rows_.size()), options_.loop); }
 
-int64_t GrpoTrainer::total_steps() const {
-  return options_.loop.max_steps > 0 ? options_.loop.max_steps : options_.loop.epochs * steps_per_epoch();
-}
+int64_t GrpoTrainer::total_steps() const { return loop_total_steps(int64_t(rows_.size()), options_.loop); }
 
 RlStepStats GrpoTrainer::step() {
   if (done()) throw std::logic_error(fmt::format("the run is done ({} steps)", total_steps()));
@@ -86,10 +80,8 @@ RlStepStats GrpoTrainer::step() {
   st.lrs = group_lrs(*optimizer_);
 
   // 1. The step's prompts, in the epoch's order.
-  const std::vector<int64_t> order = epoch_order(int64_t(rows_.size()), lo.seed, state_.epoch, lo.shuffle);
   std::vector<const PromptRow*> batch;
-  for (int64_t i = state_.position; i < int64_t(order.size()) && int64_t(batch.size()) < lo.batch_size; ++i)
-    batch.push_back(&rows_[size_t(order[size_t(i)])]);
+  for (int64_t i : next_step_rows(state_, int64_t(rows_.size()), lo)) batch.push_back(&rows_[size_t(i)]);
   std::vector<Prompt> prompts;
   for (const PromptRow* r : batch) prompts.push_back({r->ids, r->media, r->adapter});
   st.prompts = int64_t(batch.size());
@@ -207,14 +199,9 @@ RlStepStats GrpoTrainer::step() {
 
 fs::path GrpoTrainer::save_checkpoint(const fs::path& save_path, const fs::path& source,
                                       const std::function<void(const fs::path&)>& add_files) const {
-  json st = {{"format", 1},
-             {"algo", rl_algo_name(options_.algo)},
-             {"step", state_.step},
-             {"epoch", state_.epoch},
-             {"position", state_.position},
-             {"total_steps", total_steps()},
-             {"seed", options_.loop.seed},
-             {"resumable", false}};
+  json st = trainer_state_json(state_, total_steps(), options_.loop.seed);
+  st["algo"] = rl_algo_name(options_.algo);
+  st["resumable"] = false;
   return save_step_folder(*model_, *optimizer_, state_.step, save_path, source, st, add_files);
 }
 
@@ -244,12 +231,10 @@ Scalars rl_scalars(const RlStepStats& st) {
 }
 
 std::string format_rl_progress(const RlStepStats& st, int64_t total_steps) {
-  std::string lrs;
-  for (const auto& [g, lr] : st.lrs) lrs += fmt::format(" {} {:.2e}", g, lr);
   return fmt::format("step {}/{}  reward {:.3f}  loss {:.4f}  len {:.1f}  logp_abs_diff {:.1e}  ratio {:.4f}  "
-                     "clip_frac {:.3f}  lr{}  grad_norm {:.3f}  time rollout={:.2f}s train={:.2f}s total={:.2f}s",
+                     "clip_frac {:.3f}  {}  grad_norm {:.3f}  time rollout={:.2f}s train={:.2f}s total={:.2f}s",
                      st.step, total_steps, st.reward_mean, st.loss, st.response_len, st.logp_abs_diff_mean,
-                     st.ratio_mean, st.clip_frac, lrs, st.grad_norm, st.rollout_s + st.reward_s, st.train_s,
+                     st.ratio_mean, st.clip_frac, format_group_lrs(st.lrs), st.grad_norm, st.rollout_s + st.reward_s, st.train_s,
                      st.total_s);
 }
 
