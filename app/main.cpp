@@ -33,7 +33,7 @@ const std::vector<Command>& commands() {
       {"serve", "OpenAI-compatible HTTP server (demo model without --model-path)", areno::app::cmd_serve},
       {"generate", "run one chat request and stream the answer", areno::app::cmd_generate},
       {"score", "print per-token log-probabilities of a completion (JSON)", areno::app::cmd_score},
-      {"train", "fine-tune: chat rows (--algo sft) or RL on prompts (--algo grpo|gspo)", areno::app::cmd_train},
+      {"train", "fine-tune: chat rows (--algo sft), RL on prompts (grpo|gspo), preference pairs (dpo)", areno::app::cmd_train},
       {"eval", "greedy exact-match accuracy on chat rows", areno::app::cmd_eval},
   };
   return cmds;
