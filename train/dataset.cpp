@@ -238,46 +238,34 @@ PromptRow make_prompt_row(const tok::Tokenizer& tokenizer, const RawRow& row, co
   return out;
 }
 
+std::vector<int64_t> prompt_of(const SftRow& row) {
+  return std::vector<int64_t>(row.ids.begin(), row.ids.begin() + std::min<ptrdiff_t>(row.prompt_tokens, row.ids.size()));
+}
+
+std::vector<int64_t> first_answer_of(const SftRow& row) {
+  std::vector<int64_t> out;
+  for (size_t t = size_t(std::max<int64_t>(row.prompt_tokens - 1, 0)); t < row.targets.size() && row.targets[t] >= 0;
+       ++t)
+    out.push_back(row.targets[t]);
+  return out;
+}
+
 PromptDataset load_prompt_dataset(const fs::path& file, const tok::Tokenizer& tokenizer,
                                   const DatasetOptions& options) {
-  PromptDataset d;
-  for (const RawRow& raw : read_rows(file)) {
-    PromptRow row;
-    try {
-      row = make_prompt_row(tokenizer, raw, file.string(), options);
-    } catch (const DatasetError&) {
-      if (!options.skip_bad_rows) throw;
-      d.bad_rows++;
-      continue;
-    }
-    if (options.max_prompt_tokens > 0 && int64_t(row.ids.size()) > options.max_prompt_tokens) {
-      d.too_long++;
-      continue;
-    }
-    d.rows.push_back(std::move(row));
-  }
-  return d;
+  return load_rows<PromptRow>(
+      file, options, [&](const RawRow& raw) { return make_prompt_row(tokenizer, raw, file.string(), options); },
+      [&](const PromptRow& row) {
+        return options.max_prompt_tokens > 0 && int64_t(row.ids.size()) > options.max_prompt_tokens;
+      });
 }
 
 SftDataset load_sft_dataset(const fs::path& file, const tok::Tokenizer& tokenizer, const DatasetOptions& options) {
-  SftDataset d;
-  for (const RawRow& raw : read_rows(file)) {
-    SftRow row;
-    try {
-      row = make_sft_row(tokenizer, raw, file.string(), options);
-    } catch (const DatasetError&) {
-      if (!options.skip_bad_rows) throw;
-      d.bad_rows++;
-      continue;
-    }
-    if ((options.max_prompt_tokens > 0 && row.prompt_tokens > options.max_prompt_tokens) ||
-        (options.max_new_tokens > 0 && row.target_tokens > options.max_new_tokens)) {
-      d.too_long++;
-      continue;
-    }
-    d.rows.push_back(std::move(row));
-  }
-  return d;
+  return load_rows<SftRow>(
+      file, options, [&](const RawRow& raw) { return make_sft_row(tokenizer, raw, file.string(), options); },
+      [&](const SftRow& row) {
+        return (options.max_prompt_tokens > 0 && row.prompt_tokens > options.max_prompt_tokens) ||
+               (options.max_new_tokens > 0 && row.target_tokens > options.max_new_tokens);
+      });
 }
 
 }  // namespace areno::train

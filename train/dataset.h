@@ -70,6 +70,11 @@ struct SftRow {
   int64_t target_tokens = 0;     // positions with a target
 };
 
+// The prompt of a row (the ids before its first target) and the target ids of
+// its first assistant turn (including the end token).
+std::vector<int64_t> prompt_of(const SftRow& row);
+std::vector<int64_t> first_answer_of(const SftRow& row);
+
 struct DatasetOptions {
   TrainOn train_on = TrainOn::all;
   std::string media_root;        // empty: the dataset file's folder
@@ -102,20 +107,46 @@ struct PromptRow {
 PromptRow make_prompt_row(const tok::Tokenizer& tokenizer, const RawRow& row, const std::string& file,
                           const DatasetOptions& options);
 
-struct PromptDataset {
-  std::vector<PromptRow> rows;
+// The rows of a dataset file and what was left out of them.
+template <typename Row>
+struct Dataset {
+  std::vector<Row> rows;
   int64_t bad_rows = 0;   // skipped with skip_bad_rows
-  int64_t too_long = 0;   // dropped for max_prompt_tokens
+  int64_t too_long = 0;   // dropped for max_prompt_tokens / max_new_tokens
 };
+
+// Every row of `file` made by `make(raw)`: a DatasetError stops the load
+// unless options.skip_bad_rows (then the row is counted and skipped); a row
+// for which `too_long(row)` holds is counted and dropped. The loop the SFT,
+// prompt (RL) and preference (DPO) loaders share.
+template <typename Row, typename Make, typename TooLong>
+Dataset<Row> load_rows(const std::filesystem::path& file, const DatasetOptions& options, Make&& make,
+                       TooLong&& too_long) {
+  Dataset<Row> d;
+  for (const RawRow& raw : read_rows(file)) {
+    Row row;
+    try {
+      row = make(raw);
+    } catch (const DatasetError&) {
+      if (!options.skip_bad_rows) throw;
+      d.bad_rows++;
+      continue;
+    }
+    if (too_long(row)) {
+      d.too_long++;
+      continue;
+    }
+    d.rows.push_back(std::move(row));
+  }
+  return d;
+}
+
+using PromptDataset = Dataset<PromptRow>;  // too long: prompt over max_prompt_tokens
 
 PromptDataset load_prompt_dataset(const std::filesystem::path& file, const tok::Tokenizer& tokenizer,
                                   const DatasetOptions& options);
 
-struct SftDataset {
-  std::vector<SftRow> rows;
-  int64_t bad_rows = 0;   // skipped with skip_bad_rows
-  int64_t too_long = 0;   // dropped for max_prompt_tokens / max_new_tokens
-};
+using SftDataset = Dataset<SftRow>;
 
 // Every row of `file`: stops at the first bad row (DatasetError) unless
 // skip_bad_rows; media are read and decoded here, so a missing image fails

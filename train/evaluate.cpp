@@ -9,18 +9,6 @@
 
 namespace areno::train {
 
-std::vector<int64_t> prompt_of(const SftRow& row) {
-  return std::vector<int64_t>(row.ids.begin(), row.ids.begin() + std::min<ptrdiff_t>(row.prompt_tokens, row.ids.size()));
-}
-
-std::vector<int64_t> first_answer_of(const SftRow& row) {
-  std::vector<int64_t> out;
-  for (size_t t = size_t(std::max<int64_t>(row.prompt_tokens - 1, 0)); t < row.targets.size() && row.targets[t] >= 0;
-       ++t)
-    out.push_back(row.targets[t]);
-  return out;
-}
-
 std::vector<AnswerCheck> greedy_exact_match(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model,
                                             std::shared_ptr<const tok::Tokenizer> tokenizer,
                                             const std::vector<SftRow>& rows) {

@@ -22,11 +22,6 @@ struct AnswerCheck {
   bool correct = false;             // generated == expected and finished
 };
 
-// The prompt of a row (the ids before its first target) and the target ids of
-// its first assistant turn (including the end token).
-std::vector<int64_t> prompt_of(const SftRow& row);
-std::vector<int64_t> first_answer_of(const SftRow& row);
-
 // Greedy answers of `model` to every row, in row order, through one
 // serve::Engine (rows batched as the engine schedules them), with at most the
 // expected answer's length + 1 new tokens.

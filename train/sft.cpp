@@ -191,17 +191,16 @@ SftTrainer::SftTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::ve
     if (options_.weight_decay > 0)
       throw std::invalid_argument("--embed-rows data: needs --weight-decay 0 (decay would change the frozen rows)");
     const int64_t vocab = embed.size(0);
+    // Every target is also an id of its row (the next one), so the ids are enough.
     std::vector<float> mask(size_t(vocab), 0.0f);
     for (const SftRow& r : rows_)
-      for (const std::vector<int64_t>* v : {&r.ids, &r.targets})
-        for (int64_t id : *v)
-          if (id >= 0 && id < vocab) mask[size_t(id)] = 1.0f;
+      for (int64_t id : r.ids)
+        if (id >= 0 && id < vocab && mask[size_t(id)] == 0.0f) {
+          mask[size_t(id)] = 1.0f;
+          ++embed_rows_trained_;
+        }
     embed_row_mask_ = from_vector(mask, {vocab, 1}).to(embed.device()).to(embed.dtype());
   }
-}
-
-int64_t SftTrainer::embed_rows_trained() const {
-  return embed_row_mask_.defined() ? int64_t(std::lround(sum(embed_row_mask_.to(DType::f64)).item())) : 0;
 }
 
 int64_t loop_steps_per_epoch(int64_t rows, const SftOptions& o) { return (rows + o.batch_size - 1) / o.batch_size; }
@@ -289,7 +288,7 @@ StepStats SftTrainer::step() {
     // gradient; with no gradient and no moments AdamW leaves the others as they are.
     NoGradGuard no_grad;
     Tensor g = model_->model->embed_tokens->weight.grad();
-    if (g.defined()) g.copy_(mul(g, embed_row_mask_));
+    if (g.defined()) model_->model->embed_tokens->weight.set_grad(mul(g, embed_row_mask_));
   }
   st.grad_norm = clip_and_step(*optimizer_, options_.grad_clip_norm);
   advance(state_, int64_t(batch.size()), int64_t(rows_.size()));

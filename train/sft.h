@@ -151,7 +151,7 @@ class SftTrainer {
   const SftOptions& options() const { return options_; }
   AdamW& optimizer() { return *optimizer_; }
   // --embed-rows data: how many embedding rows train (0 otherwise).
-  int64_t embed_rows_trained() const;
+  int64_t embed_rows_trained() const { return embed_rows_trained_; }
   phi4mm::Phi4MMForCausalLM& model() { return *model_; }
 
   // One optimizer step.
@@ -188,6 +188,7 @@ class SftTrainer {
   std::unique_ptr<AdamW> optimizer_;
   TrainerState state_;
   Tensor embed_row_mask_;  // [vocab, 1] 0/1, --embed-rows data only
+  int64_t embed_rows_trained_ = 0;  // its ones
 };
 
 // The step folder a --resume argument names: DIR itself when it holds

@@ -82,7 +82,8 @@ void apply_weight_delta(Module& model, const SafetensorsFile& delta) {
   // Check everything first, then write.
   struct Write {
     Tensor param, values;
-    std::vector<int64_t> rows;  // empty: the whole tensor
+    std::vector<int64_t> rows;  // the rows `values` holds (row-sparse entries)
+    bool whole = false;         // `values` is the whole tensor
   };
   std::vector<Write> writes;
   for (const std::string& key : delta.names()) {
@@ -97,8 +98,8 @@ void apply_weight_delta(Module& model, const SafetensorsFile& delta) {
     if (it == params.end()) fail(key, "the model has no such parameter");
     const Tensor& p = it->second;
     if (!p.device().is_cpu() || !p.is_contiguous()) fail(key, "the parameter is not a contiguous CPU tensor");
-    Write w{p, {}, {}};
-    if (!sparse) {
+    Write w{p, {}, {}, !sparse};
+    if (w.whole) {
       w.values = delta.load_copy(name);
       if (w.values.shape() != p.shape() || w.values.dtype() != p.dtype())
         fail(key, "shape or dtype differs from the parameter's");
@@ -123,7 +124,7 @@ void apply_weight_delta(Module& model, const SafetensorsFile& delta) {
   for (const Write& w : writes) {
     auto* dst = static_cast<uint8_t*>(w.param.data_ptr());
     const auto* src = static_cast<const uint8_t*>(w.values.data_ptr());
-    if (w.rows.empty() && w.values.shape() == w.param.shape()) {
+    if (w.whole) {
       std::memcpy(dst, src, w.param.nbytes());
       continue;
     }

@@ -27,12 +27,9 @@ SftRow response_row(const tok::Tokenizer& tokenizer, const RawRow& row, const ch
   return make_sft_row(tokenizer, r, file, options);
 }
 
-// The completion of a row whose one target turn starts at prompt_tokens: the
-// tokens at the positions after each target position.
+// The completion of a row whose one target turn starts at prompt_tokens.
 std::vector<int64_t> completion_of(const SftRow& r) {
-  std::vector<int64_t> out;
-  for (size_t i = size_t(r.prompt_tokens) - 1; i < r.targets.size() && r.targets[i] >= 0; ++i)
-    out.push_back(r.targets[i]);
+  std::vector<int64_t> out = first_answer_of(r);
   if (int64_t(out.size()) != r.target_tokens)
     throw std::logic_error(fmt::format("DPO row {}: the response's targets are not one run of tokens", r.line));
   return out;
@@ -63,7 +60,7 @@ DpoRow make_dpo_row(const tok::Tokenizer& tokenizer, const RawRow& row, const st
   DpoRow out;
   out.chosen = completion_of(c);
   out.rejected = completion_of(r);
-  out.prompt.ids.assign(c.ids.begin(), c.ids.begin() + c.prompt_tokens);
+  out.prompt.ids = prompt_of(c);
   out.prompt.media = std::move(c.media);
   out.prompt.adapter = c.adapter;
   out.line = row.line;
@@ -71,25 +68,13 @@ DpoRow make_dpo_row(const tok::Tokenizer& tokenizer, const RawRow& row, const st
 }
 
 DpoDataset load_dpo_dataset(const fs::path& file, const tok::Tokenizer& tokenizer, const DatasetOptions& options) {
-  DpoDataset d;
-  for (const RawRow& raw : read_rows(file)) {
-    DpoRow row;
-    try {
-      row = make_dpo_row(tokenizer, raw, file.string(), options);
-    } catch (const DatasetError&) {
-      if (!options.skip_bad_rows) throw;
-      d.bad_rows++;
-      continue;
-    }
-    const int64_t longest = int64_t(std::max(row.chosen.size(), row.rejected.size()));
-    if ((options.max_prompt_tokens > 0 && int64_t(row.prompt.ids.size()) > options.max_prompt_tokens) ||
-        (options.max_new_tokens > 0 && longest > options.max_new_tokens)) {
-      d.too_long++;
-      continue;
-    }
-    d.rows.push_back(std::move(row));
-  }
-  return d;
+  return load_rows<DpoRow>(
+      file, options, [&](const RawRow& raw) { return make_dpo_row(tokenizer, raw, file.string(), options); },
+      [&](const DpoRow& row) {
+        const int64_t longest = int64_t(std::max(row.chosen.size(), row.rejected.size()));
+        return (options.max_prompt_tokens > 0 && int64_t(row.prompt.ids.size()) > options.max_prompt_tokens) ||
+               (options.max_new_tokens > 0 && longest > options.max_new_tokens);
+      });
 }
 
 PairLogp pair_logp(const phi4mm::Phi4MMForCausalLM& model, const std::vector<const DpoRow*>& rows,

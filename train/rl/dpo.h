@@ -62,11 +62,8 @@ struct DpoRow {
 DpoRow make_dpo_row(const tok::Tokenizer& tokenizer, const RawRow& row, const std::string& file,
                     const DatasetOptions& options);
 
-struct DpoDataset {
-  std::vector<DpoRow> rows;
-  int64_t bad_rows = 0;  // skipped with skip_bad_rows
-  int64_t too_long = 0;  // dropped: prompt over max_prompt_tokens, or a response over max_new_tokens
-};
+// too long: prompt over max_prompt_tokens, or a response over max_new_tokens
+using DpoDataset = Dataset<DpoRow>;
 
 DpoDataset load_dpo_dataset(const std::filesystem::path& file, const tok::Tokenizer& tokenizer,
                             const DatasetOptions& options);
