@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/gemm_skinny.h"
 
 namespace areno::cpu {
 
@@ -100,6 +101,24 @@ void gemm_small_m(const T* a, const MatRef& ma, const T* b, const MatRef& mb, T*
   });
 }
 
+// A few rows of `a` (at most kSkinnyMaxRows) times column-major `b` (a
+// weight [N, K] stored row-major, seen transposed): gemm_skinny reads b in
+// place in its dtype. a is used in place when it is f32 with unit column stride.
+template <typename T>
+void skinny(const T* a, const MatRef& ma, const T* b, const MatRef& mb, T* out, float alpha, float beta) {
+  std::vector<float> wa;
+  const float* x = nullptr;
+  int64_t ldx = ma.c;
+  if constexpr (std::is_same_v<T, float>) {
+    if (ma.row_major) x = a, ldx = ma.outer;
+  }
+  if (x == nullptr) {
+    widen(a, ma, wa);
+    x = wa.data();
+  }
+  gemm_skinny<T, T>(ma.r, mb.c, ma.c, x, ldx, b, mb.outer, out, mb.c, alpha, beta);
+}
+
 }  // namespace
 
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha,
@@ -113,17 +132,17 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, dou
     const T* bp = static_cast<const T*>(b.data_ptr());
     T* op = static_cast<T*>(out.data_ptr());
     auto one = [&](int64_t i) {
-      if constexpr (std::is_same_v<T, float>) {
-        // Decode shape (a few rows times a transposed weight): Eigen would repack all of b per call.
-        // (Very wide b with more than 4 rows goes to the column split below.)
-        if (!mb.row_major && (M <= 4 || (M <= 16 && !(batch == 1 && N >= 1024 * num_threads() && num_threads() > 1)))) {
-          gemm_small_m<T>(ap + i * sa, ma, bp + i * sb, mb, op + i * M * N, float(alpha), float(beta));
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, BFloat16>) {
+        // Decode shape (a few rows times a transposed weight): the weight read
+        // in place, where Eigen would repack (and 16-bit paths widen) all of b per call.
+        if (!mb.row_major && M <= kSkinnyMaxRows) {
+          skinny<T>(ap + i * sa, ma, bp + i * sb, mb, op + i * M * N, float(alpha), float(beta));
           return;
         }
       }
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
         gemm_one<T>(ap + i * sa, ma, bp + i * sb, mb, op + i * M * N, T(alpha), T(beta));
-      } else if (M <= 16 && !mb.row_major) {
+      } else if (M <= 16 && !mb.row_major) {  // f16 weights (no skinny kernel for them yet)
         gemm_small_m<T>(ap + i * sa, ma, bp + i * sb, mb, op + i * M * N, float(alpha), float(beta));
       } else {
         std::vector<float> wa, wb, wo(size_t(M * N));
@@ -137,7 +156,9 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, dou
         for (int64_t j = 0; j < M * N; ++j) o[j] = T(wo[size_t(j)]);
       }
     };
-    if (batch == 1) {
+    if (batch == 1 && !mb.row_major && M <= kSkinnyMaxRows) {
+      one(0);  // the skinny kernel splits the weight rows across threads itself
+    } else if (batch == 1) {
       // Split the rows of one large GEMM across threads, each running Eigen
       // single-threaded on its block: faster than Eigen's own parallel GEMM here.
       int64_t parts = std::min<int64_t>(num_threads(), M / 64);
@@ -153,10 +174,9 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, dou
           }
           return;
         }
-        // Few rows, many columns (the vocabulary head over a decode batch):
-        // split the columns instead, each thread packing only its part of b.
-        // (This also takes the M = 1 head: measured on 2 threads, small preset,
-        // decode_b1 8.2 ms here against 10.5 ms through gemm_small_m.)
+        // Few rows, many columns with b not a transposed weight (the skinny
+        // kernel takes those above): split the columns, each thread packing
+        // only its part of b.
         const int64_t threads = num_threads();
         if (parts < 2 && threads > 1 && N >= 1024 * threads && M * N * a.size(2) >= (int64_t(1) << 21)) {
 #pragma omp parallel for num_threads(int(threads)) schedule(static)

@@ -1,0 +1,183 @@
+// Skinny GEMM kernels (see gemm_skinny.h): one tile template per vector ISA
+// (gemm_skinny_tile.inc compiled under each ISA's target), a plain-loop
+// fallback, and the run-time choice between them.
+// GCC 12 reports false "(may be) used uninitialized" inside its AVX-512
+// intrinsics (the _mm256_undefined_pd of _mm512_reduce_add_ps), as in matmul.cpp.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include "kernels/cpu/gemm_skinny.h"
+
+#include <immintrin.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cpu/cpu_common.h"
+
+namespace areno::cpu {
+
+namespace {
+
+template <typename O>
+inline void store(O* p, float v, float alpha, float beta) {
+  *p = O(beta == 0.0f ? alpha * v : alpha * v + beta * float(*p));
+}
+
+// The fallback: the same per-output summation shape (16 lanes over k, then
+// the lanes summed), in plain loops the compiler vectorizes for the base ISA.
+namespace generic {
+template <typename W, typename O>
+void slice(int64_t M, int64_t n0, int64_t n1, int64_t K, const float* x, int64_t ldx, const W* w, int64_t ldw,
+           O* out, int64_t ldo, float alpha, float beta) {
+  constexpr int L = 16;
+  for (int64_t n = n0; n < n1; ++n) {
+    const W* wr = w + n * ldw;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xr = x + m * ldx;
+      float acc[L] = {};
+      int64_t k = 0;
+      for (; k + L <= K; k += L)
+        for (int j = 0; j < L; ++j) acc[j] += xr[k + j] * float(wr[k + j]);
+      for (int j = 0; k < K; ++k, ++j) acc[j] += xr[k] * float(wr[k]);
+      float s = 0;
+      for (int j = 0; j < L; ++j) s += acc[j];
+      store(out + m * ldo + n, s, alpha, beta);
+    }
+  }
+}
+}  // namespace generic
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2 {
+struct V {
+  using Vec = __m256;
+  static constexpr int kWidth = 8, kNB = 2, kWideNB = 4;
+  static Vec zero() { return _mm256_setzero_ps(); }
+  static Vec load(const float* p) { return _mm256_loadu_ps(p); }
+  static Vec load(const BFloat16* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  template <typename T>
+  static Vec load_tail(const T* p, int n) {
+    T buf[kWidth] = {};
+    for (int i = 0; i < n; ++i) buf[i] = p[i];
+    return load(buf);
+  }
+  static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static float sum(Vec v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+};
+#include "kernels/cpu/gemm_skinny_tile.inc"
+}  // namespace avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+namespace avx512 {
+struct V {
+  using Vec = __m512;
+  static constexpr int kWidth = 16, kNB = 4, kWideNB = 8;
+  static Vec zero() { return _mm512_setzero_ps(); }
+  static Vec load(const float* p) { return _mm512_loadu_ps(p); }
+  static Vec load(const BFloat16* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static Vec load_tail(const float* p, int n) { return _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), p); }
+  static Vec load_tail(const BFloat16* p, int n) {
+    const __m256i h = _mm256_maskz_loadu_epi16(__mmask16((1u << n) - 1), p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static float sum(Vec v) { return _mm512_reduce_add_ps(v); }
+};
+#include "kernels/cpu/gemm_skinny_tile.inc"
+}  // namespace avx512
+#pragma GCC pop_options
+
+CpuIsa detect() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+    return CpuIsa::avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CpuIsa::avx2;
+  return CpuIsa::generic;
+}
+
+CpuIsa from_env() {
+  const CpuIsa best = detect();
+  const char* env = std::getenv("ARENO_CPU_ISA");
+  if (env == nullptr || *env == '\0') return best;
+  const std::string s = env;
+  CpuIsa want;
+  if (s == "generic") want = CpuIsa::generic;
+  else if (s == "avx2") want = CpuIsa::avx2;
+  else if (s == "avx512") want = CpuIsa::avx512;
+  else throw std::invalid_argument("ARENO_CPU_ISA: '" + s + "' is not a level (generic, avx2, avx512)");
+  return std::min(want, best);
+}
+
+std::atomic<int>& isa_slot() {
+  static std::atomic<int> slot{int(from_env())};
+  return slot;
+}
+
+}  // namespace
+
+CpuIsa cpu_isa_supported() {
+  static const CpuIsa best = detect();
+  return best;
+}
+
+CpuIsa cpu_isa() { return CpuIsa(isa_slot().load(std::memory_order_relaxed)); }
+
+CpuIsa set_cpu_isa(CpuIsa isa) {
+  const CpuIsa v = std::min(isa, cpu_isa_supported());
+  isa_slot().store(int(v), std::memory_order_relaxed);
+  return v;
+}
+
+const char* cpu_isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::generic: return "generic";
+    case CpuIsa::avx2: return "avx2";
+    case CpuIsa::avx512: return "avx512";
+  }
+  return "?";
+}
+
+template <typename W, typename O>
+void gemm_skinny(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, const W* w, int64_t ldw, O* out,
+                 int64_t ldo, float alpha, float beta) {
+  if (M <= 0 || N <= 0) return;
+  const CpuIsa isa = cpu_isa();
+  // Groups of 8 weight rows, so every thread's slice starts on a whole tile.
+  constexpr int64_t G = 8;
+  const int64_t groups = (N + G - 1) / G;
+  parallel_for(groups, M * K * G, [&](int64_t g0, int64_t g1) {
+    const int64_t n0 = g0 * G, n1 = std::min(N, g1 * G);
+    switch (isa) {
+      case CpuIsa::avx512: return avx512::slice(M, n0, n1, K, x, ldx, w, ldw, out, ldo, alpha, beta);
+      case CpuIsa::avx2: return avx2::slice(M, n0, n1, K, x, ldx, w, ldw, out, ldo, alpha, beta);
+      case CpuIsa::generic: return generic::slice(M, n0, n1, K, x, ldx, w, ldw, out, ldo, alpha, beta);
+    }
+  });
+}
+
+template void gemm_skinny<float, float>(int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t,
+                                        float*, int64_t, float, float);
+template void gemm_skinny<BFloat16, float>(int64_t, int64_t, int64_t, const float*, int64_t, const BFloat16*,
+                                           int64_t, float*, int64_t, float, float);
+template void gemm_skinny<BFloat16, BFloat16>(int64_t, int64_t, int64_t, const float*, int64_t, const BFloat16*,
+                                              int64_t, BFloat16*, int64_t, float, float);
+template void gemm_skinny<float, BFloat16>(int64_t, int64_t, int64_t, const float*, int64_t, const float*,
+                                           int64_t, BFloat16*, int64_t, float, float);
+
+}  // namespace areno::cpu
