@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/gemm_dnnl.h"
 #include "kernels/cpu/gemm_skinny.h"
 
 namespace areno::cpu {
@@ -139,6 +140,13 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, dou
           skinny<T>(ap + i * sa, ma, bp + i * sb, mb, op + i * M * N, float(alpha), float(beta));
           return;
         }
+      }
+      if constexpr (std::is_same_v<T, BFloat16>) {
+        // Native bf16 products (AMX / AVX512-BF16) instead of widening both operands.
+        if (alpha == 1.0 && beta == 0.0 &&
+            dnnl_gemm_bf16(M, N, ma.c, ap + i * sa, ma.row_major ? ma.outer : 1, ma.row_major ? 1 : ma.outer,
+                           bp + i * sb, mb.row_major ? mb.outer : 1, mb.row_major ? 1 : mb.outer, op + i * M * N, N))
+          return;
       }
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
         gemm_one<T>(ap + i * sa, ma, bp + i * sb, mb, op + i * M * N, T(alpha), T(beta));

@@ -2,13 +2,16 @@
 // every dispatch level this CPU runs, f32 and bf16 weights, f32 and bf16
 // outputs, odd M / N / K (tails of every tile and vector width), alpha and
 // beta, against an f64 loop over the same (bf16-rounded) values; and the
-// matmul op's routing of linear layers through it around kSkinnyMaxRows.
+// matmul op's routing of linear layers through it around kSkinnyMaxRows;
+// the bf16 GEMM through oneDNN (gemm_dnnl.h) against the Eigen path.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/gemm_dnnl.h"
 #include "kernels/cpu/gemm_skinny.h"
 #include "tensor/ops.h"
 #include "tests/test_util.h"
@@ -143,5 +146,45 @@ TEST_CASE("gemm_skinny: linear() routes up to kSkinnyMaxRows rows through it, bo
       for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::fabs(g[i] - v[i]) - std::fabs(v[i]) * 0x1p-8);
       CHECK(worst < 1e-5);
     }
+  }
+}
+
+TEST_CASE("gemm_dnnl: bf16 GEMMs above the skinny rows through oneDNN equal the widened f32 path within bf16 rounding") {
+  struct Restore {
+    bool saved = dnnl_enabled();
+    ~Restore() { set_dnnl_enabled(saved); }
+  } restore;
+  const bool have = set_dnnl_enabled(true);
+  const std::string built = have ? "yes" : "no";
+  MESSAGE("oneDNN in this build: " << built);
+  if (have) {  // the call itself succeeds (it returns false only when it ran nothing)
+    std::vector<BFloat16> a(6, BFloat16(1.0f)), b(6, BFloat16(2.0f)), o(4);
+    REQUIRE(dnnl_gemm_bf16(2, 2, 3, a.data(), 3, 1, b.data(), 2, 1, o.data(), 2));
+    for (BFloat16 v : o) CHECK(float(v) == 6.0f);
+  }
+  for (auto [M, N, K] : {std::array<int64_t, 3>{33, 67, 259}, {100, 1000, 17}, {513, 31, 300}}) {
+    CAPTURE(M);
+    CAPTURE(N);
+    CAPTURE(K);
+    Tensor x = from_vector<float>(values(size_t(M * K), 70 + uint64_t(M)), Shape{M, K}).to(DType::bf16);
+    Tensor w = from_vector<float>(values(size_t(N * K), 80 + uint64_t(N)), Shape{N, K}).to(DType::bf16);
+    const std::vector<double> want = linear(x.to(DType::f64), w.to(DType::f64), Tensor()).to_vector<double>();
+    // Transposed weight (linear), a plain [K, N] operand and a transposed activation.
+    const Tensor xt = x.t().contiguous().t();
+    for (const Tensor& got : {linear(x, w, Tensor()), matmul(x, w.t().contiguous()), linear(xt, w, Tensor())}) {
+      const std::vector<double> g = got.to(DType::f64).to_vector<double>();
+      REQUIRE(g.size() == want.size());
+      double worst = 0;
+      for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::fabs(g[i] - want[i]) - std::fabs(want[i]) * 0x1p-8);
+      CHECK(worst < 1e-4);
+    }
+    set_dnnl_enabled(false);
+    const Tensor off = linear(x, w, Tensor());
+    set_dnnl_enabled(true);
+    // Both paths round one f32 sum to bf16: they differ by at most one bf16 step.
+    const std::vector<double> a = off.to(DType::f64).to_vector<double>(), b = linear(x, w, Tensor()).to(DType::f64).to_vector<double>();
+    double step = 0;
+    for (size_t i = 0; i < a.size(); ++i) step = std::max(step, std::fabs(a[i] - b[i]) - std::fabs(a[i]) * 0x1p-7);
+    CHECK(step < 1e-4);
   }
 }

@@ -1,0 +1,80 @@
+// See gemm_dnnl.h.
+#include "kernels/cpu/gemm_dnnl.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "areno_build_config.h"
+
+#if ARENO_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace areno::cpu {
+
+#if ARENO_HAVE_DNNL
+
+namespace {
+struct Dnnl {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+};
+Dnnl& dnnl_state() {
+  static Dnnl d;
+  return d;
+}
+
+std::atomic<bool>& dnnl_slot() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("ARENO_DNNL");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }()};
+  return on;
+}
+
+}  // namespace
+
+bool dnnl_enabled() { return dnnl_slot().load(std::memory_order_relaxed); }
+
+bool set_dnnl_enabled(bool on) {
+  dnnl_slot().store(on, std::memory_order_relaxed);
+  return on;
+}
+
+bool dnnl_gemm_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs,
+                    const BFloat16* b, int64_t b_rs, int64_t b_cs, BFloat16* out, int64_t ldo) {
+  if (!dnnl_enabled() || M <= 0 || N <= 0 || K <= 0) return false;
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  try {
+    Dnnl& d = dnnl_state();
+    const dnnl::memory::desc am(dims{M, K}, dt::bf16, dims{a_rs, a_cs});
+    const dnnl::memory::desc bm(dims{K, N}, dt::bf16, dims{b_rs, b_cs});
+    const dnnl::memory::desc cm(dims{M, N}, dt::bf16, dims{ldo, 1});
+    // oneDNN's primitive cache makes the repeated creation for a shape cheap.
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(am, bm, cm), d.engine);
+    const dnnl::matmul prim(pd);
+    dnnl::memory A(am, d.engine, const_cast<BFloat16*>(a)), B(bm, d.engine, const_cast<BFloat16*>(b)),
+        C(cm, d.engine, out);
+    prim.execute(d.stream, {{DNNL_ARG_SRC, A}, {DNNL_ARG_WEIGHTS, B}, {DNNL_ARG_DST, C}});
+    d.stream.wait();
+    return true;
+  } catch (const dnnl::error&) {
+    return false;  // shapes or strides it does not take: the caller's own path runs
+  }
+}
+
+#else
+
+bool dnnl_enabled() { return false; }
+bool set_dnnl_enabled(bool) { return false; }
+
+bool dnnl_gemm_bf16(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, const BFloat16*, int64_t, int64_t,
+                    BFloat16*, int64_t) {
+  return false;
+}
+
+#endif
+
+}  // namespace areno::cpu

@@ -1,0 +1,28 @@
+#pragma once
+// bf16 GEMM through oneDNN's matmul primitive (Debian's libdnnl, optional at
+// build time: ARENO_HAVE_DNNL), issue 16 "GEMM/GEMV": on CPUs with AMX or
+// AVX512-BF16 it multiplies bf16 operands natively (products exact in f32,
+// f32 accumulation) where the Eigen path widens both whole matrices to f32
+// on every call. Used by matmul for bf16 with more rows than the skinny
+// kernel takes (prefill, towers, training); the operands are read in place
+// with their strides, nothing is packed or cached outside oneDNN's own
+// primitive cache.
+#include <cstdint>
+
+#include "tensor/dtype.h"
+
+namespace areno::cpu {
+
+// Whether this build has oneDNN and it is on: ARENO_DNNL=0 turns it off
+// (read on first use), set_dnnl_enabled for tests. Returns the state set
+// (always false without oneDNN).
+bool dnnl_enabled();
+bool set_dnnl_enabled(bool on);
+
+// out[M, N] (row stride ldo, bf16) = a[M, K] b[K, N] with element (i, j) of
+// a at a[i * a_rs + j * a_cs] and of b at b[i * b_rs + j * b_cs]. Returns
+// false (nothing written) when oneDNN is off or refuses the shapes.
+bool dnnl_gemm_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs,
+                    const BFloat16* b, int64_t b_rs, int64_t b_cs, BFloat16* out, int64_t ldo);
+
+}  // namespace areno::cpu
