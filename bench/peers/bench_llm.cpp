@@ -1,0 +1,208 @@
+// The areno side of bench/peers/llama_cpp.sh (issue 16, must-show 1): the
+// measures llama-bench and llama-batched-bench report, on the text decoder of
+// a checkpoint (its stored dtype), through the serving path (the paged KV
+// cache and forward_incremental, logits of each sequence's last row only):
+//
+//   ppN       prefill of one N-token prompt into an empty cache (llama-bench
+//             -p N); tok/s = N / time
+//   tgN       N decode steps of one sequence from an empty cache, one token
+//             each (llama-bench -n N); tok/s = N / time
+//   tgN_bB    B sequences of a P-token prompt each, prefilled, then N decode
+//             steps of all B (llama-batched-bench -npp P -ntg N -npl B, its
+//             S_TG); tok/s = B * N / decode time
+//   read_bw   a streaming sum over 1 GiB (read bandwidth, GB/s) on the same
+//             threads: the bound of a decode step is weight bytes / read_bw
+//
+// Greedy next tokens are computed as a generate loop does (argmax on the
+// host). Timing: best of --reps runs after one warm-up run. One JSON object
+// per line: {"bench": ..., "ms": ..., "tok_s": ...}.
+//
+// usage: bench_llm CHECKPOINT_DIR [--reps N] [--pp 512,4096] [--tg 128]
+//                  [--batched 8,32] [--npp 128] [--only pp|tg|batched|bw]
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "models/phi4mm/checkpoint.h"
+#include "models/phi4mm/kv_cache.h"
+#include "models/phi4mm/text.h"
+#include "tensor/autograd.h"
+#include "tensor/ops.h"
+
+using namespace areno;
+using namespace areno::phi4mm;
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<int64_t> ids_of(int64_t n, int64_t vocab, uint64_t seed) {
+  std::vector<int64_t> ids(static_cast<size_t>(n));
+  uint64_t x = 0x9E3779B97F4A7C15ull * (seed + 1);
+  for (auto& id : ids) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    id = 3 + int64_t(x % uint64_t(vocab - 3));
+  }
+  return ids;
+}
+
+std::vector<int64_t> list_of(const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) v.push_back(std::stoll(item));
+  return v;
+}
+
+// Seconds of the best of `reps` runs of f (after one warm-up run); f returns
+// the seconds of its timed part.
+double best_of(int reps, const std::function<double()>& f) {
+  f();
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) best = std::min(best, f());
+  return best;
+}
+
+// B sequences of a P-token prompt (P = 0: none, decoding starts from an empty
+// cache as llama-bench's tg does), then N decode steps of all B. Returns
+// {prefill seconds, decode seconds}.
+std::pair<double, double> run_sequences(const Phi4MMForCausalLM& m, int64_t B, int64_t P, int64_t N) {
+  const int64_t vocab = m.config().text.vocab_size, bs = 16;
+  PagedKvCache cache(m, B * ((P + N + bs) / bs + 1), bs);
+  std::vector<KvSequence> seqs(static_cast<size_t>(B));
+  std::vector<int64_t> next(static_cast<size_t>(B));
+  double t0 = now_s(), pre = 0;
+  if (P > 0) {
+    IncrementalBatch b;
+    for (int64_t s = 0; s < B; ++s) b.add(seqs[size_t(s)], ids_of(P, vocab, 100 + uint64_t(s)));
+    next = argmax(forward_incremental(m, cache, b), -1).to_vector<int64_t>();
+    pre = now_s() - t0;
+  } else {
+    for (int64_t s = 0; s < B; ++s) next[size_t(s)] = 3 + s;
+  }
+  t0 = now_s();
+  for (int64_t t = 0; t < N; ++t) {
+    IncrementalBatch b;
+    for (int64_t s = 0; s < B; ++s) b.add(seqs[size_t(s)], {next[size_t(s)]});
+    next = argmax(forward_incremental(m, cache, b), -1).to_vector<int64_t>();
+  }
+  const double dec = now_s() - t0;
+  for (auto& s : seqs) cache.release(s);
+  return {pre, dec};
+}
+
+// GB/s of a streaming sum over `bytes` of f32 on the OpenMP threads (each
+// thread sums its own contiguous slice; eight accumulators so the adds are
+// not one dependency chain).
+double read_bandwidth(size_t bytes, int reps) {
+  const size_t n = bytes / sizeof(float);
+  std::vector<float> a(n);
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) a[i] = float(i & 7);  // first touch by the reading thread
+  volatile float sink = 0;
+  const double s = best_of(reps, [&] {
+    const double t0 = now_s();
+    float total = 0;
+#pragma omp parallel reduction(+ : total)
+    {
+      const size_t nt = size_t(omp_get_num_threads()), t = size_t(omp_get_thread_num());
+      const size_t lo = n * t / nt, hi = n * (t + 1) / nt;
+      float acc[16] = {};
+      size_t i = lo;
+      for (; i + 16 <= hi; i += 16)
+#pragma omp simd
+        for (int k = 0; k < 16; ++k) acc[k] += a[i + size_t(k)];
+      for (; i < hi; ++i) acc[0] += a[i];
+      for (float v : acc) total += v;
+    }
+    sink = total;
+    return now_s() - t0;
+  });
+  (void)sink;
+  return double(bytes) / s / 1e9;
+}
+
+int run(int argc, char** argv) {
+  if (argc < 2) throw std::invalid_argument("usage: bench_llm CHECKPOINT_DIR [--reps N] [--pp LIST] [--tg N] "
+                                            "[--batched LIST] [--npp N] [--only pp|tg|batched|bw]");
+  const std::string dir = argv[1];
+  int reps = 3;
+  std::vector<int64_t> pps{512}, batched{8, 32};
+  int64_t tg = 128, npp = 128;
+  std::string only;
+  for (int i = 2; i < argc; i += 2) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{}: needs a value", a));
+    const std::string v = argv[i + 1];
+    if (a == "--reps") reps = std::stoi(v);
+    else if (a == "--pp") pps = list_of(v);
+    else if (a == "--tg") tg = std::stoll(v);
+    else if (a == "--batched") batched = list_of(v);
+    else if (a == "--npp") npp = std::stoll(v);
+    else if (a == "--only") only = v;
+    else throw std::invalid_argument(fmt::format("unknown option '{}'", a));
+  }
+  auto want = [&](const char* name) { return only.empty() || only == name; };
+  NoGradGuard ng;
+  if (want("bw")) {
+    const double gbps = read_bandwidth(size_t(1) << 30, reps);
+    fmt::print("{{\"bench\": \"read_bw\", \"gbps\": {:.2f}, \"threads\": {}}}\n", gbps, omp_get_max_threads());
+    std::fflush(stdout);
+  }
+  if (only == "bw") return 0;
+
+  LoadOptions lo;
+  lo.with_lora = false;  // text serving reads the base weights only, as the GGUF holds them
+  lo.vision = lo.audio = false;
+  auto model = load_model(dir, lo);
+  const Phi4MMForCausalLM& m = *model;
+  size_t weight_bytes = 0;
+  for (const auto& p : model->parameters()) weight_bytes += p.nbytes();
+  // Bytes one decode step reads: every decoder weight once, the tied head
+  // (the embedding matrix) once; the embedding lookup itself reads one row.
+  fmt::print("{{\"bench\": \"load\", \"dtype\": \"{}\", \"weight_bytes\": {}, \"decode_read_bytes\": {}, "
+             "\"threads\": {}}}\n",
+             dtype_name(model->dtype()), weight_bytes, weight_bytes, omp_get_max_threads());
+  std::fflush(stdout);
+
+  if (want("pp"))
+    for (int64_t p : pps) {
+      const double s = best_of(reps, [&] { return run_sequences(m, 1, p, 0).first; });
+      fmt::print("{{\"bench\": \"pp{}\", \"ms\": {:.3f}, \"tok_s\": {:.2f}}}\n", p, s * 1e3, double(p) / s);
+      std::fflush(stdout);
+    }
+  if (want("tg")) {
+    const double s = best_of(reps, [&] { return run_sequences(m, 1, 0, tg).second; });
+    fmt::print("{{\"bench\": \"tg{}\", \"ms\": {:.3f}, \"tok_s\": {:.2f}}}\n", tg, s * 1e3 / double(tg),
+               double(tg) / s);
+    std::fflush(stdout);
+  }
+  if (want("batched"))
+    for (int64_t b : batched) {
+      const double s = best_of(std::max(1, reps - 1), [&] { return run_sequences(m, b, npp, tg).second; });
+      fmt::print("{{\"bench\": \"tg{}_b{}\", \"ms\": {:.3f}, \"tok_s\": {:.2f}}}\n", tg, b, s * 1e3 / double(tg),
+                 double(b * tg) / s);
+      std::fflush(stdout);
+    }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_llm: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""The table of bench/peers/llama_cpp.sh: reads the JSON lines of each round
+(areno-DT-R.jsonl from bench_llm, llama-DT-R.jsonl from llama-bench -o jsonl,
+batched-DT-R.txt from llama-batched-bench --output-format jsonl), keeps the best
+of each measure over rounds and repetitions (both engines alike), prints a
+markdown table, and with --write-docs FILE replaces the section between
+`<!-- llama_cpp.sh:PRESET begin -->` and `<!-- llama_cpp.sh:PRESET end -->`
+(appended when absent; written to a temp file, synced, renamed).
+
+Decode bound: a decode step reads every weight once (the tied head included),
+so single-sequence decode cannot beat read_bw / weight_bytes tokens/s; the
+"of bound" column is measured tok/s over that bound.
+"""
+import argparse
+import datetime
+import json
+import os
+from pathlib import Path
+
+
+def lines(path: Path):
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            out.append(json.loads(line))
+    return out
+
+
+def best(d, key, value):
+    if value is not None and (key not in d or value > d[key]):
+        d[key] = value
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out-dir", type=Path, required=True)
+    ap.add_argument("--dtypes", required=True)
+    ap.add_argument("--rounds", type=int, required=True)
+    ap.add_argument("--preset", required=True)
+    ap.add_argument("--threads", required=True)
+    ap.add_argument("--commit", required=True)
+    ap.add_argument("--cpu", default="")
+    ap.add_argument("--flags", default="")
+    ap.add_argument("--llama", default="")
+    ap.add_argument("--write-docs", type=Path)
+    a = ap.parse_args()
+
+    rows = []
+    bw = None
+    for dt in a.dtypes.split(","):
+        ours, peer, wbytes = {}, {}, None
+        for r in range(1, a.rounds + 1):
+            for j in lines(a.out_dir / f"areno-{dt}-{r}.jsonl"):
+                if j["bench"] == "read_bw":
+                    bw = max(bw or 0, j["gbps"])
+                elif j["bench"] == "load":
+                    wbytes = j["decode_read_bytes"]
+                else:
+                    best(ours, j["bench"], j["tok_s"])
+            for j in lines(a.out_dir / f"llama-{dt}-{r}.jsonl"):
+                name = f"pp{j['n_prompt']}" if j["n_gen"] == 0 else f"tg{j['n_gen']}"
+                best(peer, name, max(j.get("samples_ts") or [j["avg_ts"]]))
+            for j in lines(a.out_dir / f"batched-{dt}-{r}.txt"):
+                if "speed_tg" in j:
+                    best(peer, f"tg{j['tg']}_b{j['pl']}", j["speed_tg"])
+        for name in sorted(ours, key=lambda n: (not n.startswith("pp"), len(n), n)):
+            o, p = ours[name], peer.get(name)
+            bound = ""
+            if name == "tg128" and bw and wbytes:
+                limit = bw * 1e9 / wbytes
+                bound = f"{o / limit:.0%} / {p / limit:.0%}" if p else f"{o / limit:.0%} / -"
+            rows.append((dt, name, o, p, bound))
+
+    today = datetime.date.today().isoformat()
+    out = [
+        f"Run {today}, areno {a.commit}, {a.llama}; `{a.preset}` preset (seed 1), {a.threads} threads; "
+        f"CPU {a.cpu}; flags {a.flags.strip() or '-'}; read bandwidth (streaming sum) "
+        f"{bw:.1f} GB/s. Best of {a.rounds} interleaved rounds x repetitions, both engines.",
+        "",
+        "| dtype | measure | areno tok/s | llama.cpp tok/s | areno/llama.cpp | decode of read bound (areno / llama.cpp) |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for dt, name, o, p, bound in rows:
+        ratio = f"{o / p:.2f}x" if p else "-"
+        ps = f"{p:.1f}" if p else "-"
+        out.append(f"| {dt} | {name} | {o:.1f} | {ps} | {ratio} | {bound} |")
+    table = "\n".join(out)
+    print(table)
+
+    if a.write_docs:
+        begin, end = f"<!-- llama_cpp.sh:{a.preset} begin -->", f"<!-- llama_cpp.sh:{a.preset} end -->"
+        text = a.write_docs.read_text() if a.write_docs.is_file() else ""
+        block = f"{begin}\n{table}\n{end}"
+        if begin in text and end in text:
+            text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
+        else:
+            text = text.rstrip("\n") + "\n\n" + block + "\n"
+        tmp = a.write_docs.with_name(a.write_docs.name + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, a.write_docs)
+        print(f"wrote the table into {a.write_docs}")
+
+
+if __name__ == "__main__":
+    main()
