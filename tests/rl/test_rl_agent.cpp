@@ -22,6 +22,7 @@
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "tensor/autograd.h"
 #include "tests/test_util.h"
+#include "tests/train/train_fixtures.h"
 #include "train/rl/agent.h"
 #include "train/rl/policy_logp.h"
 #include "train/rl/process.h"
@@ -33,10 +34,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::shared_ptr<const tok::Tokenizer> tokenizer() {
-  static auto t = std::make_shared<const tok::Tokenizer>(phi4mm::make_tokenizer());
-  return t;
-}
+std::shared_ptr<const tok::Tokenizer> tokenizer() { return testing::phi4_tokenizer(); }
 
 std::shared_ptr<phi4mm::Phi4MMForCausalLM> model() {
   static auto m = phi4mm::demo_model();
