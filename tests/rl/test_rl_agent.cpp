@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include <fmt/format.h>
@@ -295,6 +296,26 @@ TEST_CASE("areno train --algo grpo|gspo --agent-cmd: steps on agent rows write t
       CHECK(std::isfinite(j["loss"].get<double>()));
     }
   }
+  // --train-tool-results: the same greedy runs train on the context too
+  // (more tokens; their old log-probability is the forward's own, ratio 1).
+  std::map<bool, json> last;
+  for (bool context : {false, true}) {
+    const std::string mdir = dir.str(context ? "metrics-context" : "metrics-masked");
+    std::vector<std::string> args = {"--algo", "grpo", "--dataset-path", dir.str("tasks.jsonl"), "--agent-cmd",
+                                     "AGENT_REWARD=sample sh tests/rl/scripts/agent_two_turns.sh", "--batch-size", "2",
+                                     "--n-samples", "2", "--max-steps", "1", "--metrics-log-dir", mdir};
+    if (context) args.push_back("--train-tool-results");
+    CHECK(app::cmd_train(args) == 0);
+    std::ifstream in(fs::path(mdir) / "metrics.jsonl");
+    std::string line;
+    REQUIRE(std::getline(in, line));
+    last[context] = json::parse(line);
+  }
+  // 4 rows, each with the context <|tool|> 42 <|end|> <|assistant|> (the first answer sampled its <|end|>).
+  CHECK(last[true]["response_tokens"].get<double>() == last[false]["response_tokens"].get<double>() + 4 * 4);
+  CHECK(last[true]["rollout_logprobs_mean"].get<double>() == doctest::Approx(last[false]["rollout_logprobs_mean"].get<double>()));
+  CHECK(last[true]["logp_abs_diff_mean"].get<double>() < 1e-5);
+  CHECK(last[true]["ratio_mean"].get<double>() == doctest::Approx(1.0).epsilon(1e-5));
   // The reward comes from --reward when the agent prints none.
   CHECK(app::cmd_train({"--algo", "grpo", "--dataset-path", dir.str("tasks.jsonl"), "--agent-cmd",
                         "sh tests/rl/scripts/agent_two_turns.sh", "--reward", "regex:[0-9]", "--batch-size", "2",
