@@ -29,7 +29,6 @@
 // 128 characters of [A-Za-z0-9._:-]. Requests without the header are served
 // and not recorded. serve/ knows nothing of what the recorder does with it.
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
