@@ -39,6 +39,7 @@ namespace {
 constexpr const char* kTrainUsage =
     "usage: areno train --algo sft --dataset-path FILE [--ckpt DIR] [options]\n"
     "       areno train --algo grpo|gspo --dataset-path FILE (--reward R | --reward-cmd CMD) [options]\n"
+    "       areno train --algo grpo|gspo --dataset-path FILE --agent-cmd CMD [--reward R | --reward-cmd CMD]\n"
     "       areno train --algo dpo --dataset-path FILE [--dpo-beta X] [--ref-ckpt DIR] [options]\n"
     "\n"
     "Fine-tunes the model in --ckpt (the released layout; without it the embedded\n"
@@ -108,6 +109,17 @@ constexpr const char* kTrainUsage =
     "  --grpo-clip-eps X         GRPO token ratio clip (default 0.2)\n"
     "  --gspo-clip-eps X         GSPO sequence ratio clip (default 3e-4)\n"
     "  --drop-rollout-state      free the engine and its KV cache after each rollout\n"
+    "  --agent-cmd CMD           agentic rollouts: run `/bin/sh -c CMD` per prompt and sample with\n"
+    "                            the row on stdin and ARENO_BASE_URL (an OpenAI-compatible server\n"
+    "                            over the policy on 127.0.0.1) and ARENO_TRAJECTORY_ID in its\n"
+    "                            environment; requests sent with the header X-Areno-Trajectory: ID\n"
+    "                            are recorded; its last stdout line is {\"trajectory_id\": \"ID\",\n"
+    "                            \"reward\": X} (reward optional: else --reward/--reward-cmd scores\n"
+    "                            the last answer). docs/rl.md, \"Agentic rollouts\"\n"
+    "  --agent-timeout-s X       per agent run; it is killed after (default 300)\n"
+    "  --agent-concurrency N     agents running at once (default 0: all of the step's)\n"
+    "  --train-tool-results      also train on the context between an agent's answers (tool\n"
+    "                            results, later prompts); default: masked\n"
     "\n"
     "dpo (rows {\"prompt\": string or messages, \"chosen\": string, \"rejected\": string}):\n"
     "  --dpo-beta X              the DPO temperature beta (default 0.1)\n"
@@ -173,16 +185,17 @@ int train_rl(RlFlags f, const ServedModel& sm, const fs::path& dataset, const tr
     train::rl::RewardProcessOptions ro;
     ro.timeout_s = f.reward_timeout_s;
     reward = std::make_unique<train::rl::RewardProcess>(f.reward_cmd, ro);
-  } else {
+  } else if (!f.reward.empty()) {
     reward = train::rl::make_reward(f.reward);
   }
   train::rl::GrpoTrainer trainer(sm.model, sm.tokenizer, std::move(data.rows), f.options, std::move(reward));
   int64_t trainable = 0;
   for (const ParamGroup& g : trainer.optimizer().param_groups())
     for (const Tensor& p : g.params) trainable += p.numel();
-  fmt::print(stderr, "{}: training {} of {} parameters for {} steps ({} per epoch), {} completions per prompt\n",
+  fmt::print(stderr, "{}: training {} of {} parameters for {} steps ({} per epoch), {} {} per prompt\n",
              train::rl::rl_algo_name(f.options.algo), trainable, sm.model->num_parameters(), trainer.total_steps(),
-             trainer.steps_per_epoch(), f.options.rollout.n_samples);
+             trainer.steps_per_epoch(), f.options.rollout.n_samples,
+             f.options.agent.cmd.empty() ? "completions" : "agent runs");
   std::optional<train::MetricsWriter> metrics;
   if (!metrics_dir.empty()) metrics.emplace(metrics_dir, 0);
   while (!trainer.done()) {
@@ -286,6 +299,9 @@ int cmd_train(const Args& args) {
   flags.value("--grpo-clip-eps", num("--grpo-clip-eps", rl.options.grpo.clip_eps, 0));
   flags.value("--gspo-clip-eps", num("--gspo-clip-eps", rl.options.gspo.clip_eps, 0));
   flags.toggle("--drop-rollout-state", ro.drop_rollout_state);
+  train::rl::AgentOptions& ag = rl.options.agent;
+  flags.value("--agent-cmd", ag.cmd).value("--agent-timeout-s", num("--agent-timeout-s", ag.timeout_s, 0));
+  flags.integer("--agent-concurrency", ag.concurrency, 0).toggle("--train-tool-results", ag.train_context);
   train::rl::DpoTrainOptions dpo;
   flags.value("--dpo-beta", num("--dpo-beta", dpo.dpo.beta, 0)).value("--ref-ckpt", ref_ckpt);
   if (auto rc = flags.parse(args)) return *rc;
@@ -302,10 +318,15 @@ int cmd_train(const Args& args) {
     if (!resume.empty())
       throw std::invalid_argument("--resume: resuming a grpo/gspo run is not supported yet (start a new run from "
                                   "the step folder with --ckpt)");
-    if (rl.reward.empty() == rl.reward_cmd.empty())
+    if (!rl.reward.empty() && !rl.reward_cmd.empty())
+      throw std::invalid_argument("--reward and --reward-cmd: give one of them, not both");
+    if (rl.reward.empty() && rl.reward_cmd.empty() && ag.cmd.empty())
       throw std::invalid_argument("--algo grpo|gspo needs exactly one of --reward exact|math|regex:PATTERN and "
-                                  "--reward-cmd CMD");
+                                  "--reward-cmd CMD (optional with --agent-cmd, whose agents may print rewards)");
     if (!(rl.reward_timeout_s > 0)) throw std::invalid_argument("--reward-timeout-s: must be positive");
+    if (!(ag.timeout_s > 0)) throw std::invalid_argument("--agent-timeout-s: must be positive");
+  } else if (!ag.cmd.empty() || ag.train_context) {
+    throw std::invalid_argument("--agent-cmd, --train-tool-results: only with --algo grpo|gspo");
   }
   if (dataset.empty()) {
     fmt::print(stderr, "areno train: --dataset-path is required\n\n{}", kTrainUsage);

@@ -4,7 +4,8 @@
 set -euo pipefail
 pkgs=(meson ninja-build g++ pkg-config libeigen3-dev libfmt-dev doctest-dev
       nlohmann-json3-dev libpcre2-dev libfftw3-dev libstb-dev libcpp-httplib-dev libsndfile1-dev
-      libdnnl-dev)
+      libdnnl-dev  # oneDNN: bf16 GEMMs (kernels/cpu/gemm_dnnl.h)
+      curl)        # curl: the test agents of tests/rl/scripts/
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

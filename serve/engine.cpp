@@ -295,6 +295,9 @@ void Engine::start() {
     stopping_ = false;
   }
   thread_ = std::thread([this] {
+    // Inference only: a model whose parameters require grad (a trainer's,
+    // served to its agents) records no autograd graph here.
+    NoGradGuard ng;
     for (;;) {
       {
         std::unique_lock<std::mutex> lk(mu_);

@@ -42,6 +42,15 @@ bool equal_secret(std::string_view given, std::string_view expected) {
   return diff == 0;
 }
 
+bool valid_trajectory_id(const std::string& id) {
+  if (id.empty() || id.size() > 128) return false;
+  for (char c : id)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+          c == ':' || c == '-'))
+      return false;
+  return true;
+}
+
 // The outputs of one HTTP request's engine requests, filled by the engine
 // thread's callbacks and drained by the handler.
 struct Pending {
@@ -284,6 +293,23 @@ struct HttpServer::Impl {
       const json body = parse_body(hreq);
       ApiRequest ar = kind == ApiKind::chat ? parse_chat_request(body, opts.api) : parse_completion_request(body, opts.api);
       check_model(ar.model);
+      // A recorded trajectory turn: one sample of one prompt, its log-probabilities always computed.
+      std::shared_ptr<TrajectoryTurn> turn;
+      if (opts.recorder && hreq.has_header(kTrajectoryHeader)) {
+        turn = std::make_shared<TrajectoryTurn>();
+        turn->trajectory = hreq.get_header_value(kTrajectoryHeader);
+        turn->kind = kind;
+        if (!valid_trajectory_id(turn->trajectory))
+          throw ApiError(400, fmt::format("{}: '{}' is not a trajectory id (1 to 128 characters of A-Z a-z 0-9 . _ : -)",
+                                          kTrajectoryHeader, turn->trajectory));
+        if (ar.params.n != 1)
+          throw ApiError(400, fmt::format("'n' must be 1 in a request recorded under {} (got {})", kTrajectoryHeader,
+                                          ar.params.n), "n");
+        if (kind == ApiKind::completion && ar.prompts.size() != 1)
+          throw ApiError(400, fmt::format("'prompt' must be one prompt in a request recorded under {} (got {})",
+                                          kTrajectoryHeader, ar.prompts.size()), "prompt");
+        ar.params.logprobs = std::max<int64_t>(ar.params.logprobs, 0);  // the response shows them only when asked
+      }
 
       std::vector<Request> reqs;
       std::vector<std::vector<int64_t>> prompt_ids;
@@ -292,6 +318,10 @@ struct HttpServer::Impl {
         Request r;
         r.prompt = pc.ids();
         r.adapter = pc.adapter;
+        if (turn) {
+          turn->media = pc.media;
+          turn->adapter = pc.adapter;
+        }
         r.media = std::move(pc.media);
         r.params = ar.params;
         fit_context(r, ar, "messages");
@@ -336,18 +366,38 @@ struct HttpServer::Impl {
       }
 
       ResponseHeader h{new_response_id(kind == ApiKind::chat ? "chatcmpl-" : "cmpl-"), unix_now(), opts.served_model_name};
+      if (turn) turn->prompt = prompt_ids[0];
       if (!ar.stream) {
-        respond_once(kind, ar, h, prompt_ids, *pending, res);
+        respond_once(kind, ar, h, prompt_ids, *pending, res, turn.get());
       } else {
-        stream(kind, std::move(ar), std::move(h), std::move(prompt_ids), pending, guard, res);
+        stream(kind, std::move(ar), std::move(h), std::move(prompt_ids), pending, guard, res, std::move(turn));
       }
     } catch (const ApiError& e) {
       send_error(res, e);
     }
   }
 
+  // Hands a finished turn to the recorder: `c` is its one choice.
+  void record_turn(TrajectoryTurn& turn, const ApiRequest& ar, const ChoiceOutput& c) {
+    if (c.finish == FinishReason::abort) return;  // not a finished turn (the engine stopped)
+    turn.completion = c.tokens;
+    turn.logprobs.clear();
+    for (const TokenLogprob& lp : c.logprobs) turn.logprobs.push_back(lp.logprob);
+    if (turn.logprobs.size() != turn.completion.size())
+      throw ApiError(500, fmt::format("trajectory '{}': {} tokens but {} log-probabilities", turn.trajectory,
+                                      turn.completion.size(), turn.logprobs.size()));
+    turn.finish = c.finish;
+    turn.text = c.text;
+    if (ar.kind == ApiKind::chat && !ar.tools.is_null() && ar.tool_choice != "none") {
+      ToolCallParse tc = parse_tool_calls(c.text, ar.tools);
+      if (tc.found) turn.tool_calls = tc.tool_calls;
+    }
+    opts.recorder->record(std::move(turn));
+  }
+
   void respond_once(ApiKind kind, const ApiRequest& ar, const ResponseHeader& h,
-                    const std::vector<std::vector<int64_t>>& prompt_ids, Pending& pending, httplib::Response& res) {
+                    const std::vector<std::vector<int64_t>>& prompt_ids, Pending& pending, httplib::Response& res,
+                    TrajectoryTurn* turn) {
     const size_t n = size_t(ar.params.n);
     std::vector<ChoiceOutput> choices(prompt_ids.size() * n);
     std::vector<std::vector<std::optional<TokenLogprob>>> prompt_lps(prompt_ids.size());
@@ -364,6 +414,7 @@ struct HttpServer::Impl {
       }
     }
     if (!error.empty()) throw ApiError(500, error);
+    if (turn) record_turn(*turn, ar, choices[0]);
     Usage usage;
     for (auto& p : prompt_ids) usage.prompt_tokens += int64_t(p.size());
     for (auto& c : choices) usage.completion_tokens += int64_t(c.tokens.size());
@@ -374,7 +425,8 @@ struct HttpServer::Impl {
   }
 
   void stream(ApiKind kind, ApiRequest ar, ResponseHeader h, std::vector<std::vector<int64_t>> prompt_ids,
-              std::shared_ptr<Pending> pending, std::shared_ptr<InFlight> guard, httplib::Response& res) {
+              std::shared_ptr<Pending> pending, std::shared_ptr<InFlight> guard, httplib::Response& res,
+              std::shared_ptr<TrajectoryTurn> turn) {
     struct State {
       ApiRequest ar;
       ResponseHeader h;
@@ -383,6 +435,8 @@ struct HttpServer::Impl {
       std::vector<bool> started;        // per choice: role / echo chunk sent
       std::vector<int64_t> text_offset; // per choice (completion logprobs)
       Usage usage;
+      ChoiceOutput recorded;            // the one choice of a recorded turn
+      bool failed = false;
     };
     auto st = std::make_shared<State>();
     st->ar = std::move(ar);
@@ -395,12 +449,13 @@ struct HttpServer::Impl {
     for (auto& p : st->prompt_ids) st->usage.prompt_tokens += int64_t(p.size());
 
     Engine* eng = &engine;
+    Impl* self = this;
     res.status = 200;
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [st, pending, kind, n, eng](size_t, httplib::DataSink& sink) {
+        [st, pending, kind, n, eng, self, turn](size_t, httplib::DataSink& sink) {
           const tok::Tokenizer& t = eng->tokenizer();
           ApiRequest& ar = st->ar;
           auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
@@ -425,6 +480,7 @@ struct HttpServer::Impl {
             auto events = pending->take(std::chrono::milliseconds(200), all_done);
             for (auto& [i, o] : events) {
               if (!o.error.empty()) {
+                st->failed = true;
                 if (!write(sse_event(error_body(ApiError(500, o.error))))) return false;
                 continue;
               }
@@ -433,6 +489,7 @@ struct HttpServer::Impl {
                 continue;
               }
               const size_t c = i * n + size_t(o.sample);
+              if (turn) st->recorded.add(o);
               if (!start_choice(i, c)) return false;
               st->usage.completion_tokens += int64_t(o.tokens.size());
               const bool want_lp = kind == ApiKind::chat ? ar.logprobs : ar.completion_logprobs >= 0;
@@ -462,7 +519,16 @@ struct HttpServer::Impl {
                 if (!write(sse_event(chunk))) return false;
               }
             }
-            if (all_done) break;
+            if (all_done) {
+              if (turn && !st->failed) {
+                try {
+                  self->record_turn(*turn, ar, st->recorded);
+                } catch (const std::exception& e) {
+                  if (!write(sse_event(error_body(ApiError(500, e.what()))))) return false;
+                }
+              }
+              break;
+            }
             const auto now = std::chrono::steady_clock::now();
             if (!events.empty()) {
               idle = now;

@@ -19,9 +19,19 @@
 // budget full. A streaming client that disconnects aborts its request in the
 // engine, which frees its KV blocks. Connections are read by
 // serve/http_listener.h: workers only see complete requests.
+//
+// Trajectory recording (the trainer's agentic rollouts, docs/rl.md "Agentic
+// rollouts"): with ServerOptions::recorder set, a generation request carrying
+// the header `X-Areno-Trajectory: ID` is recorded when it finishes: the
+// recorder receives one TrajectoryTurn (the prompt ids as the engine saw them,
+// the sampled ids with their log-probabilities, the finish reason, the parsed
+// tool calls). Such a request must have n = 1 and one prompt; the ID is 1 to
+// 128 characters of [A-Za-z0-9._:-]. Requests without the header are served
+// and not recorded. serve/ knows nothing of what the recorder does with it.
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "serve/engine.h"
 #include "models/phi4mm/processor/media.h"
@@ -30,6 +40,31 @@
 #include "serve/openai.h"
 
 namespace areno::serve {
+
+inline constexpr const char* kTrajectoryHeader = "X-Areno-Trajectory";
+
+// One finished generation request of a trajectory.
+struct TrajectoryTurn {
+  std::string trajectory;               // the X-Areno-Trajectory value
+  ApiKind kind = ApiKind::chat;
+  std::vector<int64_t> prompt;          // expanded prompt ids, exactly as the engine prefilled them
+  std::vector<phi4mm::Media> media;     // the prompt's media, in order of appearance
+  phi4mm::Adapter adapter = phi4mm::Adapter::none;
+  std::vector<int64_t> completion;      // sampled ids (a stop token included)
+  std::vector<float> logprobs;          // of `completion`, raw distribution
+  FinishReason finish = FinishReason::none;
+  std::string text;                     // the completion text (special tokens skipped as requested)
+  nlohmann::json tool_calls = nlohmann::json::array();  // parsed (chat with tools), else empty
+};
+
+// Receives the turns of requests that name a trajectory. record() runs on an
+// HTTP worker thread (several at once) before the response is sent; it must
+// be thread-safe. A throw becomes a 500 for that request.
+class TrajectoryRecorder {
+ public:
+  virtual ~TrajectoryRecorder() = default;
+  virtual void record(TrajectoryTurn turn) = 0;
+};
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -50,6 +85,8 @@ struct ServerOptions {
   // a request waits up to media_decode_wait_ms for room, then gets 503.
   size_t max_media_decode_bytes = size_t(2048) << 20;
   int64_t media_decode_wait_ms = 10000;
+  // Records the requests that carry X-Areno-Trajectory (see the top); null: the header is ignored.
+  std::shared_ptr<TrajectoryRecorder> recorder;
 };
 
 class HttpServer {

@@ -28,10 +28,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::shared_ptr<const tok::Tokenizer> tokenizer() {
-  static auto t = std::make_shared<const tok::Tokenizer>(phi4mm::make_tokenizer());
-  return t;
-}
+std::shared_ptr<const tok::Tokenizer> tokenizer() { return testing::phi4_tokenizer(); }
 
 // Prompt rows {"prompt": "What is a + b?", "answer": "a+b"} through the dataset's prompt path.
 std::vector<train::PromptRow> sum_prompts(int n) {

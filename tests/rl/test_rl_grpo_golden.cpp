@@ -47,7 +47,7 @@ TEST_CASE("rl/grpo golden: one GRPO step on the tiny model gives PyTorch's log-p
   const std::vector<int64_t> prompt_of = g.load_copy("prompt_of").to_vector<int64_t>();
   std::vector<Sequence> seqs;
   for (int64_t n = 0; n < N; ++n) {
-    Sequence s{n / G, {}};
+    Sequence s{n / G, {}, {}};
     REQUIRE(prompt_of[size_t(n)] == prompt_rows[size_t(s.prompt)]);
     for (int64_t t = 0; t < T && c[size_t(n * T + t)] >= 0; ++t) s.completion.push_back(c[size_t(n * T + t)]);
     seqs.push_back(s);

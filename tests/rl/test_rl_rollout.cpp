@@ -26,10 +26,7 @@ using areno::testing::tiny_phi4mm;
 
 namespace {
 
-std::shared_ptr<const tok::Tokenizer> tokenizer() {
-  static auto t = std::make_shared<const tok::Tokenizer>(phi4mm::make_tokenizer());
-  return t;
-}
+std::shared_ptr<const tok::Tokenizer> tokenizer() { return testing::phi4_tokenizer(); }
 
 // The prompt parts of the trainer's golden rows: text, image, audio, audio+image.
 std::vector<Prompt> golden_prompts() {

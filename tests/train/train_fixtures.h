@@ -7,6 +7,7 @@
 
 #include "models/phi4mm/init.h"
 #include "models/phi4mm/model.h"
+#include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "tests/media_fixtures.h"
 #include "train/dataset.h"
 
@@ -67,6 +68,12 @@ inline std::vector<train::SftRow> golden_rows() {
   rows.push_back(RowBuilder().text({kUser}).audio(clip_b(), 16000).text({8144, 420}).answer({1114, 2204, 1303}, Adapter::speech, 3));
   rows.push_back(RowBuilder().text({kUser}).audio(clip_c(), 8000).image(448, 448).text({3923, 30}).answer({9712, 13}, Adapter::vision, 4));
   return rows;
+}
+
+// The Phi-4 tokenizer, built once per test program.
+inline std::shared_ptr<const tok::Tokenizer> phi4_tokenizer() {
+  static auto t = std::make_shared<const tok::Tokenizer>(phi4mm::make_tokenizer());
+  return t;
 }
 
 }  // namespace areno::testing

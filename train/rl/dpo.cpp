@@ -85,9 +85,9 @@ PairLogp pair_logp(const phi4mm::Phi4MMForCausalLM& model, const std::vector<con
   prompts.reserve(rows.size());
   for (int64_t i = 0; i < R; ++i) {
     prompts.push_back(rows[size_t(i)]->prompt);
-    seqs.push_back({i, rows[size_t(i)]->chosen});
+    seqs.push_back({i, rows[size_t(i)]->chosen, {}});
   }
-  for (int64_t i = 0; i < R; ++i) seqs.push_back({i, rows[size_t(i)]->rejected});
+  for (int64_t i = 0; i < R; ++i) seqs.push_back({i, rows[size_t(i)]->rejected, {}});
   const TokenLogp tl = policy_logp(model, prompts, seqs, options);
   const Tensor s = sequence_logp(tl.logp, tl.mask);  // [2R]: chosen, then rejected
   return {s.narrow(0, 0, R), s.narrow(0, R, R)};

@@ -62,13 +62,34 @@ GrpoTrainer::GrpoTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model,
       rollout_(model_, tok_, seeded(options_.rollout, options_.loop.seed)) {
   validate(options_);
   if (rows_.empty()) throw std::invalid_argument("the dataset has no prompts to train on");
-  if (!reward_) throw std::invalid_argument("an RL run needs a reward (--reward or --reward-cmd)");
+  if (!reward_ && options_.agent.cmd.empty())
+    throw std::invalid_argument("an RL run needs a reward (--reward or --reward-cmd)");
+  if (!options_.agent.cmd.empty())
+    agent_ = std::make_unique<AgentRollout>(model_, tok_, seeded(options_.rollout, options_.loop.seed), options_.agent);
   optimizer_ = make_training_optimizer(*model_, options_.loop, total_steps());
 }
 
 int64_t GrpoTrainer::steps_per_epoch() const { return loop_steps_per_epoch(int64_t(rows_.size()), options_.loop); }
 
 int64_t GrpoTrainer::total_steps() const { return loop_total_steps(int64_t(rows_.size()), options_.loop); }
+
+RolloutBatch GrpoTrainer::roll_out(const std::vector<const PromptRow*>& batch) {
+  RolloutBatch b;
+  if (agent_) {
+    std::vector<AgentTask> tasks;
+    for (size_t i = 0; i < batch.size(); ++i) tasks.push_back({batch[i]->row, int64_t(i), 0, batch[i]->line, {}});
+    return agent_->run(tasks);
+  }
+  for (const PromptRow* r : batch) b.prompts.push_back({r->ids, r->media, r->adapter});
+  b.samples = rollout_.run(b.prompts);
+  for (size_t k = 0; k < b.samples.size(); ++k) {
+    const RolloutSample& s = b.samples[k];
+    const std::vector<tok::TokenId> ids(s.tokens.begin(), s.tokens.end());
+    b.trajectories.push_back({s.prompt, s.index, {int64_t(k)}, std::nullopt,
+                              tok_->decode(ids, /*skip_special_tokens=*/true), int64_t(s.tokens.size())});
+  }
+  return b;
+}
 
 RlStepStats GrpoTrainer::step() {
   if (done()) throw std::logic_error(fmt::format("the run is done ({} steps)", total_steps()));
@@ -82,44 +103,68 @@ RlStepStats GrpoTrainer::step() {
   // 1. The step's prompts, in the epoch's order.
   std::vector<const PromptRow*> batch;
   for (int64_t i : next_step_rows(state_, int64_t(rows_.size()), lo)) batch.push_back(&rows_[size_t(i)]);
-  std::vector<Prompt> prompts;
-  for (const PromptRow* r : batch) prompts.push_back({r->ids, r->media, r->adapter});
   st.prompts = int64_t(batch.size());
 
-  // 2. Rollouts (the engine's KV blocks are free when run() returns).
-  std::vector<RolloutSample> samples = rollout_.run(prompts);
+  // 2. Rollouts (the engine's KV blocks are free when they return).
+  const RolloutBatch rb = roll_out(batch);
+  const std::vector<RolloutSample>& samples = rb.samples;
   st.rollout_s = seconds_since(t0);
-  const int64_t N = int64_t(samples.size());
+  const int64_t N = int64_t(samples.size()), NT = int64_t(rb.trajectories.size());
+  if (NT != st.prompts * G)
+    throw std::logic_error(fmt::format("the rollout gave {} trajectories for {} prompts x {} samples", NT, st.prompts, G));
   st.samples = N;
+  st.trajectories = NT;
+  st.split_rows = N - NT;
 
-  // 3. Rewards of the decoded completions.
+  // 3. Rewards: the source's, else the RewardFn's on the decoded final answer.
   const auto t_reward = Clock::now();
+  st.rewards.assign(size_t(NT), 0.0);
   std::vector<RewardInput> inputs;
-  inputs.reserve(size_t(N));
-  for (const RolloutSample& s : samples) {
-    const PromptRow& r = *batch[size_t(s.prompt)];
-    const std::vector<tok::TokenId> ids(s.tokens.begin(), s.tokens.end());
-    inputs.push_back({r.row, r.messages, tok_->decode(ids, /*skip_special_tokens=*/true), int64_t(s.tokens.size()),
-                      s.index, s.prompt});
+  std::vector<int64_t> scored;
+  for (int64_t k = 0; k < NT; ++k) {
+    const RolloutBatch::Trajectory& t = rb.trajectories[size_t(k)];
+    if (t.reward) {
+      st.rewards[size_t(k)] = *t.reward;
+      continue;
+    }
+    if (!reward_)
+      throw std::invalid_argument(fmt::format("--agent-cmd: the agent of task {} (sample {}) printed no reward and "
+                                              "neither --reward nor --reward-cmd is given",
+                                              t.task, t.index));
+    const PromptRow& r = *batch[size_t(t.task)];
+    inputs.push_back({r.row, r.messages, t.text, t.tokens, t.index, t.task});
+    scored.push_back(k);
   }
-  st.rewards = reward_->score(inputs);
-  if (int64_t(st.rewards.size()) != N)
-    throw std::logic_error(fmt::format("the reward gave {} scores for {} completions", st.rewards.size(), N));
+  if (!inputs.empty()) {
+    const std::vector<double> got = reward_->score(inputs);
+    if (got.size() != inputs.size())
+      throw std::logic_error(fmt::format("the reward gave {} scores for {} completions", got.size(), inputs.size()));
+    for (size_t i = 0; i < scored.size(); ++i) st.rewards[size_t(scored[i])] = got[i];
+  }
   st.reward_s = seconds_since(t_reward);
 
-  // 4. Group advantages (f64), one per sample.
-  const std::vector<double> adv =
-      group_advantages(from_vector(st.rewards, {N}), G).to_vector<double>();
+  // 4. Group advantages (f64), one per trajectory, then per row.
+  const std::vector<double> tadv = group_advantages(from_vector(st.rewards, {NT}), G).to_vector<double>();
+  std::vector<double> adv(size_t(N), 0.0);
+  for (int64_t k = 0; k < NT; ++k)
+    for (int64_t row : rb.trajectories[size_t(k)].rows) adv[size_t(row)] = tadv[size_t(k)];
 
   // 5. Micro-batches. Each loss is weighted by its share of the batch's
-  // tokens (token_mean) or sequences, so the accumulated gradient is the
+  // trainable tokens (token_mean) or rows, so the accumulated gradient is the
   // whole batch's (see grpo.h).
   const auto t_train = Clock::now();
+  auto trainable = [](const RolloutSample& s, size_t t) { return s.trainable.empty() || s.trainable[t] != 0; };
+  auto count_trainable = [&](const RolloutSample& s) {
+    int64_t n = 0;
+    for (size_t t = 0; t < s.tokens.size(); ++t) n += trainable(s, t) ? 1 : 0;
+    return n;
+  };
   int64_t tokens = 0;
-  for (const RolloutSample& s : samples) tokens += int64_t(s.tokens.size());
+  for (const RolloutSample& s : samples) tokens += count_trainable(s);
   st.response_tokens = tokens;
   const bool per_token = options_.algo == RlAlgo::grpo && options_.grpo.agg == LossAgg::token_mean;
   double reward_sum = 0, rollout_sum = 0, train_sum = 0, diff_sum = 0, abs_sum = 0, adv_sum = 0;
+  int64_t compared = 0;  // trainable tokens with a rollout log-probability
   for (double r : st.rewards) reward_sum += r;
   for (int64_t b = 0, micro = 0; b < N; b += lo.mini_bs, ++micro) {
     const int64_t e = std::min(N, b + lo.mini_bs);
@@ -132,9 +177,9 @@ RlStepStats GrpoTrainer::step() {
     for (int64_t i = b; i < e; ++i) {
       const RolloutSample& s = samples[size_t(i)];
       auto [it, fresh] = local.emplace(s.prompt, int64_t(mprompts.size()));
-      if (fresh) mprompts.push_back(prompts[size_t(s.prompt)]);
-      seqs.push_back({it->second, s.tokens});
-      mtokens += int64_t(s.tokens.size());
+      if (fresh) mprompts.push_back(rb.prompts[size_t(s.prompt)]);
+      seqs.push_back({it->second, s.tokens, s.trainable});
+      mtokens += count_trainable(s);
     }
     PolicyLogpOptions po;
     po.chunk_rows = lo.loss_chunk_rows;
@@ -143,10 +188,15 @@ RlStepStats GrpoTrainer::step() {
     TokenLogp tl = policy_logp(*model_, mprompts, seqs, po);
     const int64_t T = tl.logp.size(1);
     const Device dev = tl.logp.device();
+    const std::vector<float> lp = tl.logp.to_vector<float>();
+    // old_logp: the rollout's; the training forward's own where a trainable token has none (ratio 1).
     std::vector<float> old(static_cast<size_t>(n * T), 0.0f), a(static_cast<size_t>(n), 0.0f);
     for (int64_t i = 0; i < n; ++i) {
       const RolloutSample& s = samples[size_t(b + i)];
-      std::copy(s.logp.begin(), s.logp.end(), old.begin() + i * T);
+      for (size_t t = 0; t < s.tokens.size(); ++t) {
+        const size_t cell = size_t(i * T) + t;
+        old[cell] = std::isnan(s.logp[t]) ? lp[cell] : s.logp[t];
+      }
       a[size_t(i)] = float(adv[size_t(b + i)]);
     }
     const Tensor old_logp = from_vector(old, {n, T}).to(dev);
@@ -154,7 +204,7 @@ RlStepStats GrpoTrainer::step() {
     PolicyLoss pl = options_.algo == RlAlgo::grpo
                         ? grpo_loss(tl.logp, old_logp, advantages, tl.mask, options_.grpo)
                         : gspo_loss(tl.logp, old_logp, advantages, tl.mask, options_.gspo);
-    const double wt = double(mtokens) / double(tokens), ws = double(n) / double(N);
+    const double wt = double(mtokens) / double(std::max<int64_t>(1, tokens)), ws = double(n) / double(N);
     const double w = per_token ? wt : ws;
     Tensor loss = mul(pl.loss, w);
     st.loss += loss.item();
@@ -166,28 +216,30 @@ RlStepStats GrpoTrainer::step() {
     st.clip_frac += wr * pl.stats.clip_frac;
     st.kl += wt * pl.stats.kl;
     // Host statistics: the rollout's and the training forward's log-probabilities of the same tokens.
-    const std::vector<float> lp = tl.logp.to_vector<float>();
     for (int64_t i = 0; i < n; ++i) {
       const RolloutSample& s = samples[size_t(b + i)];
       for (size_t t = 0; t < s.tokens.size(); ++t) {
+        if (!trainable(s, t)) continue;
+        adv_sum += adv[size_t(b + i)];
+        if (std::isnan(s.logp[t])) continue;
         const double tr = lp[size_t(i * T) + t], ro = s.logp[t];
+        ++compared;
         rollout_sum += ro;
         train_sum += tr;
         diff_sum += tr - ro;
         abs_sum += std::abs(tr - ro);
         st.logp_abs_diff_max = std::max(st.logp_abs_diff_max, std::abs(tr - ro));
-        adv_sum += adv[size_t(b + i)];
       }
     }
   }
-  const double tok_d = std::max<double>(1, double(tokens));
-  st.reward_mean = reward_sum / double(N);
+  const double tok_d = std::max<double>(1, double(tokens)), cmp_d = std::max<double>(1, double(compared));
+  st.reward_mean = reward_sum / double(NT);
   st.advantage_mean = adv_sum / tok_d;
-  st.response_len = double(tokens) / double(N);
-  st.rollout_logprobs_mean = rollout_sum / tok_d;
-  st.train_logprobs_mean = train_sum / tok_d;
-  st.logp_diff_mean = diff_sum / tok_d;
-  st.logp_abs_diff_mean = abs_sum / tok_d;
+  st.response_len = double(tokens) / double(std::max<int64_t>(1, N));
+  st.rollout_logprobs_mean = rollout_sum / cmp_d;
+  st.train_logprobs_mean = train_sum / cmp_d;
+  st.logp_diff_mean = diff_sum / cmp_d;
+  st.logp_abs_diff_mean = abs_sum / cmp_d;
 
   // 6. Clip and step.
   st.grad_norm = clip_and_step(*optimizer_, lo.grad_clip_norm);
@@ -221,6 +273,8 @@ Scalars rl_scalars(const RlStepStats& st) {
                {"grad_norm", st.grad_norm}};
   for (const auto& [g, lr] : st.lrs) s.emplace_back("lr/" + g, lr);
   s.insert(s.end(), {{"samples", double(st.samples)},
+                     {"trajectories", double(st.trajectories)},
+                     {"split_rows", double(st.split_rows)},
                      {"response_tokens", double(st.response_tokens)},
                      {"time/rollout_s", st.rollout_s},
                      {"time/reward_s", st.reward_s},

@@ -7,12 +7,19 @@
 //
 // One step:
 //   1. the next `loop.batch_size` prompt rows of the epoch's order (as SFT);
-//   2. `rollout.n_samples` completions each (Rollout; the engine's KV blocks
-//      are free afterwards, the engine itself dropped with drop_rollout_state);
-//   3. each completion decoded (special tokens skipped) and scored by the RewardFn;
-//   4. group_advantages over each prompt's samples;
-//   5. micro-batches of `loop.mini_bs` samples: policy_logp + grpo_loss (or
-//      gspo_loss) with old_logp = the rollout's log-probabilities, backward;
+//   2. `rollout.n_samples` trajectories each, from the step's rollout source
+//      (a RolloutBatch): engine completions (Rollout; the engine's KV blocks
+//      are free afterwards, the engine itself dropped with
+//      drop_rollout_state), or with `agent.cmd` agent runs (AgentRollout,
+//      train/rl/agent.h: rows with a per-token trainable mask);
+//   3. each trajectory's reward: the agent's printed one, else its final text
+//      (special tokens skipped) scored by the RewardFn;
+//   4. group_advantages over each task's trajectories, each row taking its
+//      trajectory's advantage;
+//   5. micro-batches of `loop.mini_bs` rows: policy_logp + grpo_loss (or
+//      gspo_loss) over the trainable tokens, old_logp = the rollout's
+//      log-probabilities (the training forward's own where a trainable token
+//      has none: an agent's context under --train-tool-results), backward;
 //   6. the global gradient norm clipped, AdamW steps, gradients dropped.
 //
 // Accumulation: a micro-batch's loss is an average over its own tokens
@@ -34,6 +41,7 @@
 #include "nn/optim/adamw.h"
 #include "train/dataset.h"
 #include "train/metrics.h"
+#include "train/rl/agent.h"
 #include "train/rl/objectives.h"
 #include "train/rl/rewards.h"
 #include "train/rl/rollout.h"
@@ -55,6 +63,7 @@ struct RlOptions {
   RolloutOptions rollout;  // n_samples is the group size; seed is set from loop.seed
   GrpoOptions grpo;
   GspoOptions gspo;
+  AgentOptions agent;      // cmd non-empty: agentic rollouts (--agent-cmd)
 };
 
 // Throws std::invalid_argument naming the flag.
@@ -62,7 +71,9 @@ void validate(const RlOptions& o);
 
 struct RlStepStats {
   int64_t step = 0;
-  int64_t prompts = 0, samples = 0, response_tokens = 0;
+  int64_t prompts = 0, samples = 0, response_tokens = 0;  // samples: training rows; tokens: trainable ones
+  int64_t trajectories = 0;          // batch x n_samples
+  int64_t split_rows = 0;            // agent rows beyond one per trajectory (agent.h's row rule)
   double reward_mean = 0;
   double advantage_mean = 0;         // token mean
   double response_len = 0;           // mean tokens per completion (stop token included)
@@ -89,7 +100,9 @@ std::string format_rl_progress(const RlStepStats& st, int64_t total_steps);
 class GrpoTrainer {
  public:
   // Applies the trainable groups to `model` and builds the optimizer (as
-  // SftTrainer) and the Rollout over the same model.
+  // SftTrainer) and the Rollout (or, with options.agent.cmd, the
+  // AgentRollout) over the same model. `reward` may be null only with agents
+  // (then every agent must print its reward).
   GrpoTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::shared_ptr<const tok::Tokenizer> tokenizer,
               std::vector<PromptRow> rows, RlOptions options, std::unique_ptr<RewardFn> reward);
 
@@ -100,6 +113,7 @@ class GrpoTrainer {
   const RlOptions& options() const { return options_; }
   AdamW& optimizer() { return *optimizer_; }
   Rollout& rollout() { return rollout_; }
+  AgentRollout* agent_rollout() { return agent_.get(); }
 
   // One optimizer step (see the top).
   RlStepStats step();
@@ -118,7 +132,10 @@ class GrpoTrainer {
   std::unique_ptr<RewardFn> reward_;
   std::unique_ptr<AdamW> optimizer_;
   Rollout rollout_;
+  std::unique_ptr<AgentRollout> agent_;
   TrainerState state_;
+
+  RolloutBatch roll_out(const std::vector<const PromptRow*>& batch);
 };
 
 }  // namespace areno::train::rl

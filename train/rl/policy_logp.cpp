@@ -80,6 +80,9 @@ TokenLogp policy_logp(const phi4mm::Phi4MMForCausalLM& model, const std::vector<
                                               prompts.size()));
     if (prompts[size_t(s.prompt)].ids.empty())
       throw std::invalid_argument(fmt::format("policy_logp: prompt {} is empty", s.prompt));
+    if (!s.trainable.empty() && s.trainable.size() != s.completion.size())
+      throw std::invalid_argument(fmt::format("policy_logp: {} trainable flags for {} completion tokens",
+                                              s.trainable.size(), s.completion.size()));
     T = std::max(T, int64_t(s.completion.size()));
   }
   const Tensor& head = model.model->embed_tokens->weight;
@@ -107,6 +110,7 @@ TokenLogp policy_logp(const phi4mm::Phi4MMForCausalLM& model, const std::vector<
     ids.insert(ids.end(), s.completion.begin(), s.completion.end() - 1);
     const int64_t first = int64_t(ids.size() - s.completion.size());  // the prompt's last row
     for (size_t t = 0; t < s.completion.size(); ++t) {
+      if (!s.trainable.empty() && !s.trainable[t]) continue;  // context: fed, not scored
       rows.push_back(first + int64_t(t));
       targets.push_back(s.completion[t]);
       cells.push_back(n * T + int64_t(t));

@@ -33,15 +33,19 @@ struct Prompt {
   phi4mm::Adapter adapter = phi4mm::Adapter::none;
 };
 
-// One sampled completion of prompts[prompt].
+// One sampled completion of prompts[prompt]. `trainable` (empty: every
+// token) marks the completion tokens the objective sees: an agent's row
+// (train/rl/agent.h) continues past its first answer with tool results and
+// later prompts, which are context, not actions.
 struct Sequence {
   int64_t prompt = 0;
   std::vector<int64_t> completion;
+  std::vector<uint8_t> trainable;  // empty or one 0/1 per completion token
 };
 
 struct TokenLogp {
-  Tensor logp;  // [N, T] f32: log p(completion[t] | prompt, completion[:t]); 0 on padding
-  Tensor mask;  // [N, T] f32: 1 on completion tokens, 0 on padding
+  Tensor logp;  // [N, T] f32: log p(completion[t] | prompt, completion[:t]) on trainable tokens; 0 elsewhere
+  Tensor mask;  // [N, T] f32: 1 on trainable completion tokens, 0 on context and padding
 };
 
 struct PolicyLogpOptions {
@@ -55,7 +59,7 @@ struct PolicyLogpOptions {
 // (each prompt's towers run once, however many sequences share it). The
 // result records its backward to the model's parameters that require grad.
 // Throws std::invalid_argument for a prompt index out of range, an empty
-// prompt, or a token outside the vocabulary.
+// prompt, a token outside the vocabulary, or a `trainable` of the wrong length.
 TokenLogp policy_logp(const phi4mm::Phi4MMForCausalLM& model, const std::vector<Prompt>& prompts,
                       const std::vector<Sequence>& sequences, const PolicyLogpOptions& options = {});
 

@@ -1,11 +1,6 @@
 #include "train/rl/rewards.h"
 
-#include <fcntl.h>
 #include <poll.h>
-#include <pthread.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -14,14 +9,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
-#include <chrono>
 #include <cmath>
 #include <cstring>
-#include <thread>
 
 #include <fmt/format.h>
 
-extern char** environ;
+#include "train/rl/process.h"
 
 namespace areno::train::rl {
 
@@ -57,19 +50,6 @@ std::string require_reference(const RewardInput& in, const char* reward, std::in
   for (const char* f : fields) names += fmt::format("{}\"{}\"", names.empty() ? "" : ", ", f);
   throw RewardError(fmt::format("--reward {}: the row of prompt {} has no string or number field {}", reward,
                                 in.prompt_index, names));
-}
-
-// A line from the reward program as a message shows it: at most 200 bytes,
-// control and non-ASCII bytes as \xHH.
-std::string shown(std::string_view s) {
-  std::string out;
-  for (size_t i = 0; i < s.size() && i < 200; ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') out += char(c);
-    else out += fmt::format("\\x{:02x}", c);
-  }
-  if (s.size() > 200) out += fmt::format("... ({} bytes)", s.size());
-  return out;
 }
 
 // A built-in: each completion scored on its own.
@@ -386,74 +366,6 @@ std::string reward_record(const RewardInput& in) {
 
 // --- --reward-cmd ------------------------------------------------------------
 
-namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// poll() on one descriptor until `deadline` (now_s() time); the revents, or 0
-// at the deadline.
-short poll_until(int fd, short events, double deadline) {
-  for (;;) {
-    const double left = deadline - now_s();
-    const int ms = left <= 0 ? 0 : int(std::min(left * 1000.0 + 1.0, 3.6e6));
-    pollfd p{fd, events, 0};
-    const int rc = ::poll(&p, 1, ms);
-    if (rc > 0) return p.revents;
-    if (rc < 0 && errno != EINTR) return POLLERR;
-    if (rc == 0 && ms == 0) return 0;
-  }
-}
-
-// Blocks SIGPIPE in this thread for its lifetime, so that writing to a pipe
-// whose reader is gone fails with EPIPE; a SIGPIPE raised meanwhile is
-// consumed (unless one was already pending before).
-class SigpipeBlock {
- public:
-  SigpipeBlock() {
-    sigemptyset(&set_);
-    sigaddset(&set_, SIGPIPE);
-    sigset_t pending;
-    sigpending(&pending);
-    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
-    pthread_sigmask(SIG_BLOCK, &set_, &old_);
-  }
-  ~SigpipeBlock() {
-    if (!was_pending_) {
-      const timespec zero{0, 0};
-      while (sigtimedwait(&set_, nullptr, &zero) < 0 && errno == EINTR) {
-      }
-    }
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-  SigpipeBlock(const SigpipeBlock&) = delete;
-  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
-
- private:
-  sigset_t set_, old_;
-  bool was_pending_ = false;
-};
-
-// Waits up to `grace_s` for `pid` to end without reaping it; its status
-// (as waitid reports it) when it ended.
-std::optional<siginfo_t> wait_ended(pid_t pid, double grace_s) {
-  const double deadline = now_s() + grace_s;
-  for (;;) {
-    siginfo_t si{};
-    si.si_pid = 0;
-    if (::waitid(P_PID, id_t(pid), &si, WEXITED | WNOHANG | WNOWAIT) < 0) {
-      if (errno == EINTR) continue;
-      return std::nullopt;
-    }
-    if (si.si_pid == pid) return si;
-    if (now_s() >= deadline) return std::nullopt;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-}
-
-}  // namespace
-
 RewardProcess::RewardProcess(std::string cmd, RewardProcessOptions options)
     : cmd_(std::move(cmd)), opt_(options) {
   start();
@@ -468,46 +380,15 @@ RewardProcess::~RewardProcess() {
 }
 
 void RewardProcess::start() {
-  int in[2], out[2];  // in: our writes -> its stdin; out: its stdout -> our reads
-  if (::pipe2(in, O_CLOEXEC) != 0)
-    throw RewardError(fmt::format("--reward-cmd: pipe: {}", std::strerror(errno)));
-  if (::pipe2(out, O_CLOEXEC) != 0) {
-    const int e = errno;
-    ::close(in[0]), ::close(in[1]);
-    throw RewardError(fmt::format("--reward-cmd: pipe: {}", std::strerror(e)));
+  ChildProcess c;
+  try {
+    c = spawn_shell(cmd_, {}, "--reward-cmd");
+  } catch (const std::runtime_error& e) {
+    throw RewardError(e.what());
   }
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, in[0], STDIN_FILENO);
-  posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
-  posix_spawn_file_actions_addclosefrom_np(&fa, 3);  // descriptors opened without O_CLOEXEC too
-#endif
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  posix_spawnattr_setpgroup(&attr, 0);  // its own group, so a kill reaches its children too
-  sigset_t none, defaults;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attr, &none);
-  sigemptyset(&defaults);
-  for (int s : {SIGPIPE, SIGINT, SIGQUIT, SIGTERM, SIGHUP, SIGCHLD, SIGALRM, SIGUSR1, SIGUSR2}) sigaddset(&defaults, s);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  const char* argv[] = {"/bin/sh", "-c", cmd_.c_str(), nullptr};
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, "/bin/sh", &fa, &attr, const_cast<char* const*>(argv), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  ::close(in[0]), ::close(out[1]);
-  if (rc != 0) {
-    ::close(in[1]), ::close(out[0]);
-    throw RewardError(fmt::format("--reward-cmd: cannot start /bin/sh: {}", std::strerror(rc)));
-  }
-  pid_ = pid;
-  to_child_ = in[1];
-  from_child_ = out[0];
-  ::fcntl(to_child_, F_SETFL, ::fcntl(to_child_, F_GETFL) | O_NONBLOCK);
-  ::fcntl(from_child_, F_SETFL, ::fcntl(from_child_, F_GETFL) | O_NONBLOCK);
+  pid_ = c.pid;
+  to_child_ = c.in;
+  from_child_ = c.out;
   pending_.clear();
   answered_ = 0;
   ++starts_;
@@ -515,16 +396,10 @@ void RewardProcess::start() {
 
 void RewardProcess::kill_and_reap() {
   if (pid_ <= 0) return;
-  // The group first, while the unreaped leader keeps its id from reuse.
-  ::kill(-pid_, SIGKILL);
-  ::kill(pid_, SIGKILL);
-  int status = 0;
-  while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (to_child_ >= 0) ::close(to_child_);
-  if (from_child_ >= 0) ::close(from_child_);
-  to_child_ = from_child_ = -1;
+  ChildProcess c{pid_, to_child_, from_child_, -1};
+  rl::kill_and_reap(c);
   pid_ = -1;
+  to_child_ = from_child_ = -1;
   pending_.clear();
 }
 
@@ -532,11 +407,7 @@ void RewardProcess::fail(const std::string& what, bool exited) {
   std::string head = what;
   if (exited) {
     if (auto si = wait_ended(pid_, opt_.exit_grace_s)) {
-      if (si->si_code == CLD_EXITED)
-        head = fmt::format("exited with status {}{}", si->si_status,
-                           si->si_status == 127 ? " (127: the shell did not find the command)" : "");
-      else
-        head = fmt::format("was killed by signal {} ({})", si->si_status, strsignal(si->si_status));
+      head = describe_end(*si);
     } else {
       head = "closed its stdout but did not exit";
     }

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "models/phi4mm/text.h"
@@ -49,8 +50,28 @@ struct RolloutSample {
   int64_t prompt = 0;               // index into run()'s prompts
   int64_t index = 0;                // sample within the prompt's group
   std::vector<int64_t> tokens;      // completion ids (a stop token included)
-  std::vector<float> logp;          // rollout log-probability of each token (raw distribution)
+  // Rollout log-probability of each token (raw distribution); NaN on tokens
+  // the engine did not sample (an agent row's context, train/rl/agent.h).
+  std::vector<float> logp;
   serve::FinishReason finish = serve::FinishReason::none;
+  std::vector<uint8_t> trainable;   // empty: every token; else 0/1 per token (Sequence::trainable)
+};
+
+// What one GRPO/GSPO step trains on, whichever source rolled it out (the
+// engine, Rollout::run; or agents, AgentRollout::run): the rows and the
+// trajectories they came from. A trajectory is one run of one task; the
+// group of task i is trajectories [i * n_samples, (i + 1) * n_samples).
+struct RolloutBatch {
+  std::vector<Prompt> prompts;         // what samples[k].prompt indexes
+  std::vector<RolloutSample> samples;  // the training rows
+  struct Trajectory {
+    int64_t task = 0, index = 0;       // the task within the step, the run within its group
+    std::vector<int64_t> rows;         // indices into samples (one, or more when split)
+    std::optional<double> reward;      // given by the source (an agent's printed reward)
+    std::string text;                  // the final answer, for the configured reward
+    int64_t tokens = 0;                // its token count
+  };
+  std::vector<Trajectory> trajectories;  // task-major
 };
 
 class Rollout {

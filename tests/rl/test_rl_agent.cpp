@@ -1,0 +1,335 @@
+// Agentic rollouts (issue 15, "Agentic rollouts", must-shows 5 and 6; docs/rl.md,
+// "Agentic rollouts") on the demo model: a two-turn sh + curl agent against
+// the trainer's server gives one row whose sampled tokens are trainable and
+// whose tool result is masked, the recorded log-probabilities equal
+// policy_logp's (f32, 1e-5), the KV blocks are free after the phase; agents
+// that crash, time out, print a malformed line or an unknown id fail with a
+// clear message and leave the rollout usable; the row rule splits a
+// re-templated turn; `areno train --agent-cmd` runs GRPO steps.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "app/commands_train.h"
+#include <httplib.h>
+
+#include "models/phi4mm/demo/demo.h"
+#include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+#include "tensor/autograd.h"
+#include "tests/test_util.h"
+#include "tests/train/train_fixtures.h"
+#include "train/rl/agent.h"
+#include "train/rl/policy_logp.h"
+#include "train/rl/process.h"
+
+using namespace areno;
+using namespace areno::train::rl;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::shared_ptr<const tok::Tokenizer> tokenizer() { return testing::phi4_tokenizer(); }
+
+std::shared_ptr<phi4mm::Phi4MMForCausalLM> model() {
+  static auto m = phi4mm::demo_model();
+  return m;
+}
+
+RolloutOptions rollout_options(int64_t n) {
+  RolloutOptions o;
+  o.n_samples = n;
+  o.max_new_tokens = 6;
+  o.seed = 11;
+  o.engine.kv_blocks = 64;
+  o.engine.max_running = 8;
+  return o;
+}
+
+AgentOptions agent(const std::string& script, double timeout_s = 60, const std::string& env = "") {
+  AgentOptions a;
+  a.cmd = env + "sh tests/rl/scripts/" + script;
+  a.timeout_s = timeout_s;
+  return a;
+}
+
+std::vector<AgentTask> tasks(int n) {
+  std::vector<AgentTask> ts;
+  for (int i = 0; i < n; ++i)
+    ts.push_back({json{{"prompt", fmt::format("What is {} + 3?", i + 2)}, {"answer", i + 5}}, i, 0, i + 1, {}});
+  return ts;
+}
+
+std::string decode(const std::vector<int64_t>& ids) {
+  return tokenizer()->decode(std::vector<tok::TokenId>(ids.begin(), ids.end()), /*skip_special_tokens=*/false);
+}
+
+}  // namespace
+
+TEST_CASE("rl/agent two turns with a tool result: one row, its mask, log-prob parity, free KV blocks") {
+  AgentRollout ar(model(), tokenizer(), rollout_options(2), agent("agent_two_turns.sh", 60, "AGENT_REWARD=0.5 "));
+  const RolloutBatch b = ar.run(tasks(2));
+  REQUIRE(b.trajectories.size() == 4);
+  REQUIRE(b.samples.size() == 4);  // one row per trajectory: every turn continued the row
+  CHECK(ar.split_rows() == 0);
+  CHECK(ar.port() > 0);
+  // The phase is over: the engine is stopped with every block free.
+  CHECK(ar.last_stats().kv_blocks_used == 0);
+  CHECK(ar.last_stats().kv_blocks_total == 64);
+  CHECK(ar.last_stats().requests_finished == 8);  // 2 tasks x 2 samples x 2 turns
+
+  std::vector<Sequence> seqs;
+  for (size_t k = 0; k < b.trajectories.size(); ++k) {
+    const RolloutBatch::Trajectory& t = b.trajectories[k];
+    CAPTURE(k);
+    CHECK(t.task == int64_t(k / 2));
+    CHECK(t.index == int64_t(k % 2));
+    REQUIRE(t.rows.size() == 1);
+    REQUIRE(t.reward.has_value());
+    CHECK(*t.reward == 0.5);
+    const RolloutSample& s = b.samples[size_t(t.rows[0])];
+    // The row's prompt is the first turn's templated prompt.
+    CHECK(decode(b.prompts[size_t(s.prompt)].ids) == fmt::format("<|user|>What is {} + 3?<|end|><|assistant|>", t.task + 2));
+    // Layout: [sampled answer 1][context: the tool turn][sampled answer 2].
+    REQUIRE(s.trainable.size() == s.tokens.size());
+    REQUIRE(s.logp.size() == s.tokens.size());
+    size_t a = 0;
+    while (a < s.tokens.size() && s.trainable[a]) ++a;
+    size_t c = a;
+    while (c < s.tokens.size() && !s.trainable[c]) ++c;
+    CHECK(a >= 1);
+    CHECK(c > a);
+    for (size_t i = c; i < s.tokens.size(); ++i) CHECK(s.trainable[i] == 1);
+    std::string context = decode(std::vector<int64_t>(s.tokens.begin() + int64_t(a), s.tokens.begin() + int64_t(c)));
+    // The first answer ends with the sampled <|end|> unless it hit max_tokens,
+    // then the template writes it as context.
+    if (context.rfind("<|end|>", 0) == 0) context = context.substr(7);
+    CHECK(context == "<|tool|>42<|end|><|assistant|>");
+    for (size_t i = 0; i < s.tokens.size(); ++i) CHECK(std::isnan(s.logp[i]) == !s.trainable[i]);
+    // The final answer is the second turn's (what --reward would score).
+    CHECK(t.tokens == int64_t(s.tokens.size() - c));
+    seqs.push_back({s.prompt, s.tokens, s.trainable});
+  }
+  // The engine's log-probabilities of the sampled tokens equal the training
+  // forward's over the whole row (f32, CPU).
+  NoGradGuard ng;
+  const TokenLogp tl = policy_logp(*model(), b.prompts, seqs);
+  const std::vector<float> lp = tl.logp.to_vector<float>(), mask = tl.mask.to_vector<float>();
+  const int64_t T = tl.logp.size(1);
+  double worst = 0;
+  int64_t compared = 0;
+  for (size_t n = 0; n < b.samples.size(); ++n) {
+    const RolloutSample& s = b.samples[n];
+    for (size_t t = 0; t < s.tokens.size(); ++t) {
+      CHECK(mask[n * size_t(T) + t] == float(s.trainable[t]));
+      if (!s.trainable[t]) continue;
+      worst = std::max(worst, std::abs(double(lp[n * size_t(T) + t]) - double(s.logp[t])));
+      ++compared;
+    }
+  }
+  CHECK(compared >= 8);
+  CHECK(worst < 1e-5);
+  MESSAGE("agent rows: ", compared, " sampled tokens, worst |rollout - policy| logp ", worst);
+}
+
+TEST_CASE("rl/agent failures name the task: crash, timeout, malformed output, unknown id; the rollout stays usable") {
+  SUBCASE("run_agents alone") {
+    // A crash: the exit status and the tail of its stderr.
+    CHECK_THROWS_WITH_AS(run_agents(tasks(1), "http://127.0.0.1:9/v1", agent("agent_crash.sh")),
+                         "--agent-cmd: the agent of task 0 (sample 0, dataset line 1) exited with status 3; its stderr "
+                         "ended with \"agent: cannot reach the tool server\\x0a\"",
+                         AgentError);
+    // A timeout: killed after the limit, without waiting for its `sleep 60`.
+    const double t0 = now_s();
+    CHECK_THROWS_WITH_AS(run_agents(tasks(2), "http://127.0.0.1:9/v1", agent("agent_sleep.sh", 0.5)),
+                         doctest::Contains("did not finish within 0.5 s (--agent-timeout-s); it was killed"),
+                         AgentError);
+    CHECK(now_s() - t0 < 5.0);
+    // Malformed: the last line quoted and the expected format.
+    CHECK_THROWS_WITH_AS(run_agents(tasks(1), "http://127.0.0.1:9/v1", agent("agent_malformed.sh")),
+                         "--agent-cmd: the agent of task 0 (sample 0, dataset line 1) printed \"done: reward 1\" as its "
+                         "last line: not JSON; expected {\"trajectory_id\": \"ID\", \"reward\": <number, optional>}",
+                         AgentError);
+    // A command the shell does not find.
+    CHECK_THROWS_WITH_AS(run_agents(tasks(1), "http://127.0.0.1:9/v1", AgentOptions{.cmd = "no-such-agent-xyz"}),
+                         doctest::Contains("exited with status 127 (127: the shell did not find the command)"),
+                         AgentError);
+  }
+  SUBCASE("parse_agent_output") {
+    const AgentOutput o = parse_agent_output("log\n{\"trajectory_id\": \"t-1\", \"reward\": -2.5}\n\n", "agent");
+    CHECK(o.trajectory_id == "t-1");
+    REQUIRE(o.reward.has_value());
+    CHECK(*o.reward == -2.5);
+    CHECK_FALSE(parse_agent_output("{\"trajectory_id\": \"t\"}", "agent").reward.has_value());
+    CHECK_THROWS_WITH_AS(parse_agent_output("", "agent"), doctest::Contains("agent printed nothing on stdout"), AgentError);
+    CHECK_THROWS_WITH_AS(parse_agent_output("[1]", "agent"), doctest::Contains("a JSON array, not an object"), AgentError);
+    CHECK_THROWS_WITH_AS(parse_agent_output("{\"reward\": 1}", "agent"),
+                         doctest::Contains("\"trajectory_id\" must be a non-empty string"), AgentError);
+    CHECK_THROWS_WITH_AS(parse_agent_output("{\"trajectory_id\": \"t\", \"reward\": \"1\"}", "agent"),
+                         doctest::Contains("\"reward\" must be a finite number"), AgentError);
+  }
+  SUBCASE("through AgentRollout") {
+    AgentRollout ar(model(), tokenizer(), rollout_options(1), agent("agent_unrecorded.sh"));
+    CHECK_THROWS_WITH_AS(ar.run(tasks(1)),
+                         "--agent-cmd: the agent of task 0 (sample 0, dataset line 1) printed trajectory_id "
+                         "\"never-sent\", but the server recorded no request under that id (send the header "
+                         "X-Areno-Trajectory: never-sent with each request)",
+                         AgentError);
+    AgentRollout crash(model(), tokenizer(), rollout_options(2), agent("agent_crash.sh"));
+    CHECK_THROWS_WITH_AS(crash.run(tasks(1)), doctest::Contains("exited with status 3"), AgentError);
+    // A failed phase leaves nothing behind: the same rollout serves the next.
+    AgentRollout ok(model(), tokenizer(), rollout_options(1), agent("agent_two_turns.sh"));
+    std::vector<AgentTask> bad = tasks(2);
+    bad[1].row["crash"] = true;
+    CHECK_THROWS_WITH_AS(ok.run(bad), doctest::Contains("the agent of task 1 (sample 0, dataset line 2) exited with "
+                                                        "status 5; its stderr ended with \"asked to crash"),
+                         AgentError);
+    const int port = ok.port();
+    const RolloutBatch b = ok.run(tasks(2));
+    CHECK(b.samples.size() == 2);
+    CHECK(ok.port() == port);
+    CHECK(ok.last_stats().kv_blocks_used == 0);
+  }
+}
+
+namespace {
+
+serve::TrajectoryTurn turn(std::vector<int64_t> prompt, std::vector<int64_t> completion, std::string text = "") {
+  serve::TrajectoryTurn t;
+  t.prompt = std::move(prompt);
+  t.completion = std::move(completion);
+  for (size_t i = 0; i < t.completion.size(); ++i) t.logprobs.push_back(-0.25f * float(i + 1));
+  t.text = std::move(text);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("rl/agent row rule: continuing turns append, a re-templated turn starts a new row, --train-tool-results") {
+  // Turn 2 re-sends turn 1 token for token (then context 7 8); turn 3 does not
+  // (its history differs at the answer: a re-tokenized reply) and turn 4 adds
+  // an image placeholder after continuing turn 3.
+  const std::vector<serve::TrajectoryTurn> turns = {
+      turn({1, 2}, {3, 4}),
+      turn({1, 2, 3, 4, 7, 8}, {5}),
+      turn({1, 2, 34, 7, 8, 9}, {6, 6}),
+      turn({1, 2, 34, 7, 8, 9, 6, 6, phi4mm::kImageTokenId, 9}, {4}, "final")};
+  const AssembledTrajectory a = assemble_trajectory(turns, /*train_context=*/false);
+  REQUIRE(a.rows.size() == 3);
+  CHECK(a.final_text == "final");
+  CHECK(a.final_tokens == 1);
+  CHECK(a.rows[0].prompt.ids == std::vector<int64_t>{1, 2});
+  CHECK(a.rows[0].tokens == std::vector<int64_t>{3, 4, 7, 8, 5});
+  CHECK(a.rows[0].trainable == std::vector<uint8_t>{1, 1, 0, 0, 1});
+  CHECK(a.rows[0].turns == 2);
+  CHECK(a.rows[0].logp[0] == -0.25f);
+  CHECK(a.rows[0].logp[1] == -0.5f);
+  CHECK(std::isnan(a.rows[0].logp[2]));
+  CHECK(std::isnan(a.rows[0].logp[3]));
+  CHECK(a.rows[0].logp[4] == -0.25f);
+  CHECK(a.rows[1].prompt.ids == std::vector<int64_t>{1, 2, 34, 7, 8, 9});
+  CHECK(a.rows[1].tokens == std::vector<int64_t>{6, 6});
+  CHECK(a.rows[2].prompt.ids.size() == 10);
+  CHECK(a.rows[2].tokens == std::vector<int64_t>{4});
+  // --train-tool-results: the context is trainable too (still without a rollout log-probability).
+  const AssembledTrajectory b = assemble_trajectory(turns, /*train_context=*/true);
+  CHECK(b.rows[0].trainable == std::vector<uint8_t>{1, 1, 1, 1, 1});
+  CHECK(std::isnan(b.rows[0].logp[2]));
+  CHECK_THROWS_AS(assemble_trajectory({}, false), std::invalid_argument);
+}
+
+TEST_CASE("rl/agent recorder: streamed turns are recorded; n > 1 and bad ids are refused") {
+  // The second turn streamed (AGENT_STREAM): still one row with both answers.
+  AgentRollout ar(model(), tokenizer(), rollout_options(1), agent("agent_two_turns.sh", 60, "AGENT_STREAM=1 "));
+  const RolloutBatch b = ar.run(tasks(1));
+  REQUIRE(b.samples.size() == 1);
+  int64_t runs = 0;
+  for (size_t t = 0; t < b.samples[0].tokens.size(); ++t)
+    runs += b.samples[0].trainable[t] && (t == 0 || !b.samples[0].trainable[t - 1]) ? 1 : 0;
+  CHECK(runs == 2);
+  CHECK(ar.last_stats().requests_finished == 2);
+  // The server stays up between phases (its engine stopped): requests are checked before the engine.
+  httplib::Client cli("127.0.0.1", ar.port());
+  const std::string body = R"({"messages":[{"role":"user","content":"hi"}],"n":2})";
+  auto r = cli.Post("/v1/chat/completions", {{"X-Areno-Trajectory", "abc"}}, body, "application/json");
+  REQUIRE(r);
+  CHECK(r->status == 400);
+  CHECK(r->body.find("'n' must be 1 in a request recorded under X-Areno-Trajectory (got 2)") != std::string::npos);
+  r = cli.Post("/v1/chat/completions", {{"X-Areno-Trajectory", "a b"}}, body, "application/json");
+  REQUIRE(r);
+  CHECK(r->status == 400);
+  CHECK(r->body.find("X-Areno-Trajectory: 'a b' is not a trajectory id") != std::string::npos);
+}
+
+TEST_CASE("areno train --algo grpo|gspo --agent-cmd: steps on agent rows write the metrics") {
+  testing::TempDir dir;
+  {
+    std::ofstream out(dir.path / "tasks.jsonl");
+    for (int a = 1; a <= 4; ++a)
+      out << json{{"prompt", fmt::format("What is {} + 1?", a)}, {"answer", std::to_string(a + 1)}}.dump() << "\n";
+  }
+  for (const char* algo : {"grpo", "gspo"}) {
+    CAPTURE(algo);
+    const std::string mdir = dir.str(std::string("metrics-") + algo);
+    CHECK(app::cmd_train({"--algo", algo, "--dataset-path", dir.str("tasks.jsonl"), "--agent-cmd",
+                          "AGENT_TEMPERATURE=1 AGENT_REWARD=sample sh tests/rl/scripts/agent_two_turns.sh",
+                          "--agent-timeout-s", "60", "--agent-concurrency", "3", "--batch-size", "2", "--n-samples",
+                          "3", "--mini-bs", "4", "--max-new-tokens", "6", "--max-steps", "2", "--lr", "1e-4",
+                          "--grad-clip-norm", "0", "--metrics-log-dir", mdir}) == 0);
+    std::ifstream in(fs::path(mdir) / "metrics.jsonl");
+    std::vector<json> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
+    REQUIRE(lines.size() == 2);
+    for (const json& j : lines) {
+      CHECK(j["trajectories"].get<double>() == 6.0);
+      CHECK(j["samples"].get<double>() == 6.0 + j["split_rows"].get<double>());
+      CHECK(j["reward_mean"].get<double>() == 1.0);  // rewards 0, 1, 2 in every group
+      CHECK(j["grad_norm"].get<double>() > 0.0);
+      CHECK(j["response_tokens"].get<double>() >= 12.0);  // two answers of at least one token per run
+      CHECK(j["logp_abs_diff_mean"].get<double>() < 1e-5);
+      CHECK(std::isfinite(j["loss"].get<double>()));
+    }
+  }
+  // --train-tool-results: the same greedy runs train on the context too
+  // (more tokens; their old log-probability is the forward's own, ratio 1).
+  std::map<bool, json> last;
+  for (bool context : {false, true}) {
+    const std::string mdir = dir.str(context ? "metrics-context" : "metrics-masked");
+    std::vector<std::string> args = {"--algo", "grpo", "--dataset-path", dir.str("tasks.jsonl"), "--agent-cmd",
+                                     "AGENT_REWARD=sample sh tests/rl/scripts/agent_two_turns.sh", "--batch-size", "2",
+                                     "--n-samples", "2", "--max-steps", "1", "--metrics-log-dir", mdir};
+    if (context) args.push_back("--train-tool-results");
+    CHECK(app::cmd_train(args) == 0);
+    std::ifstream in(fs::path(mdir) / "metrics.jsonl");
+    std::string line;
+    REQUIRE(std::getline(in, line));
+    last[context] = json::parse(line);
+  }
+  // 4 rows, each with the context <|tool|> 42 <|end|> <|assistant|> (the first answer sampled its <|end|>).
+  CHECK(last[true]["response_tokens"].get<double>() == last[false]["response_tokens"].get<double>() + 4 * 4);
+  CHECK(last[true]["rollout_logprobs_mean"].get<double>() == doctest::Approx(last[false]["rollout_logprobs_mean"].get<double>()));
+  CHECK(last[true]["logp_abs_diff_mean"].get<double>() < 1e-5);
+  CHECK(last[true]["ratio_mean"].get<double>() == doctest::Approx(1.0).epsilon(1e-5));
+  // The reward comes from --reward when the agent prints none.
+  CHECK(app::cmd_train({"--algo", "grpo", "--dataset-path", dir.str("tasks.jsonl"), "--agent-cmd",
+                        "sh tests/rl/scripts/agent_two_turns.sh", "--reward", "regex:[0-9]", "--batch-size", "2",
+                        "--n-samples", "2", "--max-steps", "1", "--metrics-log-dir", dir.str("metrics-reward")}) == 0);
+  CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "grpo", "--dataset-path", dir.str("tasks.jsonl"), "--agent-cmd",
+                                       "sh tests/rl/scripts/agent_two_turns.sh", "--batch-size", "2", "--n-samples",
+                                       "2", "--max-steps", "1"}),
+                       "--agent-cmd: the agent of task 0 (sample 0) printed no reward and neither --reward nor "
+                       "--reward-cmd is given",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "grpo", "--dataset-path", dir.str("tasks.jsonl"), "--agent-cmd",
+                                       "sh tests/rl/scripts/agent_crash.sh", "--reward", "exact", "--batch-size", "2",
+                                       "--max-steps", "1"}),
+                       doctest::Contains("exited with status 3"), AgentError);
+  CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "sft", "--dataset-path", dir.str("tasks.jsonl"), "--agent-cmd", "x"}),
+                       doctest::Contains("only with --algo grpo|gspo"), std::invalid_argument);
+}
