@@ -11,7 +11,8 @@
 //             steps of all B (llama-batched-bench -npp P -ntg N -npl B, its
 //             S_TG); tok/s = B * N / decode time
 //   read_bw   a streaming sum over 1 GiB (read bandwidth, GB/s) on the same
-//             threads: the bound of a decode step is weight bytes / read_bw
+//             threads, 8 streams per thread: the bound of a decode step is
+//             weight bytes / read_bw
 //
 // Greedy next tokens are computed as a generate loop does (argmax on the
 // host). Timing: best of --reps runs after one warm-up run. One JSON object
@@ -100,10 +101,12 @@ std::pair<double, double> run_sequences(const Phi4MMForCausalLM& m, int64_t B, i
   return {pre, dec};
 }
 
-// GB/s of a streaming sum over `bytes` of f32 on the OpenMP threads (each
-// thread sums its own contiguous slice; eight accumulators so the adds are
-// not one dependency chain).
+// GB/s of a streaming sum over `bytes` of f32 on the OpenMP threads: each
+// thread sums its own contiguous slice as 8 interleaved streams (as a GEMV
+// over 8 weight rows reads), 16 lanes each, so the adds are not one
+// dependency chain and the prefetchers see several streams.
 double read_bandwidth(size_t bytes, int reps) {
+  constexpr size_t S = 8, L = 16;
   const size_t n = bytes / sizeof(float);
   std::vector<float> a(n);
 #pragma omp parallel for schedule(static)
@@ -115,14 +118,14 @@ double read_bandwidth(size_t bytes, int reps) {
 #pragma omp parallel reduction(+ : total)
     {
       const size_t nt = size_t(omp_get_num_threads()), t = size_t(omp_get_thread_num());
-      const size_t lo = n * t / nt, hi = n * (t + 1) / nt;
-      float acc[16] = {};
-      size_t i = lo;
-      for (; i + 16 <= hi; i += 16)
+      const size_t lo = n * t / nt, len = (n * (t + 1) / nt - lo) / (S * L) * L;  // per stream, whole lanes
+      float acc[S][L] = {};
+      for (size_t i = 0; i < len; i += L)
+        for (size_t st = 0; st < S; ++st)
 #pragma omp simd
-        for (int k = 0; k < 16; ++k) acc[k] += a[i + size_t(k)];
-      for (; i < hi; ++i) acc[0] += a[i];
-      for (float v : acc) total += v;
+          for (size_t k = 0; k < L; ++k) acc[st][k] += a[lo + st * len + i + k];
+      for (const auto& row : acc)
+        for (float v : row) total += v;
     }
     sink = total;
     return now_s() - t0;

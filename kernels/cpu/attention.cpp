@@ -1,4 +1,5 @@
-// Inference attention on the CPU, f32: per (batch, head, block of queries) the
+// Inference attention on the CPU, f32 and bf16 (widened per block, computed in
+// f32, the output rounded once): per (batch, head, block of queries) the
 // scores of only the keys that block can see, the causal mask, a row softmax
 // and the value product, in one pass over a [rows, keys] scratch buffer. Same
 // rounding points as the composite op (scores, then the scale multiply, then
@@ -8,6 +9,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <Eigen/Core>
 #include <cmath>
+#include <type_traits>
 #include <limits>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -23,38 +25,56 @@ constexpr int64_t kBlock = 64;  // query rows per work item
 
 }  // namespace
 
-bool CpuBackend::attention_inference(const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const Tensor& out, double scale, bool causal) {
-  if (q.dtype() != DType::f32 || k.dtype() != DType::f32 || v.dtype() != DType::f32 || out.dtype() != DType::f32)
-    return false;
-  if (q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1 || !out.is_contiguous()) return false;
+namespace {
+
+// Copies a strided [rows, D] block of 16-bit values into a dense f32 matrix.
+template <typename T>
+void widen_block(const T* p, int64_t rows, int64_t D, int64_t stride, RowMat& out) {
+  out.resize(rows, D);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t d = 0; d < D; ++d) out(r, d) = float(p[r * stride + d]);
+}
+
+template <typename T>
+void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, float sc, bool causal) {
   const int64_t B = q.size(0), HQ = q.size(1), TQ = q.size(2), D = q.size(3);
   const int64_t HKV = k.size(1), TK = k.size(2), G = HQ / HKV;
   const int64_t blocks = (TQ + kBlock - 1) / kBlock;
-  const float* qp = static_cast<const float*>(q.data_ptr());
-  const float* kp = static_cast<const float*>(k.data_ptr());
-  const float* vp = static_cast<const float*>(v.data_ptr());
-  float* op = static_cast<float*>(out.data_ptr());
-  const float sc = float(scale);
+  const T* qp = static_cast<const T*>(q.data_ptr());
+  const T* kp = static_cast<const T*>(k.data_ptr());
+  const T* vp = static_cast<const T*>(v.data_ptr());
+  T* op = static_cast<T*>(out.data_ptr());
   parallel_for(B * HQ * blocks, kBlock * TK * D * 2, [&](int64_t lo, int64_t hi) {
     // Eigen-allocated (64-byte aligned) scratch: Eigen's vectorised row
     // reductions peel an unaligned head, so a scratch at a varying malloc
     // alignment would change the summation order from run to run.
-    RowMat S;
+    RowMat S, Qw, Kw, Vw, Ow;
     for (int64_t item = lo; item < hi; ++item) {
       const int64_t blk = item % blocks, h = (item / blocks) % HQ, b = item / blocks / HQ;
       const int64_t i0 = blk * kBlock, rows = std::min(kBlock, TQ - i0);
       // Keys visible to the block's last query (all keys without the mask).
       const int64_t keys = causal ? std::min(TK, i0 + rows + TK - TQ) : TK;
-      float* o = op + ((b * HQ + h) * TQ + i0) * D;
+      T* o = op + ((b * HQ + h) * TQ + i0) * D;
       if (keys <= 0) {  // no visible key: softmax of all -inf is NaN, as the composite gives
-        std::fill(o, o + rows * D, std::numeric_limits<float>::quiet_NaN());
+        std::fill(o, o + rows * D, T(std::numeric_limits<float>::quiet_NaN()));
         continue;
       }
       const int64_t hk = h / G;
-      Strided Q(qp + b * q.stride(0) + h * q.stride(1) + i0 * q.stride(2), rows, D, Eigen::OuterStride<>(q.stride(2)));
-      Strided K(kp + b * k.stride(0) + hk * k.stride(1), keys, D, Eigen::OuterStride<>(k.stride(2)));
-      Strided V(vp + b * v.stride(0) + hk * v.stride(1), keys, D, Eigen::OuterStride<>(v.stride(2)));
+      const T* q0 = qp + b * q.stride(0) + h * q.stride(1) + i0 * q.stride(2);
+      const T* k0 = kp + b * k.stride(0) + hk * k.stride(1);
+      const T* v0 = vp + b * v.stride(0) + hk * v.stride(1);
+      // f32 operands in place; 16-bit ones widened per block (the products
+      // and sums run in f32, the output is rounded once).
+      auto view = [&](const T* p, int64_t n, int64_t stride, RowMat& buf) {
+        if constexpr (std::is_same_v<T, float>) {
+          return Strided(p, n, D, Eigen::OuterStride<>(stride));
+        } else {
+          widen_block(p, n, D, stride, buf);
+          return Strided(buf.data(), n, D, Eigen::OuterStride<>(D));
+        }
+      };
+      const Strided Q = view(q0, rows, q.stride(2), Qw), K = view(k0, keys, k.stride(2), Kw),
+                    V = view(v0, keys, v.stride(2), Vw);
       S.resize(rows, keys);
       S.noalias() = Q * K.transpose();
       S *= sc;
@@ -72,9 +92,28 @@ bool CpuBackend::attention_inference(const Tensor& q, const Tensor& k, const Ten
         live = (live - mx).exp();
         live *= 1.0f / live.sum();
       }
-      Eigen::Map<RowMat>(o, rows, D).noalias() = S * V;
+      if constexpr (std::is_same_v<T, float>) {
+        Eigen::Map<RowMat>(o, rows, D).noalias() = S * V;
+      } else {
+        Ow.noalias() = S * V;
+        for (int64_t i = 0; i < rows * D; ++i) o[i] = T(Ow.data()[i]);
+      }
     }
   });
+}
+
+}  // namespace
+
+bool CpuBackend::attention_inference(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& out, double scale, bool causal) {
+  const DType dt = q.dtype();
+  if ((dt != DType::f32 && dt != DType::bf16) || k.dtype() != dt || v.dtype() != dt || out.dtype() != dt)
+    return false;
+  if (q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1 || !out.is_contiguous()) return false;
+  if (dt == DType::f32)
+    attention_impl<float>(q, k, v, out, float(scale), causal);
+  else
+    attention_impl<BFloat16>(q, k, v, out, float(scale), causal);
   return true;
 }
 

@@ -515,3 +515,31 @@ DEVICE_TEST_CASE("ops/attention: the fused inference kernel equals the composed 
     CHECK(max_abs_diff(fused, composed.detach()) < 2e-6);
   }
 }
+
+// bf16 inference attention (the fused CPU kernel widens per block and rounds
+// the output once): within one bf16 rounding of the f64 result of the same
+// bf16 inputs, and no further from it than the composed bf16 op.
+DEVICE_TEST_CASE("ops/attention: bf16 inference attention within bf16 rounding of f64") {
+  Generator g(12);
+  for (bool causal : {true, false}) {
+    CAPTURE(causal);
+    Tensor q = rand_normal({1, 70, 4, 16}, g, 0.0, 1.0).to(DType::bf16).to(device).transpose(1, 2);
+    Tensor k = rand_normal({1, 2, 70, 16}, g, 0.0, 1.0).to(DType::bf16).to(device);
+    Tensor v = rand_normal({1, 2, 70, 16}, g, 0.0, 1.0).to(DType::bf16).to(device);
+    AttentionOptions o;
+    o.causal = causal;
+    NoGradGuard ng;
+    const Tensor fused = scaled_dot_product_attention(q, k, v, o).to(DType::f64);
+    const Tensor want = scaled_dot_product_attention(q.to(DType::f64), k.to(DType::f64), v.to(DType::f64), o);
+    Tensor composed;
+    {
+      InferenceKernelsGuard off(false);
+      composed = scaled_dot_product_attention(q, k, v, o).to(DType::f64);
+    }
+    const std::vector<double> f = fused.to_vector<double>(), w = want.to_vector<double>();
+    double worst = 0;
+    for (size_t i = 0; i < f.size(); ++i) worst = std::max(worst, std::fabs(f[i] - w[i]) - std::fabs(w[i]) * 0x1p-8);
+    CHECK(worst < 1e-6);
+    CHECK(max_abs_diff(fused, want) <= max_abs_diff(composed, want) + 1e-9);
+  }
+}
