@@ -10,6 +10,9 @@
 //   tgN_bB    B sequences of a P-token prompt each, prefilled, then N decode
 //             steps of all B (llama-batched-bench -npp P -ntg N -npl B, its
 //             S_TG); tok/s = B * N / decode time
+//   gemm      the machine's GEMM rate for the decoder's own shapes: each
+//             distinct layer weight times 512 rows of activations through
+//             the matmul op (the prefill shape), GFLOP/s; "peak" is the best
 //   read_bw   a streaming sum over 1 GiB (read bandwidth, GB/s) on the same
 //             threads, 8 streams per thread: the bound of a decode step is
 //             weight bytes / read_bw
@@ -18,8 +21,12 @@
 // host). Timing: best of --reps runs after one warm-up run. One JSON object
 // per line: {"bench": ..., "ms": ..., "tok_s": ...}.
 //
+// ppN also reports GFLOP/s: 2 x tokens x the decoder's matrix parameters
+// (the head for the last row only) plus the causal attention's 2 x 2 x
+// T^2 / 2 x heads x head_dim per layer.
+//
 // usage: bench_llm CHECKPOINT_DIR [--reps N] [--pp 512,4096] [--tg 128]
-//                  [--batched 8,32] [--npp 128] [--only pp|tg|batched|bw]
+//                  [--batched 8,32] [--npp 128] [--only pp|tg|batched|bw|gemm]
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -177,10 +184,43 @@ int run(int argc, char** argv) {
              dtype_name(model->dtype()), weight_bytes, weight_bytes, omp_get_max_threads());
   std::fflush(stdout);
 
+  // Matrix parameters of the decoder layers (not the embedding / head, not norms).
+  const TextConfig& tc = m.config().text;
+  double layer_matrix_params = 0;
+  std::vector<Tensor> layer0;
+  for (const auto& [name, p] : model->named_parameters())
+    if (p.dim() == 2 && name.find("embed_tokens") == std::string::npos) {
+      layer_matrix_params += double(p.numel());
+      if (name.find("layers.0.") != std::string::npos) layer0.push_back(p);
+    }
+  auto prefill_flops = [&](int64_t T) {
+    const double attn = 2.0 * 2.0 * double(T) * double(T) / 2.0 * double(tc.num_attention_heads * tc.head_dim()) *
+                        double(tc.num_hidden_layers);
+    return 2.0 * double(T) * layer_matrix_params + 2.0 * double(tc.hidden_size * tc.vocab_size) + attn;
+  };
+  if (want("gemm")) {
+    double peak = 0;
+    for (const Tensor& w : layer0) {
+      const int64_t T = 512, N = w.size(0), K = w.size(1);
+      Generator gen(1);
+      const Tensor x = rand_normal({T, K}, gen, 0.0, 1.0).to(w.dtype());
+      const double s = best_of(reps, [&] {
+        const double t0 = now_s();
+        Tensor y = linear(x, w, Tensor());
+        return now_s() - t0;
+      });
+      const double gf = 2.0 * double(T * N * K) / s / 1e9;
+      peak = std::max(peak, gf);
+      fmt::print("{{\"bench\": \"gemm_{}x{}x{}\", \"ms\": {:.3f}, \"gflops\": {:.1f}}}\n", T, N, K, s * 1e3, gf);
+    }
+    fmt::print("{{\"bench\": \"gemm_peak\", \"gflops\": {:.1f}}}\n", peak);
+    std::fflush(stdout);
+  }
   if (want("pp"))
     for (int64_t p : pps) {
       const double s = best_of(reps, [&] { return run_sequences(m, 1, p, 0).first; });
-      fmt::print("{{\"bench\": \"pp{}\", \"ms\": {:.3f}, \"tok_s\": {:.2f}}}\n", p, s * 1e3, double(p) / s);
+      fmt::print("{{\"bench\": \"pp{}\", \"ms\": {:.3f}, \"tok_s\": {:.2f}, \"gflops\": {:.1f}}}\n", p, s * 1e3,
+                 double(p) / s, prefill_flops(p) / s / 1e9);
       std::fflush(stdout);
     }
   if (want("tg")) {

@@ -21,7 +21,7 @@
 #
 # usage: bench/peers/llama_cpp.sh [--build DIR] [--preset small|full]
 #                                 [--dtypes f32,bf16] [--rounds N] [--reps N]
-#                                 [--pp 512,4096] [--batched 8,32] [--write-docs]
+#                                 [--pp 512,4096] [--batched 8,32|''] [--write-docs]
 #   THREADS (default 2), ARENO_PEER_CACHE, PYTHON (default python3; a venv with
 #   numpy and pyyaml is made in the cache when it lacks them).
 # Measures (names as llama-bench prints them): ppN prefill of an N-token prompt,
@@ -106,7 +106,7 @@ done
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 max_b=${batched##*,}
-ctx=$(( max_b * 256 + 256 ))
+ctx=$(( ${max_b:-0} * 256 + 256 ))
 echo "load before: $(uptime)" >&2
 for r in $(seq 1 "$rounds"); do
   for dt in "${dtype_list[@]}"; do
@@ -117,7 +117,7 @@ for r in $(seq 1 "$rounds"); do
     echo "round $r $dt: llama.cpp" >&2
     "$lbin/llama-bench" -m "$ck.gguf" -t "$threads" -p "$pps" -n 128 -r "$reps" -o jsonl \
       >"$out/llama-$dt-$r.jsonl" 2>"$out/llama-bench.log" || { tail -5 "$out/llama-bench.log" >&2; exit 1; }
-    "$lbin/llama-batched-bench" -m "$ck.gguf" -t "$threads" -tb "$threads" -c "$ctx" -kvu -npp 128 -ntg 128 \
+    [[ -z $batched ]] || "$lbin/llama-batched-bench" -m "$ck.gguf" -t "$threads" -tb "$threads" -c "$ctx" -kvu -npp 128 -ntg 128 \
       -npl "$batched" --output-format jsonl >"$out/batched-$dt-$r.txt" 2>"$out/batched-bench.log" ||
       { tail -5 "$out/batched-bench.log" >&2; exit 1; }
   done
