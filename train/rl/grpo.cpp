@@ -18,14 +18,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-namespace {
-
-RolloutOptions seeded(RolloutOptions r, uint64_t seed) {
-  r.seed = seed;
-  return r;
-}
-
-}  // namespace
 
 RlAlgo rl_algo_from_name(const std::string& name) {
   if (name == "grpo") return RlAlgo::grpo;
@@ -36,15 +28,7 @@ RlAlgo rl_algo_from_name(const std::string& name) {
 const char* rl_algo_name(RlAlgo a) { return a == RlAlgo::grpo ? "grpo" : "gspo"; }
 
 void validate(const RlOptions& o) {
-  SftOptions loop = o.loop;
-  loop.mini_bs = 1;  // counted in samples here, checked below
-  train::validate(loop);
-  const int64_t samples = o.loop.batch_size * o.rollout.n_samples;
-  if (o.loop.mini_bs < 1 || o.loop.mini_bs > samples)
-    throw std::invalid_argument(fmt::format("--mini-bs: must be between 1 and --batch-size x --n-samples ({}), got {}",
-                                            samples, o.loop.mini_bs));
-  if (o.loop.groups.embed_rows == EmbedRows::data)
-    throw std::invalid_argument("--embed-rows data: not supported with --algo grpo|gspo (use all or none)");
+  validate_rl_loop(o.loop, o.rollout.n_samples, rl_algo_name(o.algo));
   if (!(o.grpo.clip_eps > 0 && o.grpo.clip_eps < 1))
     throw std::invalid_argument("--grpo-clip-eps: must be in (0, 1)");
   if (!(o.gspo.clip_eps > 0 && o.gspo.clip_eps < 1))
@@ -59,7 +43,7 @@ GrpoTrainer::GrpoTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model,
       rows_(std::move(rows)),
       options_(std::move(options)),
       reward_(std::move(reward)),
-      rollout_(model_, tok_, seeded(options_.rollout, options_.loop.seed)) {
+      rollout_(model_, tok_, seeded_rollout(options_.rollout, options_.loop.seed)) {
   validate(options_);
   if (rows_.empty()) throw std::invalid_argument("the dataset has no prompts to train on");
   if (!reward_) throw std::invalid_argument("an RL run needs a reward (--reward or --reward-cmd)");
@@ -79,82 +63,40 @@ RlStepStats GrpoTrainer::step() {
   st.step = state_.step + 1;
   st.lrs = group_lrs(*optimizer_);
 
-  // 1. The step's prompts, in the epoch's order.
-  std::vector<const PromptRow*> batch;
-  for (int64_t i : next_step_rows(state_, int64_t(rows_.size()), lo)) batch.push_back(&rows_[size_t(i)]);
-  std::vector<Prompt> prompts;
-  for (const PromptRow* r : batch) prompts.push_back({r->ids, r->media, r->adapter});
-  st.prompts = int64_t(batch.size());
-
-  // 2. Rollouts (the engine's KV blocks are free when run() returns).
-  std::vector<RolloutSample> samples = rollout_.run(prompts);
-  st.rollout_s = seconds_since(t0);
-  const int64_t N = int64_t(samples.size());
-  st.samples = N;
-
-  // 3. Rewards of the decoded completions.
-  const auto t_reward = Clock::now();
-  std::vector<RewardInput> inputs;
-  inputs.reserve(size_t(N));
-  for (const RolloutSample& s : samples) {
-    const PromptRow& r = *batch[size_t(s.prompt)];
-    const std::vector<tok::TokenId> ids(s.tokens.begin(), s.tokens.end());
-    inputs.push_back({r.row, r.messages, tok_->decode(ids, /*skip_special_tokens=*/true), int64_t(s.tokens.size()),
-                      s.index, s.prompt});
-  }
-  st.rewards = reward_->score(inputs);
-  if (int64_t(st.rewards.size()) != N)
-    throw std::logic_error(fmt::format("the reward gave {} scores for {} completions", st.rewards.size(), N));
-  st.reward_s = seconds_since(t_reward);
+  // 1-3. The step's prompts, rollouts (KV blocks free afterwards) and rewards.
+  const ScoredRollouts r = roll_and_score(rows_, state_, lo, rollout_, *reward_, *tok_);
+  record_rollouts(r, st);
+  const int64_t N = st.samples;
 
   // 4. Group advantages (f64), one per sample.
-  const std::vector<double> adv =
-      group_advantages(from_vector(st.rewards, {N}), G).to_vector<double>();
+  const std::vector<double> adv = group_advantages(from_vector(r.rewards, {N}), G).to_vector<double>();
 
   // 5. Micro-batches. Each loss is weighted by its share of the batch's
   // tokens (token_mean) or sequences, so the accumulated gradient is the
   // whole batch's (see grpo.h).
   const auto t_train = Clock::now();
-  int64_t tokens = 0;
-  for (const RolloutSample& s : samples) tokens += int64_t(s.tokens.size());
-  st.response_tokens = tokens;
+  const int64_t tokens = r.tokens;
   const bool per_token = options_.algo == RlAlgo::grpo && options_.grpo.agg == LossAgg::token_mean;
-  double reward_sum = 0, rollout_sum = 0, train_sum = 0, diff_sum = 0, abs_sum = 0, adv_sum = 0;
-  for (double r : st.rewards) reward_sum += r;
+  LogpParity parity;
+  double adv_sum = 0;
   for (int64_t b = 0, micro = 0; b < N; b += lo.mini_bs, ++micro) {
     const int64_t e = std::min(N, b + lo.mini_bs);
     const int64_t n = e - b;
-    // Only the prompts this micro-batch uses (policy_logp runs each prompt's towers).
-    std::map<int64_t, int64_t> local;
-    std::vector<Prompt> mprompts;
-    std::vector<Sequence> seqs;
-    int64_t mtokens = 0;
-    for (int64_t i = b; i < e; ++i) {
-      const RolloutSample& s = samples[size_t(i)];
-      auto [it, fresh] = local.emplace(s.prompt, int64_t(mprompts.size()));
-      if (fresh) mprompts.push_back(prompts[size_t(s.prompt)]);
-      seqs.push_back({it->second, s.tokens});
-      mtokens += int64_t(s.tokens.size());
-    }
-    PolicyLogpOptions po;
-    po.chunk_rows = lo.loss_chunk_rows;
-    po.recompute_layers = lo.activation_checkpointing;
-    po.dropout_seed = splitmix64(lo.seed ^ splitmix64(uint64_t(state_.step) * 0x10000ull + uint64_t(micro)));
-    TokenLogp tl = policy_logp(*model_, mprompts, seqs, po);
+    const MicroBatch mb = micro_batch(r, b, e);
+    TokenLogp tl = policy_logp(*model_, mb.prompts, mb.seqs, step_logp_options(lo, state_.step, micro));
     const int64_t T = tl.logp.size(1);
     const Device dev = tl.logp.device();
-    std::vector<float> old(static_cast<size_t>(n * T), 0.0f), a(static_cast<size_t>(n), 0.0f);
+    std::vector<float> a(static_cast<size_t>(n), 0.0f);
     for (int64_t i = 0; i < n; ++i) {
-      const RolloutSample& s = samples[size_t(b + i)];
-      std::copy(s.logp.begin(), s.logp.end(), old.begin() + i * T);
       a[size_t(i)] = float(adv[size_t(b + i)]);
+      adv_sum += adv[size_t(b + i)] * double(r.samples[size_t(b + i)].tokens.size());
     }
-    const Tensor old_logp = from_vector(old, {n, T}).to(dev);
+    const Tensor old_logp = rollout_logp(r, b, n, T, dev);
     const Tensor advantages = from_vector(a, {n}).to(dev);
     PolicyLoss pl = options_.algo == RlAlgo::grpo
                         ? grpo_loss(tl.logp, old_logp, advantages, tl.mask, options_.grpo)
                         : gspo_loss(tl.logp, old_logp, advantages, tl.mask, options_.gspo);
-    const double wt = double(mtokens) / double(tokens), ws = double(n) / double(N);
+    const double wt = double(mb.tokens) / double(tokens), ws = double(n) / double(N);
     const double w = per_token ? wt : ws;
     Tensor loss = mul(pl.loss, w);
     st.loss += loss.item();
@@ -165,33 +107,14 @@ RlStepStats GrpoTrainer::step() {
     st.ratio_mean += wr * pl.stats.ratio_mean;
     st.clip_frac += wr * pl.stats.clip_frac;
     st.kl += wt * pl.stats.kl;
-    // Host statistics: the rollout's and the training forward's log-probabilities of the same tokens.
-    const std::vector<float> lp = tl.logp.to_vector<float>();
-    for (int64_t i = 0; i < n; ++i) {
-      const RolloutSample& s = samples[size_t(b + i)];
-      for (size_t t = 0; t < s.tokens.size(); ++t) {
-        const double tr = lp[size_t(i * T) + t], ro = s.logp[t];
-        rollout_sum += ro;
-        train_sum += tr;
-        diff_sum += tr - ro;
-        abs_sum += std::abs(tr - ro);
-        st.logp_abs_diff_max = std::max(st.logp_abs_diff_max, std::abs(tr - ro));
-        adv_sum += adv[size_t(b + i)];
-      }
-    }
+    parity.add(tl.logp, r, b, n);
   }
-  const double tok_d = std::max<double>(1, double(tokens));
-  st.reward_mean = reward_sum / double(N);
-  st.advantage_mean = adv_sum / tok_d;
-  st.response_len = double(tokens) / double(N);
-  st.rollout_logprobs_mean = rollout_sum / tok_d;
-  st.train_logprobs_mean = train_sum / tok_d;
-  st.logp_diff_mean = diff_sum / tok_d;
-  st.logp_abs_diff_mean = abs_sum / tok_d;
+  st.advantage_mean = adv_sum / std::max<double>(1, double(tokens));
+  parity.finish(st);
 
   // 6. Clip and step.
   st.grad_norm = clip_and_step(*optimizer_, lo.grad_clip_norm);
-  advance(state_, int64_t(batch.size()), int64_t(rows_.size()));
+  advance(state_, st.prompts, int64_t(rows_.size()));
   st.train_s = seconds_since(t_train);
   st.total_s = seconds_since(t0);
   return st;
@@ -203,39 +126,6 @@ fs::path GrpoTrainer::save_checkpoint(const fs::path& save_path, const fs::path&
   st["algo"] = rl_algo_name(options_.algo);
   st["resumable"] = false;
   return save_step_folder(*model_, *optimizer_, state_.step, save_path, source, st, add_files);
-}
-
-Scalars rl_scalars(const RlStepStats& st) {
-  Scalars s = {{"reward_mean", st.reward_mean},
-               {"advantage_mean", st.advantage_mean},
-               {"response_len", st.response_len},
-               {"rollout_logprobs_mean", st.rollout_logprobs_mean},
-               {"train_logprobs_mean", st.train_logprobs_mean},
-               {"logp_diff_mean", st.logp_diff_mean},
-               {"logp_abs_diff_mean", st.logp_abs_diff_mean},
-               {"ratio_mean", st.ratio_mean},
-               {"clip_frac", st.clip_frac},
-               {"kl", st.kl},
-               {"loss", st.loss},
-               {"pg_loss", st.pg_loss},
-               {"grad_norm", st.grad_norm}};
-  for (const auto& [g, lr] : st.lrs) s.emplace_back("lr/" + g, lr);
-  s.insert(s.end(), {{"samples", double(st.samples)},
-                     {"response_tokens", double(st.response_tokens)},
-                     {"time/rollout_s", st.rollout_s},
-                     {"time/reward_s", st.reward_s},
-                     {"time/train_s", st.train_s},
-                     {"time/total_s", st.total_s},
-                     {"memory/peak_rss_bytes", double(peak_rss_bytes())}});
-  return s;
-}
-
-std::string format_rl_progress(const RlStepStats& st, int64_t total_steps) {
-  return fmt::format("step {}/{}  reward {:.3f}  loss {:.4f}  len {:.1f}  logp_abs_diff {:.1e}  ratio {:.4f}  "
-                     "clip_frac {:.3f}  {}  grad_norm {:.3f}  time rollout={:.2f}s train={:.2f}s total={:.2f}s",
-                     st.step, total_steps, st.reward_mean, st.loss, st.response_len, st.logp_abs_diff_mean,
-                     st.ratio_mean, st.clip_frac, format_group_lrs(st.lrs), st.grad_norm, st.rollout_s + st.reward_s, st.train_s,
-                     st.total_s);
 }
 
 }  // namespace areno::train::rl
