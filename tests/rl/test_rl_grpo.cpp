@@ -17,6 +17,7 @@
 #include "app/commands_train.h"
 #include "models/phi4mm/demo/demo.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+#include "tests/rl/rl_fixtures.h"
 #include "tests/test_util.h"
 #include "tests/train/train_fixtures.h"
 #include "train/rl/grpo.h"
@@ -28,10 +29,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::shared_ptr<const tok::Tokenizer> tokenizer() {
-  static auto t = std::make_shared<const tok::Tokenizer>(phi4mm::make_tokenizer());
-  return t;
-}
+std::shared_ptr<const tok::Tokenizer> tokenizer() { return testing::rl_tokenizer(); }
 
 // Prompt rows {"prompt": "What is a + b?", "answer": "a+b"} through the dataset's prompt path.
 std::vector<train::PromptRow> sum_prompts(int n) {
@@ -78,11 +76,7 @@ RlOptions options(int64_t mini_bs) {
   return o;
 }
 
-std::map<std::string, std::vector<float>> snapshot(const Module& m) {
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& [name, p] : m.named_parameters()) out[name] = p.to_vector<float>();
-  return out;
-}
+std::map<std::string, std::vector<float>> snapshot(const Module& m) { return testing::param_snapshot(m); }
 
 }  // namespace
 

@@ -20,6 +20,7 @@
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
+#include "tests/rl/rl_fixtures.h"
 #include "tests/test_util.h"
 #include "tests/train/train_fixtures.h"
 #include "train/rl/ppo.h"
@@ -31,10 +32,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::shared_ptr<const tok::Tokenizer> tokenizer() {
-  static auto t = std::make_shared<const tok::Tokenizer>(phi4mm::make_tokenizer());
-  return t;
-}
+std::shared_ptr<const tok::Tokenizer> tokenizer() { return testing::rl_tokenizer(); }
 
 // {"prompt": "What is a <op> b?", "response": the answer}: the demo model
 // answers sums, mostly not products, so exact-match rewards are mixed.
@@ -77,11 +75,7 @@ PpoTrainOptions options(int64_t mini_bs) {
   return o;
 }
 
-std::map<std::string, std::vector<float>> snapshot(const Module& m) {
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& [name, p] : m.named_parameters()) out[name] = p.to_vector<float>();
-  return out;
-}
+std::map<std::string, std::vector<float>> snapshot(const Module& m) { return testing::param_snapshot(m); }
 
 double max_abs(const std::vector<float>& v) {
   double m = 0;
