@@ -36,13 +36,12 @@ std::shared_ptr<const tok::Tokenizer> tokenizer() { return testing::phi4_tokeniz
 
 // Prompt rows {"prompt": "What is a + b?", "answer": "a+b"} through the dataset's prompt path.
 std::vector<train::PromptRow> sum_prompts(int n) {
-  std::vector<train::PromptRow> rows;
+  std::vector<json> rows;
   for (int i = 0; i < n; ++i) {
     const int a = 1 + i % 3, b = 1 + (i / 3) % 3;
-    train::RawRow raw{i + 1, json{{"prompt", fmt::format("What is {} + {}?", a, b)}, {"answer", a + b}}, {}};
-    rows.push_back(train::make_prompt_row(*tokenizer(), raw, "prompts.jsonl", {}));
+    rows.push_back({{"prompt", fmt::format("What is {} + {}?", a, b)}, {"answer", a + b}});
   }
-  return rows;
+  return testing::prompt_rows(rows);
 }
 
 // A reward that is not constant within a group: the completion's length in
@@ -64,18 +63,8 @@ struct ConstantReward : RewardFn {
 
 RlOptions options(int64_t mini_bs) {
   RlOptions o;
-  o.loop.batch_size = 2;
-  o.loop.mini_bs = mini_bs;
-  o.loop.lr = 1e-3;
-  o.loop.max_steps = 3;
-  o.loop.seed = 7;
-  o.loop.decay = train::DecayStyle::constant;
-  o.loop.grad_clip_norm = 0;  // grad_norm stays the raw norm
-  o.rollout.n_samples = 4;
-  o.rollout.max_new_tokens = 5;
-  o.rollout.temperature = 1.0;
-  o.rollout.engine.kv_blocks = 64;
-  o.rollout.engine.max_running = 8;
+  o.loop = testing::small_rl_loop(mini_bs);
+  o.rollout = testing::small_rollout(4);
   return o;
 }
 
@@ -250,9 +239,7 @@ TEST_CASE("areno train --algo grpo|gspo: 2 steps on a prompt file write the issu
                           "--batch-size", "2", "--n-samples", "3", "--mini-bs", "4", "--max-new-tokens", "4",
                           "--max-steps", "2", "--lr", "1e-4", "--metrics-log-dir", mdir, "--save-path",
                           dir.str(std::string("save-") + algo), "--drop-rollout-state"}) == 0);
-    std::ifstream in(fs::path(mdir) / "metrics.jsonl");
-    std::vector<json> lines;
-    for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
+    const std::vector<json> lines = testing::metrics_lines(mdir);
     REQUIRE(lines.size() == 2);
     for (size_t i = 0; i < lines.size(); ++i) {
       const json& j = lines[i];

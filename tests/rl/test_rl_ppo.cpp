@@ -37,17 +37,14 @@ std::shared_ptr<const tok::Tokenizer> tokenizer() { return testing::phi4_tokeniz
 // {"prompt": "What is a <op> b?", "response": the answer}: the demo model
 // answers sums, mostly not products, so exact-match rewards are mixed.
 std::vector<train::PromptRow> arithmetic_prompts(int n) {
-  std::vector<train::PromptRow> rows;
+  std::vector<json> rows;
   for (int i = 0; i < n; ++i) {
     const int a = 1 + i % 3, b = 1 + (i / 3) % 3;
     const bool times = i % 2 == 1;
-    train::RawRow raw{i + 1,
-                      json{{"prompt", fmt::format("What is {} {} {}?", a, times ? "times" : "+", b)},
-                           {"response", std::to_string(times ? a * b : a + b)}},
-                      {}};
-    rows.push_back(train::make_prompt_row(*tokenizer(), raw, "prompts.jsonl", {}));
+    rows.push_back({{"prompt", fmt::format("What is {} {} {}?", a, times ? "times" : "+", b)},
+                    {"response", std::to_string(times ? a * b : a + b)}});
   }
-  return rows;
+  return testing::prompt_rows(rows);
 }
 
 // Not constant across samples whatever the model samples: tokens mod 3 plus the prompt index.
@@ -61,17 +58,8 @@ struct SpreadReward : RewardFn {
 
 PpoTrainOptions options(int64_t mini_bs) {
   PpoTrainOptions o;
-  o.loop.batch_size = 2;
-  o.loop.mini_bs = mini_bs;
-  o.loop.lr = 1e-3;
-  o.loop.max_steps = 3;
-  o.loop.seed = 7;
-  o.loop.decay = train::DecayStyle::constant;
-  o.loop.grad_clip_norm = 0;  // grad norms stay raw
-  o.rollout.n_samples = 2;
-  o.rollout.max_new_tokens = 5;
-  o.rollout.engine.kv_blocks = 64;
-  o.rollout.engine.max_running = 8;
+  o.loop = testing::small_rl_loop(mini_bs);
+  o.rollout = testing::small_rollout(2);
   return o;
 }
 
@@ -347,9 +335,7 @@ TEST_CASE("areno train --algo ppo: metrics, value head checkpoints, --critic-ckp
                         "--n-samples", "2", "--mini-bs", "2", "--max-new-tokens", "4", "--max-steps", "2", "--lr",
                         "1e-4", "--critic-lr", "1e-2", "--temperature", "1.2", "--metrics-log-dir", mdir,
                         "--save-path", dir.str("save"), "--drop-rollout-state"}) == 0);
-  std::ifstream in(fs::path(mdir) / "metrics.jsonl");
-  std::vector<json> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
+  const std::vector<json> lines = testing::metrics_lines(mdir);
   REQUIRE(lines.size() == 2);
   for (size_t i = 0; i < lines.size(); ++i) {
     const json& j = lines[i];
@@ -391,10 +377,9 @@ TEST_CASE("areno train --algo ppo: metrics, value head checkpoints, --critic-ckp
     if (separate) args.insert(args.end(), {"--critic-ckpt", step2.string()});
     else args.insert(args.end(), {"--ckpt", step2.string()});
     CHECK(app::cmd_train(args) == 0);
-    std::ifstream in2(fs::path(m2) / "metrics.jsonl");
-    std::string line;
-    REQUIRE(std::getline(in2, line));
-    const json j = json::parse(line);
+    const std::vector<json> lines2 = testing::metrics_lines(m2);
+    REQUIRE(lines2.size() == 1);
+    const json& j = lines2[0];
     if (head_moved) CHECK(j["value_mean"].get<double>() != 0.0);
   }
   CHECK(fs::exists(dir.path / "save-critic" / "step-1" / "critic" / "value_head.safetensors"));
