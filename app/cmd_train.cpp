@@ -1,4 +1,4 @@
-// `areno train --algo sft|grpo|gspo|dpo` (issues 14 and 15): supervised
+// `areno train --algo sft|grpo|gspo|dpo|ppo` (issues 14 and 15): supervised
 // fine-tuning and RL post-training of the model `areno serve` runs, through
 // the library in train/ and train/rl/.
 #include <fcntl.h>
@@ -25,6 +25,7 @@
 #include "train/metrics.h"
 #include "train/rl/dpo.h"
 #include "train/rl/grpo.h"
+#include "train/rl/ppo.h"
 #include "train/rl/rewards.h"
 #include "train/sft.h"
 
@@ -41,11 +42,12 @@ constexpr const char* kTrainUsage =
     "       areno train --algo grpo|gspo --dataset-path FILE (--reward R | --reward-cmd CMD) [options]\n"
     "       areno train --algo grpo|gspo --dataset-path FILE --agent-cmd CMD [--reward R | --reward-cmd CMD]\n"
     "       areno train --algo dpo --dataset-path FILE [--dpo-beta X] [--ref-ckpt DIR] [options]\n"
+    "       areno train --algo ppo --dataset-path FILE (--reward R | --reward-cmd CMD) [--critic-ckpt DIR] [options]\n"
     "\n"
     "Fine-tunes the model in --ckpt (the released layout; without it the embedded\n"
     "demo model) on chat rows (sft), by RL on prompts rolled out through the\n"
-    "inference engine and scored by a reward (grpo, gspo), or on preference pairs\n"
-    "(dpo), and saves checkpoints that `areno serve --model-path` loads as they are.\n"
+    "inference engine and scored by a reward (grpo, gspo, ppo), or on preference\n"
+    "pairs (dpo), and saves checkpoints that `areno serve --model-path` loads as they are.\n"
     "\n"
     "data:\n"
     "  --dataset-path FILE       .json (array), .jsonl, .csv or .tsv: rows {\"messages\": [...]}\n"
@@ -56,18 +58,18 @@ constexpr const char* kTrainUsage =
     "  --skip-bad-rows           count and skip bad rows instead of stopping\n"
     "  --max-prompt-tokens N     drop (and count) rows with a longer prompt\n"
     "  --max-new-tokens N        drop (and count) rows with more target tokens\n"
-    "                            (grpo/gspo: tokens per completion, default 256;\n"
+    "                            (grpo/gspo/ppo: tokens per completion, default 256;\n"
     "                            dpo: pairs with a longer chosen or rejected response)\n"
     "\n"
     "loop:\n"
     "  --ckpt DIR, --model-path DIR   the checkpoint to start from\n"
-    "  --algo sft|grpo|gspo|dpo  the algorithm (default sft)\n"
+    "  --algo sft|grpo|gspo|dpo|ppo   the algorithm (default sft)\n"
     "  --epochs N                passes over the data (default 1)\n"
     "  --max-steps N             stop after N optimizer steps (default: the epochs)\n"
-    "  --batch-size N            rows per optimizer step (default 8; grpo/gspo: prompts;\n"
+    "  --batch-size N            rows per optimizer step (default 8; grpo/gspo/ppo: prompts;\n"
     "                            dpo: pairs)\n"
     "  --mini-bs N               rows per micro-batch, packed into one forward (default 1;\n"
-    "                            grpo/gspo: completions; dpo: pairs)\n"
+    "                            grpo/gspo/ppo: completions; dpo: pairs)\n"
     "  --gradient-accumulation-steps N   micro-batches per step: --mini-bs = --batch-size / N\n"
     "  --lr X, --min-lr X        learning rate of the lm group and its floor (default 1e-5, 0)\n"
     "  --lr-decay-steps N        steps of the decay (default: all steps)\n"
@@ -99,8 +101,8 @@ constexpr const char* kTrainUsage =
     "  --resume DIR              continue from DIR/latest (or a step folder) exactly (sft only)\n"
     "  --metrics-log-dir DIR     metrics.jsonl and TensorBoard event files\n"
     "\n"
-    "grpo/gspo (rows {\"prompt\": string or messages, ...fields the reward reads}):\n"
-    "  --n-samples N             completions per prompt, the group (default 4)\n"
+    "grpo/gspo/ppo (rows {\"prompt\": string or messages, ...fields the reward reads}):\n"
+    "  --n-samples N             completions per prompt, the group (default 4; ppo: 1)\n"
     "  --temperature X, --top-k N, --top-p X   rollout sampling (default 1, off, 1)\n"
     "  --greedy                  greedy rollouts (temperature 0)\n"
     "  --reward exact|math|regex:PATTERN   a built-in reward (docs/rl.md)\n"
@@ -115,7 +117,7 @@ constexpr const char* kTrainUsage =
     "                            environment; requests sent with the header X-Areno-Trajectory: ID\n"
     "                            are recorded; its last stdout line is {\"trajectory_id\": \"ID\",\n"
     "                            \"reward\": X} (reward optional: else --reward/--reward-cmd scores\n"
-    "                            the last answer). docs/rl.md, \"Agentic rollouts\"\n"
+    "                            the last answer); grpo/gspo only. docs/rl.md, \"Agentic rollouts\"\n"
     "  --agent-timeout-s X       per agent run; it is killed after (default 300)\n"
     "  --agent-concurrency N     agents running at once (default 0: all of the step's)\n"
     "  --train-tool-results      also train on the context between an agent's answers (tool\n"
@@ -124,7 +126,23 @@ constexpr const char* kTrainUsage =
     "dpo (rows {\"prompt\": string or messages, \"chosen\": string, \"rejected\": string}):\n"
     "  --dpo-beta X              the DPO temperature beta (default 0.1)\n"
     "  --ref-ckpt DIR            the reference model (default: the starting policy); its\n"
-    "                            log-probabilities are computed once, before the first step\n";
+    "                            log-probabilities are computed once, before the first step\n"
+    "\n"
+    "ppo (rows as grpo; docs/rl.md \"The PPO loop\"):\n"
+    "  --gamma X, --lam X        GAE discount and lambda (default 1, 1)\n"
+    "  --clip-eps X              policy ratio clip (default 0.2)\n"
+    "  --clip-ratio-c X          dual clip for negative advantages, 0 = off (default 3)\n"
+    "  --value-clip-eps X        value clip around the rollout's values (default 0.5)\n"
+    "  --value-loss-coef X       weight of the value loss (default 1)\n"
+    "  --ppo-epochs N            passes over each batch, one optimizer step each (default 1)\n"
+    "  --critic-ckpt DIR         a separate critic model (and DIR/value_head.safetensors when\n"
+    "                            present); default: a value head on the policy's hidden states\n"
+    "                            (loaded from --ckpt's value_head.safetensors when present)\n"
+    "  --critic-lr X             the critic's learning rate (default --lr)\n"
+    "  --critic-warmup-steps N   the first N steps train only the critic (default 0)\n"
+    "  --use-kl-loss             add a KL loss to a frozen copy of the starting policy\n"
+    "  --kl-loss-coef X          its weight (default 0.001)\n"
+    "  --kl-loss-type low_var_kl the KL estimator (only low_var_kl)\n";
 
 // Runs `CMD FILE` through /bin/sh with FILE as "$1" (no quoting of the path
 // into the command) and writes its stdout to `out`.
@@ -169,46 +187,117 @@ std::function<void(const fs::path&)> extra_files(const ServedModel& sm) {
 
 struct RlFlags {
   train::rl::RlOptions options;
-  std::string reward, reward_cmd;
+  train::rl::PpoTrainOptions ppo;
+  std::string reward, reward_cmd, critic_ckpt, kl_loss_type = "low_var_kl";
   double reward_timeout_s = 30;
 };
+
+// The prompt rows of grpo/gspo/ppo, reported.
+train::PromptDataset load_prompts(const ServedModel& sm, const fs::path& dataset, const train::DatasetOptions& dopts) {
+  train::PromptDataset data = train::load_prompt_dataset(dataset, *sm.tokenizer, dopts);
+  fmt::print(stderr, "dataset {}: {} prompts ({} bad rows skipped, {} too long dropped)\n", dataset.string(),
+             data.rows.size(), data.bad_rows, data.too_long);
+  return data;
+}
+
+// --reward or --reward-cmd; null with neither (--agent-cmd, whose agents print rewards).
+std::unique_ptr<train::rl::RewardFn> make_rl_reward(const RlFlags& f) {
+  if (f.reward_cmd.empty()) return f.reward.empty() ? nullptr : train::rl::make_reward(f.reward);
+  train::rl::RewardProcessOptions ro;
+  ro.timeout_s = f.reward_timeout_s;
+  return std::make_unique<train::rl::RewardProcess>(f.reward_cmd, ro);
+}
+
+int64_t trainable_numel(const AdamW& optimizer) {
+  int64_t n = 0;
+  for (const ParamGroup& g : optimizer.param_groups())
+    for (const Tensor& p : g.params) n += p.numel();
+  return n;
+}
+
+// One step of an RL trainer as the command reports it.
+struct StepReport {
+  int64_t step;
+  std::string line;
+  double loss;
+  train::Scalars scalars;
+};
+
+// The step loop every RL trainer shares: progress line, a finite loss,
+// metrics, checkpoints. `step()` runs one step and returns its StepReport.
+template <typename Trainer, typename Step>
+int run_rl_loop(Trainer& trainer, Step step, const ServedModel& sm, const std::string& metrics_dir,
+                const std::string& save_path, int64_t save_interval, const std::string& ckpt) {
+  std::optional<train::MetricsWriter> metrics;
+  if (!metrics_dir.empty()) metrics.emplace(metrics_dir, 0);
+  while (!trainer.done()) {
+    const StepReport r = step();
+    fmt::print("{}\n", r.line);
+    std::fflush(stdout);
+    if (!std::isfinite(r.loss))
+      throw std::runtime_error(fmt::format("step {}: the loss is not finite ({}); stopping", r.step, r.loss));
+    if (metrics) metrics->write(r.step, r.scalars);
+    if (!save_path.empty() && (trainer.done() || (save_interval > 0 && r.step % save_interval == 0)))
+      fmt::print(stderr, "saved {}\n", trainer.save_checkpoint(save_path, ckpt, extra_files(sm)).string());
+  }
+  return 0;
+}
 
 // --algo grpo|gspo: prompts, rollouts, rewards, GrpoTrainer steps.
 int train_rl(RlFlags f, const ServedModel& sm, const fs::path& dataset, const train::DatasetOptions& dopts,
              const std::string& metrics_dir, const std::string& save_path, int64_t save_interval,
              const std::string& ckpt) {
-  train::PromptDataset data = train::load_prompt_dataset(dataset, *sm.tokenizer, dopts);
-  fmt::print(stderr, "dataset {}: {} prompts ({} bad rows skipped, {} too long dropped)\n", dataset.string(),
-             data.rows.size(), data.bad_rows, data.too_long);
-  std::unique_ptr<train::rl::RewardFn> reward;
-  if (!f.reward_cmd.empty()) {
-    train::rl::RewardProcessOptions ro;
-    ro.timeout_s = f.reward_timeout_s;
-    reward = std::make_unique<train::rl::RewardProcess>(f.reward_cmd, ro);
-  } else if (!f.reward.empty()) {
-    reward = train::rl::make_reward(f.reward);
-  }
-  train::rl::GrpoTrainer trainer(sm.model, sm.tokenizer, std::move(data.rows), f.options, std::move(reward));
-  int64_t trainable = 0;
-  for (const ParamGroup& g : trainer.optimizer().param_groups())
-    for (const Tensor& p : g.params) trainable += p.numel();
+  train::PromptDataset data = load_prompts(sm, dataset, dopts);
+  train::rl::GrpoTrainer trainer(sm.model, sm.tokenizer, std::move(data.rows), f.options, make_rl_reward(f));
   fmt::print(stderr, "{}: training {} of {} parameters for {} steps ({} per epoch), {} {} per prompt\n",
-             train::rl::rl_algo_name(f.options.algo), trainable, sm.model->num_parameters(), trainer.total_steps(),
-             trainer.steps_per_epoch(), f.options.rollout.n_samples,
+             train::rl::rl_algo_name(f.options.algo), trainable_numel(trainer.optimizer()),
+             sm.model->num_parameters(), trainer.total_steps(), trainer.steps_per_epoch(), f.options.rollout.n_samples,
              f.options.agent.cmd.empty() ? "completions" : "agent runs");
-  std::optional<train::MetricsWriter> metrics;
-  if (!metrics_dir.empty()) metrics.emplace(metrics_dir, 0);
-  while (!trainer.done()) {
-    const train::rl::RlStepStats st = trainer.step();
-    fmt::print("{}\n", train::rl::format_rl_progress(st, trainer.total_steps()));
-    std::fflush(stdout);
-    if (!std::isfinite(st.loss))
-      throw std::runtime_error(fmt::format("step {}: the loss is not finite ({}); stopping", st.step, st.loss));
-    if (metrics) metrics->write(st.step, train::rl::rl_scalars(st));
-    if (!save_path.empty() && (trainer.done() || (save_interval > 0 && st.step % save_interval == 0)))
-      fmt::print(stderr, "saved {}\n", trainer.save_checkpoint(save_path, ckpt, extra_files(sm)).string());
-  }
-  return 0;
+  return run_rl_loop(
+      trainer,
+      [&] {
+        const train::rl::RlStepStats st = trainer.step();
+        return StepReport{st.step, train::rl::format_rl_progress(st, trainer.total_steps()), st.loss,
+                          train::rl::rl_scalars(st)};
+      },
+      sm, metrics_dir, save_path, save_interval, ckpt);
+}
+
+// --algo ppo: prompts, rollouts, rewards, a critic (a value head on the
+// policy, or --critic-ckpt), a frozen reference only with --use-kl-loss, PpoTrainer steps.
+int train_ppo(const RlFlags& f, const ServedModel& sm, const fs::path& dataset, const train::DatasetOptions& dopts,
+              const std::string& device, const std::string& dtype, const std::string& metrics_dir,
+              const std::string& save_path, int64_t save_interval, const std::string& ckpt) {
+  train::PromptDataset data = load_prompts(sm, dataset, dopts);
+  ModelNeeds needs;
+  needs.tokenizer = false;
+  std::shared_ptr<phi4mm::Phi4MMForCausalLM> critic;
+  if (!f.critic_ckpt.empty()) critic = load_served_model(f.critic_ckpt, device, dtype, needs).model;
+  std::shared_ptr<const phi4mm::Phi4MMForCausalLM> reference;
+  if (f.ppo.ppo.use_kl_loss) reference = load_served_model(ckpt, device, dtype, needs).model;  // frozen: no optimizer
+  train::rl::PpoTrainer trainer(sm.model, sm.tokenizer, std::move(data.rows), f.ppo, make_rl_reward(f), critic,
+                                reference);
+  // The value head of a step folder this run starts from (a critic folder or the policy's).
+  const fs::path head_dir = !f.critic_ckpt.empty() ? fs::path(f.critic_ckpt) : fs::path(ckpt);
+  const fs::path head_file = head_dir / train::rl::kValueHeadFile;
+  const bool head_loaded = !head_dir.empty() && fs::exists(head_file);
+  if (head_loaded) trainer.value_head().load(head_file);
+  fmt::print(stderr, "ppo: training {} of {} parameters for {} steps ({} per epoch), {} completions per prompt; "
+             "critic: {} ({} parameters, value head {}){}{}\n",
+             trainable_numel(trainer.optimizer()), sm.model->num_parameters(), trainer.total_steps(),
+             trainer.steps_per_epoch(), f.ppo.rollout.n_samples,
+             critic ? "the model of " + f.critic_ckpt : std::string("a value head on the policy"),
+             trainable_numel(trainer.critic_optimizer()), head_loaded ? "from " + head_file.string() : "zero-initialised",
+             f.ppo.critic_warmup_steps > 0 ? fmt::format("; critic warm-up {} steps", f.ppo.critic_warmup_steps) : "",
+             reference ? "; KL loss to a frozen copy of the starting policy" : "");
+  return run_rl_loop(
+      trainer,
+      [&] {
+        const train::rl::PpoStepStats st = trainer.step();
+        return StepReport{st.rl.step, train::rl::format_ppo_progress(st, trainer.total_steps()), st.rl.loss,
+                          train::rl::ppo_scalars(st)};
+      },
+      sm, metrics_dir, save_path, save_interval, ckpt);
 }
 
 // --algo dpo: preference pairs, reference sums once, DpoTrainer steps.
@@ -229,26 +318,18 @@ int train_dpo(const train::rl::DpoTrainOptions& o, const ServedModel& sm, const 
     const ServedModel ref = load_served_model(ref_ckpt, device, dtype, needs);
     trainer.emplace(sm.model, std::move(data.rows), o, ref.model.get());
   }
-  int64_t trainable = 0;
-  for (const ParamGroup& g : trainer->optimizer().param_groups())
-    for (const Tensor& p : g.params) trainable += p.numel();
   fmt::print(stderr, "dpo: training {} of {} parameters for {} steps ({} per epoch), beta {}; reference ({}) "
-             "log-probabilities in {:.2f}s\n", trainable, sm.model->num_parameters(), trainer->total_steps(),
+             "log-probabilities in {:.2f}s\n", trainable_numel(trainer->optimizer()), sm.model->num_parameters(), trainer->total_steps(),
              trainer->steps_per_epoch(), o.dpo.beta, ref_ckpt.empty() ? "the starting policy" : ref_ckpt,
              trainer->reference_seconds());
-  std::optional<train::MetricsWriter> metrics;
-  if (!metrics_dir.empty()) metrics.emplace(metrics_dir, 0);
-  while (!trainer->done()) {
-    const train::rl::DpoStepStats st = trainer->step();
-    fmt::print("{}\n", train::rl::format_dpo_progress(st, trainer->total_steps()));
-    std::fflush(stdout);
-    if (!std::isfinite(st.dpo.loss))
-      throw std::runtime_error(fmt::format("step {}: the loss is not finite ({}); stopping", st.step, st.dpo.loss));
-    if (metrics) metrics->write(st.step, train::rl::dpo_scalars(st));
-    if (!save_path.empty() && (trainer->done() || (save_interval > 0 && st.step % save_interval == 0)))
-      fmt::print(stderr, "saved {}\n", trainer->save_checkpoint(save_path, ckpt, extra_files(sm)).string());
-  }
-  return 0;
+  return run_rl_loop(
+      *trainer,
+      [&] {
+        const train::rl::DpoStepStats st = trainer->step();
+        return StepReport{st.step, train::rl::format_dpo_progress(st, trainer->total_steps()), st.dpo.loss,
+                          train::rl::dpo_scalars(st)};
+      },
+      sm, metrics_dir, save_path, save_interval, ckpt);
 }
 
 }  // namespace
@@ -291,8 +372,9 @@ int cmd_train(const Args& args) {
   flags.value("--metrics-log-dir", metrics_dir);
   RlFlags rl;
   train::rl::RolloutOptions& ro = rl.options.rollout;
-  ro.n_samples = 4;
-  flags.integer("--n-samples", ro.n_samples, 1).value("--temperature", num("--temperature", ro.temperature, 0));
+  std::optional<int64_t> n_samples;
+  flags.value("--n-samples", [&](const std::string& v) { n_samples = parse_int_flag("--n-samples", v, 1); });
+  flags.value("--temperature", num("--temperature", ro.temperature, 0));
   flags.integer("--top-k", ro.top_k, 0).value("--top-p", num("--top-p", ro.top_p, 0)).toggle("--greedy", ro.greedy);
   flags.value("--reward", rl.reward).value("--reward-cmd", rl.reward_cmd);
   flags.value("--reward-timeout-s", num("--reward-timeout-s", rl.reward_timeout_s, 0));
@@ -302,27 +384,49 @@ int cmd_train(const Args& args) {
   train::rl::AgentOptions& ag = rl.options.agent;
   flags.value("--agent-cmd", ag.cmd).value("--agent-timeout-s", num("--agent-timeout-s", ag.timeout_s, 0));
   flags.integer("--agent-concurrency", ag.concurrency, 0).toggle("--train-tool-results", ag.train_context);
+  train::rl::PpoOptions& ppo = rl.ppo.ppo;
+  flags.value("--gamma", num("--gamma", rl.ppo.gamma, 0)).value("--lam", num("--lam", rl.ppo.lam, 0));
+  flags.value("--clip-eps", num("--clip-eps", ppo.clip_eps, 0)).value("--clip-ratio-c", num("--clip-ratio-c", ppo.clip_ratio_c, 0));
+  flags.value("--value-clip-eps", num("--value-clip-eps", ppo.value_clip_eps, 0));
+  flags.value("--value-loss-coef", num("--value-loss-coef", ppo.value_loss_coef, 0));
+  flags.integer("--ppo-epochs", rl.ppo.ppo_epochs, 1).value("--critic-ckpt", rl.critic_ckpt);
+  flags.value("--critic-lr", num("--critic-lr", rl.ppo.critic_lr, 0));
+  flags.integer("--critic-warmup-steps", rl.ppo.critic_warmup_steps, 0);
+  flags.toggle("--use-kl-loss", ppo.use_kl_loss).value("--kl-loss-coef", num("--kl-loss-coef", ppo.kl_loss_coef, 0));
+  flags.value("--kl-loss-type", rl.kl_loss_type);
   train::rl::DpoTrainOptions dpo;
   flags.value("--dpo-beta", num("--dpo-beta", dpo.dpo.beta, 0)).value("--ref-ckpt", ref_ckpt);
   if (auto rc = flags.parse(args)) return *rc;
 
-  const bool is_rl = algo == "grpo" || algo == "gspo", is_dpo = algo == "dpo";
+  const bool is_ppo = algo == "ppo", is_rl = algo == "grpo" || algo == "gspo" || is_ppo, is_dpo = algo == "dpo";
   if (algo != "sft" && !is_rl && !is_dpo)
-    throw std::invalid_argument(fmt::format("--algo: '{}' is not supported (sft, grpo, gspo, dpo; ppo is not "
-                                            "built yet)", algo));
+    throw std::invalid_argument(fmt::format("--algo: '{}' is not supported (sft, grpo, gspo, dpo, ppo)", algo));
   if (is_dpo && !resume.empty())
     throw std::invalid_argument("--resume: resuming a dpo run is not supported yet (start a new run from the step "
                                 "folder with --ckpt, and --ref-ckpt for the original reference)");
   if (!is_dpo && !ref_ckpt.empty()) throw std::invalid_argument("--ref-ckpt: only with --algo dpo");
+  if (!is_ppo && !rl.critic_ckpt.empty()) throw std::invalid_argument("--critic-ckpt: only with --algo ppo");
+  if (!is_ppo && ppo.use_kl_loss)
+    throw std::invalid_argument("--use-kl-loss: only with --algo ppo (grpo/gspo run without a KL term)");
+  if (rl.kl_loss_type != "low_var_kl")
+    throw std::invalid_argument(fmt::format("--kl-loss-type: '{}' is not supported (low_var_kl)", rl.kl_loss_type));
+  if (!rl.critic_ckpt.empty() && !fs::is_directory(rl.critic_ckpt))
+    throw std::invalid_argument(fmt::format("--critic-ckpt {}: no such folder", rl.critic_ckpt));
+  ro.n_samples = n_samples.value_or(is_ppo ? 1 : 4);
   if (is_rl) {
     if (!resume.empty())
-      throw std::invalid_argument("--resume: resuming a grpo/gspo run is not supported yet (start a new run from "
-                                  "the step folder with --ckpt)");
+      throw std::invalid_argument(fmt::format("--resume: resuming a {} run is not supported yet (start a new run "
+                                              "from the step folder with --ckpt{})", algo,
+                                              is_ppo ? ", and --critic-ckpt DIR/critic for a separate critic" : ""));
     if (!rl.reward.empty() && !rl.reward_cmd.empty())
       throw std::invalid_argument("--reward and --reward-cmd: give one of them, not both");
+    if (is_ppo && (!ag.cmd.empty() || ag.train_context))
+      throw std::invalid_argument("--agent-cmd, --train-tool-results: not supported with --algo ppo (agentic "
+                                  "rollouts train with --algo grpo|gspo; docs/rl.md, \"Agentic rollouts\")");
     if (rl.reward.empty() && rl.reward_cmd.empty() && ag.cmd.empty())
-      throw std::invalid_argument("--algo grpo|gspo needs exactly one of --reward exact|math|regex:PATTERN and "
-                                  "--reward-cmd CMD (optional with --agent-cmd, whose agents may print rewards)");
+      throw std::invalid_argument(fmt::format("--algo {} needs exactly one of --reward exact|math|regex:PATTERN and "
+                                              "--reward-cmd CMD{}", algo,
+                                              is_ppo ? "" : " (optional with --agent-cmd, whose agents may print rewards)"));
     if (!(rl.reward_timeout_s > 0)) throw std::invalid_argument("--reward-timeout-s: must be positive");
     if (!(ag.timeout_s > 0)) throw std::invalid_argument("--agent-timeout-s: must be positive");
   } else if (!ag.cmd.empty() || ag.train_context) {
@@ -333,7 +437,7 @@ int cmd_train(const Args& args) {
     return 2;
   }
   if (!fs::exists(dataset)) throw std::runtime_error(fmt::format("--dataset-path {}: no such file", dataset));
-  // grpo/gspo micro-batches count completions: --batch-size x --n-samples per step.
+  // grpo/gspo/ppo micro-batches count completions: --batch-size x --n-samples per step.
   const int64_t step_items = is_rl ? o.batch_size * ro.n_samples : o.batch_size;
   if (grad_accum > 0) {
     if (step_items % grad_accum != 0)
@@ -351,7 +455,12 @@ int cmd_train(const Args& args) {
   o.groups.lm = train::lm_trainable_from_name(lm_trainable);
   o.groups.embed_rows = train::embed_rows_from_name(embed_rows);
   const train::TrainOn on = train::train_on_from_name(train_on);
-  if (is_rl) {
+  if (is_ppo) {
+    if (max_new > 0) ro.max_new_tokens = max_new;
+    rl.ppo.loop = o;
+    rl.ppo.rollout = ro;
+    train::rl::validate(rl.ppo);
+  } else if (is_rl) {
     rl.options.algo = train::rl::rl_algo_from_name(algo);
     rl.options.loop = o;
     if (max_new > 0) ro.max_new_tokens = max_new;
@@ -389,6 +498,8 @@ int cmd_train(const Args& args) {
   }
   if (is_rl) {
     dopts.max_new_tokens = 0;  // the rollout's length, not a filter
+    if (is_ppo)
+      return train_ppo(rl, sm, rows_file, dopts, device, dtype, metrics_dir, save_path, save_interval, model_dir);
     return train_rl(rl, sm, rows_file, dopts, metrics_dir, save_path, save_interval, ckpt);
   }
   if (is_dpo)

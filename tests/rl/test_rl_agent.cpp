@@ -22,6 +22,7 @@
 #include "models/phi4mm/demo/demo.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "tensor/autograd.h"
+#include "tests/rl/rl_fixtures.h"
 #include "tests/test_util.h"
 #include "tests/train/train_fixtures.h"
 #include "train/rl/agent.h"
@@ -282,9 +283,7 @@ TEST_CASE("areno train --algo grpo|gspo --agent-cmd: steps on agent rows write t
                           "--agent-timeout-s", "60", "--agent-concurrency", "3", "--batch-size", "2", "--n-samples",
                           "3", "--mini-bs", "4", "--max-new-tokens", "6", "--max-steps", "2", "--lr", "1e-4",
                           "--grad-clip-norm", "0", "--metrics-log-dir", mdir}) == 0);
-    std::ifstream in(fs::path(mdir) / "metrics.jsonl");
-    std::vector<json> lines;
-    for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
+    const std::vector<json> lines = testing::metrics_lines(mdir);
     REQUIRE(lines.size() == 2);
     for (const json& j : lines) {
       CHECK(j["trajectories"].get<double>() == 6.0);
@@ -306,10 +305,9 @@ TEST_CASE("areno train --algo grpo|gspo --agent-cmd: steps on agent rows write t
                                      "--n-samples", "2", "--max-steps", "1", "--metrics-log-dir", mdir};
     if (context) args.push_back("--train-tool-results");
     CHECK(app::cmd_train(args) == 0);
-    std::ifstream in(fs::path(mdir) / "metrics.jsonl");
-    std::string line;
-    REQUIRE(std::getline(in, line));
-    last[context] = json::parse(line);
+    const std::vector<json> lines = testing::metrics_lines(mdir);
+    REQUIRE(lines.size() == 1);
+    last[context] = lines[0];
   }
   // 4 rows, each with the context <|tool|> 42 <|end|> <|assistant|> (the first answer sampled its <|end|>).
   CHECK(last[true]["response_tokens"].get<double>() == last[false]["response_tokens"].get<double>() + 4 * 4);

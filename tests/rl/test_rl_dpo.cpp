@@ -19,6 +19,7 @@
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
+#include "tests/rl/rl_fixtures.h"
 #include "tests/test_util.h"
 #include "tests/train/train_fixtures.h"
 #include "train/rl/dpo.h"
@@ -225,16 +226,10 @@ TEST_CASE("areno train --algo dpo: 2 steps on a 4-row file write the metrics; --
       out << times_row(a, b).dump() << "\n";
   }
   const std::string pairs = dir.str("pairs.jsonl"), save = dir.str("save");
-  auto read_metrics = [](const std::string& mdir) {
-    std::ifstream in(fs::path(mdir) / "metrics.jsonl");
-    std::vector<json> lines;
-    for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
-    return lines;
-  };
   CHECK(app::cmd_train({"--algo", "dpo", "--dataset-path", pairs, "--batch-size", "2", "--mini-bs", "1",
                         "--max-steps", "2", "--lr", "1e-3", "--dpo-beta", "0.1", "--metrics-log-dir",
                         dir.str("m1"), "--save-path", save}) == 0);
-  const std::vector<json> lines = read_metrics(dir.str("m1"));
+  const std::vector<json> lines = testing::metrics_lines(dir.str("m1"));
   REQUIRE(lines.size() == 2);
   for (size_t i = 0; i < lines.size(); ++i) {
     const json& j = lines[i];
@@ -262,7 +257,7 @@ TEST_CASE("areno train --algo dpo: 2 steps on a 4-row file write the metrics; --
   // reference, so the margin is negative.
   CHECK(app::cmd_train({"--algo", "dpo", "--dataset-path", pairs, "--batch-size", "4", "--max-steps", "1",
                         "--ref-ckpt", step2.string(), "--metrics-log-dir", dir.str("m2")}) == 0);
-  const std::vector<json> ref_lines = read_metrics(dir.str("m2"));
+  const std::vector<json> ref_lines = testing::metrics_lines(dir.str("m2"));
   REQUIRE(ref_lines.size() == 1);
   MESSAGE("demo policy, step-2 reference: margin " << ref_lines[0]["reward_margin"].get<double>());
   CHECK(ref_lines[0]["reward_margin"].get<double>() < -1e-3);
@@ -270,7 +265,7 @@ TEST_CASE("areno train --algo dpo: 2 steps on a 4-row file write the metrics; --
   // The same checkpoint as policy and reference: back at log 2.
   CHECK(app::cmd_train({"--algo", "dpo", "--dataset-path", pairs, "--ckpt", step2.string(), "--batch-size", "4",
                         "--max-steps", "1", "--ref-ckpt", step2.string(), "--metrics-log-dir", dir.str("m3")}) == 0);
-  const std::vector<json> same = read_metrics(dir.str("m3"));
+  const std::vector<json> same = testing::metrics_lines(dir.str("m3"));
   REQUIRE(same.size() == 1);
   CHECK(std::abs(same[0]["loss"].get<double>() - std::log(2.0)) < 1e-6);
 

@@ -8,7 +8,9 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
@@ -17,9 +19,11 @@
 #include "app/commands_train.h"
 #include "models/phi4mm/demo/demo.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+#include "tests/rl/rl_fixtures.h"
 #include "tests/test_util.h"
 #include "tests/train/train_fixtures.h"
 #include "train/rl/grpo.h"
+#include "train/rl/rl_step.h"
 
 using namespace areno;
 using namespace areno::train::rl;
@@ -32,13 +36,12 @@ std::shared_ptr<const tok::Tokenizer> tokenizer() { return testing::phi4_tokeniz
 
 // Prompt rows {"prompt": "What is a + b?", "answer": "a+b"} through the dataset's prompt path.
 std::vector<train::PromptRow> sum_prompts(int n) {
-  std::vector<train::PromptRow> rows;
+  std::vector<json> rows;
   for (int i = 0; i < n; ++i) {
     const int a = 1 + i % 3, b = 1 + (i / 3) % 3;
-    train::RawRow raw{i + 1, json{{"prompt", fmt::format("What is {} + {}?", a, b)}, {"answer", a + b}}, {}};
-    rows.push_back(train::make_prompt_row(*tokenizer(), raw, "prompts.jsonl", {}));
+    rows.push_back({{"prompt", fmt::format("What is {} + {}?", a, b)}, {"answer", a + b}});
   }
-  return rows;
+  return testing::prompt_rows(rows);
 }
 
 // A reward that is not constant within a group: the completion's length in
@@ -60,26 +63,12 @@ struct ConstantReward : RewardFn {
 
 RlOptions options(int64_t mini_bs) {
   RlOptions o;
-  o.loop.batch_size = 2;
-  o.loop.mini_bs = mini_bs;
-  o.loop.lr = 1e-3;
-  o.loop.max_steps = 3;
-  o.loop.seed = 7;
-  o.loop.decay = train::DecayStyle::constant;
-  o.loop.grad_clip_norm = 0;  // grad_norm stays the raw norm
-  o.rollout.n_samples = 4;
-  o.rollout.max_new_tokens = 5;
-  o.rollout.temperature = 1.0;
-  o.rollout.engine.kv_blocks = 64;
-  o.rollout.engine.max_running = 8;
+  o.loop = testing::small_rl_loop(mini_bs);
+  o.rollout = testing::small_rollout(4);
   return o;
 }
 
-std::map<std::string, std::vector<float>> snapshot(const Module& m) {
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& [name, p] : m.named_parameters()) out[name] = p.to_vector<float>();
-  return out;
-}
+std::map<std::string, std::vector<float>> snapshot(const Module& m) { return testing::param_snapshot(m); }
 
 }  // namespace
 
@@ -140,6 +129,64 @@ TEST_CASE("rl/grpo one step: rewards, parity inside the step, only trainable gro
   CHECK(tr.rollout().last_stats().kv_blocks_used == 0);
 }
 
+TEST_CASE("rl/step helpers on rows and trajectories: masks, NaN log-probabilities, split rows") {
+  // Two trajectories of one task: the first gave one row, the second split
+  // into two (agent.h's row rule). Context tokens: trainable 0 with NaN
+  // log-probability; one trainable token without a rollout log-probability
+  // (--train-tool-results).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  ScoredRollouts r;
+  r.prompts = {{{1, 2}, {}, phi4mm::Adapter::none}, {{3}, {}, phi4mm::Adapter::none}};
+  r.samples = {{0, 0, {10, 11, 12}, {-0.5f, nan, -0.25f}, serve::FinishReason::none, {1, 0, 1}},
+               {1, 1, {13, 14}, {-1.0f, -2.0f}, serve::FinishReason::none, {}},
+               {0, 1, {15, 16, 17}, {-0.125f, nan, nan}, serve::FinishReason::none, {1, 1, 0}}};
+  r.trajectories = {{0, 0, {0}, 1.0, "a", 1}, {0, 1, {1, 2}, std::nullopt, "b", 1}};
+  r.rewards = {1.0, 3.0};
+  for (const RolloutSample& s : r.samples) r.tokens += trainable_tokens(s);
+  CHECK(r.tokens == 6);
+  CHECK(per_row(r, {0.5, -0.5}) == std::vector<double>{0.5, -0.5, -0.5});
+
+  RlStepStats st;
+  record_rollouts(r, st);
+  CHECK(st.samples == 3);
+  CHECK(st.trajectories == 2);
+  CHECK(st.split_rows == 1);
+  CHECK(st.response_tokens == 6);
+  CHECK(st.reward_mean == 2.0);             // over trajectories, not rows
+  CHECK(st.response_len == 2.0);            // trainable tokens per row
+  const train::Scalars sc = rl_scalars(st);
+  auto scalar = [&](const std::string& k) {
+    for (const auto& [name, x] : sc)
+      if (name == k) return x;
+    FAIL("no scalar " << k);
+    return 0.0;
+  };
+  CHECK(scalar("trajectories") == 2.0);
+  CHECK(scalar("split_rows") == 1.0);
+
+  const MicroBatch mb = micro_batch(r, 1, 3);
+  CHECK(mb.tokens == 4);
+  REQUIRE(mb.prompts.size() == 2);
+  CHECK(mb.prompts[0].ids == std::vector<int64_t>{3});  // only the prompts used, in first-use order
+  CHECK(mb.seqs[0].prompt == 0);
+  CHECK(mb.seqs[1].prompt == 1);
+  CHECK(mb.seqs[1].trainable == std::vector<uint8_t>{1, 1, 0});
+
+  // The training forward's log-probabilities of rows 0..2 ([3, 3]): the old
+  // ones are the rollout's, the forward's own where the rollout has none.
+  const Tensor train = from_vector(std::vector<float>{-0.4f, 0, -0.3f, -1.5f, -2.5f, 0, -0.1f, -0.7f, 0}, {3, 3});
+  CHECK(rollout_logp(r, 0, train).to_vector<float>() ==
+        std::vector<float>{-0.5f, 0, -0.25f, -1.0f, -2.0f, 0, -0.125f, -0.7f, 0});
+  // Parity over trainable tokens with a rollout log-probability only: 5 of them.
+  LogpParity parity;
+  parity.add(train, r, 0, 3);
+  CHECK(parity.tokens == 5.0);
+  parity.finish(st);
+  CHECK(st.rollout_logprobs_mean == doctest::Approx((-0.5 - 0.25 - 1.0 - 2.0 - 0.125) / 5));
+  CHECK(st.logp_abs_diff_max == doctest::Approx(0.5));
+  CHECK(st.logp_abs_diff_mean == doctest::Approx((0.1 + 0.05 + 0.5 + 0.5 + 0.025) / 5));
+}
+
 TEST_CASE("rl/grpo micro-batches accumulate to the one-batch gradient (GRPO and GSPO)") {
   for (RlAlgo algo : {RlAlgo::grpo, RlAlgo::gspo}) {
     std::vector<RlStepStats> st;
@@ -192,9 +239,7 @@ TEST_CASE("areno train --algo grpo|gspo: 2 steps on a prompt file write the issu
                           "--batch-size", "2", "--n-samples", "3", "--mini-bs", "4", "--max-new-tokens", "4",
                           "--max-steps", "2", "--lr", "1e-4", "--metrics-log-dir", mdir, "--save-path",
                           dir.str(std::string("save-") + algo), "--drop-rollout-state"}) == 0);
-    std::ifstream in(fs::path(mdir) / "metrics.jsonl");
-    std::vector<json> lines;
-    for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
+    const std::vector<json> lines = testing::metrics_lines(mdir);
     REQUIRE(lines.size() == 2);
     for (size_t i = 0; i < lines.size(); ++i) {
       const json& j = lines[i];

@@ -130,8 +130,8 @@ TEST_CASE("areno train: flags that contradict each other or are out of range are
                        doctest::Contains("contradicts"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(app::cmd_train({"--dataset-path", d, "--min-lr", "1", "--lr", "0.1"}), doctest::Contains("--min-lr"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(app::cmd_train({"--dataset-path", d, "--algo", "ppo"}), doctest::Contains("not supported"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(app::cmd_train({"--dataset-path", d, "--algo", "reinforce"}),
+                       "--algo: 'reinforce' is not supported (sft, grpo, gspo, dpo, ppo)", std::invalid_argument);
   CHECK_THROWS_WITH_AS(app::cmd_train({"--dataset-path", d, "--lm-trainable", "some"}), doctest::Contains("--lm-trainable"),
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(app::cmd_train({"--dataset-path", dir.str("none.jsonl")}), doctest::Contains("no such file"),

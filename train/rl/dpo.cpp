@@ -8,6 +8,7 @@
 
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
+#include "train/rl/rl_step.h"
 
 namespace areno::train::rl {
 
@@ -130,12 +131,7 @@ int64_t DpoTrainer::steps_per_epoch() const { return loop_steps_per_epoch(int64_
 int64_t DpoTrainer::total_steps() const { return loop_total_steps(int64_t(rows_.size()), options_.loop); }
 
 PolicyLogpOptions DpoTrainer::logp_options(int64_t micro) const {
-  const SftOptions& lo = options_.loop;
-  PolicyLogpOptions po;
-  po.chunk_rows = lo.loss_chunk_rows;
-  po.recompute_layers = lo.activation_checkpointing;
-  po.dropout_seed = splitmix64(lo.seed ^ splitmix64(uint64_t(state_.step) * 0x10000ull + uint64_t(micro)));
-  return po;
+  return step_logp_options(options_.loop, state_.step, micro);
 }
 
 DpoStepStats DpoTrainer::step() {

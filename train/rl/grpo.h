@@ -13,7 +13,8 @@
 //      drop_rollout_state), or with `agent.cmd` agent runs (AgentRollout,
 //      train/rl/agent.h: rows with a per-token trainable mask);
 //   3. each trajectory's reward: the agent's printed one, else its final text
-//      (special tokens skipped) scored by the RewardFn;
+//      (special tokens skipped) scored by the RewardFn (1-3: roll_and_score,
+//      rl_step.h, which PPO shares);
 //   4. group_advantages over each task's trajectories, each row taking its
 //      trajectory's advantage;
 //   5. micro-batches of `loop.mini_bs` rows: policy_logp + grpo_loss (or
@@ -44,6 +45,7 @@
 #include "train/rl/agent.h"
 #include "train/rl/objectives.h"
 #include "train/rl/rewards.h"
+#include "train/rl/rl_step.h"
 #include "train/rl/rollout.h"
 #include "train/sft.h"
 
@@ -68,34 +70,6 @@ struct RlOptions {
 
 // Throws std::invalid_argument naming the flag.
 void validate(const RlOptions& o);
-
-struct RlStepStats {
-  int64_t step = 0;
-  int64_t prompts = 0, samples = 0, response_tokens = 0;  // samples: training rows; tokens: trainable ones
-  int64_t trajectories = 0;          // batch x n_samples
-  int64_t split_rows = 0;            // agent rows beyond one per trajectory (agent.h's row rule)
-  double reward_mean = 0;
-  double advantage_mean = 0;         // token mean
-  double response_len = 0;           // mean tokens per completion (stop token included)
-  double rollout_logprobs_mean = 0;  // token mean of the engine's log-probabilities
-  double train_logprobs_mean = 0;    // token mean of policy_logp, before the update
-  double logp_diff_mean = 0;         // token mean of train - rollout
-  double logp_abs_diff_mean = 0;     // token mean of |train - rollout|
-  double logp_abs_diff_max = 0;
-  double ratio_mean = 0, clip_frac = 0, kl = 0;
-  double loss = 0, pg_loss = 0;
-  double grad_norm = 0;              // before clipping
-  std::vector<std::pair<std::string, double>> lrs;
-  double rollout_s = 0, reward_s = 0, train_s = 0, total_s = 0;
-  std::vector<double> rewards;       // per sample, prompt-major
-};
-
-// The step's scalars for MetricsWriter, named as issue 15 names them
-// (reward_mean, ..., loss, grad_norm, lr/<group>, time/rollout_s, ...).
-Scalars rl_scalars(const RlStepStats& st);
-
-// "step 3/10  reward 0.750  loss -0.0123  grad_norm 0.41  time rollout=1.2s train=0.8s total=2.1s"
-std::string format_rl_progress(const RlStepStats& st, int64_t total_steps);
 
 class GrpoTrainer {
  public:
@@ -134,8 +108,6 @@ class GrpoTrainer {
   Rollout rollout_;
   std::unique_ptr<AgentRollout> agent_;
   TrainerState state_;
-
-  RolloutBatch roll_out(const std::vector<const PromptRow*>& batch);
 };
 
 }  // namespace areno::train::rl

@@ -70,8 +70,8 @@ Tensor chunked_target_logp(const Tensor& hidden, const Tensor& weight, const std
   return out;
 }
 
-TokenLogp policy_logp(const phi4mm::Phi4MMForCausalLM& model, const std::vector<Prompt>& prompts,
-                      const std::vector<Sequence>& sequences, const PolicyLogpOptions& options) {
+ResponseHidden response_hidden(const phi4mm::Phi4MMForCausalLM& model, const std::vector<Prompt>& prompts,
+                               const std::vector<Sequence>& sequences, const PolicyLogpOptions& options) {
   const int64_t N = int64_t(sequences.size());
   int64_t T = 0;
   for (const Sequence& s : sequences) {
@@ -85,11 +85,16 @@ TokenLogp policy_logp(const phi4mm::Phi4MMForCausalLM& model, const std::vector<
                                               s.trainable.size(), s.completion.size()));
     T = std::max(T, int64_t(s.completion.size()));
   }
-  const Tensor& head = model.model->embed_tokens->weight;
-  const Device dev = head.device();
+  const Device dev = model.model->embed_tokens->weight.device();
   const TensorOptions f32(DType::f32, dev);
+  ResponseHidden out;
+  out.N = N;
+  out.T = T;
   std::vector<float> mask(size_t(N * T), 0.0f);
-  if (T == 0) return {zeros({N, T}, f32), zeros({N, T}, f32)};
+  if (T == 0) {
+    out.mask = zeros({N, T}, f32);
+    return out;
+  }
 
   // Each prompt's media rows once (its towers run once for all its samples).
   std::vector<Tensor> prompt_media(prompts.size());
@@ -97,8 +102,7 @@ TokenLogp policy_logp(const phi4mm::Phi4MMForCausalLM& model, const std::vector<
     if (!prompts[p].media.empty()) prompt_media[p] = phi4mm::media_rows(model, prompts[p].media);
 
   // Pack prompt + completion[:-1]; the row before completion token t targets it.
-  // rows: the packed row before each completion token; cells: n * T + t of that token.
-  std::vector<int64_t> ids, rows, targets, cells;
+  std::vector<int64_t> ids;
   phi4mm::PackedBatch pb;
   pb.cu_seqlens = {0};
   std::vector<Tensor> media;
@@ -111,9 +115,9 @@ TokenLogp policy_logp(const phi4mm::Phi4MMForCausalLM& model, const std::vector<
     const int64_t first = int64_t(ids.size() - s.completion.size());  // the prompt's last row
     for (size_t t = 0; t < s.completion.size(); ++t) {
       if (!s.trainable.empty() && !s.trainable[t]) continue;  // context: fed, not scored
-      rows.push_back(first + int64_t(t));
-      targets.push_back(s.completion[t]);
-      cells.push_back(n * T + int64_t(t));
+      out.rows.push_back(first + int64_t(t));
+      out.targets.push_back(s.completion[t]);
+      out.cells.push_back(n * T + int64_t(t));
       mask[size_t(n * T) + t] = 1.0f;
     }
     pb.cu_seqlens.push_back(int64_t(ids.size()));
@@ -122,7 +126,7 @@ TokenLogp policy_logp(const phi4mm::Phi4MMForCausalLM& model, const std::vector<
   }
   const int64_t L = int64_t(ids.size());
   const int64_t V = model.config().text.vocab_size;
-  for (const std::vector<int64_t>* v : {&ids, &targets})
+  for (const std::vector<int64_t>* v : {&ids, &out.targets})
     for (int64_t id : *v)
       if (id < 0 || id >= V)
         throw std::invalid_argument(fmt::format("policy_logp: token id {} is outside [0, {})", id, V));
@@ -130,12 +134,34 @@ TokenLogp policy_logp(const phi4mm::Phi4MMForCausalLM& model, const std::vector<
   if (!media.empty()) pb.media_rows = media.size() == 1 ? media[0] : cat(media, 0);
   pb.recompute_layers = options.recompute_layers;
   pb.dropout_seed = options.dropout_seed;
-  const Tensor hidden = model.hidden_states(pb);
-  const Tensor lp = chunked_target_logp(hidden, head, rows, targets, options.chunk_rows);
+  out.hidden = model.hidden_states(pb);
+  out.mask = from_vector(mask, {N, T}, f32);
+  return out;
+}
+
+Tensor ResponseHidden::to_cells(const Tensor& per_token) const {
+  const Device dev = mask.device();
+  const TensorOptions f32(DType::f32, dev);
+  if (cells.empty()) return zeros({N, T}, f32);
   const int64_t K = int64_t(cells.size());
-  Tensor logp = index_add(zeros({N * T}, f32), 0, from_vector(cells, {K}, TensorOptions(DType::i64, dev)), lp)
-                    .reshape({N, T});
-  return {logp, from_vector(mask, {N, T}, f32)};
+  return index_add(zeros({N * T}, f32), 0, from_vector(cells, {K}, TensorOptions(DType::i64, dev)),
+                   per_token.to(DType::f32))
+      .reshape({N, T});
+}
+
+Tensor ResponseHidden::response_rows() const {
+  return index_select(hidden, 0, from_vector(rows, {int64_t(rows.size())}, TensorOptions(DType::i64, hidden.device())));
+}
+
+TokenLogp token_logp(const ResponseHidden& rh, const phi4mm::Phi4MMForCausalLM& model, int64_t chunk_rows) {
+  if (rh.cells.empty()) return {rh.to_cells(Tensor()), rh.mask};
+  const Tensor lp = chunked_target_logp(rh.hidden, model.model->embed_tokens->weight, rh.rows, rh.targets, chunk_rows);
+  return {rh.to_cells(lp), rh.mask};
+}
+
+TokenLogp policy_logp(const phi4mm::Phi4MMForCausalLM& model, const std::vector<Prompt>& prompts,
+                      const std::vector<Sequence>& sequences, const PolicyLogpOptions& options) {
+  return token_logp(response_hidden(model, prompts, sequences, options), model, options.chunk_rows);
 }
 
 }  // namespace areno::train::rl

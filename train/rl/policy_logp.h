@@ -58,10 +58,38 @@ struct PolicyLogpOptions {
 // completion token not fed), each with its prompt's adapter and media rows
 // (each prompt's towers run once, however many sequences share it). The
 // result records its backward to the model's parameters that require grad.
+// token_logp(response_hidden(...)).
 // Throws std::invalid_argument for a prompt index out of range, an empty
 // prompt, a token outside the vocabulary, or a `trainable` of the wrong length.
 TokenLogp policy_logp(const phi4mm::Phi4MMForCausalLM& model, const std::vector<Prompt>& prompts,
                       const std::vector<Sequence>& sequences, const PolicyLogpOptions& options = {});
+
+// The packed forward of policy_logp up to the final norm, for heads on the
+// same hidden states (the LM head's log-probabilities, PPO's value head):
+// every packed row's hidden state and, per trainable completion token k
+// (Sequence::trainable; context tokens are fed, not listed), the row that
+// predicts it, the token and its cell n * T + t of the [N, T] layout.
+struct ResponseHidden {
+  Tensor hidden;                 // [L, H] model dtype: every packed row (prompt + completion[:-1])
+  std::vector<int64_t> rows;     // [K] the row before each trainable completion token
+  std::vector<int64_t> targets;  // [K] the completion token
+  std::vector<int64_t> cells;    // [K] n * T + t
+  int64_t N = 0, T = 0;
+  Tensor mask;                   // [N, T] f32 (as TokenLogp::mask)
+
+  // [K] per-token values (any float dtype) -> [N, T] f32, 0 on context and padding; differentiable.
+  Tensor to_cells(const Tensor& per_token) const;
+  // hidden's K response rows, [K, H] (differentiable as hidden).
+  Tensor response_rows() const;
+};
+
+// Same checks as policy_logp.
+ResponseHidden response_hidden(const phi4mm::Phi4MMForCausalLM& model, const std::vector<Prompt>& prompts,
+                               const std::vector<Sequence>& sequences, const PolicyLogpOptions& options = {});
+
+// The tied head's log-probabilities of rh's tokens (chunked_target_logp), in the [N, T] layout.
+TokenLogp token_logp(const ResponseHidden& rh, const phi4mm::Phi4MMForCausalLM& model,
+                     int64_t chunk_rows = kDefaultLossChunkRows);
 
 // log softmax(hidden[rows[k]] · weightᵀ)[targets[k]] for each pair k: [K]
 // f32. The chunked head of train/loss.h's chunked_cross_entropy_sum with a
