@@ -25,6 +25,7 @@ namespace {
 constexpr const char* kEvalUsage =
     "usage: areno eval --dataset-path FILE [--model-path DIR] [--group-by FIELD] [--show-wrong]\n"
     "                  [--media-root DIR] [--device cpu|cuda[:N]] [--dtype f32|bf16] [--json]\n"
+    "                  [--threads N]\n"
     "\n"
     "Answers every row's prompt greedily and counts the rows whose answer equals the\n"
     "row's first assistant turn token for token (and ends there). Rows are read as\n"
@@ -33,7 +34,8 @@ constexpr const char* kEvalUsage =
     "  --group-by FIELD   also count per value of this row field (e.g. family)\n"
     "  --show-wrong       print each wrong answer (line, expected, got) to stderr\n"
     "  --media-root DIR   media paths resolve under DIR (default: the dataset's folder)\n"
-    "  --json             print the counts as one JSON object instead of the table\n";
+    "  --json             print the counts as one JSON object instead of the table\n"
+    "  --threads N        compute threads (default: OMP_NUM_THREADS, else the physical cores)\n";
 
 }  // namespace
 
@@ -43,6 +45,7 @@ int cmd_eval(const Args& args) {
   Flags flags("eval", kEvalUsage);
   flags.value("--dataset-path", dataset).value("--model-path", model_path).value("--group-by", group_by);
   flags.value("--media-root", media_root).value("--device", device).value("--dtype", dtype);
+  flags.compute_threads();
   flags.toggle("--show-wrong", show_wrong).toggle("--json", as_json);
   if (auto rc = flags.parse(args)) return *rc;
   if (dataset.empty()) {

@@ -23,7 +23,7 @@ constexpr const char* kGenerateUsage =
     "usage: areno generate [--model-path DIR] --prompt TEXT [--system TEXT] [--image FILE] [--audio FILE]\n"
     "                      [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
     "                      [--no-chat-template] [--device cpu|cuda[:N]] [--dtype f32|bf16] [--check-weights]\n"
-    "                      [--print-ids]\n"
+    "                      [--print-ids] [--threads N]\n"
     "\n"
     "Runs one chat request and streams the answer to stdout (statistics to stderr).\n"
     "  --model-path DIR    checkpoint (default: the embedded demo model, docs/demo.md)\n"
@@ -38,17 +38,19 @@ constexpr const char* kGenerateUsage =
     "  --no-chat-template  tokenize --prompt as is (no <|user|> ... <|assistant|>)\n"
     "  --check-weights     refuse a checkpoint holding NaN or infinite weights, naming the tensor\n"
     "  --print-ids         instead of streaming the text, print one JSON object:\n"
-    "                      {\"prompt_ids\", \"ids\", \"logprobs\" (raw distribution), \"text\", \"finish_reason\"}\n";
+    "                      {\"prompt_ids\", \"ids\", \"logprobs\" (raw distribution), \"text\", \"finish_reason\"}\n"
+    "  --threads N         compute threads (default: OMP_NUM_THREADS, else the physical cores)\n";
 
 constexpr const char* kScoreUsage =
     "usage: areno score [--model-path DIR] --prompt TEXT --completion TEXT [--no-chat-template]\n"
-    "                   [--device cpu|cuda[:N]] [--dtype f32|bf16] [--check-weights]\n"
+    "                   [--device cpu|cuda[:N]] [--dtype f32|bf16] [--check-weights] [--threads N]\n"
     "\n"
     "Prints, as JSON, the log-probability of each token of --completion after --prompt\n"
     "(the packed training forward; no sampling) and their sum.\n"
     "  --model-path DIR    checkpoint (default: the embedded demo model, docs/demo.md)\n"
     "  --no-chat-template  tokenize --prompt as is (default: a user turn + <|assistant|>)\n"
-    "  --check-weights     refuse a checkpoint holding NaN or infinite weights, naming the tensor\n";
+    "  --check-weights     refuse a checkpoint holding NaN or infinite weights, naming the tensor\n"
+    "  --threads N         compute threads (default: OMP_NUM_THREADS, else the physical cores)\n";
 
 // The request as a chat (or raw text): ids, adapter and media.
 struct CliPrompt {
@@ -80,7 +82,7 @@ CliPrompt make_prompt(const ServedModel& m, const std::string& system, const std
   content.push_back({{"type", "text"}, {"text", prompt}});
   messages.push_back({{"role", "user"}, {"content", content}});
   phi4mm::ProcessorOptions po = phi4mm::processor_options_for(*m.model);
-  po.source.media_root = "/";
+  po.source.media_root.assign(1, '/');  // (assigning the literal trips GCC 12's false -Wrestrict)
   phi4mm::ProcessedChat pc;
   try {
     pc = phi4mm::process_chat(*m.tokenizer, messages, nullptr, po);
@@ -103,6 +105,7 @@ void add_common_flags(Flags& flags, std::string& model_path, std::string& prompt
     have_prompt = true;
   });
   flags.toggle("--no-chat-template", chat_template, false);
+  flags.compute_threads();
 }
 
 }  // namespace

@@ -21,7 +21,7 @@ namespace {
 constexpr const char* kLogitsUsage =
     "usage: areno logits --model-path DIR (--token-ids 1,2,3 | --messages FILE.json)\n"
     "                    [--adapter none|vision|speech] [--dtype f32|bf16] [--device cpu|cuda]\n"
-    "                    [--check-weights] [--rows all|last|A:B]\n"
+    "                    [--check-weights] [--rows all|last|A:B] [--threads N]\n"
     "                    --out FILE.safetensors\n"
     "\n"
     "Runs the model and writes \"logits\" [R, vocab] (f32) of the rows asked for,\n"
@@ -37,7 +37,8 @@ constexpr const char* kLogitsUsage =
     "  --dtype      compute dtype (default: the checkpoint's)\n"
     "  --check-weights  refuse a checkpoint holding NaN or infinite weights, naming the tensor\n"
     "  --rows       positions whose logits are written: all (default), last, or A:B\n"
-    "               (A inclusive, B exclusive); only those rows go through the head\n";
+    "               (A inclusive, B exclusive); only those rows go through the head\n"
+    "  --threads N  compute threads (default: OMP_NUM_THREADS, else the physical cores)\n";
 
 std::vector<int64_t> parse_ids(const std::string& s) {
   std::vector<int64_t> ids;
@@ -96,6 +97,7 @@ int cmd_logits(const Args& args) {
     adapter_given = true;
   });
   flags.value("--dtype", dtype).value("--device", device).value("--out", out).value("--rows", rows_flag);
+  flags.compute_threads();
   ModelNeeds needs;
   flags.toggle("--check-weights", needs.check_weights);
   if (auto rc = flags.parse(args)) return *rc;

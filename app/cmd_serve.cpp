@@ -39,6 +39,8 @@ constexpr const char* kServeUsage =
     "  --check-weights           refuse a checkpoint holding NaN or infinite weights, naming\n"
     "                            the tensor (one more pass over the weights at load)\n"
     "  --tp-size N, --world-size N  tensor parallelism: only 1 is supported for now\n"
+    "  --threads N               compute threads of the engine (default: OMP_NUM_THREADS, else the\n"
+    "                            physical cores)\n"
     "engine:\n"
     "  --max-running-prompts N   sequences decoded together (default 16)\n"
     "  --max-batch-tokens N      tokens per engine step, decode + prefill chunks (default 2048)\n"
@@ -62,7 +64,7 @@ constexpr const char* kServeUsage =
     "  --port N                  port (default 8000; 0 picks a free one)\n"
     "  --api-key KEY             require \"Authorization: Bearer KEY\" on every route but /health\n"
     "                            (default: none)\n"
-    "  --threads N               HTTP worker threads; they run complete requests only (default\n"
+    "  --http-threads N          HTTP worker threads; they run complete requests only (default\n"
     "                            max(64, 2 * max-running-prompts))\n"
     "  --listen-backlog N        connections the kernel queues until accepted (default 1024)\n"
     "  --max-connections N       connections open at once; more wait in the backlog (default 4096)\n"
@@ -140,7 +142,8 @@ int cmd_serve(const Args& args) {
     so.api_key = v;
     if (so.api_key.empty()) throw std::invalid_argument("--api-key: the key must not be empty");
   });
-  flags.integer("--threads", so.threads, 1)
+  flags.compute_threads();
+  flags.integer("--http-threads", so.threads, 1)
       .integer("--listen-backlog", so.connections.backlog, 1)
       .integer("--max-connections", so.connections.max_connections, 1);
   flags.value("--header-timeout-s", positive_flag("--header-timeout-s", so.connections.header_timeout_s))

@@ -84,6 +84,7 @@ constexpr const char* kTrainUsage =
     "  --no-shuffle              keep the dataset's order\n"
     "  --loss-chunk-rows N       logit rows per chunk of the loss (default 1024)\n"
     "  --device cpu|cuda[:N], --dtype f32|bf16   (bf16 keeps f32 master weights)\n"
+    "  --threads N               compute threads (default: OMP_NUM_THREADS, else the physical cores)\n"
     "\n"
     "groups (towers and projectors are frozen by default):\n"
     "  --lm-trainable all|lora|none   the decoder: everything, only the LoRA branches, nothing\n"
@@ -349,6 +350,7 @@ int cmd_train(const Args& args) {
   flags.value("--ckpt", ckpt).value("--model-path", ckpt).value("--algo", algo).value("--dataset-path", dataset);
   flags.value("--dataset-loader-cmd", loader_cmd).value("--media-root", media_root).value("--train-on", train_on);
   flags.toggle("--skip-bad-rows", skip_bad);
+  flags.compute_threads();
   flags.integer("--max-prompt-tokens", max_prompt, 1).integer("--max-new-tokens", max_new, 1);
   flags.integer("--epochs", o.epochs, 1).integer("--max-steps", o.max_steps, 1).integer("--batch-size", o.batch_size, 1);
   flags.value("--mini-bs", [&](const std::string& v) { mini_bs = parse_int_flag("--mini-bs", v, 1); });

@@ -2,8 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <omp.h>
+#include <sched.h>
+
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <set>
 #include <stdexcept>
 #include <utility>
 
@@ -24,6 +30,34 @@ std::optional<DType> parse_dtype_flag(const std::string& dtype) {
   if (dtype == "f32") return DType::f32;
   if (dtype == "bf16") return DType::bf16;
   throw std::invalid_argument(fmt::format("--dtype: expected f32 or bf16, got '{}'", dtype));
+}
+
+int physical_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return std::max(1, omp_get_num_procs());
+  std::set<std::pair<int, int>> cores;  // (package, core) of each CPU we may run on
+  int cpus = 0;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (!CPU_ISSET(c, &set)) continue;
+    ++cpus;
+    const std::string dir = fmt::format("/sys/devices/system/cpu/cpu{}/topology/", c);
+    int package = -1, core = -1;
+    std::ifstream(dir + "physical_package_id") >> package;
+    std::ifstream(dir + "core_id") >> core;
+    cores.emplace(package, core < 0 ? c : core);  // no topology: count the CPU itself
+  }
+  return std::max<int>(1, cores.empty() ? cpus : int(cores.size()));
+}
+
+void apply_threads(int64_t threads) {
+  if (threads > 0) {
+    omp_set_num_threads(int(threads));
+    return;
+  }
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  if (env != nullptr && *env != '\0') return;  // OpenMP already took it
+  omp_set_num_threads(physical_cores());
 }
 
 namespace {
@@ -98,7 +132,13 @@ std::optional<int> Flags::parse(const Args& args) const {
       flag->set();
     }
   }
+  if (compute_threads_) apply_threads(*threads_);
   return std::nullopt;
+}
+
+Flags& Flags::compute_threads() {
+  compute_threads_ = true;
+  return integer("--threads", *threads_, 1);
 }
 
 }  // namespace areno::app

@@ -6,6 +6,7 @@
 // value and has none throws std::invalid_argument("<flag> needs a value").
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -24,6 +25,15 @@ double parse_double_flag(const std::string& flag, const std::string& value, doub
 double parse_bounded_flag(const std::string& flag, const std::string& value, const serve::Bound& bound);
 // --dtype: "" (the checkpoint's dtype: nullopt) | "f32" | "bf16".
 std::optional<DType> parse_dtype_flag(const std::string& dtype);
+
+// --threads N of the commands that run a model: the compute threads (the
+// CPU kernels' OpenMP threads, oneDNN's). 0: OMP_NUM_THREADS when it is set,
+// else the physical cores this process may run on (one thread per core: a
+// second hyperthread on a core only contends for its vector units).
+int physical_cores();
+void apply_threads(int64_t threads);
+inline constexpr const char* kThreadsHelp =
+    "  --threads N               compute threads (default: OMP_NUM_THREADS, else the physical cores)\n";
 
 class Flags {
  public:
@@ -45,6 +55,9 @@ class Flags {
   Flags& toggle(std::string name, bool& dst, bool to = true);
   Flags& toggle(std::string name, std::function<void()> set);
 
+  // --threads N (kThreadsHelp): parse() then calls apply_threads with it.
+  Flags& compute_threads();
+
   // Applies the flags in order. nullopt: go on; otherwise the exit code to
   // return (0 after --help / -h, 2 after an unknown argument).
   std::optional<int> parse(const Args& args) const;
@@ -59,6 +72,8 @@ class Flags {
   const char* usage_;
   OnUnknown on_unknown_;
   std::vector<Flag> flags_;
+  bool compute_threads_ = false;
+  std::shared_ptr<int64_t> threads_ = std::make_shared<int64_t>(0);
 };
 
 }  // namespace areno::app

@@ -7,10 +7,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iterator>
 #include <limits>
+#include <omp.h>
 #include <unistd.h>
 #include <thread>
 
@@ -47,6 +49,24 @@ TEST_CASE("serve/cli bad flags and values name the flag") {
   CHECK(error_of([] { app::cmd_generate({"--prompt", "x", "--image", "/no/such.png"}); }).find("--image") !=
         std::string::npos);
   CHECK(app::cmd_score({"--prompt", "x"}) == 2);  // no --completion
+}
+
+TEST_CASE("cli --threads: the compute threads of the command, default the physical cores or OMP_NUM_THREADS") {
+  const int saved = omp_get_max_threads();
+  const int cores = app::physical_cores();
+  CHECK(cores >= 1);
+  CHECK(cores <= omp_get_num_procs());
+  CHECK(app::cmd_score({"--prompt", "Hello", "--completion", "hi", "--threads", "1"}) == 0);
+  CHECK(omp_get_max_threads() == 1);
+  app::apply_threads(3);
+  CHECK(omp_get_max_threads() == 3);
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  app::apply_threads(0);  // the default: the environment's when set (OpenMP read it at start), else the cores
+  if (env == nullptr || *env == '\0') CHECK(omp_get_max_threads() == cores);
+  CHECK(error_of([] { app::cmd_score({"--prompt", "x", "--completion", "y", "--threads", "0"}); }).find("--threads") !=
+        std::string::npos);
+  CHECK(error_of([] { app::cmd_serve({"--http-threads", "0"}); }).find("--http-threads") != std::string::npos);
+  omp_set_num_threads(saved);
 }
 
 TEST_CASE("serve/cli generate and score run on the embedded demo model") {
