@@ -106,6 +106,9 @@ constexpr const char* kTrainUsage =
     "  --n-samples N             completions per prompt, the group (default 4; ppo: 1)\n"
     "  --temperature X, --top-k N, --top-p X   rollout sampling (default 1, off, 1)\n"
     "  --greedy                  greedy rollouts (temperature 0)\n"
+    "  --max-running-prompts N   completions the rollout engine decodes together (default\n"
+    "                            --batch-size x --n-samples)\n"
+    "  --max-context-len N       prompt + completion limit of a rollout (default: the model's)\n"
     "  --reward exact|math|regex:PATTERN   a built-in reward (docs/rl.md)\n"
     "  --reward-cmd CMD          a program: one JSON record per line in, one number per line out\n"
     "  --reward-timeout-s X      per record of --reward-cmd (default 30)\n"
@@ -377,6 +380,10 @@ int cmd_train(const Args& args) {
   std::optional<int64_t> n_samples;
   flags.value("--n-samples", [&](const std::string& v) { n_samples = parse_int_flag("--n-samples", v, 1); });
   flags.value("--temperature", num("--temperature", ro.temperature, 0));
+  std::optional<int64_t> max_running;
+  flags.value("--max-running-prompts",
+              [&](const std::string& v) { max_running = parse_int_flag("--max-running-prompts", v, 1); });
+  flags.integer("--max-context-len", ro.max_context_len, 1);
   flags.integer("--top-k", ro.top_k, 0).value("--top-p", num("--top-p", ro.top_p, 0)).toggle("--greedy", ro.greedy);
   flags.value("--reward", rl.reward).value("--reward-cmd", rl.reward_cmd);
   flags.value("--reward-timeout-s", num("--reward-timeout-s", rl.reward_timeout_s, 0));
@@ -415,6 +422,9 @@ int cmd_train(const Args& args) {
   if (!rl.critic_ckpt.empty() && !fs::is_directory(rl.critic_ckpt))
     throw std::invalid_argument(fmt::format("--critic-ckpt {}: no such folder", rl.critic_ckpt));
   ro.n_samples = n_samples.value_or(is_ppo ? 1 : 4);
+  if (!is_rl && (max_running || ro.max_context_len > 0))
+    throw std::invalid_argument("--max-running-prompts, --max-context-len: only with --algo grpo|gspo|ppo (rollouts)");
+  ro.engine.max_running = max_running.value_or(o.batch_size * ro.n_samples);
   if (is_rl) {
     if (!resume.empty())
       throw std::invalid_argument(fmt::format("--resume: resuming a {} run is not supported yet (start a new run "

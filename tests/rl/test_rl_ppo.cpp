@@ -401,6 +401,10 @@ TEST_CASE("areno train --algo ppo: metrics, value head checkpoints, --critic-ckp
   refused({"--critic-ckpt", dir.str("nowhere")}, "--critic-ckpt");
   refused({"--resume", dir.str("save")}, "--resume");
   refused({"--agent-cmd", "sh tests/rl/scripts/agent_two_turns.sh"}, "--agent-cmd");
+  refused({"--max-running-prompts", "0"}, "--max-running-prompts");
+  refused({"--max-context-len", "0"}, "--max-context-len");
+  CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "sft", "--dataset-path", prompts, "--max-running-prompts", "2"}),
+                       doctest::Contains("--max-running-prompts"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "grpo", "--dataset-path", prompts, "--reward", "exact",
                                        "--critic-ckpt", step2.string()}),
                        doctest::Contains("--critic-ckpt"), std::invalid_argument);
