@@ -22,6 +22,7 @@
 # usage: bench/peers/llama_cpp.sh [--build DIR] [--preset small|full]
 #                                 [--dtypes f32,bf16] [--rounds N] [--reps N]
 #                                 [--pp 512,4096] [--batched 8,32|''] [--write-docs]
+#                                 [--prepare]  (steps 1-2 only: llama.cpp and the GGUF files)
 #   THREADS (default 2), ARENO_PEER_CACHE, PYTHON (default python3; a venv with
 #   numpy and pyyaml is made in the cache when it lacks them).
 # Measures (names as llama-bench prints them): ppN prefill of an N-token prompt,
@@ -36,7 +37,7 @@ root=$PWD
 LLAMA_CPP_PYTHON_VERSION=0.3.36
 LLAMA_CPP_PYTHON_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 
-build=build preset=small dtypes=f32,bf16 rounds=2 reps=3 pps=512,4096 batched=8,32 write_docs=0
+build=build preset=small dtypes=f32,bf16 rounds=2 reps=3 pps=512,4096 batched=8,32 write_docs=0 prepare=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -47,7 +48,8 @@ while [[ $# -gt 0 ]]; do
     --pp) pps=$2; shift 2 ;;
     --batched) batched=$2; shift 2 ;;
     --write-docs) write_docs=1; shift ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    --prepare) prepare=1; shift ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "llama_cpp.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -101,6 +103,8 @@ for dt in "${dtype_list[@]}"; do
     PYTHONPATH=$src/gguf-py "$py" bench/peers/to_gguf.py "$ck" "$ck.gguf" --outtype "$dt" >&2
   fi
 done
+
+[[ $prepare == 0 ]] || exit 0
 
 # --- the runs -------------------------------------------------------------------
 out=$(mktemp -d)

@@ -37,6 +37,23 @@ def best(d, key, value):
         d[key] = value
 
 
+def write_section(path: Path, begin: str, end: str, body: str):
+    """Replaces the text between the markers begin and end in path (appended
+    when absent), written to a temp file, synced and renamed over it."""
+    text = path.read_text() if path.is_file() else ""
+    block = f"{begin}\n{body}\n{end}"
+    if begin in text and end in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", type=Path, required=True)
@@ -105,19 +122,8 @@ def main():
     print(table)
 
     if a.write_docs:
-        begin, end = f"<!-- llama_cpp.sh:{a.preset} begin -->", f"<!-- llama_cpp.sh:{a.preset} end -->"
-        text = a.write_docs.read_text() if a.write_docs.is_file() else ""
-        block = f"{begin}\n{table}\n{end}"
-        if begin in text and end in text:
-            text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
-        else:
-            text = text.rstrip("\n") + "\n\n" + block + "\n"
-        tmp = a.write_docs.with_name(a.write_docs.name + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, a.write_docs)
+        write_section(a.write_docs, f"<!-- llama_cpp.sh:{a.preset} begin -->", f"<!-- llama_cpp.sh:{a.preset} end -->",
+                      table)
         print(f"wrote the table into {a.write_docs}")
 
 

@@ -1,16 +1,31 @@
 #!/usr/bin/env python3
 """Load generator for `areno serve` (issue 7, must show 5; benchmarks).
 
-N concurrent clients each send streaming chat completions back to back for a
-duration. Reports throughput (generated tokens/s), time to first token and
-inter-token latency (p50/p99), failed requests, the server's memory (RSS at
-start and end, when this script started the server) and checks that /metrics
-returns to zero running sequences and zero used KV blocks at the end.
+N concurrent clients each send streaming chat completions (or, with
+--endpoint completions, streaming /v1/completions) back to back for a
+duration; requests started before the deadline run to their end, and the
+elapsed time includes that drain. Reports throughput (generated tokens/s over
+the elapsed time), time to first token and inter-token latency (p50/p99; a
+token is a stream chunk carrying text), failed requests, the server's memory
+(RSS at start and end, and its peak VmHWM, when this script started the server
+or got its --pid) and checks that /metrics returns to zero running sequences
+and zero used KV blocks at the end (--no-metrics skips that for other
+servers).
 
-Standard library only. Either point it at a running server or let it start one:
+Standard library only. Either point it at a running server (any
+OpenAI-compatible one) or let it start `areno serve`:
 
     python3 bench/serve/load.py --areno build/app/areno --clients 32 --duration 120
     python3 bench/serve/load.py --url http://127.0.0.1:8000 --clients 8 --duration 30
+
+With --prompt-tokens N each request gets its own deterministic prompt of N
+words drawn from a fixed list (about one token each; the mean prompt tokens the
+server counted is reported), distinct per client and request, the same for
+every server; without it the clients cycle through five short chat prompts.
+With ignore_eos (the default; --no-ignore-eos turns it off) a request that
+ends before max_tokens counts as failed. --warmup-requests N sends N requests
+of 16 tokens at once (N clients, prompts apart from the measured ones) before
+the clock starts.
 
 With --disconnect-fraction F the first F of the clients close their
 connection mid-stream (after a few content chunks) on every request, as
@@ -28,6 +43,7 @@ import argparse
 import http.client
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -46,6 +62,23 @@ PROMPTS = [
     "Explain continuous batching in one paragraph.",
     "List three prime numbers and explain why they are prime.",
 ]
+
+
+# Prompt words: common English words, one token each with their leading space
+# in the o200k-style vocabularies (Phi-4's among them).
+WORDS = ("time year people way day man thing woman life child world school state family student group country "
+         "problem hand part place case week company system program question work government number night point "
+         "home water room mother area money story fact month lot right study book eye job word business issue side "
+         "kind head house service friend father power hour game line end member law car city community name "
+         "president team minute idea kid body information back parent face others level office door health person "
+         "art war history party result change morning reason research girl guy moment air teacher force education").split()
+
+
+def prompt_text(n_words, seed):
+    """A deterministic prompt of n_words words, distinct for each seed."""
+    rng = random.Random(seed)
+    words = [rng.choice(WORDS) for _ in range(n_words)]
+    return " ".join(words).capitalize() + "."
 
 
 def free_port():
@@ -74,11 +107,12 @@ def metrics(base):
     return out
 
 
-def rss_mb(pid):
+def rss_mb(pid, field="VmRSS"):
+    """The process's resident memory (VmRSS) or its peak (VmHWM), in MB."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024.0
     except OSError:
         pass
@@ -90,19 +124,22 @@ class Stats:
         self.lock = threading.Lock()
         self.ttft, self.itl = [], []
         self.tokens = 0
+        self.prompt_tokens = []
         self.ok = 0
         self.failed = 0
         self.resets = 0
         self.disconnected = 0
         self.errors = []
 
-    def add(self, ttft, gaps, tokens):
+    def add(self, ttft, gaps, tokens, prompt_tokens=None):
         with self.lock:
             self.ok += 1
             if ttft is not None:
                 self.ttft.append(ttft)
             self.itl.extend(gaps)
             self.tokens += tokens
+            if prompt_tokens is not None:
+                self.prompt_tokens.append(prompt_tokens)
 
     def hung_up(self):
         with self.lock:
@@ -116,16 +153,17 @@ class Stats:
                 self.errors.append(why)
 
 
-def one_request(host, port, headers, body, stats, hang_up_after=0):
-    conn = http.client.HTTPConnection(host, port, timeout=120)
+def one_request(host, port, headers, body, stats, hang_up_after=0, path="/v1/chat/completions", timeout=600.0,
+                expect_tokens=0):
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         t0 = time.perf_counter()
-        conn.request("POST", "/v1/chat/completions", body=body, headers=headers)
+        conn.request("POST", path, body=body, headers=headers)
         r = conn.getresponse()
         if r.status != 200:
             stats.fail(f"HTTP {r.status}: {r.read()[:200]!r}")
             return
-        first, last, gaps, tokens, done = None, None, [], 0, False
+        first, last, gaps, tokens, chunks, prompt_tokens, done = None, None, [], None, 0, None, False
         while True:
             line = r.readline()
             if not line:
@@ -143,8 +181,10 @@ def one_request(host, port, headers, body, stats, hang_up_after=0):
                 return
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
+                prompt_tokens = chunk["usage"].get("prompt_tokens")
             for ch in chunk.get("choices", []):
-                if ch.get("delta", {}).get("content"):
+                if ch.get("text") or ch.get("delta", {}).get("content"):
+                    chunks += 1
                     if hang_up_after and len(gaps) + 1 >= hang_up_after:
                         conn.sock.shutdown(socket.SHUT_RDWR)  # the client goes away mid-stream
                         stats.hung_up()
@@ -158,7 +198,12 @@ def one_request(host, port, headers, body, stats, hang_up_after=0):
         if not done:
             stats.fail("stream ended without [DONE]")
             return
-        stats.add(first, gaps, tokens)
+        if tokens is None:  # no usage chunk: count the chunks that carried text
+            tokens = chunks
+        if expect_tokens and tokens != expect_tokens:
+            stats.fail(f"ignore_eos: {tokens} tokens generated, not max_tokens {expect_tokens}")
+            return
+        stats.add(first, gaps, tokens, prompt_tokens)
     except ConnectionResetError as e:
         stats.fail(f"connection reset: {e}", reset=True)
     except Exception as e:  # noqa: BLE001 - any failure counts
@@ -175,8 +220,20 @@ def main():
     ap.add_argument("--api-key", default="")
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--duration", type=float, default=120.0, help="seconds")
+    ap.add_argument("--endpoint", choices=["chat", "completions"], default="chat",
+                    help="/v1/chat/completions (default) or /v1/completions")
+    ap.add_argument("--prompt-tokens", type=int, default=0,
+                    help="a distinct deterministic prompt of about this many tokens per request (default: short prompts)")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                    help="send ignore_eos (vLLM's extension: generate max_tokens past EOS; default on)")
     ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
+    ap.add_argument("--warmup-requests", type=int, default=0,
+                    help="requests sent at once and waited for before the clock starts (not counted)")
+    ap.add_argument("--pid", type=int, default=0, help="the server's process id (RSS) when --url is given")
+    ap.add_argument("--no-metrics", action="store_true",
+                    help="skip the check that areno's /metrics return to idle (other servers)")
     ap.add_argument("--disconnect-fraction", type=float, default=0.0,
                     help="this fraction of the clients hang up mid-stream on every request")
     ap.add_argument("--warmup", type=float, default=60.0, help="seconds before the memory must stay flat")
@@ -213,8 +270,39 @@ def main():
     if args.api_key:
         headers["Authorization"] = "Bearer " + args.api_key
 
+    path = "/v1/chat/completions" if args.endpoint == "chat" else "/v1/completions"
+    pid = proc.pid if proc else args.pid
+
+    def request_body(prompt_seed, seed, max_tokens):
+        if args.prompt_tokens > 0:
+            text = prompt_text(args.prompt_tokens, prompt_seed)
+        else:
+            text = PROMPTS[prompt_seed % len(PROMPTS)]
+        body = {"model": model, "max_tokens": max_tokens, "temperature": args.temperature, "seed": seed,
+                "stream": True, "stream_options": {"include_usage": True}}
+        if args.ignore_eos:
+            body["ignore_eos"] = True
+        if args.endpoint == "chat":
+            body["messages"] = [{"role": "user", "content": text}]
+        else:
+            body["prompt"] = text
+        return json.dumps(body)
+
+    if args.warmup_requests > 0:
+        warm = Stats()
+        ts = [threading.Thread(target=one_request, daemon=True,
+                               args=(host, port, headers, request_body(f"warm-{i}", 10**9 + i, 16), warm, 0, path,
+                                     args.timeout))
+              for i in range(args.warmup_requests)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        if warm.failed:
+            sys.exit(f"warm-up: {warm.failed} of {args.warmup_requests} requests failed: {warm.errors[:3]}")
+
     stats = Stats()
-    rss_start = rss_mb(proc.pid) if proc else float("nan")
+    rss_start = rss_mb(pid) if pid else float("nan")
     rss_samples = []
     t_start = time.perf_counter()
     deadline = t_start + args.duration
@@ -225,12 +313,9 @@ def main():
         k = 0
         hang_up_after = 3 + (i % 5) if i < n_hangup else 0
         while time.perf_counter() < deadline:
-            body = json.dumps({
-                "model": model,
-                "messages": [{"role": "user", "content": PROMPTS[(i + k) % len(PROMPTS)]}],
-                "max_tokens": args.max_tokens, "temperature": args.temperature, "seed": i * 1000 + k,
-                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
-            one_request(host, port, headers, body, stats, hang_up_after)
+            prompt_seed = f"{i}-{k}" if args.prompt_tokens > 0 else i + k
+            one_request(host, port, headers, request_body(prompt_seed, i * 1000 + k, args.max_tokens), stats,
+                        hang_up_after, path, args.timeout, args.max_tokens if args.ignore_eos else 0)
             k += 1
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(args.clients)]
@@ -239,8 +324,8 @@ def main():
     rss_after_warmup = []
     while any(t.is_alive() for t in threads):
         time.sleep(1.0)
-        if proc:
-            rss_samples.append(rss_mb(proc.pid))
+        if pid:
+            rss_samples.append(rss_mb(pid))
             # Flat under steady load: from the warm-up to the deadline (the
             # drain after it, as the batch shrinks to nothing, is reported apart).
             if args.warmup <= time.perf_counter() - t_start <= args.duration:
@@ -248,19 +333,22 @@ def main():
     elapsed = time.perf_counter() - t_start
 
     # The engine must return to idle with every KV block free.
-    idle = False
+    idle = None if args.no_metrics else False
     m = {}
-    for _ in range(100):
+    for _ in range(0 if args.no_metrics else 100):
         m = metrics(base)
         if (m.get("areno_requests_running", 1) == 0 and m.get("areno_requests_waiting", 1) == 0
                 and m.get("areno_kv_blocks_used", 1) == 0):
             idle = True
             break
         time.sleep(0.1)
-    rss_end = rss_mb(proc.pid) if proc else float("nan")
+    rss_end = rss_mb(pid) if pid else float("nan")
+    rss_peak = rss_mb(pid, "VmHWM") if pid else float("nan")
 
     report = {
-        "clients": args.clients, "duration_s": round(elapsed, 2), "max_tokens": args.max_tokens,
+        "clients": args.clients, "duration_s": round(elapsed, 2), "endpoint": path, "max_tokens": args.max_tokens,
+        "ignore_eos": args.ignore_eos,
+        "prompt_tokens_mean": round(statistics.mean(stats.prompt_tokens), 1) if stats.prompt_tokens else None,
         "requests_ok": stats.ok, "requests_failed": stats.failed, "connection_resets": stats.resets,
         "clients_hanging_up": n_hangup, "requests_hung_up": stats.disconnected,
         "generated_tokens": stats.tokens, "throughput_tok_s": round(stats.tokens / elapsed, 1),
@@ -272,6 +360,7 @@ def main():
         "kv_blocks_used_end": m.get("areno_kv_blocks_used"), "running_end": m.get("areno_requests_running"),
         "rss_mb_start": round(rss_start, 1), "rss_mb_end_after_drain": round(rss_end, 1),
         "rss_mb_max": round(max(rss_samples), 1) if rss_samples else float("nan"),
+        "rss_mb_peak_hwm": round(rss_peak, 1),  # VmHWM: the process's peak since it started
         # RSS every ~10 s: flat after the warm-up means no growth under load.
         "rss_mb_trace": [round(x, 1) for x in rss_samples[::10]],
         "errors": stats.errors,
@@ -292,7 +381,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
-    ok = stats.failed == 0 and idle and stats.ok > 0 and flat and report.get("server_exit_code", 0) == 0
+    ok = stats.failed == 0 and idle is not False and stats.ok > 0 and flat and report.get("server_exit_code", 0) == 0
     print("load test:", "PASS" if ok else "FAIL")
     return 0 if ok else 1
 

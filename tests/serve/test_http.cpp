@@ -340,6 +340,78 @@ TEST_CASE("serve/http /v1/completions echo + logprobs equal the packed forward's
   CHECK(json::parse(ev.front())["object"] == "text_completion");
 }
 
+// A greedy stream whose every step has eos (199999) on top (logit_bias): the
+// engine stops at the first token unless ignore_eos (vLLM's extension), and
+// with it generates max_tokens, streamed one text chunk per token.
+TEST_CASE("serve/http ignore_eos: streaming /v1/completions and chat generate past eos to max_tokens") {
+  World& w = world();
+  struct Streamed {
+    int64_t text_chunks = 0, completion_tokens = -1;
+    std::string text, finish;
+    json stop_reason;
+  };
+  for (const std::string path : {"/v1/completions", "/v1/chat/completions"}) {
+    CAPTURE(path);
+    const bool chat = path == "/v1/chat/completions";
+    json body = {{"max_tokens", 6}, {"temperature", 0}, {"logit_bias", {{"199999", 100}}},
+                 {"skip_special_tokens", false}};
+    if (chat) body["messages"] = {{{"role", "user"}, {"content", "Hello there"}}};
+    else body["prompt"] = "hello world";
+    auto stream = [&](bool ignore_eos) {
+      json b = body;
+      b["ignore_eos"] = ignore_eos;
+      b["stream"] = true;
+      b["stream_options"] = {{"include_usage", true}};
+      Reply r = post(w.plain->port, path, b);
+      REQUIRE(r.status == 200);
+      const auto events = sse_payloads(r.raw);
+      REQUIRE(!events.empty());
+      CHECK(events.back() == "[DONE]");
+      Streamed s;
+      for (size_t i = 0; i + 1 < events.size(); ++i) {
+        const json c = json::parse(events[i]);
+        if (c.contains("usage") && c["usage"].is_object()) s.completion_tokens = c["usage"]["completion_tokens"];
+        for (const json& ch : c["choices"]) {
+          const json piece = chat ? ch["delta"].value("content", json()) : ch.value("text", json());
+          if (piece.is_string() && !piece.get<std::string>().empty()) {
+            ++s.text_chunks;
+            s.text += piece.get<std::string>();
+          }
+          if (!ch["finish_reason"].is_null()) {
+            s.finish = ch["finish_reason"];
+            s.stop_reason = ch.value("stop_reason", json());
+          }
+        }
+      }
+      return s;
+    };
+    const Streamed stopped = stream(false);
+    CHECK(stopped.completion_tokens == 1);
+    CHECK(stopped.finish == "stop");
+    CHECK(stopped.stop_reason == 199999);
+
+    const Streamed past = stream(true);
+    CHECK(past.completion_tokens == 6);
+    CHECK(past.finish == "length");
+    CHECK(past.stop_reason.is_null());
+    CHECK(past.text_chunks == 6);
+    REQUIRE(!past.text.empty());
+    REQUIRE(past.text.size() % 6 == 0);
+    const std::string one = past.text.substr(0, past.text.size() / 6);
+    std::string six;
+    for (int i = 0; i < 6; ++i) six += one;
+    CHECK(past.text == six);  // the same (eos) token six times
+    // The same request without streaming gives the same text.
+    json b = body;
+    b["ignore_eos"] = true;
+    Reply whole = post(w.plain->port, path, b);
+    REQUIRE(whole.status == 200);
+    const json& choice = whole.body["choices"][0];
+    CHECK((chat ? choice["message"]["content"] : choice["text"]) == past.text);
+    CHECK(whole.body["usage"]["completion_tokens"] == 6);
+  }
+}
+
 TEST_CASE("serve/http /v1/models, /health, /metrics, /version, /tokenize, /detokenize") {
   World& w = world();
   Reply m = get(w.plain->port, "/v1/models");
