@@ -126,6 +126,8 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, dou
                         double beta) {
   int64_t batch = out.size(0), M = out.size(1), N = out.size(2);
   MatRef ma = describe(a), mb = describe(b);
+  // A few rows times a weight stored [N, K] (b seen transposed): gemm_skinny's shape.
+  const bool skinny_shape = !mb.row_major && M <= kSkinnyMaxRows;
   int64_t sa = a.stride(0), sb = b.stride(0);
   auto dispatch = [&](auto tag) {
     using T = decltype(tag);
@@ -136,7 +138,7 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, dou
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, BFloat16>) {
         // Decode shape (a few rows times a transposed weight): the weight read
         // in place, where Eigen would repack (and 16-bit paths widen) all of b per call.
-        if (!mb.row_major && M <= kSkinnyMaxRows) {
+        if (skinny_shape) {
           skinny<T>(ap + i * sa, ma, bp + i * sb, mb, op + i * M * N, float(alpha), float(beta));
           return;
         }
@@ -164,7 +166,7 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, dou
         for (int64_t j = 0; j < M * N; ++j) o[j] = T(wo[size_t(j)]);
       }
     };
-    if (batch == 1 && !mb.row_major && M <= kSkinnyMaxRows) {
+    if (batch == 1 && skinny_shape) {
       one(0);  // the skinny kernel splits the weight rows across threads itself
     } else if (batch == 1) {
       // Split the rows of one large GEMM across threads, each running Eigen
