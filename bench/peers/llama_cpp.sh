@@ -33,7 +33,9 @@
 # --quantize int8: areno loads each dtype's checkpoint with --quantize int8
 # (bench_llm --quantize int8) and llama.cpp runs that checkpoint's GGUF
 # quantized to Q8_0 by its llama-quantize; rows are labelled DT-int8 and the
-# table goes between the markers `llama_cpp.sh:PRESET-int8`.
+# table goes between the markers `llama_cpp.sh:PRESET-int8`. llama.cpp runs Q8_0
+# without weight repacking (--repack 0 / -nr): with it, this source's
+# llama-bench and llama-batched-bench crash (SIGSEGV) on these GGUFs here.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -53,7 +55,7 @@ while [[ $# -gt 0 ]]; do
     --batched) batched=$2; shift 2 ;;
     --write-docs) write_docs=1; shift ;;
     --quantize) quantize=$2; shift 2 ;;
-    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "llama_cpp.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -118,8 +120,8 @@ done
 # What each engine runs per dtype: the label of its rows, areno's extra flags, the GGUF.
 label() { [[ $quantize == int8 ]] && echo "$1-int8" || echo "$1"; }
 gguf() { [[ $quantize == int8 ]] && echo "$cache/ckpt-$preset-$1-q8_0.gguf" || echo "$cache/ckpt-$preset-$1.gguf"; }
-areno_q=()
-[[ $quantize == int8 ]] && areno_q=(--quantize int8)
+areno_q=() bench_q=() batched_q=()
+if [[ $quantize == int8 ]]; then areno_q=(--quantize int8) bench_q=(--repack 0) batched_q=(-nr); fi
 labels=$(for dt in "${dtype_list[@]}"; do label "$dt"; done | paste -sd,)
 section=$preset
 [[ $quantize == int8 ]] && section=$preset-int8
@@ -138,10 +140,10 @@ for r in $(seq 1 "$rounds"); do
     OMP_NUM_THREADS=$threads "$bench_llm" "$ck" --reps "$reps" --pp "$pps" --tg 128 --batched "$batched" --npp 128 \
       ${areno_q[@]+"${areno_q[@]}"} >"$out/areno-$lb-$r.jsonl"
     echo "round $r $lb: llama.cpp" >&2
-    "$lbin/llama-bench" -m "$g" -t "$threads" -p "$pps" -n 128 -r "$reps" -o jsonl \
+    "$lbin/llama-bench" -m "$g" -t "$threads" -p "$pps" -n 128 -r "$reps" -o jsonl ${bench_q[@]+"${bench_q[@]}"} \
       >"$out/llama-$lb-$r.jsonl" 2>"$out/llama-bench.log" || { tail -5 "$out/llama-bench.log" >&2; exit 1; }
     [[ -z $batched ]] || "$lbin/llama-batched-bench" -m "$g" -t "$threads" -tb "$threads" -c "$ctx" -kvu -npp 128 -ntg 128 \
-      -npl "$batched" --output-format jsonl >"$out/batched-$lb-$r.txt" 2>"$out/batched-bench.log" ||
+      -npl "$batched" ${batched_q[@]+"${batched_q[@]}"} --output-format jsonl >"$out/batched-$lb-$r.txt" 2>"$out/batched-bench.log" ||
       { tail -5 "$out/batched-bench.log" >&2; exit 1; }
   done
 done
