@@ -44,25 +44,17 @@ std::vector<CpuIsa> levels() {
   return l;
 }
 
-// out = alpha x w^T + beta out0 through gemm_skinny<W, O>, checked against f64
-// sums of the values as the kernel sees them (bf16 weights rounded first).
-template <typename W, typename O>
-void check_shape(int64_t M, int64_t N, int64_t K, float alpha, float beta, uint64_t seed) {
-  CAPTURE(M);
-  CAPTURE(N);
-  CAPTURE(K);
-  CAPTURE(beta);
-  const int64_t ldx = K + 3, ldw = K + 5, ldo = N + 2;  // strides past the row ends
-  std::vector<float> x = values(size_t(M * ldx), seed), wf = values(size_t(N * ldw), seed + 1000);
-  std::vector<W> w(wf.begin(), wf.end());
-  std::vector<float> o0 = values(size_t(M * ldo), seed + 2000);
-  std::vector<O> out(o0.begin(), o0.end());
-  gemm_skinny<W, O>(M, N, K, x.data(), ldx, w.data(), ldw, out.data(), ldo, alpha, beta);
+// out (from gemm_skinny* with initial values o0) against f64 sums of x times
+// weight(n, k), the weight as the kernel sees it; columns past N untouched.
+template <typename O, typename Weight>
+void check_result(int64_t M, int64_t N, int64_t K, const std::vector<float>& x, int64_t ldx,
+                  const std::vector<float>& o0, const std::vector<O>& out, int64_t ldo, float alpha, float beta,
+                  const Weight& weight) {
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
       double s = 0, mag = 0;
       for (int64_t k = 0; k < K; ++k) {
-        const double p = double(x[size_t(m * ldx + k)]) * double(float(w[size_t(n * ldw + k)]));
+        const double p = double(x[size_t(m * ldx + k)]) * weight(n, k);
         s += p, mag += std::fabs(p);
       }
       const double init = double(float(O(o0[size_t(m * ldo + n)])));
@@ -78,6 +70,24 @@ void check_shape(int64_t M, int64_t N, int64_t K, float alpha, float beta, uint6
   // Columns past N in each output row stay as they were.
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = N; n < ldo; ++n) REQUIRE(float(out[size_t(m * ldo + n)]) == float(O(o0[size_t(m * ldo + n)])));
+}
+
+// out = alpha x w^T + beta out0 through gemm_skinny<W, O>, checked against f64
+// sums of the values as the kernel sees them (bf16 weights rounded first).
+template <typename W, typename O>
+void check_shape(int64_t M, int64_t N, int64_t K, float alpha, float beta, uint64_t seed) {
+  CAPTURE(M);
+  CAPTURE(N);
+  CAPTURE(K);
+  CAPTURE(beta);
+  const int64_t ldx = K + 3, ldw = K + 5, ldo = N + 2;  // strides past the row ends
+  std::vector<float> x = values(size_t(M * ldx), seed), wf = values(size_t(N * ldw), seed + 1000);
+  std::vector<W> w(wf.begin(), wf.end());
+  std::vector<float> o0 = values(size_t(M * ldo), seed + 2000);
+  std::vector<O> out(o0.begin(), o0.end());
+  gemm_skinny<W, O>(M, N, K, x.data(), ldx, w.data(), ldw, out.data(), ldo, alpha, beta);
+  check_result(M, N, K, x, ldx, o0, out, ldo, alpha, beta,
+               [&](int64_t n, int64_t k) { return double(float(w[size_t(n * ldw + k)])); });
 }
 
 // Random int8 values (the full range, -127..127) and positive scales.
@@ -106,25 +116,9 @@ void check_int8_shape(int64_t M, int64_t N, int64_t K, float alpha, float beta, 
   std::vector<float> o0 = values(size_t(M * ldo), seed + 2000);
   std::vector<O> out(o0.begin(), o0.end());
   gemm_skinny_int8<O>(M, N, K, x.data(), ldx, c.w.data(), ldw, c.scales.data(), out.data(), ldo, alpha, beta);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) {
-      double s = 0, mag = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        const double p = double(x[size_t(m * ldx + k)]) * double(c.scales[size_t(n)]) * double(c.w[size_t(n * ldw + k)]);
-        s += p, mag += std::fabs(p);
-      }
-      const double init = double(float(O(o0[size_t(m * ldo + n)])));
-      const double want = alpha * s + (beta != 0 ? beta * init : 0.0);
-      double tol = 1e-6 * (std::fabs(alpha) * mag + std::fabs(beta * init)) + 1e-7;
-      if (sizeof(O) == 2) tol += std::fabs(want) * 0x1p-8;
-      const double got = double(float(out[size_t(m * ldo + n)]));
-      if (std::fabs(got - want) > tol) {
-        FAIL_CHECK("m " << m << " n " << n << ": got " << got << " want " << want << " tol " << tol);
-        return;
-      }
-    }
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = N; n < ldo; ++n) REQUIRE(float(out[size_t(m * ldo + n)]) == float(O(o0[size_t(m * ldo + n)])));
+  check_result(M, N, K, x, ldx, o0, out, ldo, alpha, beta, [&](int64_t n, int64_t k) {
+    return double(c.scales[size_t(n)]) * double(c.w[size_t(n * ldw + k)]);
+  });
 }
 
 // Worst |got - want| beyond `rel` of |want|, over f64 values.
