@@ -232,16 +232,17 @@ std::string describe(const Agreement& a, size_t prompts) {
 
 }  // namespace
 
-// Must-show 5 of issue 16 (docs/perf.md "int8"): the demo model with its
-// decoder and tied head in int8 against the same model unquantized in f32 (the
-// demo's dtype), on 64-token greedy continuations of every held-out prompt
-// (text, image, audio; the towers and LoRAs stay unquantized). Teacher-forced:
-// the int8 model's greedy token at each position of the unquantized model's
-// continuation, and KL(unquantized || int8) of the next-token distributions
-// there; the same in bf16 compute (int8 against bf16), and bf16 against f32
-// reported for scale (the noise bf16 rounding itself brings). Measured
-// (docs/perf.md "int8"): f32 99.84 % of 3840 tokens, mean KL 7.8e-4; bf16
-// 99.19 %, mean KL 3.4e-3; bf16 against f32 99.48 %, 7.8e-4.
+// Must-show 5 of issue 16 (docs/perf.md "Weight-only int8"): the demo model
+// with its decoder and tied head in int8 against the same model unquantized in
+// f32 (the demo's dtype), on 64-token greedy continuations of the first 30
+// held-out prompts (5 of each family: text, image, audio; the towers and LoRAs
+// stay unquantized). Teacher-forced: the int8 model's greedy token at each
+// position of the unquantized model's continuation, and KL(unquantized ||
+// int8) of the next-token distributions there; the same in bf16 compute (int8
+// against bf16). Measured on all 60 prompts (docs/perf.md): f32 99.84 % of
+// 3840 tokens, mean KL 7.8e-4; bf16 99.19 %, mean KL 3.4e-3 (bf16 against f32,
+// for scale: 99.48 %, 7.8e-4). 30 prompts keep the test near 30 s alone; the
+// full suite runs it beside others on 2 cores.
 TEST_CASE("int8: the quantized demo model's greedy tokens agree with the unquantized model's on >= 95 %") {
   constexpr int kCont = 64;
   constexpr double kMinAgree = 0.95, kMaxMeanKl = 2e-3, kMaxMeanKlBf16 = 1e-2;
@@ -251,8 +252,10 @@ TEST_CASE("int8: the quantized demo model's greedy tokens agree with the unquant
   tk.set_padded_vocab_size(200064);
   const train::SftDataset data = train::load_sft_dataset(dir.path / "heldout.jsonl", tk, {});
   REQUIRE(data.rows.size() == size_t(kRows));
+  constexpr size_t kPrompts = 30;
   std::vector<DemoPrompt> prompts;
-  for (const train::SftRow& row : data.rows) prompts.push_back({train::prompt_of(row), row.media, row.adapter});
+  for (size_t i = 0; i < kPrompts; ++i)
+    prompts.push_back({train::prompt_of(data.rows[i]), data.rows[i].media, data.rows[i].adapter});
   NoGradGuard ng;
   auto f32 = phi4mm::demo_model(DType::f32), q32 = phi4mm::demo_model(DType::f32);
   phi4mm::quantize_model(*q32, phi4mm::Quantize::int8);
@@ -268,5 +271,6 @@ TEST_CASE("int8: the quantized demo model's greedy tokens agree with the unquant
   MESSAGE("int8 vs bf16 (bf16 compute): " << describe(b, prompts.size()));
   CHECK(b.rate() >= kMinAgree);
   CHECK(b.mean_kl() <= kMaxMeanKlBf16);
-  MESSAGE("bf16 vs f32: " << describe(compare_models(*f32, *b16, prompts, kCont), prompts.size()));
+  if (std::getenv("ARENO_INT8_BF16_SCALE"))  // the bf16-against-f32 row of docs/perf.md
+    MESSAGE("bf16 vs f32: " << describe(compare_models(*f32, *b16, prompts, kCont), prompts.size()));
 }
