@@ -24,8 +24,8 @@ namespace {
 
 constexpr const char* kEvalUsage =
     "usage: areno eval --dataset-path FILE [--model-path DIR] [--group-by FIELD] [--show-wrong]\n"
-    "                  [--media-root DIR] [--device cpu|cuda[:N]] [--dtype f32|bf16] [--json]\n"
-    "                  [--threads N]\n"
+    "                  [--media-root DIR] [--device cpu|cuda[:N]] [--dtype f32|bf16] [--quantize int8]\n"
+    "                  [--json] [--threads N]\n"
     "\n"
     "Answers every row's prompt greedily and counts the rows whose answer equals the\n"
     "row's first assistant turn token for token (and ends there). Rows are read as\n"
@@ -34,6 +34,8 @@ constexpr const char* kEvalUsage =
     "  --group-by FIELD   also count per value of this row field (e.g. family)\n"
     "  --show-wrong       print each wrong answer (line, expected, got) to stderr\n"
     "  --media-root DIR   media paths resolve under DIR (default: the dataset's folder)\n"
+    "  --quantize int8    weight-only int8 for the decoder and the tied head (per output channel\n"
+    "                     scales, f32 activations; CPU only)\n"
     "  --json             print the counts as one JSON object instead of the table\n"
     "  --threads N        compute threads (default: OMP_NUM_THREADS, else the physical cores)\n";
 
@@ -47,13 +49,15 @@ int cmd_eval(const Args& args) {
   flags.value("--media-root", media_root).value("--device", device).value("--dtype", dtype);
   flags.compute_threads();
   flags.toggle("--show-wrong", show_wrong).toggle("--json", as_json);
+  ModelNeeds needs;
+  add_quantize_flag(flags, needs);
   if (auto rc = flags.parse(args)) return *rc;
   if (dataset.empty()) {
     fmt::print(stderr, "areno eval: --dataset-path is required\n\n{}", kEvalUsage);
     return 2;
   }
   if (!fs::exists(dataset)) throw std::runtime_error(fmt::format("--dataset-path {}: no such file", dataset));
-  ServedModel sm = load_served_model(model_path, device, dtype);
+  ServedModel sm = load_served_model(model_path, device, dtype, needs);
   train::DatasetOptions dopts;
   dopts.media_root = media_root;
   dopts.image = sm.model->image_embed() != nullptr;

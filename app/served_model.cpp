@@ -24,6 +24,10 @@ ServedModel load_served_model(const std::string& model_path, const std::string& 
   ServedModel m;
   if (model_path.empty()) {
     m.model = phi4mm::demo_model(dt.value_or(DType::f32));
+    if (needs.quantize != phi4mm::Quantize::none && !dev.is_cpu())
+      throw std::invalid_argument(fmt::format("--quantize {} runs on the CPU only for now (asked for --device {})",
+                                              phi4mm::quantize_name(needs.quantize), device));
+    phi4mm::quantize_model(*m.model, needs.quantize);
     if (!dev.is_cpu()) m.model->to(dev);
     auto t = phi4mm::make_tokenizer();
     t.set_padded_vocab_size(size_t(m.model->config().text.vocab_size));
@@ -38,6 +42,7 @@ ServedModel load_served_model(const std::string& model_path, const std::string& 
   lo.with_lora = needs.lora;
   lo.vision = lo.audio = needs.towers;
   lo.check_weights = needs.check_weights;
+  lo.quantize = needs.quantize;
   phi4mm::LoadReport report;
   const auto t0 = std::chrono::steady_clock::now();
   m.model = phi4mm::load_model(model_path, lo, &report);
@@ -53,6 +58,16 @@ ServedModel load_served_model(const std::string& model_path, const std::string& 
   }
   m.name = model_path;
   return m;
+}
+
+void add_quantize_flag(Flags& flags, ModelNeeds& needs) {
+  flags.value("--quantize", [&needs](const std::string& v) {
+    try {
+      needs.quantize = phi4mm::quantize_from_name(v);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(fmt::format("--quantize: {}", e.what()));
+    }
+  });
 }
 
 }  // namespace areno::app

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "app/flags.h"
 #include "models/phi4mm/model.h"
 #include "models/phi4mm/text.h"
 #include "models/phi4mm/tokenizer/tokenizer.h"
@@ -26,7 +27,10 @@ struct ModelNeeds {
   bool towers = true;
   bool tokenizer = true;
   bool check_weights = false;  // --check-weights: refuse NaN / inf weights (phi4mm::LoadOptions)
+  phi4mm::Quantize quantize = phi4mm::Quantize::none;  // --quantize (phi4mm::LoadOptions; the demo model too)
 };
+// Registers `--quantize none|int8` (into needs.quantize) on a command that loads a model.
+void add_quantize_flag(Flags& flags, ModelNeeds& needs);
 // The one model loader of the commands (serve, generate, score, logits):
 // `device` "cpu" | "cuda[:N]"; `dtype` as parse_dtype_flag (app/flags.h).
 ServedModel load_served_model(const std::string& model_path, const std::string& device, const std::string& dtype,

@@ -121,6 +121,15 @@ class Backend {
   virtual void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha,
                       double beta) = 0;
 
+  // ---- weight-only int8 linear (optional; tensor/quantized.h) ----
+  // x [M, K] contig (f32 or bf16), w [N, K] int8 row-major with scales [N]
+  // f32 (host memory), out [M, N] contig in x's dtype: out = x (scales * w)^T,
+  // accumulated in f32. Returns false when the backend has no kernel for it.
+  virtual bool linear_int8(const Tensor& x, const int8_t* w, const float* scales, const Tensor& out) {
+    (void)x, (void)w, (void)scales, (void)out;
+    return false;
+  }
+
   // ---- fused attention for inference (optional) ----
   // q [B, HQ, TQ, D], k/v [B, HKV, TK, D] (last dim contiguous), out [B, HQ, TQ, D]
   // contiguous: softmax(scale * q k^T, causal: query i sees keys j <= i + TK - TQ) v.

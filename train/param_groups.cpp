@@ -72,6 +72,9 @@ bool trains(const std::string& name, const GroupOptions& o) {
 }
 
 int64_t apply_trainable(phi4mm::Phi4MMForCausalLM& model, const GroupOptions& o) {
+  if (model.is_quantized())
+    throw std::invalid_argument("training needs an unquantized model: this one holds int8 weights (--quantize "
+                                "int8 is for inference; load the checkpoint without it)");
   int64_t n = 0;
   for (auto& [name, p] : model.named_parameters()) {
     // The audio CMVN statistics are stored as parameters but never trained.

@@ -25,8 +25,13 @@
 // (the head for the last row only) plus the causal attention's 2 x 2 x
 // T^2 / 2 x heads x head_dim per layer.
 //
+// --quantize int8 loads the decoder and the tied head in int8 (LoadOptions::
+// quantize, as `areno serve --quantize int8`): the weight bytes, the GEMM
+// shapes and every measure are then those of the int8 model.
+//
 // usage: bench_llm CHECKPOINT_DIR [--reps N] [--pp 512,4096] [--tg 128]
 //                  [--batched 8,32] [--npp 128] [--only pp|tg|batched|bw|gemm]
+//                  [--quantize none|int8]
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -143,12 +148,14 @@ double read_bandwidth(size_t bytes, int reps) {
 
 int run(int argc, char** argv) {
   if (argc < 2) throw std::invalid_argument("usage: bench_llm CHECKPOINT_DIR [--reps N] [--pp LIST] [--tg N] "
-                                            "[--batched LIST] [--npp N] [--only pp|tg|batched|bw]");
+                                            "[--batched LIST] [--npp N] [--only pp|tg|batched|bw|gemm] "
+                                            "[--quantize none|int8]");
   const std::string dir = argv[1];
   int reps = 3;
   std::vector<int64_t> pps{512}, batched{8, 32};
   int64_t tg = 128, npp = 128;
   std::string only;
+  Quantize quantize = Quantize::none;
   for (int i = 2; i < argc; i += 2) {
     const std::string a = argv[i];
     if (i + 1 >= argc) throw std::invalid_argument(fmt::format("{}: needs a value", a));
@@ -159,6 +166,7 @@ int run(int argc, char** argv) {
     else if (a == "--batched") batched = list_of(v);
     else if (a == "--npp") npp = std::stoll(v);
     else if (a == "--only") only = v;
+    else if (a == "--quantize") quantize = quantize_from_name(v);
     else throw std::invalid_argument(fmt::format("unknown option '{}'", a));
   }
   auto want = [&](const char* name) { return only.empty() || only == name; };
@@ -173,25 +181,31 @@ int run(int argc, char** argv) {
   LoadOptions lo;
   lo.with_lora = false;  // text serving reads the base weights only, as the GGUF holds them
   lo.vision = lo.audio = false;
+  lo.quantize = quantize;
   auto model = load_model(dir, lo);
   const Phi4MMForCausalLM& m = *model;
   size_t weight_bytes = 0;
   for (const auto& p : model->parameters()) weight_bytes += p.nbytes();
+  // The linear weights and the head (int8 or not), by module.
+  const auto matrices = model->quantizable_weights();
+  for (const auto& [name, w] : matrices)
+    if (w->int8) weight_bytes += w->int8->nbytes();
   // Bytes one decode step reads: every decoder weight once, the tied head
   // (the embedding matrix) once; the embedding lookup itself reads one row.
-  fmt::print("{{\"bench\": \"load\", \"dtype\": \"{}\", \"weight_bytes\": {}, \"decode_read_bytes\": {}, "
-             "\"threads\": {}}}\n",
-             dtype_name(model->dtype()), weight_bytes, weight_bytes, omp_get_max_threads());
+  fmt::print("{{\"bench\": \"load\", \"dtype\": \"{}\", \"quantize\": \"{}\", \"weight_bytes\": {}, "
+             "\"decode_read_bytes\": {}, \"threads\": {}}}\n",
+             dtype_name(model->dtype()), quantize_name(quantize), weight_bytes, weight_bytes, omp_get_max_threads());
   std::fflush(stdout);
 
   // Matrix parameters of the decoder layers (not the embedding / head, not norms).
   const TextConfig& tc = m.config().text;
   double layer_matrix_params = 0;
-  std::vector<Tensor> layer0;
-  for (const auto& [name, p] : model->named_parameters())
-    if (p.dim() == 2 && name.find("embed_tokens") == std::string::npos) {
-      layer_matrix_params += double(p.numel());
-      if (name.find("layers.0.") != std::string::npos) layer0.push_back(p);
+  std::vector<const Weight*> layer0;
+  auto rows_of = [](const Weight& w) { return w.int8 ? w.int8->rows : w.weight.size(0); };
+  for (const auto& [name, w] : matrices)
+    if (name != "model.embed_tokens") {
+      layer_matrix_params += double(rows_of(*w) * w->weight.size(1));
+      if (name.find("layers.0.") != std::string::npos) layer0.push_back(w);
     }
   auto prefill_flops = [&](int64_t T) {
     const double attn = 2.0 * 2.0 * double(T) * double(T) / 2.0 * double(tc.num_attention_heads * tc.head_dim()) *
@@ -200,13 +214,13 @@ int run(int argc, char** argv) {
   };
   if (want("gemm")) {
     double peak = 0;
-    for (const Tensor& w : layer0) {
-      const int64_t T = 512, N = w.size(0), K = w.size(1);
+    for (const Weight* w : layer0) {
+      const int64_t T = 512, N = rows_of(*w), K = w->weight.size(1);
       Generator gen(1);
-      const Tensor x = rand_normal({T, K}, gen, 0.0, 1.0).to(w.dtype());
+      const Tensor x = rand_normal({T, K}, gen, 0.0, 1.0).to(m.dtype());
       const double s = best_of(reps, [&] {
         const double t0 = now_s();
-        Tensor y = linear(x, w, Tensor());
+        Tensor y = w->linear(x);
         return now_s() - t0;
       });
       const double gf = 2.0 * double(T * N * K) / s / 1e9;

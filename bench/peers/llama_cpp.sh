@@ -22,6 +22,7 @@
 # usage: bench/peers/llama_cpp.sh [--build DIR] [--preset small|full]
 #                                 [--dtypes f32,bf16] [--rounds N] [--reps N]
 #                                 [--pp 512,4096] [--batched 8,32|''] [--write-docs]
+#                                 [--quantize int8]
 #                                 [--prepare]  (steps 1-2 only: llama.cpp and the GGUF files)
 #   THREADS (default 2), ARENO_PEER_CACHE, PYTHON (default python3; a venv with
 #   numpy and pyyaml is made in the cache when it lacks them).
@@ -30,6 +31,12 @@
 # of B sequences after a 128-token prompt each (llama-batched-bench S_TG).
 # llama.cpp runs with its defaults (f16 KV cache, flash attention auto);
 # areno keeps its KV cache in the model's dtype.
+# --quantize int8: areno loads each dtype's checkpoint with --quantize int8
+# (bench_llm --quantize int8) and llama.cpp runs that checkpoint's GGUF
+# quantized to Q8_0 by its llama-quantize; rows are labelled DT-int8 and the
+# table goes between the markers `llama_cpp.sh:PRESET-int8`. llama.cpp runs Q8_0
+# without weight repacking (--repack 0 / -nr): with it, this source's
+# llama-bench and llama-batched-bench crash (SIGSEGV) on these GGUFs here.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -37,7 +44,7 @@ root=$PWD
 LLAMA_CPP_PYTHON_VERSION=0.3.36
 LLAMA_CPP_PYTHON_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 
-build=build preset=small dtypes=f32,bf16 rounds=2 reps=3 pps=512,4096 batched=8,32 write_docs=0 prepare=0
+build=build preset=small dtypes=f32,bf16 rounds=2 reps=3 pps=512,4096 batched=8,32 write_docs=0 prepare=0 quantize=none
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -49,10 +56,13 @@ while [[ $# -gt 0 ]]; do
     --batched) batched=$2; shift 2 ;;
     --write-docs) write_docs=1; shift ;;
     --prepare) prepare=1; shift ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    --quantize) quantize=$2; shift 2 ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "llama_cpp.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+[[ $quantize == none || $quantize == int8 ]] || {
+  echo "llama_cpp.sh: --quantize must be none or int8, not '$quantize'" >&2; exit 2; }
 threads=${THREADS:-2}
 cache=${ARENO_PEER_CACHE:-$HOME/.cache/areno-peers}
 mkdir -p "$cache"
@@ -83,12 +93,14 @@ echo "$LLAMA_CPP_PYTHON_SHA256  $sdist" | sha256sum -c --quiet - || {
   echo "llama_cpp.sh: $sdist does not have the pinned sha256" >&2; exit 1; }
 [[ -d $src ]] || tar -xzf "$sdist" -C "$cache"
 lbin=$src/build-cpu/bin
-if [[ ! -x $lbin/llama-bench || ! -x $lbin/llama-batched-bench || ! -x $lbin/llama-server ]]; then
+if [[ ! -x $lbin/llama-bench || ! -x $lbin/llama-batched-bench || ! -x $lbin/llama-server ||
+      ! -x $lbin/llama-quantize ]]; then
   echo "building llama.cpp (llama-cpp-python $LLAMA_CPP_PYTHON_VERSION's source, CPU, native)" >&2
   cmake -S "$src" -B "$src/build-cpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >"$cache/llama-cmake.log"
-  ninja -C "$src/build-cpu" -j"$(nproc)" llama-bench llama-batched-bench llama-server >"$cache/llama-build.log"
+  ninja -C "$src/build-cpu" -j"$(nproc)" llama-bench llama-batched-bench llama-server llama-quantize \
+    >"$cache/llama-build.log"
 fi
 llama_commit=$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo "vendored")
 
@@ -102,7 +114,19 @@ for dt in "${dtype_list[@]}"; do
   if [[ ! -f $ck.gguf || $ck.gguf -ot $ck/config.json ]]; then
     PYTHONPATH=$src/gguf-py "$py" bench/peers/to_gguf.py "$ck" "$ck.gguf" --outtype "$dt" >&2
   fi
+  if [[ $quantize == int8 && ( ! -f $ck-q8_0.gguf || $ck-q8_0.gguf -ot $ck.gguf ) ]]; then
+    "$lbin/llama-quantize" "$ck.gguf" "$ck-q8_0.gguf" Q8_0 >"$cache/llama-quantize.log" 2>&1 ||
+      { tail -5 "$cache/llama-quantize.log" >&2; exit 1; }
+  fi
 done
+# What each engine runs per dtype: the label of its rows, areno's extra flags, the GGUF.
+label() { [[ $quantize == int8 ]] && echo "$1-int8" || echo "$1"; }
+gguf() { [[ $quantize == int8 ]] && echo "$cache/ckpt-$preset-$1-q8_0.gguf" || echo "$cache/ckpt-$preset-$1.gguf"; }
+areno_q=() bench_q=() batched_q=()
+if [[ $quantize == int8 ]]; then areno_q=(--quantize int8) bench_q=(--repack 0) batched_q=(-nr); fi
+labels=$(for dt in "${dtype_list[@]}"; do label "$dt"; done | paste -sd,)
+section=$preset
+[[ $quantize == int8 ]] && section=$preset-int8
 
 [[ $prepare == 0 ]] || exit 0
 
@@ -115,14 +139,15 @@ echo "load before: $(uptime)" >&2
 for r in $(seq 1 "$rounds"); do
   for dt in "${dtype_list[@]}"; do
     ck=$cache/ckpt-$preset-$dt
-    echo "round $r $dt: areno" >&2
+    lb=$(label "$dt") g=$(gguf "$dt")
+    echo "round $r $lb: areno" >&2
     OMP_NUM_THREADS=$threads "$bench_llm" "$ck" --reps "$reps" --pp "$pps" --tg 128 --batched "$batched" --npp 128 \
-      >"$out/areno-$dt-$r.jsonl"
-    echo "round $r $dt: llama.cpp" >&2
-    "$lbin/llama-bench" -m "$ck.gguf" -t "$threads" -p "$pps" -n 128 -r "$reps" -o jsonl \
-      >"$out/llama-$dt-$r.jsonl" 2>"$out/llama-bench.log" || { tail -5 "$out/llama-bench.log" >&2; exit 1; }
-    [[ -z $batched ]] || "$lbin/llama-batched-bench" -m "$ck.gguf" -t "$threads" -tb "$threads" -c "$ctx" -kvu -npp 128 -ntg 128 \
-      -npl "$batched" --output-format jsonl >"$out/batched-$dt-$r.txt" 2>"$out/batched-bench.log" ||
+      ${areno_q[@]+"${areno_q[@]}"} >"$out/areno-$lb-$r.jsonl"
+    echo "round $r $lb: llama.cpp" >&2
+    "$lbin/llama-bench" -m "$g" -t "$threads" -p "$pps" -n 128 -r "$reps" -o jsonl ${bench_q[@]+"${bench_q[@]}"} \
+      >"$out/llama-$lb-$r.jsonl" 2>"$out/llama-bench.log" || { tail -5 "$out/llama-bench.log" >&2; exit 1; }
+    [[ -z $batched ]] || "$lbin/llama-batched-bench" -m "$g" -t "$threads" -tb "$threads" -c "$ctx" -kvu -npp 128 -ntg 128 \
+      -npl "$batched" ${batched_q[@]+"${batched_q[@]}"} --output-format jsonl >"$out/batched-$lb-$r.txt" 2>"$out/batched-bench.log" ||
       { tail -5 "$out/batched-bench.log" >&2; exit 1; }
   done
 done
@@ -131,7 +156,7 @@ echo "load after:  $(uptime)" >&2
 commit=$(git -C "$root" rev-parse --short HEAD)
 cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 flags=$(grep -m1 -o -w -E 'avx2|avx512f|avx512_bf16|avx512_vnni|amx_bf16|amx_int8|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')
-"$py" bench/peers/table.py --out-dir "$out" --dtypes "$dtypes" --rounds "$rounds" --preset "$preset" \
+"$py" bench/peers/table.py --out-dir "$out" --dtypes "$labels" --rounds "$rounds" --preset "$preset" --section "$section" \
   --threads "$threads" --commit "$commit" --cpu "$cpu" --flags "$flags" \
   --llama "llama-cpp-python $LLAMA_CPP_PYTHON_VERSION ($llama_commit)" \
   $([[ $write_docs == 1 ]] && echo --write-docs docs/perf.md)

@@ -4,7 +4,8 @@
 batched-DT-R.txt from llama-batched-bench --output-format jsonl), keeps the best
 of each measure over rounds and repetitions (both engines alike), prints a
 markdown table, and with --write-docs FILE replaces the section between
-`<!-- llama_cpp.sh:PRESET begin -->` and `<!-- llama_cpp.sh:PRESET end -->`
+`<!-- llama_cpp.sh:SECTION begin -->` and `<!-- llama_cpp.sh:SECTION end -->`
+(SECTION: --section, default the preset)
 (appended when absent; written to a temp file, synced, renamed).
 
 Decode bound: a decode step reads every weight once (the tied head included),
@@ -60,6 +61,7 @@ def main():
     ap.add_argument("--dtypes", required=True)
     ap.add_argument("--rounds", type=int, required=True)
     ap.add_argument("--preset", required=True)
+    ap.add_argument("--section", help="the docs markers' name (default: the preset)")
     ap.add_argument("--threads", required=True)
     ap.add_argument("--commit", required=True)
     ap.add_argument("--cpu", default="")
@@ -122,7 +124,8 @@ def main():
     print(table)
 
     if a.write_docs:
-        write_section(a.write_docs, f"<!-- llama_cpp.sh:{a.preset} begin -->", f"<!-- llama_cpp.sh:{a.preset} end -->",
+        section = a.section or a.preset
+        write_section(a.write_docs, f"<!-- llama_cpp.sh:{section} begin -->", f"<!-- llama_cpp.sh:{section} end -->",
                       table)
         print(f"wrote the table into {a.write_docs}")
 

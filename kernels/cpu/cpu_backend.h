@@ -43,6 +43,7 @@ class CpuBackend final : public Backend {
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha,
               double beta) override;
 
+  bool linear_int8(const Tensor& x, const int8_t* w, const float* scales, const Tensor& out) override;
   bool attention_inference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                            double scale, bool causal) override;
 

@@ -30,7 +30,7 @@ inline void store(O* p, float v, float alpha, float beta) {
 namespace generic {
 template <typename W, typename O>
 void slice(int64_t M, int64_t n0, int64_t n1, int64_t K, const float* x, int64_t ldx, const W* w, int64_t ldw,
-           O* out, int64_t ldo, float alpha, float beta) {
+           const float* scale, O* out, int64_t ldo, float alpha, float beta) {
   constexpr int L = 16;
   for (int64_t n = n0; n < n1; ++n) {
     const W* wr = w + n * ldw;
@@ -43,7 +43,7 @@ void slice(int64_t M, int64_t n0, int64_t n1, int64_t K, const float* x, int64_t
       for (int j = 0; k < K; ++k, ++j) acc[j] += xr[k] * float(wr[k]);
       float s = 0;
       for (int j = 0; j < L; ++j) s += acc[j];
-      store(out + m * ldo + n, s, alpha, beta);
+      store(out + m * ldo + n, scale ? s * scale[n] : s, alpha, beta);
     }
   }
 }
@@ -60,6 +60,9 @@ struct V {
   static Vec load(const BFloat16* p) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static Vec load(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
   template <typename T>
   static Vec load_tail(const T* p, int n) {
@@ -91,7 +94,13 @@ struct V {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
+  static Vec load(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
   static Vec load_tail(const float* p, int n) { return _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), p); }
+  static Vec load_tail(const int8_t* p, int n) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(__mmask16((1u << n) - 1), p)));
+  }
   static Vec load_tail(const BFloat16* p, int n) {
     const __m256i h = _mm256_maskz_loadu_epi16(__mmask16((1u << n) - 1), p);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -153,9 +162,11 @@ const char* cpu_isa_name(CpuIsa isa) {
   return "?";
 }
 
+namespace {
+
 template <typename W, typename O>
-void gemm_skinny(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, const W* w, int64_t ldw, O* out,
-                 int64_t ldo, float alpha, float beta) {
+void run(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, const W* w, int64_t ldw, const float* scale,
+         O* out, int64_t ldo, float alpha, float beta) {
   if (M <= 0 || N <= 0) return;
   const CpuIsa isa = cpu_isa();
   // Groups of 8 weight rows, so every thread's slice starts on a whole tile.
@@ -164,13 +175,31 @@ void gemm_skinny(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, c
   parallel_for(groups, M * K * G, [&](int64_t g0, int64_t g1) {
     const int64_t n0 = g0 * G, n1 = std::min(N, g1 * G);
     switch (isa) {
-      case CpuIsa::avx512: return avx512::slice(M, n0, n1, K, x, ldx, w, ldw, out, ldo, alpha, beta);
-      case CpuIsa::avx2: return avx2::slice(M, n0, n1, K, x, ldx, w, ldw, out, ldo, alpha, beta);
-      case CpuIsa::generic: return generic::slice(M, n0, n1, K, x, ldx, w, ldw, out, ldo, alpha, beta);
+      case CpuIsa::avx512: return avx512::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
+      case CpuIsa::avx2: return avx2::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
+      case CpuIsa::generic: return generic::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
     }
   });
 }
 
+}  // namespace
+
+template <typename W, typename O>
+void gemm_skinny(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, const W* w, int64_t ldw, O* out,
+                 int64_t ldo, float alpha, float beta) {
+  run<W, O>(M, N, K, x, ldx, w, ldw, nullptr, out, ldo, alpha, beta);
+}
+
+template <typename O>
+void gemm_skinny_int8(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, const int8_t* w, int64_t ldw,
+                      const float* scales, O* out, int64_t ldo, float alpha, float beta) {
+  run<int8_t, O>(M, N, K, x, ldx, w, ldw, scales, out, ldo, alpha, beta);
+}
+
+template void gemm_skinny_int8<float>(int64_t, int64_t, int64_t, const float*, int64_t, const int8_t*, int64_t,
+                                      const float*, float*, int64_t, float, float);
+template void gemm_skinny_int8<BFloat16>(int64_t, int64_t, int64_t, const float*, int64_t, const int8_t*, int64_t,
+                                         const float*, BFloat16*, int64_t, float, float);
 template void gemm_skinny<float, float>(int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t,
                                         float*, int64_t, float, float);
 template void gemm_skinny<BFloat16, float>(int64_t, int64_t, int64_t, const float*, int64_t, const BFloat16*,

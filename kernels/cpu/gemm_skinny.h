@@ -5,7 +5,7 @@
 //
 //   out[m * ldo + n] = alpha * sum_k x[m * ldx + k] * w[n * ldw + k]  (+ beta * out)
 //
-// The weights are read in place in their stored dtype (f32 or bf16, widened
+// The weights are read in place in their stored dtype (f32, bf16 or int8, widened
 // in registers; no per-call copy, widening or packing of w), each thread
 // streaming its own contiguous slice of the N rows; activations are f32 and
 // accumulation is f32, in a fixed order per output (a result does not depend
@@ -41,5 +41,14 @@ constexpr int64_t kSkinnyMaxRows = 32;
 template <typename W, typename O>
 void gemm_skinny(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, const W* w, int64_t ldw, O* out,
                  int64_t ldo, float alpha, float beta);
+
+// Weight-only int8 (tensor/quantized.h): w holds int8 values and row n of the
+// weight is scales[n] * w[n, :]. The int8 values are widened to f32 in
+// registers and the row's scale multiplies the finished dot product:
+//   out[m * ldo + n] = alpha * scales[n] * sum_k x[m * ldx + k] * w[n * ldw + k]  (+ beta * out)
+// O is float or BFloat16; same tiles, threads and dispatch as gemm_skinny.
+template <typename O>
+void gemm_skinny_int8(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, const int8_t* w, int64_t ldw,
+                      const float* scales, O* out, int64_t ldo, float alpha, float beta);
 
 }  // namespace areno::cpu

@@ -1,9 +1,10 @@
-// Batched GEMM on Eigen. 16-bit operands are widened to f32 per matrix.
+// Batched GEMM on Eigen (and the int8-weight linear at the end). 16-bit operands are widened to f32 per matrix.
 // GCC 12 reports false "(may be) used uninitialized" inside its AVX-512
 // intrinsics once Eigen's packet code is inlined here.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <Eigen/Core>
+#include <stdexcept>
 #include <type_traits>
 #include <vector>
 
@@ -214,6 +215,107 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, dou
     case DType::f16: return dispatch(Half{});
     default: throw std::invalid_argument("matmul needs floating-point tensors");
   }
+}
+
+}  // namespace areno::cpu
+
+// ---- weight-only int8 (tensor/quantized.h) ----
+
+namespace areno::cpu {
+
+namespace {
+
+// Rows [n0, n0 + count) of an int8 weight as T: scales[n] * w[n, k] (rounded once for bf16).
+template <typename T>
+void dequantize_rows(const int8_t* w, const float* scales, int64_t K, int64_t n0, int64_t count, T* buf) {
+  for (int64_t r = 0; r < count; ++r) {
+    const int8_t* src = w + (n0 + r) * K;
+    const float s = scales[n0 + r];
+    T* dst = buf + r * K;
+    for (int64_t k = 0; k < K; ++k) dst[k] = T(s * float(src[k]));
+  }
+}
+
+// Weight rows per dequantized block: about `bytes` of T, a multiple of 16, at least 16.
+int64_t block_rows(int64_t K, size_t elem, size_t bytes) {
+  return std::max<int64_t>(16, int64_t(bytes / (elem * size_t(K))) / 16 * 16);
+}
+
+// More than kSkinnyMaxRows rows in f32 (bf16 activations widened, output
+// rounded per block): each thread dequantizes blocks of its own weight rows
+// into a buffer of its own and multiplies all rows of x by them (Eigen, one
+// thread each), writing its columns of out.
+template <typename O>
+void int8_prefill_f32(int64_t M, int64_t N, int64_t K, const float* x, const int8_t* w, const float* scales, O* out) {
+  const int64_t threads = num_threads();
+  int64_t nb = block_rows(K, sizeof(float), size_t(1) << 20);
+  nb = std::min(nb, ((N + threads - 1) / threads + 15) / 16 * 16);  // every thread gets blocks
+  const int64_t blocks = (N + nb - 1) / nb;
+  parallel_for(blocks, M * K * nb, [&](int64_t b0, int64_t b1) {
+    std::vector<float> buf(size_t(nb * K)), ob;
+    if constexpr (!std::is_same_v<O, float>) ob.resize(size_t(M * nb));
+    const MatRef ma{M, K, K, true};
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * nb, count = std::min(nb, N - n0);
+      dequantize_rows(w, scales, K, n0, count, buf.data());
+      const MatRef mb{K, count, K, false};  // the block [count, K] seen as [K, count]
+      if constexpr (std::is_same_v<O, float>) {
+        gemm_one<float>(x, ma, buf.data(), mb, out + n0, 1.0f, 0.0f, N);
+      } else {
+        gemm_one<float>(x, ma, buf.data(), mb, ob.data(), 1.0f, 0.0f, count);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t j = 0; j < count; ++j) out[m * N + n0 + j] = O(ob[size_t(m * count + j)]);
+      }
+    }
+  });
+}
+
+// bf16 with more than kSkinnyMaxRows rows through oneDNN: blocks of weight
+// rows dequantized to bf16 (all threads), then oneDNN's native bf16 GEMM on
+// each (all threads). False when oneDNN ran nothing (off, or refused).
+bool int8_prefill_dnnl(int64_t M, int64_t N, int64_t K, const BFloat16* x, const int8_t* w, const float* scales,
+                       BFloat16* out) {
+  if (!dnnl_enabled()) return false;
+  const int64_t nb = std::min(N, block_rows(K, sizeof(BFloat16), size_t(8) << 20));
+  std::vector<BFloat16> buf(size_t(nb * K));
+  for (int64_t n0 = 0; n0 < N; n0 += nb) {
+    const int64_t count = std::min(nb, N - n0);
+    parallel_for(count, K, [&](int64_t lo, int64_t hi) {
+      dequantize_rows(w, scales, K, n0 + lo, hi - lo, buf.data() + lo * K);
+    });
+    if (!dnnl_gemm_bf16(M, count, K, x, K, 1, buf.data(), 1, K, out + n0, N)) {
+      if (n0 == 0) return false;
+      throw std::runtime_error("linear (int8): oneDNN refused a block after accepting the first");
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool CpuBackend::linear_int8(const Tensor& x, const int8_t* w, const float* scales, const Tensor& out) {
+  const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
+  const DType dt = x.dtype();
+  if ((dt != DType::f32 && dt != DType::bf16) || out.dtype() != dt) return false;
+  if (dt == DType::bf16 && M > kSkinnyMaxRows &&
+      int8_prefill_dnnl(M, N, K, static_cast<const BFloat16*>(x.data_ptr()), w, scales,
+                        static_cast<BFloat16*>(out.data_ptr())))
+    return true;
+  // Activations as f32 rows (bf16 ones widened once: M x K, against N x K weights).
+  std::vector<float> widened;
+  const float* xf = static_cast<const float*>(x.data_ptr());
+  if (dt == DType::bf16) {
+    widen(static_cast<const BFloat16*>(x.data_ptr()), MatRef{M, K, K, true}, widened);
+    xf = widened.data();
+  }
+  auto run = [&](auto* o) {
+    using O = std::remove_pointer_t<decltype(o)>;
+    if (M <= kSkinnyMaxRows) gemm_skinny_int8<O>(M, N, K, xf, K, w, K, scales, o, N, 1.0f, 0.0f);
+    else int8_prefill_f32<O>(M, N, K, xf, w, scales, o);
+  };
+  if (dt == DType::f32) run(static_cast<float*>(out.data_ptr()));
+  else run(static_cast<BFloat16*>(out.data_ptr()));
+  return true;
 }
 
 }  // namespace areno::cpu

@@ -119,13 +119,19 @@ std::string list_lines(const char* what, const std::vector<std::string>& v) {
 // names that were resolved); null: none are.
 using UnexpectedOf = std::function<std::vector<std::string>(const std::set<std::string>& used)>;
 
+// Takes parameter i's stored tensor instead of the copy (int8 quantization):
+// true when it did. `where` names the file and the stored tensor for errors.
+using TakeStored = std::function<bool(size_t i, const Tensor& stored, const std::string& where)>;
+
 // The name walk: resolves every parameter once, checks presence and shape
 // (and the stored tensors left over) before copying anything, then copies,
-// converting to each parameter's dtype; with `check_weights`, a copied
-// parameter holding NaN or inf fails naming the file and the stored tensor.
+// converting to each parameter's dtype (or hands the stored tensor to `take`);
+// with `check_weights`, a copied parameter holding NaN or inf fails naming
+// the file and the stored tensor.
 void walk(std::vector<std::pair<std::string, Tensor>>& params,
           const std::function<std::optional<Source>(const std::string&)>& find, const std::string& source,
-          const UnexpectedOf& unexpected_of = nullptr, bool check_weights = false) {
+          const UnexpectedOf& unexpected_of = nullptr, bool check_weights = false,
+          const TakeStored& take = nullptr) {
   std::vector<Source> sources(params.size());
   std::vector<std::string> missing, bad_shape;
   std::set<std::string> used;
@@ -152,7 +158,12 @@ void walk(std::vector<std::pair<std::string, Tensor>>& params,
                              list_lines("wrong shape", bad_shape));
   NoGradGuard ng;
   for (size_t i = 0; i < params.size(); ++i) {
-    params[i].second.copy_(sources[i].file->load(sources[i].name));
+    const Tensor stored = sources[i].file->load(sources[i].name);
+    if (take && take(i, stored, fmt::format("{}: {}", sources[i].file->path(), sources[i].name))) {
+      sources[i].file->release_pages(sources[i].name);
+      continue;
+    }
+    params[i].second.copy_(stored);
     sources[i].file->release_pages(sources[i].name);  // peak memory: the copies, not copies + file
     // After the copy, so that a value the conversion to the model's dtype overflows is caught too.
     if (check_weights) check_finite(params[i].second, sources[i].file->path(), sources[i].name);
@@ -169,7 +180,8 @@ bool has_prefix(const SafetensorsCheckpoint& ckpt, const std::string& prefix) {
 
 std::string LoadReport::summary() const {
   return fmt::format("{} of {} tensors consumed, {} missing, 0 unexpected ({} skipped)", consumed, expected,
-                     expected - consumed, skipped);
+                     expected - consumed, skipped) +
+         (quantized > 0 ? fmt::format(", {} quantized to int8", quantized) : std::string());
 }
 
 void load_prefixed(Module& m, const SafetensorsCheckpoint& ckpt, const std::string& prefix,
@@ -216,6 +228,14 @@ std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const Load
                                          "model.embed_tokens.weight {}",
                                          dir, cfg.text.vocab_size, cfg.text.hidden_size, shape_str(embed)));
   const DType dtype = opts.dtype.value_or(ckpt.entry("model.embed_tokens.weight").dtype);
+  if (opts.quantize == Quantize::int8) {
+    if (!opts.device.is_cpu())
+      throw std::invalid_argument(fmt::format("--quantize int8 runs on the CPU only for now (asked for {}); drop "
+                                              "--quantize or load to the CPU", opts.device.str()));
+    if (dtype != DType::f32 && dtype != DType::bf16)
+      throw std::invalid_argument(fmt::format("--quantize int8 needs f32 or bf16 compute, not {} (pass --dtype)",
+                                              dtype_name(dtype)));
+  }
   ModelParts parts;
   parts.lora = opts.with_lora;
   parts.vision = opts.vision && has_prefix(ckpt, kImageEmbedPrefix);
@@ -226,6 +246,23 @@ std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const Load
   //    skipped unread, a tied lm_head copy is redundant, anything else is unexpected.
   const WeightResolver resolver(ckpt, peft);
   std::vector<std::pair<std::string, Tensor>> params = model->named_parameters();
+  // int8: each quantizable weight is quantized from its stored values as it
+  // is read; its full-precision parameter is never filled.
+  std::map<std::string, Weight*> to_quantize;
+  if (opts.quantize == Quantize::int8)
+    for (auto& [name, w] : model->quantizable_weights()) to_quantize[name + ".weight"] = w;
+  int64_t quantized = 0;
+  const TakeStored take = [&](size_t i, const Tensor& stored, const std::string& where) {
+    auto it = to_quantize.find(params[i].first);
+    if (it == to_quantize.end()) return false;
+    try {
+      it->second->set_int8(quantize_int8(stored, dtype));
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(fmt::format("{}: {}", where, e.what()));
+    }
+    ++quantized;
+    return true;
+  };
   int64_t skipped = 0;
   walk(params, [&](const std::string& n) { return resolver.find(n); }, dir, [&](const std::set<std::string>& used) {
     std::vector<std::string> unexpected;
@@ -240,18 +277,22 @@ std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const Load
       unexpected.push_back(n);
     }
     return unexpected;
-  }, opts.check_weights);
+  }, opts.check_weights, take);
   model->eval();
   if (opts.device != Device::cpu()) model->to(opts.device);
   if (report) {
     report->expected = int64_t(params.size());
     report->consumed = int64_t(params.size());
     report->skipped = skipped;
+    report->quantized = quantized;
   }
   return model;
 }
 
 void save_model(const Phi4MMForCausalLM& model, const std::string& dir, const SaveOptions& opts) {
+  if (model.is_quantized())
+    throw std::invalid_argument(fmt::format("cannot save {}: the model holds int8 weights (--quantize int8); save "
+                                            "an unquantized model", dir));
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw std::runtime_error(fmt::format("cannot create {}: {}", dir, ec.message()));

@@ -41,13 +41,21 @@ struct LoadOptions {
   // the file and the tensor: `--check-weights` of the commands. One more pass
   // over the weights.
   bool check_weights = false;
+  // Weight-only int8 of the decoder and the tied head (`--quantize int8`, CPU
+  // only, f32 or bf16 compute): each of Phi4MMForCausalLM::quantizable_weights()
+  // is quantized from its stored values as it is read, so the model never
+  // holds them in full precision. A stored NaN or inf there fails naming it.
+  Quantize quantize = Quantize::none;
 };
 
 struct LoadReport {
   int64_t expected = 0;    // tensors the model needs
   int64_t consumed = 0;    // of those, found with the right shape
   int64_t skipped = 0;     // stored tensors not needed (towers, tied lm_head), not read
-  std::string summary() const;  // "N of N tensors consumed, 0 missing, 0 unexpected (K skipped)"
+  int64_t quantized = 0;   // of the consumed, held in int8 (LoadOptions::quantize)
+  // "N of N tensors consumed, 0 missing, 0 unexpected (K skipped)", then
+  // ", Q quantized to int8" when Q > 0.
+  std::string summary() const;
 };
 
 // Copies every parameter of `m` from `ckpt`, the stored name being `prefix` +

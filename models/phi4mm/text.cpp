@@ -36,6 +36,26 @@ Weight::Weight(const std::string& type, Shape shape, TensorOptions opts) : Modul
   weight = register_parameter("weight", empty(std::move(shape), opts));
 }
 
+Tensor Weight::linear(const Tensor& x) const { return int8 ? areno::linear(x, *int8) : areno::linear(x, weight); }
+
+Tensor Weight::rows(const Tensor& ids) const { return int8 ? embedding(*int8, ids) : embedding(weight, ids); }
+
+void Weight::set_int8(Int8Weight q) {
+  if (weight.dim() != 2 || q.rows != weight.size(0) || q.cols != weight.size(1))
+    throw std::invalid_argument(fmt::format("Weight::set_int8: int8 weight [{}, {}] for {}", q.rows, q.cols, weight.str()));
+  int8 = std::make_shared<const Int8Weight>(std::move(q));
+  // Same handle (dtype, device, requires_grad), no data: the memory goes back.
+  replace_tensor_data(weight, empty({0, int8->cols}, TensorOptions(weight.dtype(), weight.device())));
+}
+
+Quantize quantize_from_name(const std::string& name) {
+  if (name == "none") return Quantize::none;
+  if (name == "int8") return Quantize::int8;
+  throw std::invalid_argument(fmt::format("unknown quantization '{}' (expected none or int8)", name));
+}
+
+const char* quantize_name(Quantize q) { return q == Quantize::int8 ? "int8" : "none"; }
+
 // ---- LoraLinear ----
 
 namespace {
@@ -67,7 +87,7 @@ LoraLinear::LoraLinear(int64_t in, int64_t out, const std::optional<LoraConfig>&
 }
 
 Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
-  Tensor y = linear(x, base_layer->weight);
+  Tensor y = base_layer->linear(x);  // int8 or the model's dtype; the adapters below are always the latter
   for (Adapter a : {Adapter::vision, Adapter::speech}) {
     const int k = int(a);
     if (!rows.any(a)) continue;
@@ -257,6 +277,33 @@ std::shared_ptr<AudioEmbed> Phi4MMForCausalLM::audio_embed() const {
 DType Phi4MMForCausalLM::dtype() const { return model->embed_tokens->weight.dtype(); }
 Device Phi4MMForCausalLM::device() const { return model->embed_tokens->weight.device(); }
 
+bool Phi4MMForCausalLM::is_quantized() const { return model->embed_tokens->int8 != nullptr; }
+
+std::vector<std::pair<std::string, Weight*>> Phi4MMForCausalLM::quantizable_weights() {
+  std::vector<std::pair<std::string, Weight*>> out{{"model.embed_tokens", model->embed_tokens.get()}};
+  for (size_t i = 0; i < model->layers->size(); ++i) {
+    auto layer = model->layers->at<DecoderLayer>(i);
+    const std::string p = fmt::format("model.layers.{}.", i);
+    out.emplace_back(p + "self_attn.qkv_proj.base_layer", layer->self_attn->qkv_proj->base_layer.get());
+    out.emplace_back(p + "self_attn.o_proj.base_layer", layer->self_attn->o_proj->base_layer.get());
+    out.emplace_back(p + "mlp.gate_up_proj.base_layer", layer->mlp->gate_up_proj->base_layer.get());
+    out.emplace_back(p + "mlp.down_proj.base_layer", layer->mlp->down_proj->base_layer.get());
+  }
+  return out;
+}
+
+void quantize_model(Phi4MMForCausalLM& m, Quantize q) {
+  if (q == Quantize::none) return;
+  if (!m.device().is_cpu())
+    throw std::invalid_argument(fmt::format("--quantize int8 runs on the CPU only for now; the model is on {}",
+                                            m.device().str()));
+  if (m.dtype() != DType::f32 && m.dtype() != DType::bf16)
+    throw std::invalid_argument(fmt::format("--quantize int8 needs an f32 or bf16 model, not {}", dtype_name(m.dtype())));
+  NoGradGuard ng;
+  for (auto& [name, w] : m.quantizable_weights())
+    if (!w->int8) w->set_int8(quantize_int8(w->weight, m.dtype()));
+}
+
 bool Phi4MMForCausalLM::has_adapter(Adapter a) const {
   if (a == Adapter::none) return true;
   return a == Adapter::vision ? cfg_.vision_lora.has_value() : cfg_.speech_lora.has_value();
@@ -397,11 +444,11 @@ Tensor Phi4MMForCausalLM::decoder(const PackedBatch& b) const {
     for (size_t i = 0; i < ids.size(); ++i)
       if ((mask[i] = is_media_token(ids[i]))) ids[i] = 0;
     const int64_t T = int64_t(ids.size());
-    h = embedding(model->embed_tokens->weight, from_vector(ids, {T}, TensorOptions(DType::i64, device())));
+    h = model->embed_tokens->rows(from_vector(ids, {T}, TensorOptions(DType::i64, device())));
     Tensor m = from_vector(mask, {T}).to(device(), DType::boolean).unsqueeze(1).expand({-1, h.size(1)});
     h = masked_scatter(h, m.contiguous(), b.media_rows.to(device(), dtype()));
   } else {
-    h = embedding(model->embed_tokens->weight, b.token_ids.to(device()));  // [T, H]
+    h = model->embed_tokens->rows(b.token_ids.to(device()));  // [T, H]
   }
   rows.dropout_seed = b.dropout_seed;
   const bool recompute = b.recompute_layers && !b.kv && grad_enabled();
@@ -424,14 +471,14 @@ Tensor Phi4MMForCausalLM::hidden_states(const PackedBatch& b) const {
 }
 
 Tensor Phi4MMForCausalLM::logits(const PackedBatch& b) const {
-  return linear(hidden_states(b), model->embed_tokens->weight);  // tied head
+  return model->embed_tokens->linear(hidden_states(b));  // tied head
 }
 
 Tensor Phi4MMForCausalLM::logits_at(const PackedBatch& b, const std::vector<int64_t>& rows) const {
   // The final norm and the head only for the rows asked for (the vocabulary is 200k wide).
   Tensor idx = from_vector(rows, {int64_t(rows.size())}, TensorOptions(DType::i64, device()));
   Tensor h = index_select(decoder(b), 0, idx);
-  return linear(rms_norm(h, model->norm->weight, cfg_.text.rms_norm_eps), model->embed_tokens->weight);
+  return model->embed_tokens->linear(rms_norm(h, model->norm->weight, cfg_.text.rms_norm_eps));
 }
 
 Tensor Phi4MMForCausalLM::token_logprobs(const PackedBatch& b, const Tensor& targets) const {

@@ -31,6 +31,7 @@
 #include "nn/layers.h"
 #include "nn/module.h"
 #include "tensor/ops.h"
+#include "tensor/quantized.h"
 
 namespace areno::phi4mm {
 
@@ -66,11 +67,30 @@ Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v);
 
 // A module holding one tensor named "weight" (norms, embedding, linear bases):
 // the checkpoint's names end in ".weight" for all of them.
+//
+// A linear base or the tied embedding may instead hold its weight in int8
+// (`--quantize int8`, tensor/quantized.h): then `int8` is set and `weight`
+// keeps its dtype and device but no data (shape [0, in]). linear() and rows()
+// read whichever form the weight has, so the forward is one for both.
 class Weight : public Module {
  public:
   Weight(const std::string& type, Shape shape, TensorOptions opts);
+  // x · weightᵀ: [..., in] -> [..., out].
+  Tensor linear(const Tensor& x) const;
+  // Rows `ids` of the weight (the embedding lookup): [..., in] in the weight's dtype.
+  Tensor rows(const Tensor& ids) const;
+  // Replaces the weight by its int8 form `q` (same [out, in]) and drops its data.
+  void set_int8(Int8Weight q);
+
   Tensor weight;
+  std::shared_ptr<const Int8Weight> int8;  // null unless quantized
 };
+
+// Weight-only quantization of the decoder for CPU inference (issue 16).
+enum class Quantize : uint8_t { none, int8 };
+// "none" | "int8"; anything else throws std::invalid_argument listing them.
+Quantize quantize_from_name(const std::string& name);
+const char* quantize_name(Quantize q);
 
 // Rows of the packed batch that use each adapter (built once per forward).
 struct AdapterRows {
@@ -229,9 +249,17 @@ class Phi4MMForCausalLM : public Module {
   Phi4MMForCausalLM(const Config& c, TensorOptions opts = {}, const ModelParts& parts = {});
 
   const Config& config() const { return cfg_; }
+  // The compute dtype (that of the weights a quantized model stands for).
   DType dtype() const;
   Device device() const;
   bool has_adapter(Adapter a) const;
+  // Whether the decoder's weights are int8 (quantize_int8, LoadOptions::quantize).
+  bool is_quantized() const;
+  // The modules weight-only quantization replaces, by dotted module name: the
+  // base weight of every decoder layer's qkv_proj, o_proj, gate_up_proj and
+  // down_proj, and model.embed_tokens (the tied head and embedding). The LoRA
+  // adapters, norms and towers keep the model's dtype.
+  std::vector<std::pair<std::string, Weight*>> quantizable_weights();
   // The media embeddings, null when the model has no such input.
   std::shared_ptr<ImageEmbed> image_embed() const;
   std::shared_ptr<AudioEmbed> audio_embed() const;
@@ -299,6 +327,12 @@ struct IncrementalBatch {
 // length, and returns the logits of the requested rows [N, V] (model dtype).
 // Inference only: runs without recording autograd history.
 Tensor forward_incremental(const Phi4MMForCausalLM& m, PagedKvCache& cache, IncrementalBatch& b);
+
+// Quantizes quantizable_weights() of a built CPU model in f32 or bf16 in place
+// (the demo model; load_model quantizes each weight as it is read instead, so
+// the full-precision weights are never all in memory). Throws
+// std::invalid_argument naming what is not supported (another device or dtype).
+void quantize_model(Phi4MMForCausalLM& m, Quantize q);
 
 // Parameter counts of the text part (spec 4.3), for tests and reports.
 int64_t text_parameter_count(const TextConfig& t);

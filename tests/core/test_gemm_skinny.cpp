@@ -3,7 +3,9 @@
 // outputs, odd M / N / K (tails of every tile and vector width), alpha and
 // beta, against an f64 loop over the same (bf16-rounded) values; and the
 // matmul op's routing of linear layers through it around kSkinnyMaxRows;
-// the bf16 GEMM through oneDNN (gemm_dnnl.h) against the Eigen path.
+// the bf16 GEMM through oneDNN (gemm_dnnl.h) against the Eigen path; the
+// int8-weight kernels and ops (tensor/quantized.h) against f64 sums over the
+// dequantized weights.
 #include <doctest/doctest.h>
 
 #include <array>
@@ -13,7 +15,9 @@
 
 #include "kernels/cpu/gemm_dnnl.h"
 #include "kernels/cpu/gemm_skinny.h"
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
+#include "tensor/quantized.h"
 #include "tests/test_util.h"
 
 using namespace areno;
@@ -40,25 +44,17 @@ std::vector<CpuIsa> levels() {
   return l;
 }
 
-// out = alpha x w^T + beta out0 through gemm_skinny<W, O>, checked against f64
-// sums of the values as the kernel sees them (bf16 weights rounded first).
-template <typename W, typename O>
-void check_shape(int64_t M, int64_t N, int64_t K, float alpha, float beta, uint64_t seed) {
-  CAPTURE(M);
-  CAPTURE(N);
-  CAPTURE(K);
-  CAPTURE(beta);
-  const int64_t ldx = K + 3, ldw = K + 5, ldo = N + 2;  // strides past the row ends
-  std::vector<float> x = values(size_t(M * ldx), seed), wf = values(size_t(N * ldw), seed + 1000);
-  std::vector<W> w(wf.begin(), wf.end());
-  std::vector<float> o0 = values(size_t(M * ldo), seed + 2000);
-  std::vector<O> out(o0.begin(), o0.end());
-  gemm_skinny<W, O>(M, N, K, x.data(), ldx, w.data(), ldw, out.data(), ldo, alpha, beta);
+// out (from gemm_skinny* with initial values o0) against f64 sums of x times
+// weight(n, k), the weight as the kernel sees it; columns past N untouched.
+template <typename O, typename Weight>
+void check_result(int64_t M, int64_t N, int64_t K, const std::vector<float>& x, int64_t ldx,
+                  const std::vector<float>& o0, const std::vector<O>& out, int64_t ldo, float alpha, float beta,
+                  const Weight& weight) {
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
       double s = 0, mag = 0;
       for (int64_t k = 0; k < K; ++k) {
-        const double p = double(x[size_t(m * ldx + k)]) * double(float(w[size_t(n * ldw + k)]));
+        const double p = double(x[size_t(m * ldx + k)]) * weight(n, k);
         s += p, mag += std::fabs(p);
       }
       const double init = double(float(O(o0[size_t(m * ldo + n)])));
@@ -74,6 +70,64 @@ void check_shape(int64_t M, int64_t N, int64_t K, float alpha, float beta, uint6
   // Columns past N in each output row stay as they were.
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = N; n < ldo; ++n) REQUIRE(float(out[size_t(m * ldo + n)]) == float(O(o0[size_t(m * ldo + n)])));
+}
+
+// out = alpha x w^T + beta out0 through gemm_skinny<W, O>, checked against f64
+// sums of the values as the kernel sees them (bf16 weights rounded first).
+template <typename W, typename O>
+void check_shape(int64_t M, int64_t N, int64_t K, float alpha, float beta, uint64_t seed) {
+  CAPTURE(M);
+  CAPTURE(N);
+  CAPTURE(K);
+  CAPTURE(beta);
+  const int64_t ldx = K + 3, ldw = K + 5, ldo = N + 2;  // strides past the row ends
+  std::vector<float> x = values(size_t(M * ldx), seed), wf = values(size_t(N * ldw), seed + 1000);
+  std::vector<W> w(wf.begin(), wf.end());
+  std::vector<float> o0 = values(size_t(M * ldo), seed + 2000);
+  std::vector<O> out(o0.begin(), o0.end());
+  gemm_skinny<W, O>(M, N, K, x.data(), ldx, w.data(), ldw, out.data(), ldo, alpha, beta);
+  check_result(M, N, K, x, ldx, o0, out, ldo, alpha, beta,
+               [&](int64_t n, int64_t k) { return double(float(w[size_t(n * ldw + k)])); });
+}
+
+// Random int8 values (the full range, -127..127) and positive scales.
+struct Int8Case {
+  std::vector<int8_t> w;
+  std::vector<float> scales;
+};
+Int8Case int8_values(int64_t N, int64_t ldw, uint64_t seed) {
+  Int8Case c;
+  c.w.resize(size_t(N * ldw));
+  for (auto& v : c.w) v = int8_t(int64_t(splitmix64(seed++) % 255) - 127);
+  for (int64_t n = 0; n < N; ++n) c.scales.push_back(float(0.001 + 0.02 * double(splitmix64(seed++) >> 11) * 0x1p-53));
+  return c;
+}
+
+// gemm_skinny_int8<O> against f64 sums of x times scales[n] * w[n, k].
+template <typename O>
+void check_int8_shape(int64_t M, int64_t N, int64_t K, float alpha, float beta, uint64_t seed) {
+  CAPTURE(M);
+  CAPTURE(N);
+  CAPTURE(K);
+  CAPTURE(beta);
+  const int64_t ldx = K + 3, ldw = K + 5, ldo = N + 2;
+  std::vector<float> x = values(size_t(M * ldx), seed);
+  const Int8Case c = int8_values(N, ldw, seed + 1000);
+  std::vector<float> o0 = values(size_t(M * ldo), seed + 2000);
+  std::vector<O> out(o0.begin(), o0.end());
+  gemm_skinny_int8<O>(M, N, K, x.data(), ldx, c.w.data(), ldw, c.scales.data(), out.data(), ldo, alpha, beta);
+  check_result(M, N, K, x, ldx, o0, out, ldo, alpha, beta, [&](int64_t n, int64_t k) {
+    return double(c.scales[size_t(n)]) * double(c.w[size_t(n * ldw + k)]);
+  });
+}
+
+// Worst |got - want| beyond `rel` of |want|, over f64 values.
+double worst_beyond(const Tensor& got, const Tensor& want, double rel) {
+  const std::vector<double> g = got.to(DType::f64).to_vector<double>(), w = want.to(DType::f64).to_vector<double>();
+  REQUIRE(g.size() == w.size());
+  double worst = 0;
+  for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::fabs(g[i] - w[i]) - std::fabs(w[i]) * rel);
+  return worst;
 }
 
 }  // namespace
@@ -187,4 +241,123 @@ TEST_CASE("gemm_dnnl: bf16 GEMMs above the skinny rows through oneDNN equal the 
     for (size_t i = 0; i < a.size(); ++i) step = std::max(step, std::fabs(a[i] - b[i]) - std::fabs(a[i]) * 0x1p-7);
     CHECK(step < 1e-4);
   }
+}
+
+TEST_CASE("gemm_skinny_int8: every level, f32 and bf16 outputs, odd shapes, alpha and beta, against f64") {
+  IsaGuard guard;
+  for (CpuIsa isa : levels()) {
+    const std::string level = cpu_isa_name(isa);
+    CAPTURE(level);
+    REQUIRE(set_cpu_isa(isa) == isa);
+    uint64_t seed = 5000;
+    for (int64_t M : {1, 2, 3, 4, 5, 7, 9, 16, 17, 31, 32})
+      for (int64_t N : {1, 3, 4, 8, 9, 17, 67})
+        for (int64_t K : {1, 7, 8, 15, 16, 17, 33, 259}) {
+          check_int8_shape<float>(M, N, K, 1.0f, 0.0f, seed++);
+          if (K % 2) check_int8_shape<BFloat16>(M, N, K, 1.0f, 0.0f, seed++);
+        }
+    for (int64_t M : {1, 6})
+      for (int64_t N : {9, 67}) {
+        check_int8_shape<float>(M, N, 259, 0.5f, 2.0f, seed++);
+        check_int8_shape<BFloat16>(M, N, 259, -1.5f, 1.0f, seed++);
+      }
+  }
+}
+
+TEST_CASE("quantize_int8: per-row symmetric scales, rounding within half a step, zero rows, refusals") {
+  const int64_t N = 37, K = 131;
+  std::vector<float> wv = values(size_t(N * K), 900);
+  for (int64_t k = 0; k < K; ++k) wv[size_t(5 * K + k)] = 0.0f;        // an all-zero row
+  for (int64_t k = 0; k < K; ++k) wv[size_t(7 * K + k)] *= 1000.0f;    // a large row
+  const Tensor w = from_vector<float>(wv, Shape{N, K});
+  for (const Tensor& src : {w, w.to(DType::bf16), w.t().contiguous().t()}) {  // f32, bf16, column-major
+    const Int8Weight q = quantize_int8(src, DType::f32);
+    REQUIRE(q.rows == N);
+    REQUIRE(q.cols == K);
+    const std::vector<float> s = src.to(DType::f32).contiguous().to_vector<float>();
+    for (int64_t n = 0; n < N; ++n) {
+      float amax = 0;
+      for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(s[size_t(n * K + k)]));
+      CHECK(q.scales[size_t(n)] == amax / 127.0f);
+      bool full = false;
+      for (int64_t k = 0; k < K; ++k) {
+        const int8_t v = q.values[size_t(n * K + k)];
+        REQUIRE(v >= -127);
+        full = full || v == 127 || v == -127;
+        // Round to nearest: within half a step of the value (plus f32 slack).
+        REQUIRE(std::fabs(double(q.scales[size_t(n)]) * v - s[size_t(n * K + k)]) <= 0.5001 * q.scales[size_t(n)] + 1e-12);
+      }
+      CHECK((full || amax == 0));
+    }
+  }
+  CHECK(quantize_int8(w, DType::bf16).dtype == DType::bf16);
+  std::vector<float> bad = wv;
+  bad[size_t(11 * K + 3)] = std::nanf("");
+  CHECK_THROWS_WITH_AS(quantize_int8(from_vector<float>(bad, Shape{N, K}), DType::f32),
+                       doctest::Contains("row 11"), std::invalid_argument);
+  CHECK_THROWS_AS(quantize_int8(w, DType::f16), std::invalid_argument);
+  CHECK_THROWS_AS(quantize_int8(w.reshape({-1}), DType::f32), std::invalid_argument);
+}
+
+TEST_CASE("linear (int8): both dtypes, every level, skinny and prefill rows (oneDNN on and off), against f64") {
+  IsaGuard guard;
+  struct Restore {
+    bool saved = dnnl_enabled();
+    ~Restore() { set_dnnl_enabled(saved); }
+  } restore;
+  const int64_t K = 67, N = 1043;
+  const Int8Weight q = quantize_int8(from_vector<float>(values(size_t(N * K), 300), Shape{N, K}), DType::f32);
+  const Tensor wd = dequantize(q).to(DType::f64);
+  for (CpuIsa isa : levels()) {
+    const std::string level = cpu_isa_name(isa);
+    CAPTURE(level);
+    set_cpu_isa(isa);
+    for (int64_t M : {int64_t(1), int64_t(3), int64_t(17), kSkinnyMaxRows, kSkinnyMaxRows + 1, int64_t(100)}) {
+      CAPTURE(M);
+      const Tensor x = from_vector<float>(values(size_t(M * K), 400 + uint64_t(M)), Shape{M, K});
+      const Tensor want = linear(x.to(DType::f64), wd, Tensor());
+      const Tensor got = linear(x, q);
+      REQUIRE(got.dtype() == DType::f32);
+      REQUIRE(got.shape() == Shape{M, N});
+      CHECK(max_abs_diff(got.to(DType::f64), want) < 2e-5);
+      // bf16 activations (rounded as the op's inputs are), the result rounded once.
+      const Tensor xb = x.to(DType::bf16);
+      const Tensor want16 = linear(xb.to(DType::f64), wd, Tensor());
+      // oneDNN (prefill rows) multiplies the dequantized weights rounded to bf16.
+      const Tensor want16r = linear(xb.to(DType::f64), wd.to(DType::bf16).to(DType::f64), Tensor());
+      for (bool dnnl : {true, false}) {
+        CAPTURE(dnnl);
+        const bool rounded = set_dnnl_enabled(dnnl) && M > kSkinnyMaxRows;
+        const Tensor got16 = linear(xb, q);
+        REQUIRE(got16.dtype() == DType::bf16);
+        CHECK(worst_beyond(got16, rounded ? want16r : want16, 0x1p-8) < 1e-4);
+      }
+    }
+  }
+  // Leading dims are kept; a 3-D input.
+  const Tensor x3 = from_vector<float>(values(size_t(2 * 3 * K), 77), Shape{2, 3, K});
+  CHECK(linear(x3, q).shape() == Shape{2, 3, N});
+  CHECK(max_abs_diff(linear(x3, q).to(DType::f64), linear(x3.to(DType::f64), wd, Tensor())) < 2e-5);
+  CHECK_THROWS_WITH_AS(linear(from_vector<float>(values(5, 1), Shape{1, 5}), q), doctest::Contains("expects 67"),
+                       std::invalid_argument);
+  Tensor xg = from_vector<float>(values(size_t(K), 3), Shape{1, K});
+  xg.set_requires_grad(true);
+  CHECK_THROWS_WITH_AS(linear(xg, q), doctest::Contains("inference"), std::invalid_argument);
+  {
+    NoGradGuard ng;
+    CHECK(linear(xg, q).shape() == Shape{1, N});
+  }
+}
+
+TEST_CASE("embedding (int8): dequantized rows in the weight's dtype; ids out of range throw") {
+  const int64_t N = 50, K = 33;
+  const Int8Weight q = quantize_int8(from_vector<float>(values(size_t(N * K), 10), Shape{N, K}), DType::bf16);
+  const Tensor ids = from_vector<int64_t>({4, 0, 49, 4}, Shape{2, 2});
+  const Tensor e = embedding(q, ids);
+  REQUIRE(e.dtype() == DType::bf16);
+  REQUIRE(e.shape() == Shape{2, 2, K});
+  const Tensor want = embedding(dequantize(q).to(DType::bf16), ids);
+  CHECK(max_abs_diff(e.to(DType::f64), want.to(DType::f64)) == 0);
+  CHECK_THROWS_WITH_AS(embedding(q, from_vector<int64_t>({50}, Shape{1})), doctest::Contains("outside"),
+                       std::invalid_argument);
 }
