@@ -14,8 +14,12 @@
 //             distinct layer weight times 512 rows of activations through
 //             the matmul op (the prefill shape), GFLOP/s; "peak" is the best
 //   read_bw   a streaming sum over 1 GiB (read bandwidth, GB/s) on the same
-//             threads, 8 streams per thread: the bound of a decode step is
-//             weight bytes / read_bw
+//             threads (read_bandwidth below)
+//   read_bw_step  the same over as many bytes as one decode step reads (at
+//             most 2 GiB): the bound of a decode step is weight bytes /
+//             read_bw_step. Where the weights fit in the last-level cache
+//             (the small preset: 103 MB in bf16, 480 MiB of L3 here) this is
+//             the cache's bandwidth, as it is for the decode step
 //
 // Greedy next tokens are computed as a generate loop does (argmax on the
 // host). Timing: best of --reps runs after one warm-up run. One JSON object
@@ -30,7 +34,7 @@
 // shapes and every measure are then those of the int8 model.
 //
 // usage: bench_llm CHECKPOINT_DIR [--reps N] [--pp 512,4096] [--tg 128]
-//                  [--batched 8,32] [--npp 128] [--only pp|tg|batched|bw|gemm]
+//                  [--batched 8,32] [--npp 128] [--only pp|tg|batched|bw|bw_step|gemm]
 //                  [--quantize none|int8]
 #include <fmt/format.h>
 #include <omp.h>
@@ -38,6 +42,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <sstream>
 #include <stdexcept>
@@ -114,11 +119,13 @@ std::pair<double, double> run_sequences(const Phi4MMForCausalLM& m, int64_t B, i
 }
 
 // GB/s of a streaming sum over `bytes` of f32 on the OpenMP threads: each
-// thread sums its own contiguous slice as 8 interleaved streams (as a GEMV
-// over 8 weight rows reads), 16 lanes each, so the adds are not one
-// dependency chain and the prefetchers see several streams.
+// thread sums its own contiguous slice front to back in blocks of 8 rows of
+// 1 KiB read side by side (the way a tile of the skinny GEMM reads 8 weight
+// rows), one 64-byte vector per row at a time into 8 accumulators, with a
+// software prefetch 8 KiB ahead as that kernel asks for its rows.
 double read_bandwidth(size_t bytes, int reps) {
-  constexpr size_t S = 8, L = 16;
+  typedef float V16 __attribute__((vector_size(64)));
+  constexpr size_t kStep = 128;  // slices start on whole groups of 8 vectors
   const size_t n = bytes / sizeof(float);
   std::vector<float> a(n);
 #pragma omp parallel for schedule(static)
@@ -130,14 +137,21 @@ double read_bandwidth(size_t bytes, int reps) {
 #pragma omp parallel reduction(+ : total)
     {
       const size_t nt = size_t(omp_get_num_threads()), t = size_t(omp_get_thread_num());
-      const size_t lo = n * t / nt, len = (n * (t + 1) / nt - lo) / (S * L) * L;  // per stream, whole lanes
-      float acc[S][L] = {};
-      for (size_t i = 0; i < len; i += L)
-        for (size_t st = 0; st < S; ++st)
-#pragma omp simd
-          for (size_t k = 0; k < L; ++k) acc[st][k] += a[lo + st * len + i + k];
-      for (const auto& row : acc)
-        for (float v : row) total += v;
+      const size_t lo = n * t / nt / kStep * kStep, hi = n * (t + 1) / nt / kStep * kStep;
+      V16 acc[8] = {};
+      // Blocks of 8 rows of 256 floats, the rows read side by side (as a tile of the skinny GEMM reads 8 weight rows).
+      constexpr size_t R = 256;
+      for (size_t b = lo; b + 8 * R <= hi; b += 8 * R)
+        for (size_t k = 0; k < R; k += 16)
+          for (size_t v = 0; v < 8; ++v) {
+            const float* p = &a[b + v * R + k];
+            __builtin_prefetch(p + 8192 / sizeof(float));
+            V16 x;
+            std::memcpy(&x, p, sizeof x);
+            acc[v] += x;
+          }
+      for (const V16& v : acc)
+        for (size_t k = 0; k < 16; ++k) total += v[k];
     }
     sink = total;
     return now_s() - t0;
@@ -148,7 +162,7 @@ double read_bandwidth(size_t bytes, int reps) {
 
 int run(int argc, char** argv) {
   if (argc < 2) throw std::invalid_argument("usage: bench_llm CHECKPOINT_DIR [--reps N] [--pp LIST] [--tg N] "
-                                            "[--batched LIST] [--npp N] [--only pp|tg|batched|bw|gemm] "
+                                            "[--batched LIST] [--npp N] [--only pp|tg|batched|bw|bw_step|gemm] "
                                             "[--quantize none|int8]");
   const std::string dir = argv[1];
   int reps = 3;
@@ -196,6 +210,12 @@ int run(int argc, char** argv) {
              "\"decode_read_bytes\": {}, \"threads\": {}}}\n",
              dtype_name(model->dtype()), quantize_name(quantize), weight_bytes, weight_bytes, omp_get_max_threads());
   std::fflush(stdout);
+  if (want("bw_step")) {
+    const size_t bytes = std::min(weight_bytes, size_t(2) << 30) / 4096 * 4096;
+    fmt::print("{{\"bench\": \"read_bw_step\", \"gbps\": {:.2f}, \"bytes\": {}, \"threads\": {}}}\n",
+               read_bandwidth(bytes, reps), bytes, omp_get_max_threads());
+    std::fflush(stdout);
+  }
 
   // Matrix parameters of the decoder layers (not the embedding / head, not norms).
   const TextConfig& tc = m.config().text;

@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/cpu_common.h"
 
@@ -54,7 +56,8 @@ void slice(int64_t M, int64_t n0, int64_t n1, int64_t K, const float* x, int64_t
 namespace avx2 {
 struct V {
   using Vec = __m256;
-  static constexpr int kWidth = 8, kNB = 2, kWideNB = 4;
+  using In = Vec;
+  static constexpr int kWidth = 8, kNB = 2, kWideNB = 4, kPrefetch = 8192;
   static Vec zero() { return _mm256_setzero_ps(); }
   static Vec load(const float* p) { return _mm256_loadu_ps(p); }
   static Vec load(const BFloat16* p) {
@@ -87,7 +90,8 @@ struct V {
 namespace avx512 {
 struct V {
   using Vec = __m512;
-  static constexpr int kWidth = 16, kNB = 4, kWideNB = 8;
+  using In = Vec;
+  static constexpr int kWidth = 16, kNB = 4, kWideNB = 8, kPrefetch = 8192;
   static Vec zero() { return _mm512_setzero_ps(); }
   static Vec load(const float* p) { return _mm512_loadu_ps(p); }
   static Vec load(const BFloat16* p) {
@@ -112,8 +116,34 @@ struct V {
 }  // namespace avx512
 #pragma GCC pop_options
 
+// bf16 activations times bf16 weights: vdpbf16ps multiplies 32 bf16 pairs and
+// adds each pair's two products into one f32 lane (exact products; denormal
+// inputs and results flushed to zero), one instruction per 32 weights where
+// widening takes four per 16.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")
+namespace avx512bf16 {
+struct V {
+  using Vec = __m512;
+  using In = __m512bh;
+  static constexpr int kWidth = 32, kNB = 4, kWideNB = 8, kPrefetch = 8192;
+  static Vec zero() { return _mm512_setzero_ps(); }
+  static In load(const BFloat16* p) { return In(_mm512_loadu_si512(p)); }
+  static In load_tail(const BFloat16* p, int n) {
+    return In(_mm512_maskz_loadu_epi16(__mmask32((uint64_t(1) << n) - 1), p));
+  }
+  static Vec fma(In x, In w, Vec acc) { return _mm512_dpbf16_ps(acc, x, w); }
+  static float sum(Vec v) { return _mm512_reduce_add_ps(v); }
+};
+#include "kernels/cpu/gemm_skinny_tile.inc"
+}  // namespace avx512bf16
+#pragma GCC pop_options
+
 CpuIsa detect() {
   __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl");
+  if (avx512 && __builtin_cpu_supports("avx512bf16")) return CpuIsa::avx512_bf16;
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
     return CpuIsa::avx512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CpuIsa::avx2;
@@ -129,7 +159,8 @@ CpuIsa from_env() {
   if (s == "generic") want = CpuIsa::generic;
   else if (s == "avx2") want = CpuIsa::avx2;
   else if (s == "avx512") want = CpuIsa::avx512;
-  else throw std::invalid_argument("ARENO_CPU_ISA: '" + s + "' is not a level (generic, avx2, avx512)");
+  else if (s == "avx512bf16") want = CpuIsa::avx512_bf16;
+  else throw std::invalid_argument("ARENO_CPU_ISA: '" + s + "' is not a level (generic, avx2, avx512, avx512bf16)");
   return std::min(want, best);
 }
 
@@ -158,14 +189,16 @@ const char* cpu_isa_name(CpuIsa isa) {
     case CpuIsa::generic: return "generic";
     case CpuIsa::avx2: return "avx2";
     case CpuIsa::avx512: return "avx512";
+    case CpuIsa::avx512_bf16: return "avx512bf16";
   }
   return "?";
 }
 
 namespace {
 
-template <typename W, typename O>
-void run(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, const W* w, int64_t ldw, const float* scale,
+// X is float, or BFloat16 at the avx512bf16 level only.
+template <typename X, typename W, typename O>
+void run(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const W* w, int64_t ldw, const float* scale,
          O* out, int64_t ldo, float alpha, float beta) {
   if (M <= 0 || N <= 0) return;
   const CpuIsa isa = cpu_isa();
@@ -174,7 +207,10 @@ void run(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, const W* 
   const int64_t groups = (N + G - 1) / G;
   parallel_for(groups, M * K * G, [&](int64_t g0, int64_t g1) {
     const int64_t n0 = g0 * G, n1 = std::min(N, g1 * G);
-    switch (isa) {
+    if constexpr (std::is_same_v<X, BFloat16>) {
+      return avx512bf16::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
+    } else switch (isa) {
+      case CpuIsa::avx512_bf16:
       case CpuIsa::avx512: return avx512::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
       case CpuIsa::avx2: return avx2::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
       case CpuIsa::generic: return generic::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
@@ -187,15 +223,32 @@ void run(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, const W* 
 template <typename W, typename O>
 void gemm_skinny(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, const W* w, int64_t ldw, O* out,
                  int64_t ldo, float alpha, float beta) {
-  run<W, O>(M, N, K, x, ldx, w, ldw, nullptr, out, ldo, alpha, beta);
+  run<float, W, O>(M, N, K, x, ldx, w, ldw, nullptr, out, ldo, alpha, beta);
+}
+
+template <typename O>
+void gemm_skinny_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w,
+                      int64_t ldw, O* out, int64_t ldo, float alpha, float beta) {
+  if (cpu_isa() >= CpuIsa::avx512_bf16) {
+    run<BFloat16, BFloat16, O>(M, N, K, x, ldx, w, ldw, nullptr, out, ldo, alpha, beta);
+    return;
+  }
+  std::vector<float> xf(size_t(std::max<int64_t>(M, 0) * std::max<int64_t>(K, 0)));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xf[size_t(m * K + k)] = float(x[m * ldx + k]);
+  run<float, BFloat16, O>(M, N, K, xf.data(), K, w, ldw, nullptr, out, ldo, alpha, beta);
 }
 
 template <typename O>
 void gemm_skinny_int8(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, const int8_t* w, int64_t ldw,
                       const float* scales, O* out, int64_t ldo, float alpha, float beta) {
-  run<int8_t, O>(M, N, K, x, ldx, w, ldw, scales, out, ldo, alpha, beta);
+  run<float, int8_t, O>(M, N, K, x, ldx, w, ldw, scales, out, ldo, alpha, beta);
 }
 
+template void gemm_skinny_bf16<float>(int64_t, int64_t, int64_t, const BFloat16*, int64_t, const BFloat16*, int64_t,
+                                      float*, int64_t, float, float);
+template void gemm_skinny_bf16<BFloat16>(int64_t, int64_t, int64_t, const BFloat16*, int64_t, const BFloat16*,
+                                         int64_t, BFloat16*, int64_t, float, float);
 template void gemm_skinny_int8<float>(int64_t, int64_t, int64_t, const float*, int64_t, const int8_t*, int64_t,
                                       const float*, float*, int64_t, float, float);
 template void gemm_skinny_int8<BFloat16>(int64_t, int64_t, int64_t, const float*, int64_t, const int8_t*, int64_t,

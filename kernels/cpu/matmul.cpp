@@ -108,6 +108,20 @@ void gemm_small_m(const T* a, const MatRef& ma, const T* b, const MatRef& mb, T*
 // place in its dtype. a is used in place when it is f32 with unit column stride.
 template <typename T>
 void skinny(const T* a, const MatRef& ma, const T* b, const MatRef& mb, T* out, float alpha, float beta) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    // bf16 times bf16: native bf16 dot products where the CPU has them.
+    std::vector<BFloat16> ca;
+    const BFloat16* x = a;
+    int64_t ldx = ma.outer;
+    if (!ma.row_major) {
+      ca.resize(size_t(ma.r * ma.c));
+      for (int64_t i = 0; i < ma.r; ++i)
+        for (int64_t k = 0; k < ma.c; ++k) ca[size_t(i * ma.c + k)] = a[k * ma.outer + i];
+      x = ca.data(), ldx = ma.c;
+    }
+    gemm_skinny_bf16<T>(ma.r, mb.c, ma.c, x, ldx, b, mb.outer, out, mb.c, alpha, beta);
+    return;
+  }
   std::vector<float> wa;
   const float* x = nullptr;
   int64_t ldx = ma.c;

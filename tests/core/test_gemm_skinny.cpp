@@ -39,7 +39,7 @@ struct IsaGuard {
 
 std::vector<CpuIsa> levels() {
   std::vector<CpuIsa> l;
-  for (CpuIsa i : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512})
+  for (CpuIsa i : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_bf16})
     if (i <= cpu_isa_supported()) l.push_back(i);
   return l;
 }
@@ -90,6 +90,25 @@ void check_shape(int64_t M, int64_t N, int64_t K, float alpha, float beta, uint6
                [&](int64_t n, int64_t k) { return double(float(w[size_t(n * ldw + k)])); });
 }
 
+// gemm_skinny_bf16<O>: bf16 activations and weights, against f64 sums of the
+// same bf16 values (x passed with its own stride, the layout linear() gives).
+template <typename O>
+void check_bf16x_shape(int64_t M, int64_t N, int64_t K, float alpha, float beta, uint64_t seed) {
+  CAPTURE(M);
+  CAPTURE(N);
+  CAPTURE(K);
+  CAPTURE(beta);
+  const int64_t ldx = K + 3, ldw = K + 5, ldo = N + 2;
+  std::vector<float> xf = values(size_t(M * ldx), seed), wf = values(size_t(N * ldw), seed + 1000);
+  std::vector<BFloat16> x(xf.begin(), xf.end()), w(wf.begin(), wf.end());
+  for (size_t i = 0; i < xf.size(); ++i) xf[i] = float(x[i]);
+  std::vector<float> o0 = values(size_t(M * ldo), seed + 2000);
+  std::vector<O> out(o0.begin(), o0.end());
+  gemm_skinny_bf16<O>(M, N, K, x.data(), ldx, w.data(), ldw, out.data(), ldo, alpha, beta);
+  check_result(M, N, K, xf, ldx, o0, out, ldo, alpha, beta,
+               [&](int64_t n, int64_t k) { return double(float(w[size_t(n * ldw + k)])); });
+}
+
 // Random int8 values (the full range, -127..127) and positive scales.
 struct Int8Case {
   std::vector<int8_t> w;
@@ -132,7 +151,7 @@ double worst_beyond(const Tensor& got, const Tensor& want, double rel) {
 
 }  // namespace
 
-TEST_CASE("gemm_skinny: every level, f32 and bf16 weights, odd shapes, alpha and beta, against f64") {
+TEST_CASE("gemm_skinny: every level, f32 and bf16 weights, bf16 activations, odd shapes, alpha and beta, against f64") {
   IsaGuard guard;
   for (CpuIsa isa : levels()) {
     const std::string level = cpu_isa_name(isa);
@@ -141,9 +160,10 @@ TEST_CASE("gemm_skinny: every level, f32 and bf16 weights, odd shapes, alpha and
     uint64_t seed = 1;
     for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 32})
       for (int64_t N : {1, 3, 4, 8, 9, 17, 67})
-        for (int64_t K : {1, 7, 8, 15, 16, 17, 33, 259}) {
+        for (int64_t K : {1, 7, 8, 15, 16, 17, 33, 64, 259}) {
           check_shape<float, float>(M, N, K, 1.0f, 0.0f, seed++);
           check_shape<BFloat16, BFloat16>(M, N, K, 1.0f, 0.0f, seed++);
+          check_bf16x_shape<BFloat16>(M, N, K, 1.0f, 0.0f, seed++);
         }
     for (int64_t M : {1, 5})
       for (int64_t N : {9, 67}) {
@@ -151,6 +171,8 @@ TEST_CASE("gemm_skinny: every level, f32 and bf16 weights, odd shapes, alpha and
         check_shape<BFloat16, float>(M, N, 259, -1.5f, 1.0f, seed++);
         check_shape<BFloat16, BFloat16>(M, N, 259, 0.5f, -1.0f, seed++);
         check_shape<float, BFloat16>(M, N, 33, 1.0f, 1.0f, seed++);
+        check_bf16x_shape<float>(M, N, 259, -1.5f, 1.0f, seed++);
+        check_bf16x_shape<BFloat16>(M, N, 95, 0.5f, -1.0f, seed++);
       }
   }
 }
@@ -195,6 +217,9 @@ TEST_CASE("gemm_skinny: linear() routes up to kSkinnyMaxRows rows through it, bo
       // bf16: activations rounded to bf16 as the op's inputs are, result rounded once.
       Tensor want16 = linear(x.to(DType::bf16).to(DType::f64), w16.to(DType::f64), Tensor());
       Tensor got16 = linear(x.to(DType::bf16), w16, Tensor()).to(DType::f64);
+      // A transposed (column-major) activation gives the same bits.
+      const Tensor x16t = x.to(DType::bf16).t().contiguous().t();
+      CHECK(max_abs_diff(linear(x16t, w16, Tensor()).to(DType::f64), got16) == 0.0);
       const std::vector<double> g = got16.to_vector<double>(), v = want16.to_vector<double>();
       double worst = 0;  // beyond one bf16 rounding of the result (2^-8 relative, halfway included)
       for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::fabs(g[i] - v[i]) - std::fabs(v[i]) * 0x1p-8);
