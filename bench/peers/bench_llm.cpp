@@ -15,9 +15,9 @@
 //             the matmul op (the prefill shape), GFLOP/s; "peak" is the best
 //   read_bw   a streaming sum over 1 GiB (read bandwidth, GB/s) on the same
 //             threads (read_bandwidth below)
-//   read_bw_step  the same over as many bytes as one decode step reads (at
-//             most 2 GiB): the bound of a decode step is weight bytes /
-//             read_bw_step. Where the weights fit in the last-level cache
+//   read_bw_step  the same over the model's own weight memory (every byte
+//             one decode step reads): the bound of a decode step is weight
+//             bytes / read_bw_step. Where the weights fit in the last-level cache
 //             (the small preset: 103 MB in bf16, 480 MiB of L3 here) this is
 //             the cache's bandwidth, as it is for the decode step
 //
@@ -118,46 +118,52 @@ std::pair<double, double> run_sequences(const Phi4MMForCausalLM& m, int64_t B, i
   return {pre, dec};
 }
 
-// GB/s of a streaming sum over `bytes` of f32 on the OpenMP threads: each
-// thread sums its own contiguous slice front to back in blocks of 8 rows of
-// 1 KiB read side by side (the way a tile of the skinny GEMM reads 8 weight
-// rows), one 64-byte vector per row at a time into 8 accumulators, with a
-// software prefetch 8 KiB ahead as that kernel asks for its rows.
-double read_bandwidth(size_t bytes, int reps) {
-  typedef float V16 __attribute__((vector_size(64)));
-  constexpr size_t kStep = 128;  // slices start on whole groups of 8 vectors
-  const size_t n = bytes / sizeof(float);
-  std::vector<float> a(n);
-#pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < n; ++i) a[i] = float(i & 7);  // first touch by the reading thread
+typedef float V16 __attribute__((vector_size(64)));
+
+// Adds the n floats at p (any alignment) into 8 vector accumulators, 512
+// bytes a step, with a software prefetch 8 KiB ahead as the skinny GEMM asks
+// for its weight rows.
+void sum_into(const float* p, size_t n, V16 (&acc)[8]) {
+  size_t i = 0;
+  for (; i + 128 <= n; i += 128)
+    for (size_t v = 0; v < 8; ++v) {
+      __builtin_prefetch(p + i + 16 * v + 8192 / sizeof(float));
+      V16 x;
+      std::memcpy(&x, p + i + 16 * v, sizeof x);
+      acc[v] += x;
+    }
+  for (; i < n; ++i) acc[0][0] += p[i];
+}
+
+// GB/s of a streaming sum over the regions (read as f32 words; int8 and bf16
+// weights too) on the OpenMP threads: each thread reads its own contiguous
+// share of the regions front to back. Best of `reps`.
+double read_bandwidth(const std::vector<std::pair<const float*, size_t>>& regions, int reps) {
+  size_t total = 0;
+  for (const auto& r : regions) total += r.second;
   volatile float sink = 0;
   const double s = best_of(reps, [&] {
     const double t0 = now_s();
-    float total = 0;
-#pragma omp parallel reduction(+ : total)
+    float sum = 0;
+#pragma omp parallel reduction(+ : sum)
     {
       const size_t nt = size_t(omp_get_num_threads()), t = size_t(omp_get_thread_num());
-      const size_t lo = n * t / nt / kStep * kStep, hi = n * (t + 1) / nt / kStep * kStep;
+      const size_t lo = total * t / nt, hi = total * (t + 1) / nt;
       V16 acc[8] = {};
-      // Blocks of 8 rows of 256 floats, the rows read side by side (as a tile of the skinny GEMM reads 8 weight rows).
-      constexpr size_t R = 256;
-      for (size_t b = lo; b + 8 * R <= hi; b += 8 * R)
-        for (size_t k = 0; k < R; k += 16)
-          for (size_t v = 0; v < 8; ++v) {
-            const float* p = &a[b + v * R + k];
-            __builtin_prefetch(p + 8192 / sizeof(float));
-            V16 x;
-            std::memcpy(&x, p, sizeof x);
-            acc[v] += x;
-          }
+      size_t at = 0;  // start of the region in the concatenation
+      for (const auto& [p, n] : regions) {
+        const size_t b = std::max(lo, at), e = std::min(hi, at + n);
+        if (b < e) sum_into(p + (b - at), e - b, acc);
+        at += n;
+      }
       for (const V16& v : acc)
-        for (size_t k = 0; k < 16; ++k) total += v[k];
+        for (size_t k = 0; k < 16; ++k) sum += v[k];
     }
-    sink = total;
+    sink = sum;
     return now_s() - t0;
   });
   (void)sink;
-  return double(bytes) / s / 1e9;
+  return double(total * sizeof(float)) / s / 1e9;
 }
 
 int run(int argc, char** argv) {
@@ -186,7 +192,10 @@ int run(int argc, char** argv) {
   auto want = [&](const char* name) { return only.empty() || only == name; };
   NoGradGuard ng;
   if (want("bw")) {
-    const double gbps = read_bandwidth(size_t(1) << 30, reps);
+    std::vector<float> a((size_t(1) << 30) / sizeof(float));
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < a.size(); ++i) a[i] = float(i & 7);  // first touch by the reading thread
+    const double gbps = read_bandwidth({{a.data(), a.size()}}, reps);
     fmt::print("{{\"bench\": \"read_bw\", \"gbps\": {:.2f}, \"threads\": {}}}\n", gbps, omp_get_max_threads());
     std::fflush(stdout);
   }
@@ -211,9 +220,21 @@ int run(int argc, char** argv) {
              dtype_name(model->dtype()), quantize_name(quantize), weight_bytes, weight_bytes, omp_get_max_threads());
   std::fflush(stdout);
   if (want("bw_step")) {
-    const size_t bytes = std::min(weight_bytes, size_t(2) << 30) / 4096 * 4096;
+    // The model's own weight memory, every byte a decode step reads.
+    std::vector<std::pair<const float*, size_t>> regions;
+    auto add = [&](const void* p, size_t bytes) {
+      if (bytes >= sizeof(float)) regions.push_back({static_cast<const float*>(p), bytes / sizeof(float)});
+    };
+    for (const auto& p : model->parameters()) add(p.data_ptr(), p.nbytes());
+    for (const auto& [name, w] : matrices)
+      if (w->int8) {
+        add(w->int8->values.data(), w->int8->values.size());
+        add(w->int8->scales.data(), w->int8->scales.size() * sizeof(float));
+      }
+    size_t bytes = 0;
+    for (const auto& r : regions) bytes += r.second * sizeof(float);
     fmt::print("{{\"bench\": \"read_bw_step\", \"gbps\": {:.2f}, \"bytes\": {}, \"threads\": {}}}\n",
-               read_bandwidth(bytes, reps), bytes, omp_get_max_threads());
+               read_bandwidth(regions, reps), bytes, omp_get_max_threads());
     std::fflush(stdout);
   }
 

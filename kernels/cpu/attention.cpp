@@ -8,6 +8,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <Eigen/Core>
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <limits>
@@ -110,6 +111,11 @@ bool CpuBackend::attention_inference(const Tensor& q, const Tensor& k, const Ten
   if ((dt != DType::f32 && dt != DType::bf16) || k.dtype() != dt || v.dtype() != dt || out.dtype() != dt)
     return false;
   if (q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1 || !out.is_contiguous()) return false;
+  {  // Q K^T and P V over the keys each query sees (query i of TQ sees TK - TQ + i + 1 when causal).
+    const double TQ = double(q.size(2)), TK = double(k.size(2));
+    const double pairs = causal ? TQ * std::max(0.0, TK - TQ) + TQ * (TQ + 1) / 2 : TQ * TK;
+    count_flops(4.0 * double(q.size(0)) * double(q.size(1)) * double(q.size(3)) * pairs);
+  }
   if (dt == DType::f32)
     attention_impl<float>(q, k, v, out, float(scale), causal);
   else

@@ -4,6 +4,8 @@
 #include <omp.h>
 
 #include <array>
+#include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -15,6 +17,15 @@ namespace areno::cpu {
 constexpr int64_t kParallelGrain = 32768;
 
 inline int num_threads() { return omp_get_max_threads(); }
+
+// FLOPs (2 per multiply-add) the matmul and fused attention kernels ran since
+// the process started, all threads: benchmarks read it before and after a
+// stage for its FLOP rate (bench/model/bench_ttft). One relaxed add per call.
+inline std::atomic<uint64_t>& flops_counted() {
+  static std::atomic<uint64_t> n{0};
+  return n;
+}
+inline void count_flops(double f) { flops_counted().fetch_add(uint64_t(f), std::memory_order_relaxed); }
 
 // Splits [0, n) into one range per thread (or one range for small n) and
 // calls f(begin, end) on each, in parallel.

@@ -140,6 +140,7 @@ void skinny(const T* a, const MatRef& ma, const T* b, const MatRef& mb, T* out, 
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha,
                         double beta) {
   int64_t batch = out.size(0), M = out.size(1), N = out.size(2);
+  count_flops(2.0 * double(batch) * double(M) * double(N) * double(a.size(2)));
   MatRef ma = describe(a), mb = describe(b);
   // A few rows times a weight stored [N, K] (b seen transposed): gemm_skinny's shape.
   const bool skinny_shape = !mb.row_major && M <= kSkinnyMaxRows;
