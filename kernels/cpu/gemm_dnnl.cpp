@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "areno_build_config.h"
 
@@ -42,8 +43,11 @@ bool set_dnnl_enabled(bool on) {
   return on;
 }
 
-bool dnnl_gemm_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs,
-                    const BFloat16* b, int64_t b_rs, int64_t b_cs, BFloat16* out, int64_t ldo) {
+namespace {
+
+template <typename O>
+bool gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs, const BFloat16* b,
+          int64_t b_rs, int64_t b_cs, O* out, int64_t ldo) {
   if (!dnnl_enabled() || M <= 0 || N <= 0 || K <= 0) return false;
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
@@ -51,7 +55,7 @@ bool dnnl_gemm_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t 
     Dnnl& d = dnnl_state();
     const dnnl::memory::desc am(dims{M, K}, dt::bf16, dims{a_rs, a_cs});
     const dnnl::memory::desc bm(dims{K, N}, dt::bf16, dims{b_rs, b_cs});
-    const dnnl::memory::desc cm(dims{M, N}, dt::bf16, dims{ldo, 1});
+    const dnnl::memory::desc cm(dims{M, N}, std::is_same_v<O, float> ? dt::f32 : dt::bf16, dims{ldo, 1});
     // oneDNN's primitive cache makes the repeated creation for a shape cheap.
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(am, bm, cm), d.engine);
     const dnnl::matmul prim(pd);
@@ -65,6 +69,18 @@ bool dnnl_gemm_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t 
   }
 }
 
+}  // namespace
+
+bool dnnl_gemm_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs,
+                    const BFloat16* b, int64_t b_rs, int64_t b_cs, BFloat16* out, int64_t ldo) {
+  return gemm(M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, out, ldo);
+}
+
+bool dnnl_gemm_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs,
+                    const BFloat16* b, int64_t b_rs, int64_t b_cs, float* out, int64_t ldo) {
+  return gemm(M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, out, ldo);
+}
+
 #else
 
 bool dnnl_enabled() { return false; }
@@ -72,6 +88,10 @@ bool set_dnnl_enabled(bool) { return false; }
 
 bool dnnl_gemm_bf16(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, const BFloat16*, int64_t, int64_t,
                     BFloat16*, int64_t) {
+  return false;
+}
+bool dnnl_gemm_bf16(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, const BFloat16*, int64_t, int64_t,
+                    float*, int64_t) {
   return false;
 }
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/gemm_dnnl.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
 #include "tests/core/op_harness.h"
@@ -542,4 +543,33 @@ DEVICE_TEST_CASE("ops/attention: bf16 inference attention within bf16 rounding o
     CHECK(worst < 1e-6);
     CHECK(max_abs_diff(fused, want) <= max_abs_diff(composed, want) + 1e-9);
   }
+}
+
+// bf16 prefill with oneDNN (kernels/cpu/attention.cpp: both products from the
+// bf16 operands, P split into two bf16 parts): several 256-query blocks, a
+// cached history (more keys than queries), grouped heads; within one bf16
+// rounding of f64 as above, with oneDNN on and off.
+DEVICE_TEST_CASE("ops/attention: bf16 prefill blocks with a history within bf16 rounding of f64") {
+  Generator g(13);
+  Tensor q = rand_normal({1, 4, 600, 24}, g, 0.0, 1.0).to(DType::bf16).to(device);
+  Tensor k = rand_normal({1, 2, 650, 24}, g, 0.0, 1.0).to(DType::bf16).to(device);
+  Tensor v = rand_normal({1, 2, 650, 24}, g, 0.0, 1.0).to(DType::bf16).to(device);
+  for (bool causal : {true, false})
+    for (bool dnnl : {true, false}) {
+      CAPTURE(causal);
+      CAPTURE(dnnl);
+      const bool was = cpu::dnnl_enabled();
+      cpu::set_dnnl_enabled(dnnl);
+      AttentionOptions o;
+      o.causal = causal;
+      NoGradGuard ng;
+      const Tensor fused = scaled_dot_product_attention(q, k, v, o).to(DType::f64);
+      cpu::set_dnnl_enabled(was);
+      const Tensor want = scaled_dot_product_attention(q.to(DType::f64), k.to(DType::f64), v.to(DType::f64), o);
+      const std::vector<double> f = fused.to_vector<double>(), w = want.to_vector<double>();
+      REQUIRE(f.size() == w.size());
+      double worst = 0;
+      for (size_t i = 0; i < f.size(); ++i) worst = std::max(worst, std::fabs(f[i] - w[i]) - std::fabs(w[i]) * 0x1p-8);
+      CHECK(worst < 1e-6);
+    }
 }
