@@ -99,7 +99,9 @@ constexpr const char* kTrainUsage =
     "  --save-path DIR           write DIR/step-N/ (released layout + optimizer and data\n"
     "                            state) and DIR/latest; always after the last step\n"
     "  --save-interval N         also every N steps\n"
-    "  --resume DIR              continue from DIR/latest (or a step folder) exactly (sft only)\n"
+    "  --resume DIR              continue from DIR/latest (or a step folder) exactly; repeat the\n"
+    "                            run's options (those that shape its data and rollouts are checked;\n"
+    "                            docs/training.md, docs/rl.md \"Resuming a run\")\n"
     "  --metrics-log-dir DIR     metrics.jsonl and TensorBoard event files\n"
     "\n"
     "grpo/gspo/ppo (rows {\"prompt\": string or messages, ...fields the reward reads}):\n"
@@ -189,11 +191,34 @@ std::function<void(const fs::path&)> extra_files(const ServedModel& sm) {
   };
 }
 
+// Where a run starts from and what it writes.
+struct RunDirs {
+  std::string ckpt;   // --ckpt: the checkpoint the run started from ("": the demo model)
+  fs::path step_dir;  // --resume: the step folder the run continues from ("": a fresh run)
+  std::string metrics_dir, save_path;
+  int64_t save_interval = 0;
+  // Where a save copies tokenizer and processor files from.
+  fs::path source() const { return step_dir.empty() ? fs::path(ckpt) : step_dir; }
+};
+
+// A folder as a resumed run compares it: absolute and normalised ("" stays "").
+std::string run_path(const std::string& dir) {
+  return dir.empty() ? std::string() : fs::weakly_canonical(fs::absolute(dir)).string();
+}
+
+// After a trainer loaded its state from dirs.step_dir.
+template <typename Trainer>
+void report_resume(const Trainer& trainer, const RunDirs& dirs) {
+  fmt::print(stderr, "resumed from {} at step {}\n", dirs.step_dir.string(), trainer.state().step);
+}
+
 struct RlFlags {
   train::rl::RlOptions options;
   train::rl::PpoTrainOptions ppo;
   std::string reward, reward_cmd, critic_ckpt, kl_loss_type = "low_var_kl";
   double reward_timeout_s = 30;
+  // The reward options a resumed run must repeat.
+  nlohmann::json reward_keys() const { return {{"--reward", reward}, {"--reward-cmd", reward_cmd}}; }
 };
 
 // The prompt rows of grpo/gspo/ppo, reported.
@@ -230,10 +255,10 @@ struct StepReport {
 // The step loop every RL trainer shares: progress line, a finite loss,
 // metrics, checkpoints. `step()` runs one step and returns its StepReport.
 template <typename Trainer, typename Step>
-int run_rl_loop(Trainer& trainer, Step step, const ServedModel& sm, const std::string& metrics_dir,
-                const std::string& save_path, int64_t save_interval, const std::string& ckpt) {
+int run_rl_loop(Trainer& trainer, Step step, const ServedModel& sm, const RunDirs& dirs) {
   std::optional<train::MetricsWriter> metrics;
-  if (!metrics_dir.empty()) metrics.emplace(metrics_dir, 0);
+  // A resumed run keeps the metrics up to its step and appends.
+  if (!dirs.metrics_dir.empty()) metrics.emplace(dirs.metrics_dir, trainer.state().step);
   while (!trainer.done()) {
     const StepReport r = step();
     fmt::print("{}\n", r.line);
@@ -241,18 +266,22 @@ int run_rl_loop(Trainer& trainer, Step step, const ServedModel& sm, const std::s
     if (!std::isfinite(r.loss))
       throw std::runtime_error(fmt::format("step {}: the loss is not finite ({}); stopping", r.step, r.loss));
     if (metrics) metrics->write(r.step, r.scalars);
-    if (!save_path.empty() && (trainer.done() || (save_interval > 0 && r.step % save_interval == 0)))
-      fmt::print(stderr, "saved {}\n", trainer.save_checkpoint(save_path, ckpt, extra_files(sm)).string());
+    if (!dirs.save_path.empty() && (trainer.done() || (dirs.save_interval > 0 && r.step % dirs.save_interval == 0)))
+      fmt::print(stderr, "saved {}\n", trainer.save_checkpoint(dirs.save_path, dirs.source(), extra_files(sm)).string());
   }
   return 0;
 }
 
 // --algo grpo|gspo: prompts, rollouts, rewards, GrpoTrainer steps.
 int train_rl(RlFlags f, const ServedModel& sm, const fs::path& dataset, const train::DatasetOptions& dopts,
-             const std::string& metrics_dir, const std::string& save_path, int64_t save_interval,
-             const std::string& ckpt) {
+             const RunDirs& dirs) {
   train::PromptDataset data = load_prompts(sm, dataset, dopts);
+  f.options.run_keys = f.reward_keys();
   train::rl::GrpoTrainer trainer(sm.model, sm.tokenizer, std::move(data.rows), f.options, make_rl_reward(f));
+  if (!dirs.step_dir.empty()) {
+    trainer.load_state(dirs.step_dir);
+    report_resume(trainer, dirs);
+  }
   fmt::print(stderr, "{}: training {} of {} parameters for {} steps ({} per epoch), {} {} per prompt\n",
              train::rl::rl_algo_name(f.options.algo), trainable_numel(trainer.optimizer()),
              sm.model->num_parameters(), trainer.total_steps(), trainer.steps_per_epoch(), f.options.rollout.n_samples,
@@ -264,34 +293,47 @@ int train_rl(RlFlags f, const ServedModel& sm, const fs::path& dataset, const tr
         return StepReport{st.step, train::rl::format_rl_progress(st, trainer.total_steps()), st.loss,
                           train::rl::rl_scalars(st)};
       },
-      sm, metrics_dir, save_path, save_interval, ckpt);
+      sm, dirs);
 }
 
 // --algo ppo: prompts, rollouts, rewards, a critic (a value head on the
 // policy, or --critic-ckpt), a frozen reference only with --use-kl-loss, PpoTrainer steps.
-int train_ppo(const RlFlags& f, const ServedModel& sm, const fs::path& dataset, const train::DatasetOptions& dopts,
-              const std::string& device, const std::string& dtype, const std::string& metrics_dir,
-              const std::string& save_path, int64_t save_interval, const std::string& ckpt) {
+int train_ppo(RlFlags f, const ServedModel& sm, const fs::path& dataset, const train::DatasetOptions& dopts,
+              const std::string& device, const std::string& dtype, const RunDirs& dirs) {
   train::PromptDataset data = load_prompts(sm, dataset, dopts);
+  const bool resuming = !dirs.step_dir.empty();
   ModelNeeds needs;
   needs.tokenizer = false;
+  // A resumed run's separate critic is the one its step folder saved.
   std::shared_ptr<phi4mm::Phi4MMForCausalLM> critic;
-  if (!f.critic_ckpt.empty()) critic = load_served_model(f.critic_ckpt, device, dtype, needs).model;
+  if (!f.critic_ckpt.empty())
+    critic = load_served_model(resuming ? (dirs.step_dir / "critic").string() : f.critic_ckpt, device, dtype, needs).model;
+  // The KL reference is the starting policy, --ckpt, also when resuming.
   std::shared_ptr<const phi4mm::Phi4MMForCausalLM> reference;
-  if (f.ppo.ppo.use_kl_loss) reference = load_served_model(ckpt, device, dtype, needs).model;  // frozen: no optimizer
+  f.ppo.run_keys = f.reward_keys();
+  if (f.ppo.ppo.use_kl_loss) {
+    reference = load_served_model(dirs.ckpt, device, dtype, needs).model;  // frozen: no optimizer
+    f.ppo.run_keys["--ckpt"] = run_path(dirs.ckpt);
+  }
   train::rl::PpoTrainer trainer(sm.model, sm.tokenizer, std::move(data.rows), f.ppo, make_rl_reward(f), critic,
                                 reference);
-  // The value head of a step folder this run starts from (a critic folder or the policy's).
-  const fs::path head_dir = !f.critic_ckpt.empty() ? fs::path(f.critic_ckpt) : fs::path(ckpt);
+  // The value head of a step folder this run starts from (a critic folder or
+  // the policy's); a resumed run's comes with its state.
+  const fs::path head_dir = !f.critic_ckpt.empty() ? fs::path(f.critic_ckpt) : fs::path(dirs.ckpt);
   const fs::path head_file = head_dir / train::rl::kValueHeadFile;
-  const bool head_loaded = !head_dir.empty() && fs::exists(head_file);
+  const bool head_loaded = !resuming && !head_dir.empty() && fs::exists(head_file);
   if (head_loaded) trainer.value_head().load(head_file);
+  if (resuming) {
+    trainer.load_state(dirs.step_dir);
+    report_resume(trainer, dirs);
+  }
   fmt::print(stderr, "ppo: training {} of {} parameters for {} steps ({} per epoch), {} completions per prompt; "
              "critic: {} ({} parameters, value head {}){}{}\n",
              trainable_numel(trainer.optimizer()), sm.model->num_parameters(), trainer.total_steps(),
              trainer.steps_per_epoch(), f.ppo.rollout.n_samples,
              critic ? "the model of " + f.critic_ckpt : std::string("a value head on the policy"),
-             trainable_numel(trainer.critic_optimizer()), head_loaded ? "from " + head_file.string() : "zero-initialised",
+             trainable_numel(trainer.critic_optimizer()),
+             resuming ? "from the step folder" : head_loaded ? "from " + head_file.string() : "zero-initialised",
              f.ppo.critic_warmup_steps > 0 ? fmt::format("; critic warm-up {} steps", f.ppo.critic_warmup_steps) : "",
              reference ? "; KL loss to a frozen copy of the starting policy" : "");
   return run_rl_loop(
@@ -301,19 +343,23 @@ int train_ppo(const RlFlags& f, const ServedModel& sm, const fs::path& dataset, 
         return StepReport{st.rl.step, train::rl::format_ppo_progress(st, trainer.total_steps()), st.rl.loss,
                           train::rl::ppo_scalars(st)};
       },
-      sm, metrics_dir, save_path, save_interval, ckpt);
+      sm, dirs);
 }
 
 // --algo dpo: preference pairs, reference sums once, DpoTrainer steps.
-int train_dpo(const train::rl::DpoTrainOptions& o, const ServedModel& sm, const fs::path& dataset,
+int train_dpo(train::rl::DpoTrainOptions o, const ServedModel& sm, const fs::path& dataset,
               const train::DatasetOptions& dopts, const std::string& ref_ckpt, const std::string& device,
-              const std::string& dtype, const std::string& metrics_dir, const std::string& save_path,
-              int64_t save_interval, const std::string& ckpt) {
+              const std::string& dtype, const RunDirs& dirs) {
   train::rl::DpoDataset data = train::rl::load_dpo_dataset(dataset, *sm.tokenizer, dopts);
   fmt::print(stderr, "dataset {}: {} pairs ({} bad rows skipped, {} too long dropped)\n", dataset.string(),
              data.rows.size(), data.bad_rows, data.too_long);
+  o.run_keys = {{"--ref-ckpt", run_path(ref_ckpt)}};
   std::optional<train::rl::DpoTrainer> trainer;
-  if (ref_ckpt.empty()) {
+  if (!dirs.step_dir.empty()) {
+    // The reference sums come from the step folder (computed when the run started).
+    trainer.emplace(sm.model, std::move(data.rows), o, nullptr, dirs.step_dir);
+    report_resume(*trainer, dirs);
+  } else if (ref_ckpt.empty()) {
     trainer.emplace(sm.model, std::move(data.rows), o);
   } else {
     // Loaded as the policy is, used once for the reference sums, then dropped.
@@ -323,9 +369,10 @@ int train_dpo(const train::rl::DpoTrainOptions& o, const ServedModel& sm, const 
     trainer.emplace(sm.model, std::move(data.rows), o, ref.model.get());
   }
   fmt::print(stderr, "dpo: training {} of {} parameters for {} steps ({} per epoch), beta {}; reference ({}) "
-             "log-probabilities in {:.2f}s\n", trainable_numel(trainer->optimizer()), sm.model->num_parameters(), trainer->total_steps(),
+             "log-probabilities {}\n", trainable_numel(trainer->optimizer()), sm.model->num_parameters(), trainer->total_steps(),
              trainer->steps_per_epoch(), o.dpo.beta, ref_ckpt.empty() ? "the starting policy" : ref_ckpt,
-             trainer->reference_seconds());
+             dirs.step_dir.empty() ? fmt::format("in {:.2f}s", trainer->reference_seconds())
+                                   : std::string("from the step folder"));
   return run_rl_loop(
       *trainer,
       [&] {
@@ -333,7 +380,7 @@ int train_dpo(const train::rl::DpoTrainOptions& o, const ServedModel& sm, const 
         return StepReport{st.step, train::rl::format_dpo_progress(st, trainer->total_steps()), st.dpo.loss,
                           train::rl::dpo_scalars(st)};
       },
-      sm, metrics_dir, save_path, save_interval, ckpt);
+      sm, dirs);
 }
 
 }  // namespace
@@ -410,26 +457,20 @@ int cmd_train(const Args& args) {
   const bool is_ppo = algo == "ppo", is_rl = algo == "grpo" || algo == "gspo" || is_ppo, is_dpo = algo == "dpo";
   if (algo != "sft" && !is_rl && !is_dpo)
     throw std::invalid_argument(fmt::format("--algo: '{}' is not supported (sft, grpo, gspo, dpo, ppo)", algo));
-  if (is_dpo && !resume.empty())
-    throw std::invalid_argument("--resume: resuming a dpo run is not supported yet (start a new run from the step "
-                                "folder with --ckpt, and --ref-ckpt for the original reference)");
   if (!is_dpo && !ref_ckpt.empty()) throw std::invalid_argument("--ref-ckpt: only with --algo dpo");
   if (!is_ppo && !rl.critic_ckpt.empty()) throw std::invalid_argument("--critic-ckpt: only with --algo ppo");
   if (!is_ppo && ppo.use_kl_loss)
     throw std::invalid_argument("--use-kl-loss: only with --algo ppo (grpo/gspo run without a KL term)");
   if (rl.kl_loss_type != "low_var_kl")
     throw std::invalid_argument(fmt::format("--kl-loss-type: '{}' is not supported (low_var_kl)", rl.kl_loss_type));
-  if (!rl.critic_ckpt.empty() && !fs::is_directory(rl.critic_ckpt))
+  // (A resumed run's critic comes from its step folder.)
+  if (!rl.critic_ckpt.empty() && resume.empty() && !fs::is_directory(rl.critic_ckpt))
     throw std::invalid_argument(fmt::format("--critic-ckpt {}: no such folder", rl.critic_ckpt));
   ro.n_samples = n_samples.value_or(is_ppo ? 1 : 4);
   if (!is_rl && (max_running || ro.max_context_len > 0))
     throw std::invalid_argument("--max-running-prompts, --max-context-len: only with --algo grpo|gspo|ppo (rollouts)");
   ro.engine.max_running = max_running.value_or(o.batch_size * ro.n_samples);
   if (is_rl) {
-    if (!resume.empty())
-      throw std::invalid_argument(fmt::format("--resume: resuming a {} run is not supported yet (start a new run "
-                                              "from the step folder with --ckpt{})", algo,
-                                              is_ppo ? ", and --critic-ckpt DIR/critic for a separate critic" : ""));
     if (!rl.reward.empty() && !rl.reward_cmd.empty())
       throw std::invalid_argument("--reward and --reward-cmd: give one of them, not both");
     if (is_ppo && (!ag.cmd.empty() || ag.train_context))
@@ -508,14 +549,13 @@ int cmd_train(const Args& args) {
     rows_file = loaded.path;
     if (dopts.media_root.empty()) dopts.media_root = fs::absolute(dataset).parent_path().string();
   }
+  const RunDirs dirs{ckpt, step_dir, metrics_dir, save_path, save_interval};
   if (is_rl) {
     dopts.max_new_tokens = 0;  // the rollout's length, not a filter
-    if (is_ppo)
-      return train_ppo(rl, sm, rows_file, dopts, device, dtype, metrics_dir, save_path, save_interval, model_dir);
-    return train_rl(rl, sm, rows_file, dopts, metrics_dir, save_path, save_interval, ckpt);
+    if (is_ppo) return train_ppo(rl, sm, rows_file, dopts, device, dtype, dirs);
+    return train_rl(rl, sm, rows_file, dopts, dirs);
   }
-  if (is_dpo)
-    return train_dpo(dpo, sm, rows_file, dopts, ref_ckpt, device, dtype, metrics_dir, save_path, save_interval, ckpt);
+  if (is_dpo) return train_dpo(dpo, sm, rows_file, dopts, ref_ckpt, device, dtype, dirs);
   train::SftDataset data = train::load_sft_dataset(rows_file, *sm.tokenizer, dopts);
   fmt::print(stderr, "dataset {}: {} rows ({} bad rows skipped, {} too long dropped)\n", dataset, data.rows.size(),
              data.bad_rows, data.too_long);
@@ -523,7 +563,7 @@ int cmd_train(const Args& args) {
   train::SftTrainer trainer(sm.model, std::move(data.rows), o);
   if (!step_dir.empty()) {
     trainer.load_state(step_dir);
-    fmt::print(stderr, "resumed from {} at step {}\n", step_dir.string(), trainer.state().step);
+    report_resume(trainer, dirs);
   }
   int64_t trainable = 0;
   for (const ParamGroup& g : trainer.optimizer().param_groups())
@@ -536,9 +576,8 @@ int cmd_train(const Args& args) {
 
   std::optional<train::MetricsWriter> metrics;
   if (!metrics_dir.empty()) metrics.emplace(metrics_dir, trainer.state().step);
-  const fs::path source = step_dir.empty() ? fs::path(ckpt) : step_dir;
   auto save = [&] {
-    fmt::print(stderr, "saved {}\n", trainer.save_checkpoint(save_path, source, extra_files(sm)).string());
+    fmt::print(stderr, "saved {}\n", trainer.save_checkpoint(save_path, dirs.source(), extra_files(sm)).string());
   };
   const auto t0 = std::chrono::steady_clock::now();
   while (!trainer.done()) {

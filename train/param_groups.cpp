@@ -44,6 +44,15 @@ LmTrainable lm_trainable_from_name(const std::string& name) {
   throw std::invalid_argument(fmt::format("--lm-trainable: '{}' is not all, lora or none", name));
 }
 
+const char* lm_trainable_name(LmTrainable l) {
+  switch (l) {
+    case LmTrainable::all: return "all";
+    case LmTrainable::lora: return "lora";
+    case LmTrainable::none: return "none";
+  }
+  return "?";
+}
+
 EmbedRows embed_rows_from_name(const std::string& name) {
   if (name == "all") return EmbedRows::all;
   if (name == "data") return EmbedRows::data;

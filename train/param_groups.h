@@ -35,6 +35,7 @@ bool is_lora(const std::string& name);
 
 enum class LmTrainable { all, lora, none };
 LmTrainable lm_trainable_from_name(const std::string& name);  // "all" | "lora" | "none"
+const char* lm_trainable_name(LmTrainable l);
 
 enum class EmbedRows { all, data, none };
 EmbedRows embed_rows_from_name(const std::string& name);  // "all" | "data" | "none"

@@ -296,26 +296,94 @@ StepStats SftTrainer::step() {
   return st;
 }
 
+void Fingerprint::add(int64_t v) {
+  for (int i = 0; i < 8; ++i) {
+    h_ ^= uint64_t(v >> (8 * i)) & 0xff;
+    h_ *= 1099511628211ull;
+  }
+}
+
+void Fingerprint::add(const std::string& s) {
+  add(int64_t(s.size()));
+  for (unsigned char c : s) {
+    h_ ^= c;
+    h_ *= 1099511628211ull;
+  }
+}
+
 std::string SftTrainer::fingerprint() const {
-  // FNV-1a over every row's ids, targets and adapter, then the options that
-  // decide which rows a step reads and which parameters train.
-  uint64_t h = 1469598103934665603ull;
-  auto eat = [&h](int64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= uint64_t(v >> (8 * i)) & 0xff;
-      h *= 1099511628211ull;
-    }
-  };
+  // Every row's ids, targets and adapter, then the options that decide which
+  // rows a step reads and which parameters train.
+  Fingerprint f;
   for (const SftRow& r : rows_) {
-    eat(int64_t(r.ids.size()));
-    for (int64_t v : r.ids) eat(v);
-    for (int64_t v : r.targets) eat(v);
-    eat(int64_t(r.adapter));
+    f.add(int64_t(r.ids.size()));
+    for (int64_t v : r.ids) f.add(v);
+    for (int64_t v : r.targets) f.add(v);
+    f.add(int64_t(r.adapter));
   }
   const GroupOptions& g = options_.groups;
-  return fmt::format("rows={} data={:016x} batch={} seed={} shuffle={} lm={} projector={} tower={}{}", rows_.size(), h,
-                     options_.batch_size, options_.seed, options_.shuffle, int(g.lm), g.projector, g.tower,
+  return fmt::format("rows={} data={:016x} batch={} seed={} shuffle={} lm={} projector={} tower={}{}", rows_.size(),
+                     f.value(), options_.batch_size, options_.seed, options_.shuffle, int(g.lm), g.projector, g.tower,
                      g.embed_rows == EmbedRows::all ? "" : fmt::format(" embed_rows={}", embed_rows_name(g.embed_rows)));
+}
+
+json loop_run_keys(const SftOptions& o, const std::string& algo, const std::string& dataset) {
+  return {{"--algo", algo},
+          {"dataset", dataset},
+          {"--batch-size", o.batch_size},
+          {"--seed", o.seed},
+          {"--no-shuffle", !o.shuffle},
+          {"--lm-trainable", lm_trainable_name(o.groups.lm)},
+          {"--embed-rows", embed_rows_name(o.groups.embed_rows)},
+          {"--unfreeze-mm-projector", o.groups.projector},
+          {"--unfreeze-mm-tower", o.groups.tower}};
+}
+
+void check_run_keys(const json& saved, const json& now, const std::string& file) {
+  auto run = saved.find("run");
+  if (run == saved.end() || !run->is_object())
+    throw std::runtime_error(fmt::format(
+        "{}: no \"run\" field: this {} step folder was saved before such runs could resume (start a new run from "
+        "its weights with --ckpt instead)", file, saved.value("algo", std::string("sft"))));
+  for (const auto& [key, value] : now.items()) {
+    auto it = run->find(key);
+    if (it == run->end())
+      throw std::runtime_error(fmt::format("{}: \"run\" has no \"{}\" (a folder of another version?)", file, key));
+    if (*it != value)
+      throw std::runtime_error(fmt::format(
+          "{}: {} differs from the saved run's ({} there, {} now): a resumed run repeats the options that decide its "
+          "data, rollouts and trained groups", file, key, it->dump(), value.dump()));
+  }
+}
+
+SavedState load_step_state(const fs::path& step_dir, const std::string& algo, int64_t rows, AdamW& optimizer,
+                           const std::function<void(const json&, const std::string&)>& check) {
+  const fs::path file = step_dir / "trainer_state.json";
+  SavedState out;
+  json& st = out.json;
+  try {
+    st = json::parse(read_file(file.string()));
+  } catch (const json::exception& e) {
+    throw std::runtime_error(fmt::format("{}: {}", file.string(), e.what()));
+  }
+  if (!st.is_object()) throw std::runtime_error(fmt::format("{}: not a JSON object", file.string()));
+  const std::string saved_algo = st.value("algo", std::string("sft"));
+  if (saved_algo != algo)
+    throw std::runtime_error(fmt::format("{}: --algo differs: the step folder is from an --algo {} run, this is --algo {}",
+                                         file.string(), saved_algo, algo));
+  if (check) check(st, file.string());
+  auto get = [&](const char* key) -> int64_t {
+    auto it = st.find(key);
+    if (it == st.end() || !it->is_number_integer() || it->get<int64_t>() < 0)
+      throw std::runtime_error(fmt::format("{}: {} must be a non-negative integer", file.string(), key));
+    return it->get<int64_t>();
+  };
+  out.state = TrainerState{get("step"), get("epoch"), get("position")};
+  if (out.state.position >= rows)
+    throw std::runtime_error(fmt::format("{}: position {} is past the dataset's {} rows", file.string(),
+                                         out.state.position, rows));
+  optimizer.load_state((step_dir / "optimizer" / "optimizer.safetensors").string());
+  return out;
 }
 
 fs::path save_step_folder(const phi4mm::Phi4MMForCausalLM& model, const AdamW& optimizer, int64_t step,
@@ -373,29 +441,13 @@ fs::path SftTrainer::save_checkpoint(const fs::path& save_path, const fs::path& 
 }
 
 void SftTrainer::load_state(const fs::path& step_dir) {
-  const fs::path file = step_dir / "trainer_state.json";
-  json st;
-  try {
-    st = json::parse(read_file(file.string()));
-  } catch (const json::exception& e) {
-    throw std::runtime_error(fmt::format("{}: {}", file.string(), e.what()));
-  }
-  auto get = [&](const char* key) -> int64_t {
-    auto it = st.find(key);
-    if (it == st.end() || !it->is_number_integer() || it->get<int64_t>() < 0)
-      throw std::runtime_error(fmt::format("{}: {} must be a non-negative integer", file.string(), key));
-    return it->get<int64_t>();
-  };
-  if (st.value("fingerprint", std::string()) != fingerprint())
-    throw std::runtime_error(fmt::format(
-        "{}: the checkpoint was trained on another dataset or with another --batch-size, --seed or trainable "
-        "groups ({} there, {} now)", file.string(), st.value("fingerprint", std::string("none")), fingerprint()));
-  TrainerState s{get("step"), get("epoch"), get("position")};
-  if (s.position >= int64_t(rows_.size()))
-    throw std::runtime_error(fmt::format("{}: position {} is past the dataset's {} rows", file.string(), s.position,
-                                         rows_.size()));
-  optimizer_->load_state((step_dir / "optimizer" / "optimizer.safetensors").string());
-  state_ = s;
+  state_ = load_step_state(step_dir, "sft", int64_t(rows_.size()), *optimizer_, [&](const json& st, const std::string& file) {
+             if (st.value("fingerprint", std::string()) != fingerprint())
+               throw std::runtime_error(fmt::format(
+                   "{}: the checkpoint was trained on another dataset or with another --batch-size, --seed or "
+                   "trainable groups ({} there, {} now)", file, st.value("fingerprint", std::string("none")),
+                   fingerprint()));
+           }).state;
 }
 
 fs::path resolve_resume_dir(const fs::path& dir) {

@@ -128,6 +128,46 @@ std::vector<int64_t> next_step_rows(const TrainerState& state, int64_t rows, con
 // position, total_steps, seed.
 nlohmann::json trainer_state_json(const TrainerState& state, int64_t total_steps, uint64_t seed);
 
+// FNV-1a over 64-bit values (8 bytes each) and strings: the dataset
+// fingerprints a resumed run is checked against.
+class Fingerprint {
+ public:
+  void add(int64_t v);
+  void add(const std::string& s);
+  uint64_t value() const { return h_; }
+
+ private:
+  uint64_t h_ = 1469598103934665603ull;
+};
+
+// The options a resumed run of `algo` must repeat, by the flag that sets
+// each: "--algo", "dataset" (`dataset`, the rows' fingerprint),
+// "--batch-size", "--seed", "--no-shuffle", "--lm-trainable", "--embed-rows",
+// "--unfreeze-mm-projector", "--unfreeze-mm-tower". The RL trainers save
+// theirs (these and their own) as trainer_state.json's "run".
+nlohmann::json loop_run_keys(const SftOptions& o, const std::string& algo, const std::string& dataset);
+
+// Checks the options of a resuming run (`now`, as loop_run_keys) against the
+// "run" object of a saved trainer_state.json (`saved`, read from `file`).
+// Throws std::runtime_error naming the first flag whose value differs, or
+// saying that the folder was saved before its algorithm could resume (no "run").
+void check_run_keys(const nlohmann::json& saved, const nlohmann::json& now, const std::string& file);
+
+// A step folder's trainer_state.json, read for a run of `algo` that resumes
+// from it: refuses a folder of another algorithm ("algo"; absent: "sft"),
+// lets `check` refuse it (the trainer's comparison of the options a resume
+// must repeat; it gets the JSON and the file's path), reads the position
+// (inside `rows`), then loads optimizer/optimizer.safetensors into
+// `optimizer`. Nothing is loaded when a check throws (std::runtime_error
+// naming the file).
+struct SavedState {
+  TrainerState state;
+  nlohmann::json json;
+};
+SavedState load_step_state(const std::filesystem::path& step_dir, const std::string& algo, int64_t rows,
+                           AdamW& optimizer,
+                           const std::function<void(const nlohmann::json&, const std::string&)>& check);
+
 struct StepStats {
   int64_t step = 0;           // this step's number (1-based)
   double loss = 0;            // mean cross-entropy over the step's target tokens

@@ -269,8 +269,9 @@ TEST_CASE("areno train --algo dpo: 2 steps on a 4-row file write the metrics; --
   REQUIRE(same.size() == 1);
   CHECK(std::abs(same[0]["loss"].get<double>() - std::log(2.0)) < 1e-6);
 
+  // A resume repeats the run's options (test_rl_resume.cpp).
   CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "dpo", "--dataset-path", pairs, "--resume", save}),
-                       doctest::Contains("--resume"), std::invalid_argument);
+                       doctest::Contains("--batch-size differs"), std::runtime_error);
   CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "sft", "--dataset-path", pairs, "--ref-ckpt", step2.string()}),
                        doctest::Contains("--ref-ckpt"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "dpo", "--dataset-path", pairs, "--dpo-beta", "0"}),

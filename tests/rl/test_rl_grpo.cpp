@@ -265,9 +265,10 @@ TEST_CASE("areno train --algo grpo|gspo: 2 steps on a prompt file write the issu
     const json ts = json::parse(std::ifstream(dir.path / (std::string("save-") + algo) / "step-2" / "trainer_state.json"));
     CHECK(ts["algo"] == algo);
   }
+  // A resume repeats the run's options (test_rl_resume.cpp).
   CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "grpo", "--dataset-path", dir.str("prompts.jsonl"), "--reward",
                                        "exact", "--resume", dir.str("save-grpo")}),
-                       doctest::Contains("--resume"), std::invalid_argument);
+                       doctest::Contains("--batch-size differs"), std::runtime_error);
   CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "grpo", "--dataset-path", dir.str("prompts.jsonl")}),
                        doctest::Contains("--reward"), std::invalid_argument);
 }

@@ -142,6 +142,10 @@ class AgentRollout {
   const AgentOptions& options() const { return agent_; }
   // Turns split into a new row by the row rule, over every run so far.
   int64_t split_rows() const { return split_rows_; }
+  // Runs so far (the r of the suggested trajectory ids "areno-r<r>-..."); a
+  // resumed trainer sets the saved count.
+  int64_t runs() const { return runs_; }
+  void set_runs(int64_t runs) { runs_ = runs; }
 
  private:
   void start_server();

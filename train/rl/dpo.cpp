@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "nn/io/atomic_file.h"
+#include "nn/io/safetensors.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
 #include "train/rl/rl_step.h"
@@ -105,11 +107,17 @@ void validate(const DpoTrainOptions& o) {
 }
 
 DpoTrainer::DpoTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::vector<DpoRow> rows,
-                       DpoTrainOptions options, const phi4mm::Phi4MMForCausalLM* reference)
+                       DpoTrainOptions options, const phi4mm::Phi4MMForCausalLM* reference,
+                       const fs::path& resume_from)
     : model_(std::move(model)), rows_(std::move(rows)), options_(std::move(options)) {
   validate(options_);
   if (rows_.empty()) throw std::invalid_argument("the dataset has no preference pairs to train on");
   optimizer_ = make_training_optimizer(*model_, options_.loop, total_steps());
+  if (!resume_from.empty()) {
+    if (reference) throw std::logic_error("DpoTrainer: a resumed run takes the saved reference sums, not a model");
+    load_state(resume_from);
+    return;
+  }
   // The reference sums, once, in the dataset's order.
   const auto t0 = Clock::now();
   const phi4mm::Phi4MMForCausalLM& ref = reference ? *reference : *model_;
@@ -186,8 +194,48 @@ fs::path DpoTrainer::save_checkpoint(const fs::path& save_path, const fs::path& 
   json st = trainer_state_json(state_, total_steps(), options_.loop.seed);
   st["algo"] = "dpo";
   st["dpo_beta"] = options_.dpo.beta;
-  st["resumable"] = false;
-  return save_step_folder(*model_, *optimizer_, state_.step, save_path, source, st, add_files);
+  st["run"] = run_keys();
+  return save_step_folder(*model_, *optimizer_, state_.step, save_path, source, st, [&](const fs::path& tmp) {
+    if (add_files) add_files(tmp);
+    const fs::path file = tmp / kDpoReferenceFile;
+    fs::create_directories(file.parent_path());
+    save_safetensors(file.string(), {{"chosen", from_vector(ref_chosen_, {int64_t(ref_chosen_.size())})},
+                                         {"rejected", from_vector(ref_rejected_, {int64_t(ref_rejected_.size())})}});
+    sync_dir(file.parent_path().string());
+  });
+}
+
+json DpoTrainer::run_keys() const {
+  Fingerprint f;
+  for (const DpoRow& r : rows_) {
+    for (const std::vector<int64_t>* v : {&r.prompt.ids, &r.chosen, &r.rejected}) {
+      f.add(int64_t(v->size()));
+      for (int64_t x : *v) f.add(x);
+    }
+    f.add(int64_t(r.prompt.adapter));
+  }
+  json k = loop_run_keys(options_.loop, "dpo", fmt::format("rows={} data={:016x}", rows_.size(), f.value()));
+  k.update(options_.run_keys);
+  return k;
+}
+
+void DpoTrainer::load_state(const fs::path& step_dir) {
+  const json keys = run_keys();
+  const TrainerState s = load_step_state(step_dir, "dpo", int64_t(rows_.size()), *optimizer_,
+                                         [&](const json& st, const std::string& file) { check_run_keys(st, keys, file); })
+                             .state;
+  const fs::path file = step_dir / kDpoReferenceFile;
+  if (!fs::exists(file)) throw std::runtime_error(fmt::format("{}: no such file (the reference sums of the run)", file.string()));
+  const SafetensorsFile ref(file.string());
+  for (auto [name, dst] : {std::pair<const char*, std::vector<double>*>{"chosen", &ref_chosen_}, {"rejected", &ref_rejected_}}) {
+    if (!ref.contains(name)) throw std::runtime_error(fmt::format("{}: no tensor {}", file.string(), name));
+    const Tensor t = ref.load_copy(name);
+    if (t.dtype() != DType::f64 || t.shape() != Shape{int64_t(rows_.size())})
+      throw std::runtime_error(fmt::format("{}: {} must be f64 [{}] (one per pair), got {} {}", file.string(), name,
+                                           rows_.size(), dtype_name(t.dtype()), shape_str(t.shape())));
+    *dst = t.to_vector<double>();
+  }
+  state_ = s;
 }
 
 Scalars dpo_scalars(const DpoStepStats& st) {

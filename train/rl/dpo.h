@@ -37,6 +37,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "models/phi4mm/text.h"
 #include "models/phi4mm/tokenizer/tokenizer.h"
 #include "nn/optim/adamw.h"
@@ -83,7 +85,14 @@ struct DpoTrainOptions {
   // epochs, max_steps. embed_rows must be all or none.
   SftOptions loop;
   DpoOptions dpo;  // beta (--dpo-beta)
+  // The command's own options a resumed run must repeat ({"--ref-ckpt": DIR}),
+  // saved with the trainer's (run_keys).
+  nlohmann::json run_keys = nlohmann::json::object();
 };
+
+// Where a DPO step folder keeps the reference sums: tensors "chosen" and
+// "rejected", [rows] f64 in the dataset's order (a subfolder: not weights).
+inline constexpr const char* kDpoReferenceFile = "reference/dpo_reference.safetensors";
 
 // Throws std::invalid_argument naming the flag.
 void validate(const DpoTrainOptions& o);
@@ -112,8 +121,15 @@ class DpoTrainer {
   // SftTrainer), then computes every row's reference sums under `reference`
   // (nullptr: `model` as it is now) in micro-batches of loop.mini_bs pairs.
   // The reference model is not kept.
+  //
+  // With `resume_from` (a step folder save_checkpoint wrote; the caller loads
+  // `model` from it, `reference` must be null) nothing is computed: the
+  // optimizer, the data position and the reference sums of the saved run
+  // (kDpoReferenceFile) are loaded, so the run continues as the uninterrupted
+  // one, whose reference was its starting policy or --ref-ckpt. Refuses
+  // (std::runtime_error naming the flag) a folder whose run_keys differ.
   DpoTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::vector<DpoRow> rows, DpoTrainOptions options,
-             const phi4mm::Phi4MMForCausalLM* reference = nullptr);
+             const phi4mm::Phi4MMForCausalLM* reference = nullptr, const std::filesystem::path& resume_from = {});
 
   int64_t steps_per_epoch() const;
   int64_t total_steps() const;
@@ -130,12 +146,17 @@ class DpoTrainer {
   DpoStepStats step();
 
   // save_path/step-N as SftTrainer::save_checkpoint writes it, with
-  // "algo": "dpo" in trainer_state.json. Resuming a DPO run is not supported yet.
+  // "algo": "dpo" and "run": run_keys() in trainer_state.json, and the
+  // reference sums in kDpoReferenceFile.
   std::filesystem::path save_checkpoint(const std::filesystem::path& save_path, const std::filesystem::path& source,
                                         const std::function<void(const std::filesystem::path&)>& add_files = {}) const;
+  // The options a resumed run must repeat: loop_run_keys (the pairs'
+  // fingerprint) and options.run_keys.
+  nlohmann::json run_keys() const;
 
  private:
   PolicyLogpOptions logp_options(int64_t micro) const;
+  void load_state(const std::filesystem::path& step_dir);
 
   std::shared_ptr<phi4mm::Phi4MMForCausalLM> model_;
   std::vector<DpoRow> rows_;

@@ -125,12 +125,28 @@ RlStepStats GrpoTrainer::step() {
   return st;
 }
 
+json GrpoTrainer::run_keys() const {
+  json k = rollout_run_keys(rows_, options_.loop, options_.rollout, rl_algo_name(options_.algo));
+  k["--agent-cmd"] = options_.agent.cmd;
+  k["--train-tool-results"] = options_.agent.train_context;
+  k.update(options_.run_keys);
+  return k;
+}
+
 fs::path GrpoTrainer::save_checkpoint(const fs::path& save_path, const fs::path& source,
                                       const std::function<void(const fs::path&)>& add_files) const {
   json st = trainer_state_json(state_, total_steps(), options_.loop.seed);
   st["algo"] = rl_algo_name(options_.algo);
-  st["resumable"] = false;
+  st["run"] = run_keys();
+  st["rollout_runs"] = agent_ ? agent_->runs() : int64_t(rollout_.runs());
   return save_step_folder(*model_, *optimizer_, state_.step, save_path, source, st, add_files);
+}
+
+void GrpoTrainer::load_state(const fs::path& step_dir) {
+  int64_t runs = 0;
+  state_ = load_rollout_state(step_dir, run_keys(), int64_t(rows_.size()), *optimizer_, runs).state;
+  if (agent_) agent_->set_runs(runs);
+  else rollout_.set_runs(uint64_t(runs));
 }
 
 }  // namespace areno::train::rl

@@ -37,6 +37,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "models/phi4mm/text.h"
 #include "models/phi4mm/tokenizer/tokenizer.h"
 #include "nn/optim/adamw.h"
@@ -66,6 +68,9 @@ struct RlOptions {
   GrpoOptions grpo;
   GspoOptions gspo;
   AgentOptions agent;      // cmd non-empty: agentic rollouts (--agent-cmd)
+  // The command's own options a resumed run must repeat ({"--reward": "exact"}),
+  // saved with the trainer's (run_keys).
+  nlohmann::json run_keys = nlohmann::json::object();
 };
 
 // Throws std::invalid_argument naming the flag.
@@ -93,10 +98,20 @@ class GrpoTrainer {
   RlStepStats step();
 
   // save_path/step-N as SftTrainer::save_checkpoint writes it (weights,
-  // optimizer, trainer_state.json with "algo"). Resuming an RL run is not
-  // supported yet.
+  // optimizer, trainer_state.json with "algo", "run": run_keys() and
+  // "rollout_runs": the rollouts done, whose count seeds the next one).
   std::filesystem::path save_checkpoint(const std::filesystem::path& save_path, const std::filesystem::path& source,
                                         const std::function<void(const std::filesystem::path&)>& add_files = {}) const;
+  // Restores the optimizer, the data position and the rollout count from a
+  // step folder save_checkpoint wrote (the caller loads the model's weights
+  // from it), so the run continues as the uninterrupted one: the same prompts,
+  // the same sampled completions (engine rollouts; agents are external
+  // programs, see docs/rl.md). Refuses (std::runtime_error naming the flag) a
+  // folder whose run_keys differ.
+  void load_state(const std::filesystem::path& step_dir);
+  // The options a resumed run must repeat: rollout_run_keys, --agent-cmd and
+  // --train-tool-results, and options.run_keys.
+  nlohmann::json run_keys() const;
 
  private:
   std::shared_ptr<phi4mm::Phi4MMForCausalLM> model_;

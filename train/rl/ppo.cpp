@@ -247,7 +247,8 @@ fs::path PpoTrainer::save_checkpoint(const fs::path& save_path, const fs::path& 
   st["algo"] = "ppo";
   st["critic"] = critic_ ? "separate" : "value_head";
   st["critic_warmup_steps"] = options_.critic_warmup_steps;
-  st["resumable"] = false;
+  st["run"] = run_keys();
+  st["rollout_runs"] = int64_t(rollout_.runs());
   return save_step_folder(*model_, *optimizer_, state_.step, save_path, source, st, [&](const fs::path& tmp) {
     if (add_files) add_files(tmp);
     const fs::path dir = critic_ ? tmp / "critic" : tmp;
@@ -260,6 +261,24 @@ fs::path PpoTrainer::save_checkpoint(const fs::path& save_path, const fs::path& 
     critic_optimizer_->save_state((tmp / "optimizer" / "critic_optimizer.safetensors").string());
     sync_dir(dir.string());
   });
+}
+
+json PpoTrainer::run_keys() const {
+  json k = rollout_run_keys(rows_, options_.loop, options_.rollout, "ppo");
+  k["--critic-ckpt"] = critic_ != nullptr;
+  k["--critic-warmup-steps"] = options_.critic_warmup_steps;
+  k["--use-kl-loss"] = options_.ppo.use_kl_loss;
+  k.update(options_.run_keys);
+  return k;
+}
+
+void PpoTrainer::load_state(const fs::path& step_dir) {
+  int64_t runs = 0;
+  const TrainerState s = load_rollout_state(step_dir, run_keys(), int64_t(rows_.size()), *optimizer_, runs).state;
+  head_->load((critic_ ? step_dir / "critic" : step_dir) / kValueHeadFile);
+  critic_optimizer_->load_state((step_dir / "optimizer" / "critic_optimizer.safetensors").string());
+  rollout_.set_runs(uint64_t(runs));
+  state_ = s;
 }
 
 Scalars ppo_scalars(const PpoStepStats& st) {

@@ -43,6 +43,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "models/phi4mm/text.h"
 #include "models/phi4mm/tokenizer/tokenizer.h"
 #include "nn/optim/adamw.h"
@@ -69,6 +71,9 @@ struct PpoTrainOptions {
   int64_t ppo_epochs = 1;  // --ppo-epochs: passes over the batch per step
   double critic_lr = 0;    // --critic-lr, 0: loop.lr
   int64_t critic_warmup_steps = 0;  // --critic-warmup-steps
+  // The command's own options a resumed run must repeat ({"--reward": "exact"}),
+  // saved with the trainer's (run_keys).
+  nlohmann::json run_keys = nlohmann::json::object();
   PpoTrainOptions() { rollout.n_samples = 1; }
 };
 
@@ -121,10 +126,22 @@ class PpoTrainer {
   // (trainer_state.json with "algo": "ppo"), plus value_head.safetensors in
   // the step folder (value head on the policy) or a critic/ folder with the
   // critic model and its value_head.safetensors (--critic-ckpt), and the
-  // critic's optimizer state in optimizer/critic_optimizer.safetensors.
-  // Resuming a PPO run is not supported yet.
+  // critic's optimizer state in optimizer/critic_optimizer.safetensors;
+  // trainer_state.json has "run": run_keys() and "rollout_runs" (as GRPO's).
   std::filesystem::path save_checkpoint(const std::filesystem::path& save_path, const std::filesystem::path& source,
                                         const std::function<void(const std::filesystem::path&)>& add_files = {}) const;
+  // Restores both optimizers, the value head, the data position (and with it
+  // the critic warm-up, which counts steps) and the rollout count from a step
+  // folder save_checkpoint wrote. The caller loads the policy's weights from
+  // the folder and a separate critic's from its critic/ (then passes it to
+  // the constructor), and the --use-kl-loss reference from the run's starting
+  // checkpoint. Refuses (std::runtime_error naming the flag) a folder whose
+  // run_keys differ.
+  void load_state(const std::filesystem::path& step_dir);
+  // The options a resumed run must repeat: rollout_run_keys, --critic-ckpt
+  // (whether there is a separate critic), --critic-warmup-steps, --use-kl-loss,
+  // and options.run_keys.
+  nlohmann::json run_keys() const;
 
  private:
   std::shared_ptr<phi4mm::Phi4MMForCausalLM> model_, critic_;

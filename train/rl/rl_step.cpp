@@ -40,6 +40,39 @@ PolicyLogpOptions step_logp_options(const SftOptions& loop, int64_t step, int64_
   return po;
 }
 
+nlohmann::json rollout_run_keys(const std::vector<PromptRow>& rows, const SftOptions& loop, const RolloutOptions& r,
+                                const std::string& algo) {
+  Fingerprint f;
+  for (const PromptRow& p : rows) {
+    f.add(int64_t(p.ids.size()));
+    for (int64_t v : p.ids) f.add(v);
+    f.add(int64_t(p.adapter));
+    f.add(p.row.dump());
+  }
+  nlohmann::json k = loop_run_keys(loop, algo, fmt::format("rows={} data={:016x}", rows.size(), f.value()));
+  k["--n-samples"] = r.n_samples;
+  k["--temperature"] = r.temperature;
+  k["--top-k"] = r.top_k;
+  k["--top-p"] = r.top_p;
+  k["--greedy"] = r.greedy;
+  k["--max-new-tokens"] = r.max_new_tokens;
+  k["--max-context-len"] = r.max_context_len;
+  return k;
+}
+
+SavedState load_rollout_state(const std::filesystem::path& step_dir, const nlohmann::json& keys, int64_t rows,
+                              AdamW& optimizer, int64_t& rollout_runs) {
+  return load_step_state(step_dir, keys.at("--algo").get<std::string>(), rows, optimizer,
+                         [&](const nlohmann::json& st, const std::string& file) {
+                           check_run_keys(st, keys, file);
+                           auto it = st.find("rollout_runs");
+                           if (it == st.end() || !it->is_number_integer() || it->get<int64_t>() < 0)
+                             throw std::runtime_error(
+                                 fmt::format("{}: rollout_runs must be a non-negative integer", file));
+                           rollout_runs = it->get<int64_t>();
+                         });
+}
+
 int64_t trainable_tokens(const RolloutSample& s) {
   int64_t n = 0;
   for (size_t t = 0; t < s.tokens.size(); ++t) n += is_trainable(s, t) ? 1 : 0;

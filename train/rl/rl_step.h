@@ -13,9 +13,12 @@
 // a rollout log-probability (NaN: an agent's context under
 // --train-tool-results) takes the training forward's own as its old one.
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "models/phi4mm/tokenizer/tokenizer.h"
 #include "train/dataset.h"
@@ -70,6 +73,21 @@ RolloutOptions seeded_rollout(RolloutOptions r, uint64_t seed);
 // optimizer steps: the loop's chunking and checkpointing, a dropout seed
 // from (seed, step, micro).
 PolicyLogpOptions step_logp_options(const SftOptions& loop, int64_t step, int64_t micro);
+
+// The options a resumed grpo/gspo/ppo run must repeat (trainer_state.json's
+// "run"): loop_run_keys with the prompts' fingerprint (each row's ids,
+// adapter and fields as read, which the reward sees) and the rollout's
+// sampling: --n-samples, --temperature, --top-k, --top-p, --greedy,
+// --max-new-tokens, --max-context-len.
+nlohmann::json rollout_run_keys(const std::vector<PromptRow>& rows, const SftOptions& loop, const RolloutOptions& r,
+                                const std::string& algo);
+
+// load_step_state for a grpo/gspo/ppo run resuming from `step_dir`: refuses
+// a folder whose "run" differs from `keys` (check_run_keys) or has no
+// "rollout_runs" (the rollouts done: their count seeds the next one's
+// sampling), which it stores in `rollout_runs`.
+SavedState load_rollout_state(const std::filesystem::path& step_dir, const nlohmann::json& keys, int64_t rows,
+                              AdamW& optimizer, int64_t& rollout_runs);
 
 // Whether token t of `s` is trained on (its `trainable` mask; empty: all).
 inline bool is_trainable(const RolloutSample& s, size_t t) { return s.trainable.empty() || s.trainable[t] != 0; }

@@ -94,6 +94,10 @@ class Rollout {
   // tokens); zeros before the first run.
   const serve::EngineStats& last_stats() const { return last_stats_; }
   const RolloutOptions& options() const { return options_; }
+  // Runs so far: run r samples from (seed, r, prompt, sample). A resumed
+  // trainer sets the saved count, so it samples what the uninterrupted run would.
+  uint64_t runs() const { return runs_; }
+  void set_runs(uint64_t runs) { runs_ = runs; }
 
  private:
   std::shared_ptr<phi4mm::Phi4MMForCausalLM> model_;
