@@ -77,34 +77,44 @@ const std::vector<uint8_t>& banned_ids(int64_t V) {
   return ban;
 }
 
-// exp(x) for x <= 0, as tensor kernels compute it without a call so the
-// sampler's loop vectorises: 2^t with t = x log2(e) split into an integer and
-// a fraction in [-0.5, 0.5], a degree-6 Taylor polynomial for 2^f (relative
-// error about 1e-7). x below -87 gives 2^-125.5 (close to 0; callers mask
-// banned ids explicitly).
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  const float t = x * 1.4426950408889634f;
-  const float n = std::nearbyint(t);
-  const float f = (t - n) * 0.6931471805599453f;  // ln(2^(t-n)) in [-0.347, 0.347]
-  float p = 1.0f / 720.0f;
+typedef float F16 __attribute__((vector_size(64)));
+typedef int32_t I16 __attribute__((vector_size(64)));
+
+// 2^r for integral r (float or 16 lanes) through the exponent bits.
+inline float pow2_of(float r) { return std::bit_cast<float>((int32_t(r) + 127) << 23); }
+inline F16 pow2_of(F16 r) {
+  const I16 bits = (__builtin_convertvector(r, I16) + 127) << 23;
+  F16 out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
+// exp(x) for x <= 0, for one float or 16 lanes (GCC vector types, the same
+// operations per lane; GCC does not vectorise the scalar loop): 2^t with
+// t = x log2(e) split into an integer (rounded to nearest even with the
+// 1.5 * 2^23 constant, |t| < 2^22) and a fraction in [-0.5, 0.5], a degree-6
+// Taylor polynomial for 2^f (relative error about 1e-7). x below -87 gives
+// 2^-125.5 (close to 0; callers mask banned ids explicitly).
+template <typename V>
+inline V exp_nonpositive(V x) {
+  x = x < -87.0f ? V{} - 87.0f : x;
+  const V t = x * 1.4426950408889634f;
+  const V r = (t + 12582912.0f) - 12582912.0f;
+  const V f = (t - r) * 0.6931471805599453f;  // ln(2^(t-r)) in [-0.347, 0.347]
+  V p = V{} + 1.0f / 720.0f;
   p = p * f + 1.0f / 120.0f;
   p = p * f + 1.0f / 24.0f;
   p = p * f + 1.0f / 6.0f;
   p = p * f + 0.5f;
   p = p * f + 1.0f;
   p = p * f + 1.0f;
-  return p * std::bit_cast<float>((int32_t(n) + 127) << 23);
+  return p * pow2_of(r);
 }
 
 // exp_nonpositive over n entries of w (relative to mx, times inv) into pr as
-// doubles, banned entries (-inf) as 0, and the sum of pr. 16 lanes at a time
-// in GCC vector types, each lane the same operations as exp_nonpositive (GCC
-// does not vectorise that loop as written); the sum runs over 8 lanes and is
-// reduced in a fixed order.
+// doubles, banned entries (-inf) as 0, and the sum of pr: 16 lanes at a time,
+// the sum over 8 lanes reduced in a fixed order.
 double exp_row(const float* w, int64_t n, float mx, float inv, double* pr) {
-  typedef float F16 __attribute__((vector_size(64)));
-  typedef int32_t I16 __attribute__((vector_size(64)));
   typedef double D8 __attribute__((vector_size(64)));
   typedef float F8 __attribute__((vector_size(32)));
   D8 acc = {};
@@ -112,22 +122,7 @@ double exp_row(const float* w, int64_t n, float mx, float inv, double* pr) {
   for (; i + 16 <= n; i += 16) {
     F16 w16;
     std::memcpy(&w16, w + i, sizeof w16);
-    F16 x = (w16 - mx) * inv;
-    x = x < -87.0f ? F16{} - 87.0f : x;
-    const F16 t = x * 1.4426950408889634f;
-    const F16 r = (t + 12582912.0f) - 12582912.0f;  // round to nearest even, |t| < 2^22
-    const F16 f = (t - r) * 0.6931471805599453f;
-    F16 p = F16{} + 1.0f / 720.0f;
-    p = p * f + 1.0f / 120.0f;
-    p = p * f + 1.0f / 24.0f;
-    p = p * f + 1.0f / 6.0f;
-    p = p * f + 0.5f;
-    p = p * f + 1.0f;
-    p = p * f + 1.0f;
-    const I16 bits = (__builtin_convertvector(r, I16) + 127) << 23;
-    F16 scale;
-    std::memcpy(&scale, &bits, sizeof scale);
-    F16 e = p * scale;
+    F16 e = exp_nonpositive((w16 - mx) * inv);
     e = w16 == kNegInf ? F16{} : e;
     F8 lo, hi;
     std::memcpy(&lo, &e, sizeof lo);
