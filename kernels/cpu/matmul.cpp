@@ -105,7 +105,8 @@ void gemm_small_m(const T* a, const MatRef& ma, const T* b, const MatRef& mb, T*
 
 // A few rows of `a` (at most kSkinnyMaxRows) times column-major `b` (a
 // weight [N, K] stored row-major, seen transposed): gemm_skinny reads b in
-// place in its dtype. a is used in place when it is f32 with unit column stride.
+// place in its dtype. a is used in place when it is row-major (unit column
+// stride); bf16 a goes to gemm_skinny_bf16 as bf16.
 template <typename T>
 void skinny(const T* a, const MatRef& ma, const T* b, const MatRef& mb, T* out, float alpha, float beta) {
   if constexpr (std::is_same_v<T, BFloat16>) {
