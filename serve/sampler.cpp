@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/cpu/vec_exp.h"
 #include "models/phi4mm/text.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 
@@ -77,39 +78,8 @@ const std::vector<uint8_t>& banned_ids(int64_t V) {
   return ban;
 }
 
-typedef float F16 __attribute__((vector_size(64)));
-typedef int32_t I16 __attribute__((vector_size(64)));
-
-// 2^r for integral r (float or 16 lanes) through the exponent bits.
-inline float pow2_of(float r) { return std::bit_cast<float>((int32_t(r) + 127) << 23); }
-inline F16 pow2_of(F16 r) {
-  const I16 bits = (__builtin_convertvector(r, I16) + 127) << 23;
-  F16 out;
-  std::memcpy(&out, &bits, sizeof out);
-  return out;
-}
-
-// exp(x) for x <= 0, for one float or 16 lanes (GCC vector types, the same
-// operations per lane; GCC does not vectorise the scalar loop): 2^t with
-// t = x log2(e) split into an integer (rounded to nearest even with the
-// 1.5 * 2^23 constant, |t| < 2^22) and a fraction in [-0.5, 0.5], a degree-6
-// Taylor polynomial for 2^f (relative error about 1e-7). x below -87 gives
-// 2^-125.5 (close to 0; callers mask banned ids explicitly).
-template <typename V>
-inline V exp_nonpositive(V x) {
-  x = x < -87.0f ? V{} - 87.0f : x;
-  const V t = x * 1.4426950408889634f;
-  const V r = (t + 12582912.0f) - 12582912.0f;
-  const V f = (t - r) * 0.6931471805599453f;  // ln(2^(t-r)) in [-0.347, 0.347]
-  V p = V{} + 1.0f / 720.0f;
-  p = p * f + 1.0f / 120.0f;
-  p = p * f + 1.0f / 24.0f;
-  p = p * f + 1.0f / 6.0f;
-  p = p * f + 0.5f;
-  p = p * f + 1.0f;
-  p = p * f + 1.0f;
-  return p * pow2_of(r);
-}
+using cpu::exp_nonpositive;
+using cpu::F16;
 
 // exp_nonpositive over n entries of w (relative to mx, times inv) into pr as
 // doubles, banned entries (-inf) as 0, and the sum of pr: 16 lanes at a time,

@@ -130,6 +130,17 @@ class Backend {
     return false;
   }
 
+  // ---- linear with its bias in one rounding (optional; inference) ----
+  // x [M, K] contig, w [N, K] contig, bias [N] contig, out [M, N] contig, all
+  // bf16: out = x w^T + bias with the bias added to the f32 sums before the one
+  // rounding to bf16 (as PyTorch's addmm; the composed matmul + add rounds
+  // twice). Returns false (out unspecified) when the backend has no kernel for
+  // it; no autograd.
+  virtual bool linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+    (void)x, (void)w, (void)bias, (void)out;
+    return false;
+  }
+
   // ---- fused attention for inference (optional) ----
   // q [B, HQ, TQ, D], k/v [B, HKV, TK, D] (last dim contiguous), out [B, HQ, TQ, D]
   // contiguous: softmax(scale * q k^T, causal: query i sees keys j <= i + TK - TQ) v.

@@ -99,6 +99,16 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (x.size(-1) != weight.size(1))
     throw std::invalid_argument(fmt::format("linear: input {} has {} features, weight {} expects {}",
                                             x.str(), x.size(-1), weight.str(), weight.size(1)));
+  // Inference in bf16: the bias in the GEMM's one rounding where the backend can.
+  if (bias.defined() && x.dtype() == DType::bf16 && weight.dtype() == DType::bf16 && bias.dtype() == DType::bf16 &&
+      bias.dim() == 1 && bias.size(0) == weight.size(0) && x.device() == weight.device() &&
+      bias.device() == x.device() && x.numel() > 0 && weight.size(1) > 0 && !needs_grad({x, weight, bias})) {
+    Shape out_shape = x.shape();
+    out_shape.back() = weight.size(0);
+    const Tensor x2 = x.reshape({-1, weight.size(1)}).contiguous();
+    Tensor out = empty({x2.size(0), weight.size(0)}, TensorOptions(x.dtype(), x.device()));
+    if (backend(x.device()).linear_bias(x2, weight.contiguous(), bias.contiguous(), out)) return out.reshape(out_shape);
+  }
   Tensor y = matmul(x, weight.t());
   if (bias.defined()) y = add(y, bias);
   return y;

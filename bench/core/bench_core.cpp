@@ -50,6 +50,28 @@ int main(int argc, char** argv) {
     double ms = best_ms([&] { add(x, y); }, cpu, 10);
     fmt::print("{{\"bench\": \"add_f32_16M\", \"device\": \"cpu\", \"ms\": {:.3f}, \"gbps\": {:.1f}}}\n", ms,
                3.0 * 4 * n / ms / 1e6);
+    // bf16 elementwise passes at the image prefill's shape ([1848 tokens, 8192]):
+    // GB/s counts the bytes each op reads and writes.
+    {
+      Tensor a = rand_normal({1848, 8192}, g).to(DType::bf16), b = rand_normal({1848, 8192}, g).to(DType::bf16);
+      const double bytes = 2.0 * double(a.numel());
+      auto row = [&](const char* name, double passes, auto&& f) {
+        const double t = best_ms(f, cpu, 10);
+        fmt::print("{{\"bench\": \"{}_bf16_1848x8192\", \"device\": \"cpu\", \"ms\": {:.3f}, \"gbps\": {:.1f}}}\n", name,
+                   t, passes * bytes / t / 1e6);
+      };
+      row("add", 3, [&] { add(a, b); });
+      row("mul", 3, [&] { mul(a, b); });
+      row("mul_scalar", 2, [&] { mul(a, 2.0); });
+      row("neg", 2, [&] { neg(a); });
+      row("silu", 2, [&] { silu(a); });
+      row("copy", 2, [&] { a.clone(); });
+      Tensor bias = rand_normal({8192}, g).to(DType::bf16);
+      row("add_bias", 2, [&] { add(a, bias); });
+      Tensor gu = rand_normal({1848, 16384}, g).to(DType::bf16);
+      const Tensor gate = gu.narrow(1, 0, 8192);
+      row("silu_strided", 2, [&] { silu(gate); });
+    }
     Tensor s = rand_normal({4096, 4096}, g);
     ms = best_ms([&] { softmax(s, -1); }, cpu, 10);
     fmt::print("{{\"bench\": \"softmax_f32_4096x4096\", \"device\": \"cpu\", \"ms\": {:.3f}, \"gbps\": {:.1f}}}\n",

@@ -35,7 +35,8 @@
 //
 // usage: bench_llm CHECKPOINT_DIR [--reps N] [--pp 512,4096] [--tg 128]
 //                  [--batched 8,32] [--npp 128] [--only pp|tg|batched|bw|bw_step|gemm]
-//                  [--quantize none|int8]
+//                  [--quantize none|int8] [--gemm-rows 512]
+// (--gemm-rows: the rows of x in the `gemm` measures, layer 0's linear layers.)
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -168,12 +169,12 @@ double read_bandwidth(const std::vector<std::pair<const float*, size_t>>& region
 
 int run(int argc, char** argv) {
   if (argc < 2) throw std::invalid_argument("usage: bench_llm CHECKPOINT_DIR [--reps N] [--pp LIST] [--tg N] "
-                                            "[--batched LIST] [--npp N] [--only pp|tg|batched|bw|bw_step|gemm] "
+                                            "[--batched LIST] [--npp N] [--only pp|tg|batched|bw|bw_step|gemm] [--gemm-rows N] "
                                             "[--quantize none|int8]");
   const std::string dir = argv[1];
   int reps = 3;
   std::vector<int64_t> pps{512}, batched{8, 32};
-  int64_t tg = 128, npp = 128;
+  int64_t tg = 128, npp = 128, gemm_rows = 512;
   std::string only;
   Quantize quantize = Quantize::none;
   for (int i = 2; i < argc; i += 2) {
@@ -185,6 +186,7 @@ int run(int argc, char** argv) {
     else if (a == "--tg") tg = std::stoll(v);
     else if (a == "--batched") batched = list_of(v);
     else if (a == "--npp") npp = std::stoll(v);
+    else if (a == "--gemm-rows") gemm_rows = std::max<int64_t>(1, std::stoll(v));
     else if (a == "--only") only = v;
     else if (a == "--quantize") quantize = quantize_from_name(v);
     else throw std::invalid_argument(fmt::format("unknown option '{}'", a));
@@ -256,7 +258,7 @@ int run(int argc, char** argv) {
   if (want("gemm")) {
     double peak = 0;
     for (const Weight* w : layer0) {
-      const int64_t T = 512, N = rows_of(*w), K = w->weight.size(1);
+      const int64_t T = gemm_rows, N = rows_of(*w), K = w->weight.size(1);
       Generator gen(1);
       const Tensor x = rand_normal({T, K}, gen, 0.0, 1.0).to(m.dtype());
       const double s = best_of(reps, [&] {

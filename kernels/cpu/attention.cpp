@@ -2,15 +2,18 @@
 // oneDNN from the bf16 operands, gemm_dnnl.h; otherwise widened per block;
 // computed in f32 either way, the output rounded once): per (batch, head, block of queries) the
 // scores of only the keys that block can see, the causal mask, a row softmax
-// and the value product, in one pass over a [rows, keys] scratch buffer. Same
-// rounding points as the composite op (scores, then the scale multiply, then
-// softmax, then P V); the sums run over fewer masked zeros, so results agree
-// with it to a few f32 ulps.
+// and the value product, in one pass over a [rows, keys] scratch buffer. The
+// f32 path keeps the composite op's rounding points (scores, then the scale
+// multiply, then softmax, then P V); the sums run over fewer masked zeros, so
+// results agree with it to a few f32 ulps. The bf16 prefill divides by the
+// softmax's sum after P V instead of before (see below).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <Eigen/Core>
+#include <immintrin.h>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <limits>
 #include <vector>
@@ -18,6 +21,8 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/gemm_dnnl.h"
+#include "kernels/cpu/gemm_skinny.h"
+#include "kernels/cpu/vec_exp.h"
 
 namespace areno::cpu {
 
@@ -39,6 +44,116 @@ void widen_block(const T* p, int64_t rows, int64_t D, int64_t stride, RowMat& ou
     for (int64_t d = 0; d < D; ++d) out(r, d) = float(p[r * stride + d]);
 }
 
+// Row passes of the bf16 prefill's softmax (16 lanes at a time through GCC
+// vector types; reductions in a fixed order, tails one at a time).
+
+// s[i] *= sc in place; returns the largest.
+inline float row_max_scaled(float* s, int64_t n, float sc) {
+  int64_t i = 0;
+  F16 mx16 = F16{} - std::numeric_limits<float>::infinity();
+  for (; i + 16 <= n; i += 16) {
+    F16 v;
+    std::memcpy(&v, s + i, sizeof v);
+    v *= sc;
+    std::memcpy(s + i, &v, sizeof v);
+    mx16 = v > mx16 ? v : mx16;
+  }
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int l = 0; l < 16; ++l) mx = std::max(mx, mx16[l]);
+  for (; i < n; ++i) {
+    s[i] *= sc;
+    mx = std::max(mx, s[i]);
+  }
+  return mx;
+}
+
+// bf16 bits of f, nearest even, NaN kept quiet (BFloat16(float)'s rounding).
+inline uint16_t bf16_bits_rne(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
+}
+
+// exp_split_row's work one value at a time, for the tail from i.
+inline float exp_split_tail(const float* s, int64_t i, int64_t n, float mx, BFloat16* hi, BFloat16* lo) {
+  float sum = 0;
+  for (; i < n; ++i) {
+    const float x = s[i] - mx;
+    const float e = x != x ? x : exp_nonpositive(x);  // NaN stays NaN
+    const uint16_t hb = bf16_bits_rne(e);
+    hi[i].bits = hb;
+    lo[i].bits = bf16_bits_rne(e - bf16_bits_to_float(hb));
+    sum += e;
+  }
+  return sum;
+}
+
+typedef uint32_t U16 __attribute__((vector_size(64)));
+typedef uint16_t H16 __attribute__((vector_size(32)));
+
+inline U16 bf16_bits_rne(U16 u) {
+  const U16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;
+}
+
+// One row of scores (n of them, all visible): times sc, then e = exp(x - max)
+// (exp_nonpositive) split into a bf16 high part and the bf16 of what it
+// leaves, hi = bf16(e), lo = bf16(e - hi), so hi + lo keeps about 16 bits of
+// e; returns the sum of the e (the caller divides the row of P V by it).
+// split(e, hi, lo) stores one 16-lane group; inlined into each caller so it
+// compiles under the caller's target.
+template <typename Split>
+__attribute__((always_inline)) inline float exp_split_row_with(float* s, int64_t n, float sc, BFloat16* hi,
+                                                               BFloat16* lo, Split split) {
+  const float mx = row_max_scaled(s, n, sc);
+  F16 sum16 = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    F16 v;
+    std::memcpy(&v, s + i, sizeof v);
+    const F16 e = exp_nonpositive(v - mx);
+    sum16 += e;
+    split(e, hi + i, lo + i);
+  }
+  float sum = 0;
+  for (int l = 0; l < 16; ++l) sum += sum16[l];
+  return sum + exp_split_tail(s, i, n, mx, hi, lo);
+}
+
+// Below avx512bf16: BFloat16(float)'s integer rounding, 16 lanes at a time.
+float exp_split_row(float* s, int64_t n, float sc, BFloat16* hi, BFloat16* lo) {
+  return exp_split_row_with(s, n, sc, hi, lo, [](F16 e, BFloat16* h, BFloat16* l) {
+    U16 u;
+    std::memcpy(&u, &e, sizeof u);
+    const U16 hb = bf16_bits_rne(u), hu = hb << 16;
+    F16 hf;
+    std::memcpy(&hf, &hu, sizeof hf);
+    const F16 d = e - hf;
+    U16 du;
+    std::memcpy(&du, &d, sizeof du);
+    const H16 h16 = __builtin_convertvector(hb, H16), l16 = __builtin_convertvector(bf16_bits_rne(du), H16);
+    std::memcpy(static_cast<void*>(h), &h16, sizeof h16);
+    std::memcpy(static_cast<void*>(l), &l16, sizeof l16);
+  });
+}
+
+// vcvtneps2bf16 for the two roundings (nearest even; an e or remainder below
+// 2^-126, nothing next to the row's largest e of 1, counts as zero), for the
+// avx512bf16 level and up.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")
+float exp_split_row_bf16(float* s, int64_t n, float sc, BFloat16* hi, BFloat16* lo) {
+  return exp_split_row_with(s, n, sc, hi, lo, [](F16 e, BFloat16* h, BFloat16* l) __attribute__((always_inline)) {
+    const __m512 ev = __m512(e);
+    const __m256i h16 = __m256i(_mm512_cvtneps_pbh(ev));
+    const __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h16), 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(h), h16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(l), __m256i(_mm512_cvtneps_pbh(_mm512_sub_ps(ev, hf))));
+  });
+}
+#pragma GCC pop_options
+
 template <typename T>
 void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, float sc, bool causal) {
   const int64_t B = q.size(0), HQ = q.size(1), TQ = q.size(2), D = q.size(3);
@@ -57,6 +172,17 @@ void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
     // alignment would change the summation order from run to run.
     RowMat S, Qw, Kw, Vw, Ow, Ow2;
     std::vector<BFloat16> Ph, Pl;
+    std::vector<float> inv;  // per query row: 1 / the sum of its exponentials
+    const bool bf16_level = cpu_isa() >= CpuIsa::avx512_bf16;
+    // oneDNN gets dense operands: K and V of one (batch, KV head) copied once
+    // for all the blocks of queries (and query heads of a GQA group) that
+    // follow, each block of Q copied; with the rows of the [tokens, heads, D]
+    // layout strided, the scores took 2.1x and P V 1.5x longer (docs/perf.md).
+    // Head dimensions that are not a multiple of 32 (SigLIP's 72) are
+    // zero-padded to one (96): the scores took 3.6x longer at 72. Zeros add nothing.
+    const int64_t Dp = native && D % 32 != 0 ? (D + 31) / 32 * 32 : D;
+    std::vector<BFloat16> Qp, Kp, Vp;
+    int64_t packed_for = -1;  // the (batch, KV head) in Kp and Vp
     for (int64_t item = lo; item < hi; ++item) {
       const int64_t blk = item % blocks, h = (item / blocks) % HQ, b = item / blocks / HQ;
       const int64_t i0 = blk * kB, rows = std::min(kB, TQ - i0);
@@ -90,27 +216,59 @@ void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
         }
       };
       if constexpr (std::is_same_v<T, BFloat16>) {
-        // Scores from the bf16 operands in place (exact products, f32 sums);
-        // the probabilities split into a bf16 high part and a bf16 low part
-        // (P - high), each times V, so P V keeps about 16 bits of P where
-        // one bf16 P would keep 8; the output is rounded once.
+        // Scores from the bf16 operands (exact products, f32 sums); per row
+        // the exponentials e split into a bf16 high part and a bf16 low part
+        // (e - high), each times V, so P V keeps about 16 bits of P where one
+        // bf16 P would keep 8; the sum of the two products divided by the
+        // row's sum of e and rounded once.
         if (native) {
+          if (packed_for != b * HKV + hk) {
+            packed_for = b * HKV + hk;
+            if (Dp != D) {  // the padding columns zero
+              Kp.assign(size_t(TK * Dp), BFloat16{});
+              Vp.assign(size_t(TK * Dp), BFloat16{});
+            } else {
+              Kp.resize(size_t(TK * Dp));
+              Vp.resize(size_t(TK * Dp));
+            }
+            for (int64_t j = 0; j < TK; ++j) {
+              std::memcpy(Kp.data() + j * Dp, k0 + j * k.stride(2), size_t(D) * sizeof(T));
+              std::memcpy(Vp.data() + j * Dp, v0 + j * v.stride(2), size_t(D) * sizeof(T));
+            }
+          }
+          if (Dp != D) Qp.assign(size_t(rows * Dp), BFloat16{});
+          else Qp.resize(size_t(rows * Dp));
+          for (int64_t r = 0; r < rows; ++r)
+            std::memcpy(Qp.data() + r * Dp, q0 + r * q.stride(2), size_t(D) * sizeof(T));
+          const BFloat16 *qa = Qp.data(), *ka = Kp.data(), *va = Vp.data();
+          const int64_t qs = Dp, ks = Dp, vs = Dp;
           S.resize(rows, keys);
-          if (dnnl_gemm_bf16(rows, keys, D, q0, q.stride(2), 1, k0, 1, k.stride(2), S.data(), keys)) {
-            softmax_rows();
+          if (dnnl_gemm_bf16(rows, keys, Dp, qa, qs, 1, ka, 1, ks, S.data(), keys)) {
             const size_t n = size_t(rows * keys);
             Ph.resize(n);
             Pl.resize(n);
-            const float* sp = S.data();
-            for (size_t i = 0; i < n; ++i) {
-              Ph[i] = BFloat16(sp[i]);
-              Pl[i] = BFloat16(sp[i] - float(Ph[i]));
+            inv.assign(size_t(rows), std::numeric_limits<float>::quiet_NaN());
+            for (int64_t r = 0; r < rows; ++r) {
+              BFloat16* hr = Ph.data() + r * keys;
+              BFloat16* lr = Pl.data() + r * keys;
+              const int64_t visible = causal ? std::min(keys, i0 + r + TK - TQ + 1) : keys;
+              if (visible <= 0) {
+                std::fill(hr, hr + keys, BFloat16(std::numeric_limits<float>::quiet_NaN()));
+                std::fill(lr, lr + keys, BFloat16(std::numeric_limits<float>::quiet_NaN()));
+                continue;
+              }
+              float* sr = S.data() + r * keys;
+              inv[size_t(r)] = 1.0f / (bf16_level ? exp_split_row_bf16(sr, visible, sc, hr, lr)
+                                                  : exp_split_row(sr, visible, sc, hr, lr));
+              std::fill(hr + visible, hr + keys, BFloat16{});
+              std::fill(lr + visible, lr + keys, BFloat16{});
             }
-            Ow.resize(rows, D);
-            Ow2.resize(rows, D);
-            if (dnnl_gemm_bf16(rows, D, keys, Ph.data(), keys, 1, v0, v.stride(2), 1, Ow.data(), D) &&
-                dnnl_gemm_bf16(rows, D, keys, Pl.data(), keys, 1, v0, v.stride(2), 1, Ow2.data(), D)) {
-              for (int64_t i = 0; i < rows * D; ++i) o[i] = T(Ow.data()[i] + Ow2.data()[i]);
+            Ow.resize(rows, Dp);
+            Ow2.resize(rows, Dp);
+            if (dnnl_gemm_bf16(rows, Dp, keys, Ph.data(), keys, 1, va, vs, 1, Ow.data(), Dp) &&
+                dnnl_gemm_bf16(rows, Dp, keys, Pl.data(), keys, 1, va, vs, 1, Ow2.data(), Dp)) {
+              for (int64_t r = 0; r < rows; ++r)
+                for (int64_t d = 0; d < D; ++d) o[r * D + d] = T((Ow(r, d) + Ow2(r, d)) * inv[size_t(r)]);
               continue;
             }
           }

@@ -44,6 +44,7 @@ class CpuBackend final : public Backend {
               double beta) override;
 
   bool linear_int8(const Tensor& x, const int8_t* w, const float* scales, const Tensor& out) override;
+  bool linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;
   bool attention_inference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                            double scale, bool causal) override;
 

@@ -121,10 +121,43 @@ void apply_fast(UnaryOp op, const A& a, R& r) {
   }
 }
 
+// n contiguous values of x through op into o (see apply_fast).
+void fast_run(UnaryOp op, const float* x, float* o, int64_t n) {
+  Eigen::Map<const Eigen::ArrayXf> a(x, n);
+  Eigen::Map<Eigen::ArrayXf> r(o, n);
+  apply_fast(op, a, r);
+}
+void fast_run(UnaryOp op, const BFloat16* x, BFloat16* o, int64_t n) {
+  constexpr int64_t kChunk = 1024;
+  alignas(64) float in[kChunk], res[kChunk];
+  for (int64_t c = 0; c < n; c += kChunk) {
+    const int64_t m = std::min(kChunk, n - c);
+    for (int64_t i = 0; i < m; ++i) in[i] = float(x[c + i]);
+    Eigen::Map<const Eigen::ArrayXf> a(in, m);
+    Eigen::Map<Eigen::ArrayXf> r(res, m);
+    apply_fast(op, a, r);
+    for (int64_t i = 0; i < m; ++i) o[c + i] = BFloat16(res[i]);
+  }
+}
+
+// x as rows of contiguous elements a fixed stride apart (a slice of the last
+// dimension, such as the gate half of a packed gate_up output): false when
+// it is not.
+bool as_rows(const Tensor& x, int64_t& rows, int64_t& cols, int64_t& ld) {
+  const int64_t nd = x.dim();
+  if (nd < 2 || x.stride(nd - 1) != 1) return false;
+  cols = x.size(nd - 1), ld = x.stride(nd - 2), rows = 1;
+  for (int64_t d = nd - 2; d >= 0; --d) {
+    const int64_t want = d == nd - 2 ? ld : x.stride(d + 1) * x.size(d + 1);
+    if (x.size(d) != 1 && x.stride(d) != want) return false;
+    rows *= x.size(d);
+  }
+  return true;
+}
+
 bool unary_fast(UnaryOp op, const Tensor& x, const Tensor& out) {
   const DType dt = x.dtype();
-  if ((dt != DType::f32 && dt != DType::bf16) || out.dtype() != dt || !x.is_contiguous() || !out.is_contiguous())
-    return false;
+  if ((dt != DType::f32 && dt != DType::bf16) || out.dtype() != dt || !out.is_contiguous()) return false;
   switch (op) {
     case UnaryOp::exp: case UnaryOp::log: case UnaryOp::tanh: case UnaryOp::sigmoid:
     case UnaryOp::sqrt: case UnaryOp::rsqrt: case UnaryOp::silu: case UnaryOp::gelu_tanh:
@@ -132,30 +165,22 @@ bool unary_fast(UnaryOp op, const Tensor& x, const Tensor& out) {
     default:
       return false;
   }
-  if (dt == DType::f32) {
-    const float* xi = static_cast<const float*>(x.data_ptr());
-    float* o = static_cast<float*>(out.data_ptr());
-    parallel_for(x.numel(), 8, [&](int64_t lo, int64_t hi) {
-      Eigen::Map<const Eigen::ArrayXf> a(xi + lo, hi - lo);
-      Eigen::Map<Eigen::ArrayXf> r(o + lo, hi - lo);
-      apply_fast(op, a, r);
-    });
-    return true;
-  }
-  const BFloat16* xi = static_cast<const BFloat16*>(x.data_ptr());
-  BFloat16* o = static_cast<BFloat16*>(out.data_ptr());
-  parallel_for(x.numel(), 8, [&](int64_t lo, int64_t hi) {
-    constexpr int64_t kChunk = 1024;
-    alignas(64) float in[kChunk], res[kChunk];
-    for (int64_t c = lo; c < hi; c += kChunk) {
-      const int64_t n = std::min(kChunk, hi - c);
-      for (int64_t i = 0; i < n; ++i) in[i] = float(xi[c + i]);
-      Eigen::Map<const Eigen::ArrayXf> a(in, n);
-      Eigen::Map<Eigen::ArrayXf> r(res, n);
-      apply_fast(op, a, r);
-      for (int64_t i = 0; i < n; ++i) o[c + i] = BFloat16(res[i]);
+  int64_t rows = 1, cols = x.numel(), ld = cols;
+  if (!x.is_contiguous() && !as_rows(x, rows, cols, ld)) return false;
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const T* xi = static_cast<const T*>(x.data_ptr());
+    T* o = static_cast<T*>(out.data_ptr());
+    if (rows == 1) {
+      parallel_for(cols, 8, [&](int64_t lo, int64_t hi) { fast_run(op, xi + lo, o + lo, hi - lo); });
+    } else {  // rows of a strided x, out dense
+      parallel_for(rows, cols * 8, [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r) fast_run(op, xi + r * ld, o + r * cols, cols);
+      });
     }
-  });
+  };
+  if (dt == DType::f32) run(float{});
+  else run(BFloat16{});
   return true;
 }
 

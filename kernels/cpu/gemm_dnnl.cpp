@@ -47,7 +47,7 @@ namespace {
 
 template <typename O>
 bool gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs, const BFloat16* b,
-          int64_t b_rs, int64_t b_cs, O* out, int64_t ldo) {
+          int64_t b_rs, int64_t b_cs, O* out, int64_t ldo, const BFloat16* bias = nullptr) {
   if (!dnnl_enabled() || M <= 0 || N <= 0 || K <= 0) return false;
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
@@ -57,11 +57,18 @@ bool gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int6
     const dnnl::memory::desc bm(dims{K, N}, dt::bf16, dims{b_rs, b_cs});
     const dnnl::memory::desc cm(dims{M, N}, std::is_same_v<O, float> ? dt::f32 : dt::bf16, dims{ldo, 1});
     // oneDNN's primitive cache makes the repeated creation for a shape cheap.
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(am, bm, cm), d.engine);
+    const dnnl::memory::desc biasm(dims{1, N}, dt::bf16, dims{N, 1});
+    const dnnl::matmul::primitive_desc pd(
+        bias ? dnnl::matmul::desc(am, bm, biasm, cm) : dnnl::matmul::desc(am, bm, cm), d.engine);
     const dnnl::matmul prim(pd);
     dnnl::memory A(am, d.engine, const_cast<BFloat16*>(a)), B(bm, d.engine, const_cast<BFloat16*>(b)),
         C(cm, d.engine, out);
-    prim.execute(d.stream, {{DNNL_ARG_SRC, A}, {DNNL_ARG_WEIGHTS, B}, {DNNL_ARG_DST, C}});
+    if (bias) {
+      dnnl::memory Bias(biasm, d.engine, const_cast<BFloat16*>(bias));
+      prim.execute(d.stream, {{DNNL_ARG_SRC, A}, {DNNL_ARG_WEIGHTS, B}, {DNNL_ARG_BIAS, Bias}, {DNNL_ARG_DST, C}});
+    } else {
+      prim.execute(d.stream, {{DNNL_ARG_SRC, A}, {DNNL_ARG_WEIGHTS, B}, {DNNL_ARG_DST, C}});
+    }
     d.stream.wait();
     return true;
   } catch (const dnnl::error&) {
@@ -81,6 +88,12 @@ bool dnnl_gemm_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t 
   return gemm(M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, out, ldo);
 }
 
+bool dnnl_gemm_bf16_bias(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs,
+                         const BFloat16* b, int64_t b_rs, int64_t b_cs, const BFloat16* bias, BFloat16* out,
+                         int64_t ldo) {
+  return gemm(M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, out, ldo, bias);
+}
+
 #else
 
 bool dnnl_enabled() { return false; }
@@ -92,6 +105,10 @@ bool dnnl_gemm_bf16(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t
 }
 bool dnnl_gemm_bf16(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, const BFloat16*, int64_t, int64_t,
                     float*, int64_t) {
+  return false;
+}
+bool dnnl_gemm_bf16_bias(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, const BFloat16*, int64_t,
+                         int64_t, const BFloat16*, BFloat16*, int64_t) {
   return false;
 }
 

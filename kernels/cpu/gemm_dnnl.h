@@ -24,6 +24,10 @@ bool set_dnnl_enabled(bool on);
 // false (nothing written) when oneDNN is off or refuses the shapes.
 bool dnnl_gemm_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs,
                     const BFloat16* b, int64_t b_rs, int64_t b_cs, BFloat16* out, int64_t ldo);
+// The same plus bias[N] (bf16) added to the f32 sums before the one rounding.
+bool dnnl_gemm_bf16_bias(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs,
+                         const BFloat16* b, int64_t b_rs, int64_t b_cs, const BFloat16* bias, BFloat16* out,
+                         int64_t ldo);
 // The same with an f32 result (the f32 sums, not rounded to bf16).
 bool dnnl_gemm_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs,
                     const BFloat16* b, int64_t b_rs, int64_t b_cs, float* out, int64_t ldo);

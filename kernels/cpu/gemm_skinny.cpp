@@ -143,7 +143,7 @@ CpuIsa detect() {
   __builtin_cpu_init();
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl");
-  if (avx512 && __builtin_cpu_supports("avx512bf16")) return CpuIsa::avx512_bf16;
+  if (avx512 && __builtin_cpu_supports("avx512bf16")) return amx_usable() ? CpuIsa::amx : CpuIsa::avx512_bf16;
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
     return CpuIsa::avx512;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CpuIsa::avx2;
@@ -160,7 +160,8 @@ CpuIsa from_env() {
   else if (s == "avx2") want = CpuIsa::avx2;
   else if (s == "avx512") want = CpuIsa::avx512;
   else if (s == "avx512bf16") want = CpuIsa::avx512_bf16;
-  else throw std::invalid_argument("ARENO_CPU_ISA: '" + s + "' is not a level (generic, avx2, avx512, avx512bf16)");
+  else if (s == "amx") want = CpuIsa::amx;
+  else throw std::invalid_argument("ARENO_CPU_ISA: '" + s + "' is not a level (generic, avx2, avx512, avx512bf16, amx)");
   return std::min(want, best);
 }
 
@@ -190,6 +191,7 @@ const char* cpu_isa_name(CpuIsa isa) {
     case CpuIsa::avx2: return "avx2";
     case CpuIsa::avx512: return "avx512";
     case CpuIsa::avx512_bf16: return "avx512bf16";
+    case CpuIsa::amx: return "amx";
   }
   return "?";
 }
@@ -210,6 +212,7 @@ void run(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const W* w, i
     if constexpr (std::is_same_v<X, BFloat16>) {
       return avx512bf16::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
     } else switch (isa) {
+      case CpuIsa::amx:
       case CpuIsa::avx512_bf16:
       case CpuIsa::avx512: return avx512::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
       case CpuIsa::avx2: return avx2::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
@@ -229,6 +232,10 @@ void gemm_skinny(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, c
 template <typename O>
 void gemm_skinny_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w,
                       int64_t ldw, O* out, int64_t ldo, float alpha, float beta) {
+  if (cpu_isa() >= CpuIsa::amx && M >= kAmxMinRows) {
+    gemm_amx_bf16<O>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta);
+    return;
+  }
   if (cpu_isa() >= CpuIsa::avx512_bf16) {
     run<BFloat16, BFloat16, O>(M, N, K, x, ldx, w, ldw, nullptr, out, ldo, alpha, beta);
     return;

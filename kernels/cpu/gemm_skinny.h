@@ -11,10 +11,12 @@
 // accumulation is f32, in a fixed order per output (a result does not depend
 // on the thread count). Tiles of up to 4 x 4 outputs share each load.
 //
-// Dispatch by CPU features at run time: avx512bf16 (AVX-512 with
-// AVX512-BF16: gemm_skinny_bf16's native bf16 dot products; the other kernels
-// run their avx512 code there), avx512 (AVX-512F/BW/VL), avx2 (AVX2 + FMA) or
-// generic (plain loops). ARENO_CPU_ISA=generic|avx2|avx512|avx512bf16 lowers
+// Dispatch by CPU features at run time: amx (AVX512-BF16 and AMX-TILE +
+// AMX-BF16 with the kernel's permission: gemm_skinny_bf16 on AMX tiles, see
+// gemm_amx_bf16), avx512bf16 (AVX-512 with AVX512-BF16: gemm_skinny_bf16's
+// native bf16 dot products; the other kernels run their avx512 code there and
+// at amx), avx512 (AVX-512F/BW/VL), avx2 (AVX2 + FMA) or generic (plain
+// loops). ARENO_CPU_ISA=generic|avx2|avx512|avx512bf16|amx lowers
 // the level (never above what the CPU runs), so tests and benchmarks
 // can check every level the machine has.
 #include <cstdint>
@@ -23,7 +25,7 @@
 
 namespace areno::cpu {
 
-enum class CpuIsa : int { generic = 0, avx2 = 1, avx512 = 2, avx512_bf16 = 3 };
+enum class CpuIsa : int { generic = 0, avx2 = 1, avx512 = 2, avx512_bf16 = 3, amx = 4 };
 
 // The highest level this CPU runs.
 CpuIsa cpu_isa_supported();
@@ -45,13 +47,38 @@ void gemm_skinny(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, c
                  int64_t ldo, float alpha, float beta);
 
 // bf16 activations times bf16 weights (the decode shape of a bf16 model):
-// at the avx512bf16 level the pairs of bf16 products go straight into f32
+// at the amx level gemm_amx_bf16 for at least kAmxMinRows rows; at the
+// avx512bf16 level (and amx with fewer rows) the pairs of bf16 products go straight into f32
 // accumulators (vdpbf16ps: each product exact, as widening both would give,
 // summed in another order; bf16 denormals, below 1.2e-38, count as zero);
 // below it x is widened to f32 and gemm_skinny runs. O is float or BFloat16.
 template <typename O>
 void gemm_skinny_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w,
                       int64_t ldw, O* out, int64_t ldo, float alpha, float beta);
+
+// Rows of x from which gemm_skinny_bf16 takes AMX tiles at the amx level
+// (one row streams faster through vdpbf16ps: `small`'s decode step 2.5 ms
+// there against 3.5 ms on tiles), and up to which the matmul op sends bf16
+// linear layers there instead of oneDNN (measured on `full`'s decoder shapes,
+// 2 threads: the tiles were 1.5-5x faster than oneDNN from 2 to 32 rows, even
+// at 48-64 and behind from 128 rows on; docs/perf.md).
+constexpr int64_t kAmxMinRows = 2, kAmxMaxRows = 64;
+
+// Whether this CPU and kernel run AMX bf16 tiles (asks Linux for the tile
+// state the first time; detection calls it once).
+bool amx_usable();
+
+// bf16 x bf16 on AMX tiles (gemm_amx.cpp), any M, same contract as
+// gemm_skinny_bf16: the weight rows are loaded into tiles in place (16 rows x
+// 32 k each, no copy except a zero-padded one for the last partial k-block and
+// for rows past N), x is packed once per call in the pair-interleaved layout
+// AMX takes, each output sums exact bf16 products in f32 (in the tiles' order;
+// bf16 denormals count as zero), and a thread's share is whole 32-row panels
+// of the weight, so the result does not depend on the thread count. Only at
+// the amx level (the caller checks).
+template <typename O>
+void gemm_amx_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w, int64_t ldw,
+                   O* out, int64_t ldo, float alpha, float beta);
 
 // Weight-only int8 (tensor/quantized.h): w holds int8 values and row n of the
 // weight is scales[n] * w[n, :]. The int8 values are widened to f32 in

@@ -103,8 +103,9 @@ void gemm_small_m(const T* a, const MatRef& ma, const T* b, const MatRef& mb, T*
   });
 }
 
-// A few rows of `a` (at most kSkinnyMaxRows) times column-major `b` (a
-// weight [N, K] stored row-major, seen transposed): gemm_skinny reads b in
+// A few rows of `a` (at most kSkinnyMaxRows; kAmxMaxRows for bf16 at the amx
+// level) times column-major `b` (a weight [N, K] stored row-major, seen
+// transposed): gemm_skinny reads b in
 // place in its dtype. a is used in place when it is row-major (unit column
 // stride); bf16 a goes to gemm_skinny_bf16 as bf16.
 template <typename T>
@@ -136,6 +137,35 @@ void skinny(const T* a, const MatRef& ma, const T* b, const MatRef& mb, T* out, 
   gemm_skinny<T, T>(ma.r, mb.c, ma.c, x, ldx, b, mb.outer, out, mb.c, alpha, beta);
 }
 
+// bf16 rows through oneDNN in blocks of kDnnlRowBlock rows: oneDNN's own
+// blocking of the whole M ran slower on row counts that are not a multiple of
+// its tiles (`full`'s gate_up at 1848 rows: 1179 GFLOP/s, at 2048: 1798, at
+// 256: 1840; docs/perf.md). A last block of at most kAmxMaxRows rows times a
+// transposed weight goes to the AMX tiles at the amx level. False (nothing
+// written) when oneDNN runs nothing. (Column chunks of the weight sized to
+// stay in L3 across the row blocks were tried, and ran slower.)
+constexpr int64_t kDnnlRowBlock = 256;
+
+bool bf16_row_blocks(int64_t M, int64_t N, const BFloat16* a, const MatRef& ma, const BFloat16* b, const MatRef& mb,
+                     BFloat16* out) {
+  const int64_t K = ma.c;
+  const int64_t a_rs = ma.row_major ? ma.outer : 1, a_cs = ma.row_major ? 1 : ma.outer;
+  const int64_t b_rs = mb.row_major ? mb.outer : 1, b_cs = mb.row_major ? 1 : mb.outer;
+  for (int64_t r0 = 0; r0 < M; r0 += kDnnlRowBlock) {
+    const int64_t rows = std::min(kDnnlRowBlock, M - r0);
+    if (r0 > 0 && rows <= kAmxMaxRows && !mb.row_major && ma.row_major && cpu_isa() >= CpuIsa::amx) {
+      gemm_skinny_bf16<BFloat16>(rows, N, K, a + r0 * a_rs, ma.outer, b, mb.outer, out + r0 * N, N, 1.0f, 0.0f);
+      continue;
+    }
+    if (!dnnl_gemm_bf16(rows, N, K, a + r0 * a_rs, a_rs, a_cs, b, b_rs, b_cs, out + r0 * N, N)) {
+      if (r0 == 0) return false;
+      // The first block ran with the same strides: a later one failing is oneDNN's fault.
+      throw std::runtime_error("matmul: oneDNN refused a row block it had run before");
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha,
@@ -143,8 +173,11 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, dou
   int64_t batch = out.size(0), M = out.size(1), N = out.size(2);
   count_flops(2.0 * double(batch) * double(M) * double(N) * double(a.size(2)));
   MatRef ma = describe(a), mb = describe(b);
-  // A few rows times a weight stored [N, K] (b seen transposed): gemm_skinny's shape.
-  const bool skinny_shape = !mb.row_major && M <= kSkinnyMaxRows;
+  // A few rows times a weight stored [N, K] (b seen transposed): gemm_skinny's
+  // shape; bf16 with AMX takes it up to kAmxMaxRows rows (gemm_amx_bf16).
+  const int64_t skinny_rows =
+      out.dtype() == DType::bf16 && cpu_isa() >= CpuIsa::amx ? kAmxMaxRows : kSkinnyMaxRows;
+  const bool skinny_shape = !mb.row_major && M <= skinny_rows;
   int64_t sa = a.stride(0), sb = b.stride(0);
   auto dispatch = [&](auto tag) {
     using T = decltype(tag);
@@ -162,9 +195,7 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, dou
       }
       if constexpr (std::is_same_v<T, BFloat16>) {
         // Native bf16 products (AMX / AVX512-BF16) instead of widening both operands.
-        if (alpha == 1.0 && beta == 0.0 &&
-            dnnl_gemm_bf16(M, N, ma.c, ap + i * sa, ma.row_major ? ma.outer : 1, ma.row_major ? 1 : ma.outer,
-                           bp + i * sb, mb.row_major ? mb.outer : 1, mb.row_major ? 1 : mb.outer, op + i * M * N, N))
+        if (alpha == 1.0 && beta == 0.0 && bf16_row_blocks(M, N, ap + i * sa, ma, bp + i * sb, mb, op + i * M * N))
           return;
       }
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
@@ -231,6 +262,37 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, dou
     case DType::f16: return dispatch(Half{});
     default: throw std::invalid_argument("matmul needs floating-point tensors");
   }
+}
+
+// bf16 linear with its bias in one rounding: rows up to the skinny limit
+// through gemm_skinny_bf16 on an output filled with the bias (beta = 1: the
+// bias joins the f32 sum before the rounding), more rows through oneDNN's
+// bias argument in blocks of kDnnlRowBlock rows.
+bool CpuBackend::linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+  if (x.dtype() != DType::bf16 || w.dtype() != DType::bf16 || bias.dtype() != DType::bf16 ||
+      out.dtype() != DType::bf16 || !x.is_contiguous() || !w.is_contiguous() || !bias.is_contiguous() ||
+      !out.is_contiguous())
+    return false;
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  count_flops(2.0 * double(M) * double(N) * double(K));
+  const BFloat16* xp = static_cast<const BFloat16*>(x.data_ptr());
+  const BFloat16* wp = static_cast<const BFloat16*>(w.data_ptr());
+  const BFloat16* bp = static_cast<const BFloat16*>(bias.data_ptr());
+  BFloat16* op = static_cast<BFloat16*>(out.data_ptr());
+  const int64_t skinny_rows = cpu_isa() >= CpuIsa::amx ? kAmxMaxRows : kSkinnyMaxRows;
+  if (M <= skinny_rows) {
+    for (int64_t m = 0; m < M; ++m) std::copy(bp, bp + N, op + m * N);
+    gemm_skinny_bf16<BFloat16>(M, N, K, xp, K, wp, K, op, N, 1.0f, 1.0f);
+    return true;
+  }
+  for (int64_t r0 = 0; r0 < M; r0 += kDnnlRowBlock) {
+    const int64_t rows = std::min(kDnnlRowBlock, M - r0);
+    if (!dnnl_gemm_bf16_bias(rows, N, K, xp + r0 * K, K, 1, wp, 1, K, bp, op + r0 * N, N)) {
+      if (r0 == 0) return false;
+      throw std::runtime_error("linear: oneDNN refused a row block it had run before");
+    }
+  }
+  return true;
 }
 
 }  // namespace areno::cpu

@@ -102,7 +102,14 @@ Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
       Generator g(dropout_stream(rows.dropout_seed, salt * 3 + uint64_t(k)));
       xs = dropout(xs, dropout_[k], true, g);
     }
-    Tensor d = mul(linear(linear(xs, lora_a_[k]), lora_b_[k]), scaling_[k]);
+    // A power-of-two scaling (the checkpoint's: alpha / r = 2 for both
+    // adapters) commutes with every rounding, so it scales the r-wide
+    // x·Aᵀ instead of the out-wide product: the same bits, forward and backward,
+    // for a pass over [rows, r] instead of [rows, out].
+    int exponent = 0;
+    const bool pow2 = std::frexp(scaling_[k], &exponent) == 0.5;
+    Tensor d = pow2 ? linear(mul(linear(xs, lora_a_[k]), scaling_[k]), lora_b_[k])
+                    : mul(linear(linear(xs, lora_a_[k]), lora_b_[k]), scaling_[k]);
     y = rows.all[k] ? add(y, d) : index_add(y, 0, rows.rows[k], d);
   }
   return y;

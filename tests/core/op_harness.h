@@ -35,6 +35,7 @@ enum class View {
   contig,
   transposed,  // allocated with the last two dims swapped, then transposed back
   strided,     // allocated with the last dim doubled, then sliced with step 2
+  sliced,      // the first half of the last dim of one twice as wide (rows a stride apart: the gate of gate_up)
   expanded,    // allocated with dim 0 of size 1, then expanded
 };
 
@@ -58,12 +59,14 @@ inline In mask(Shape s) { return In(std::move(s), Kind::boolean); }
 inline In tr(Shape s) { return In(std::move(s), Kind::normal, View::transposed); }
 inline In step2(Shape s) { return In(std::move(s), Kind::normal, View::strided); }
 inline In bcast(Shape s) { return In(std::move(s), Kind::normal, View::expanded); }
+inline In half_rows(Shape s) { return In(std::move(s), Kind::normal, View::sliced); }
 
 inline std::string view_name(View v) {
   switch (v) {
     case View::contig: return "";
     case View::transposed: return "T";
     case View::strided: return "step2";
+    case View::sliced: return "half";
     case View::expanded: return "expanded";
   }
   return "?";
@@ -139,7 +142,7 @@ inline Tensor make_input(const In& in, DType test_dtype, Device device, uint64_t
   Shape alloc = in.shape;
   int64_t nd = int64_t(alloc.size());
   if (in.view == View::transposed && nd >= 2) std::swap(alloc[size_t(nd - 1)], alloc[size_t(nd - 2)]);
-  if (in.view == View::strided && nd >= 1) alloc[size_t(nd - 1)] *= 2;
+  if ((in.view == View::strided || in.view == View::sliced) && nd >= 1) alloc[size_t(nd - 1)] *= 2;
   if (in.view == View::expanded && nd >= 1) alloc[0] = 1;
   std::mt19937_64 rng(seed);
   auto vals = draw(alloc, in.kind, in.hi, dt, rng);
@@ -148,6 +151,7 @@ inline Tensor make_input(const In& in, DType test_dtype, Device device, uint64_t
     case View::contig: return t;
     case View::transposed: return nd >= 2 ? t.transpose(-1, -2) : t;
     case View::strided: return nd >= 1 ? t.slice(-1, 0, alloc[size_t(nd - 1)], 2) : t;
+    case View::sliced: return nd >= 1 ? t.narrow(-1, 0, in.shape[size_t(nd - 1)]) : t;
     case View::expanded: return nd >= 1 ? t.expand(in.shape) : t;
   }
   return t;

@@ -39,7 +39,7 @@ struct IsaGuard {
 
 std::vector<CpuIsa> levels() {
   std::vector<CpuIsa> l;
-  for (CpuIsa i : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_bf16})
+  for (CpuIsa i : {CpuIsa::generic, CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512_bf16, CpuIsa::amx})
     if (i <= cpu_isa_supported()) l.push_back(i);
   return l;
 }
@@ -165,6 +165,10 @@ TEST_CASE("gemm_skinny: every level, f32 and bf16 weights, bf16 activations, odd
           check_shape<BFloat16, BFloat16>(M, N, K, 1.0f, 0.0f, seed++);
           check_bf16x_shape<BFloat16>(M, N, K, 1.0f, 0.0f, seed++);
         }
+    // Past 32 rows (the AMX tiles take up to kAmxMaxRows; every level runs these shapes).
+    for (int64_t M : {33, 47, 64, 70})
+      for (int64_t N : {17, 31, 32, 33, 67})
+        for (int64_t K : {31, 32, 96, 259}) check_bf16x_shape<float>(M, N, K, 1.0f, 0.0f, seed++);
     for (int64_t M : {1, 5})
       for (int64_t N : {9, 67}) {
         check_shape<float, float>(M, N, 259, 0.5f, 2.0f, seed++);
@@ -193,12 +197,26 @@ TEST_CASE("gemm_skinny: the levels agree with each other and the result does not
       gemm_skinny<float, float>(M, N, K, x.data(), K, w.data(), K, one.data(), N, 1.0f, 0.0f);
     }
     CHECK(out == one);
+    // bf16 activations (AMX tiles at the amx level, 32-row panels): same bits on one thread.
+    std::vector<BFloat16> xb(x.begin(), x.end()), wb(w.begin(), w.end());
+    for (int64_t rows : {int64_t(1), int64_t(20), kAmxMaxRows}) {
+      std::vector<BFloat16> xr(size_t(rows * K));
+      for (size_t i = 0; i < xr.size(); ++i) xr[i] = BFloat16(float(xb[i % xb.size()]) * (1.0f + float(i % 7)));
+      std::vector<float> b_out(size_t(rows * N)), b_one(size_t(rows * N));
+      gemm_skinny_bf16<float>(rows, N, K, xr.data(), K, wb.data(), K, b_out.data(), N, 1.0f, 0.0f);
+#pragma omp parallel num_threads(2)
+      {
+#pragma omp single
+        gemm_skinny_bf16<float>(rows, N, K, xr.data(), K, wb.data(), K, b_one.data(), N, 1.0f, 0.0f);
+      }
+      CHECK(b_out == b_one);
+    }
     if (first.empty()) first = out;
     for (size_t i = 0; i < out.size(); ++i) REQUIRE(std::fabs(out[i] - first[i]) <= 1e-5f * (1 + std::fabs(first[i])));
   }
 }
 
-TEST_CASE("gemm_skinny: linear() routes up to kSkinnyMaxRows rows through it, both dtypes, every level") {
+TEST_CASE("gemm_skinny: linear() routes up to kSkinnyMaxRows (bf16 with AMX: kAmxMaxRows) rows through it, both dtypes, every level") {
   IsaGuard guard;
   const int64_t K = 67, N = 2100;
   std::vector<float> wv = values(size_t(N * K), 50);
@@ -208,7 +226,8 @@ TEST_CASE("gemm_skinny: linear() routes up to kSkinnyMaxRows rows through it, bo
     const std::string level = cpu_isa_name(isa);
     CAPTURE(level);
     set_cpu_isa(isa);
-    for (int64_t M : {int64_t(1), int64_t(4), int64_t(13), kSkinnyMaxRows, kSkinnyMaxRows + 1}) {
+    for (int64_t M : {int64_t(1), int64_t(4), int64_t(13), kSkinnyMaxRows, kSkinnyMaxRows + 1, kAmxMaxRows,
+                      kAmxMaxRows + 1}) {
       CAPTURE(M);
       Tensor x = from_vector<float>(values(size_t(M * K), 60 + uint64_t(M)), Shape{M, K});
       Tensor want = linear(x.to(DType::f64), w32.to(DType::f64), Tensor());
@@ -385,4 +404,57 @@ TEST_CASE("embedding (int8): dequantized rows in the weight's dtype; ids out of 
   CHECK(max_abs_diff(e.to(DType::f64), want.to(DType::f64)) == 0);
   CHECK_THROWS_WITH_AS(embedding(q, from_vector<int64_t>({50}, Shape{1})), doctest::Contains("outside"),
                        std::invalid_argument);
+}
+
+TEST_CASE("linear (bf16, bias): the bias joins the f32 sums before the one rounding, every level, oneDNN on and off") {
+  IsaGuard guard;
+  struct Restore {
+    bool saved = dnnl_enabled();
+    ~Restore() { set_dnnl_enabled(saved); }
+  } restore;
+  const int64_t K = 67, N = 150;
+  const Tensor w = from_vector<float>(values(size_t(N * K), 300), Shape{N, K}).to(DType::bf16);
+  // A bias large next to the products, so that a second rounding would show.
+  std::vector<float> bv = values(size_t(N), 301);
+  for (float& v : bv) v *= 40.0f;
+  const Tensor bias = from_vector<float>(bv, Shape{N}).to(DType::bf16);
+  for (CpuIsa isa : levels()) {
+    const std::string level = cpu_isa_name(isa);
+    CAPTURE(level);
+    set_cpu_isa(isa);
+    for (bool dnnl : {true, false}) {
+      set_dnnl_enabled(dnnl);
+      for (int64_t M : {int64_t(1), int64_t(13), kSkinnyMaxRows + 1, kAmxMaxRows, kAmxMaxRows + 1, int64_t(300)}) {
+        CAPTURE(M);
+        CAPTURE(dnnl);
+        const Tensor x = from_vector<float>(values(size_t(M * K), 310 + uint64_t(M)), Shape{M, K}).to(DType::bf16);
+        const std::vector<double> want =
+            add(linear(x.to(DType::f64), w.to(DType::f64), Tensor()), bias.to(DType::f64)).to_vector<double>();
+        const Tensor got = linear(x, w, bias);
+        REQUIRE(got.dtype() == DType::bf16);
+        const std::vector<double> g = got.to(DType::f64).to_vector<double>();
+        // Fused: the f32 sum plus the bias rounded once, so nearly every output is
+        // the f64 value rounded to bf16 (a reassociated f32 sum can fall on the
+        // other side of a halfway point), and all within one bf16 rounding (2^-8).
+        // The composed op (two roundings, as with autograd, or without oneDNN past
+        // the skinny rows) misses on far more: 8-10 % here.
+        const Tensor xg = x.detach().set_requires_grad(true);
+        const std::vector<double> c = linear(xg, w, bias).detach().to(DType::f64).to_vector<double>();
+        const bool fused = dnnl || M <= (isa >= CpuIsa::amx ? kAmxMaxRows : kSkinnyMaxRows);
+        int64_t off = 0, off_composed = 0;
+        double worst = 0;
+        for (size_t i = 0; i < g.size(); ++i) {
+          const double once = double(float(BFloat16(float(want[i]))));
+          off += g[i] != once;
+          off_composed += c[i] != once;
+          worst = std::max(worst, std::fabs(g[i] - want[i]) - std::fabs(want[i]) * 0x1p-8);
+        }
+        if (fused) {
+          CHECK(worst <= 1e-6);
+          CHECK(off * 100 <= int64_t(g.size()));
+        }
+        CHECK(off_composed * 20 > int64_t(g.size()));
+      }
+    }
+  }
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm_dnnl.h"
+#include "kernels/cpu/gemm_skinny.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
 #include "tests/core/op_harness.h"
@@ -56,10 +57,12 @@ In with_kind(In in, Kind k) {
 }
 
 // Scalars, odd sizes, a size past any vectorisation/threading threshold,
-// and the three non-contiguous layouts.
+// and the four non-contiguous layouts (rows of a wider tensor, as the gate half
+// of gate_up, both small and past the threading threshold).
 std::vector<std::vector<In>> unary_shapes(Kind k = Kind::normal) {
   std::vector<In> base = {In({1}), In({7}), In({3, 33}), In({1031}), In({129, 1031}),
-                          tr({33, 7}), step2({5, 33}), bcast({4, 33})};
+                          tr({33, 7}), step2({5, 33}), bcast({4, 33}), half_rows({5, 33}),
+                          half_rows({2, 65, 1031})};
   std::vector<std::vector<In>> out;
   for (auto& in : base) out.push_back({with_kind(in, k)});
   return out;
@@ -550,26 +553,40 @@ DEVICE_TEST_CASE("ops/attention: bf16 inference attention within bf16 rounding o
 // cached history (more keys than queries), grouped heads; within one bf16
 // rounding of f64 as above, with oneDNN on and off.
 DEVICE_TEST_CASE("ops/attention: bf16 prefill blocks with a history within bf16 rounding of f64") {
-  Generator g(13);
-  Tensor q = rand_normal({1, 4, 600, 24}, g, 0.0, 1.0).to(DType::bf16).to(device);
-  Tensor k = rand_normal({1, 2, 650, 24}, g, 0.0, 1.0).to(DType::bf16).to(device);
-  Tensor v = rand_normal({1, 2, 650, 24}, g, 0.0, 1.0).to(DType::bf16).to(device);
-  for (bool causal : {true, false})
-    for (bool dnnl : {true, false}) {
-      CAPTURE(causal);
-      CAPTURE(dnnl);
-      const bool was = cpu::dnnl_enabled();
-      cpu::set_dnnl_enabled(dnnl);
-      AttentionOptions o;
-      o.causal = causal;
-      NoGradGuard ng;
-      const Tensor fused = scaled_dot_product_attention(q, k, v, o).to(DType::f64);
-      cpu::set_dnnl_enabled(was);
-      const Tensor want = scaled_dot_product_attention(q.to(DType::f64), k.to(DType::f64), v.to(DType::f64), o);
-      const std::vector<double> f = fused.to_vector<double>(), w = want.to_vector<double>();
-      REQUIRE(f.size() == w.size());
-      double worst = 0;
-      for (size_t i = 0; i < f.size(); ++i) worst = std::max(worst, std::fabs(f[i] - w[i]) - std::fabs(w[i]) * 0x1p-8);
-      CHECK(worst < 1e-6);
+  // Head dims 24 (zero-padded to 32 for oneDNN, as SigLIP's 72 to 96) and 64;
+  // the softmax's bf16 split with vcvtneps2bf16 (avx512bf16 and up) and with
+  // integer rounding (below).
+  const cpu::CpuIsa saved = cpu::cpu_isa();
+  std::vector<cpu::CpuIsa> levels{cpu::cpu_isa_supported()};
+  if (cpu::cpu_isa_supported() >= cpu::CpuIsa::avx512_bf16) levels.push_back(cpu::CpuIsa::avx512);
+  for (int64_t D : {24, 64})
+    for (cpu::CpuIsa isa : levels) {
+      const std::string level = cpu::cpu_isa_name(isa);
+      CAPTURE(D);
+      CAPTURE(level);
+      cpu::set_cpu_isa(isa);
+      Generator g(13);
+      Tensor q = rand_normal({1, 4, 600, D}, g, 0.0, 1.0).to(DType::bf16).to(device);
+      Tensor k = rand_normal({1, 2, 650, D}, g, 0.0, 1.0).to(DType::bf16).to(device);
+      Tensor v = rand_normal({1, 2, 650, D}, g, 0.0, 1.0).to(DType::bf16).to(device);
+      for (bool causal : {true, false})
+        for (bool dnnl : {true, false}) {
+          CAPTURE(causal);
+          CAPTURE(dnnl);
+          const bool was = cpu::dnnl_enabled();
+          cpu::set_dnnl_enabled(dnnl);
+          AttentionOptions o;
+          o.causal = causal;
+          NoGradGuard ng;
+          const Tensor fused = scaled_dot_product_attention(q, k, v, o).to(DType::f64);
+          cpu::set_dnnl_enabled(was);
+          const Tensor want = scaled_dot_product_attention(q.to(DType::f64), k.to(DType::f64), v.to(DType::f64), o);
+          const std::vector<double> f = fused.to_vector<double>(), w = want.to_vector<double>();
+          REQUIRE(f.size() == w.size());
+          double worst = 0;
+          for (size_t i = 0; i < f.size(); ++i) worst = std::max(worst, std::fabs(f[i] - w[i]) - std::fabs(w[i]) * 0x1p-8);
+          CHECK(worst < 1e-6);
+        }
     }
+  cpu::set_cpu_isa(saved);
 }

@@ -300,3 +300,34 @@ TEST_CASE("phi4mm/packed gradients are the sum of the per-sequence gradients") {
   CHECK(rel_err(m->get(sb).grad(), speech_b) < 1e-5);
   CHECK(rel_err(m->get(base).grad(), add(solo[base], base_b)) < 1e-5);
 }
+
+TEST_CASE("phi4mm/LoRA: a power-of-two scaling on the r-wide product gives the PEFT order's bits, forward and backward") {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (double alpha : {16.0, 12.0}) {  // scaling 2 (the checkpoint's, power of two) and 1.5 (PEFT order kept)
+      CAPTURE(alpha);
+      const LoraConfig cfg{8, alpha, 0.0, ""};
+      LoraLinear lin(24, 40, cfg, std::nullopt, TensorOptions(dt));
+      Generator g(11);
+      Tensor A, B;
+      for (auto& [name, t] : lin.named_parameters()) {
+        NoGradGuard ng;
+        t.copy_(rand_normal(t.shape(), g, 0.0, 0.5).to(dt));
+        if (name == "lora_A.vision.weight") A = t;
+        if (name == "lora_B.vision.weight") B = t;
+      }
+      REQUIRE(A.defined());
+      REQUIRE(B.defined());
+      const Tensor x0 = rand_normal({5, 24}, g).to(dt);
+      AdapterRows rows;
+      rows.all[int(Adapter::vision)] = true;
+      const Tensor xa = x0.detach().set_requires_grad(true), xb = x0.detach().set_requires_grad(true);
+      const Tensor y = lin.forward(xa, rows);
+      const Tensor want = add(linear(xb, lin.base_layer->weight, Tensor()),
+                              mul(linear(linear(xb, A, Tensor()), B, Tensor()), alpha / 8.0));
+      CHECK(max_abs_diff(y.detach().to(DType::f64), want.detach().to(DType::f64)) == 0.0);
+      sum(y).backward();
+      sum(want).backward();
+      CHECK(max_abs_diff(xa.grad().to(DType::f64), xb.grad().to(DType::f64)) == 0.0);
+    }
+  }
+}
