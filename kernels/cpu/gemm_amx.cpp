@@ -41,8 +41,10 @@ namespace {
 constexpr int64_t kTile = 16;   // rows of every tile; a C tile is 16 x 16 f32
 constexpr int64_t kKBlock = 32; // bf16 values of k per A row (64 bytes)
 constexpr int64_t kPanel = 2 * kTile;
-// Bytes ahead on each weight row a software prefetch asks for (0: none).
-constexpr int64_t kPrefetch = 2048;
+// Bytes ahead on each weight row a software prefetch asks for (0: none). The
+// hardware prefetcher does better here: `full`'s 12-token prefill took
+// 0.281 s without, 0.313 s at 2 KiB and 0.326 s at 8 KiB ahead.
+constexpr int64_t kPrefetch = 0;
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0;
@@ -66,10 +68,15 @@ struct ASource {
   int64_t ld = 0;
   const BFloat16* tail = nullptr;  // [16][32], the last partial k-block
   int64_t full_blocks = 0;
+  // Also asks for the rows kPrefetch bytes further on when in place.
   const BFloat16* at(int64_t kb, int64_t& stride_bytes) const {
     if (kb < full_blocks) {
       stride_bytes = ld * 2;
-      return rows + kb * kKBlock;
+      const BFloat16* p = rows + kb * kKBlock;
+      if constexpr (kPrefetch > 0)
+        for (int64_t i = 0; i < kTile; ++i)
+          _mm_prefetch(reinterpret_cast<const char*>(p) + i * stride_bytes + kPrefetch, _MM_HINT_T0);
+      return p;
     }
     stride_bytes = kKBlock * 2;
     return tail;
@@ -101,17 +108,9 @@ void panel_block(int64_t blocks, const ASource& a0, const ASource& a1, const uin
   for (int64_t kb = 0; kb < blocks; ++kb) {
     int64_t s0 = 0, s1 = 0;
     const BFloat16* p0 = a0.at(kb, s0);
-    if constexpr (kPrefetch > 0)
-      if (kb < a0.full_blocks)
-        for (int64_t i = 0; i < kTile; ++i)
-          _mm_prefetch(reinterpret_cast<const char*>(p0) + i * s0 + kPrefetch, _MM_HINT_T0);
     _tile_loadd(4, p0, s0);
     if constexpr (NA == 2) {
       const BFloat16* p1 = a1.at(kb, s1);
-      if constexpr (kPrefetch > 0)
-        if (kb < a1.full_blocks)
-          for (int64_t i = 0; i < kTile; ++i)
-            _mm_prefetch(reinterpret_cast<const char*>(p1) + i * s1 + kPrefetch, _MM_HINT_T0);
       _tile_loadd(5, p1, s1);
     }
     _tile_loadd(6, b0 + kb * kTile * kKBlock, 64);
