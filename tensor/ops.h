@@ -79,6 +79,11 @@ std::pair<Tensor, Tensor> sort(const Tensor& x, int64_t dim = -1, bool descendin
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x: [..., in], weight: [out, in], bias: [out] -> [..., out]
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// y += x·weightᵀ in place, for inference: x [M, in], weight [out, in], y
+// [M, out] contiguous, one floating dtype and device. The product's f32 sums
+// join y before its one rounding (linear then add rounds twice). Refused
+// (std::invalid_argument) when any operand records autograd history.
+void linear_add_(const Tensor& y, const Tensor& x, const Tensor& weight);
 
 // ---- indexing ----
 Tensor embedding(const Tensor& weight, const Tensor& ids);  // weight[V, C], ids any int shape

@@ -114,4 +114,27 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return y;
 }
 
+void linear_add_(const Tensor& y, const Tensor& x, const Tensor& weight) {
+  check_defined(y, "linear_add_", "y");
+  check_defined(x, "linear_add_", "x");
+  check_defined(weight, "linear_add_", "weight");
+  check_same_device(x, weight, "linear_add_");
+  check_same_device(x, y, "linear_add_");
+  if (x.dim() != 2 || weight.dim() != 2 || y.dim() != 2 || x.size(1) != weight.size(1) || y.size(0) != x.size(0) ||
+      y.size(1) != weight.size(0))
+    throw std::invalid_argument(fmt::format("linear_add_: y {} += x {} · weight {}ᵀ: shapes do not fit", y.str(),
+                                            x.str(), weight.str()));
+  if (x.dtype() != y.dtype() || weight.dtype() != y.dtype() || !is_floating(y.dtype()))
+    throw std::invalid_argument(fmt::format("linear_add_: y {}, x {} and weight {} need one floating dtype", y.str(),
+                                            x.str(), weight.str()));
+  if (!y.is_contiguous()) throw std::invalid_argument("linear_add_: y must be contiguous, got " + y.str());
+  if (needs_grad({x, weight}) || y.requires_grad())
+    throw std::invalid_argument("linear_add_: an operand records autograd history (use add(y, linear(x, weight)))");
+  if (y.numel() == 0 || x.size(1) == 0) return;
+  Tensor a = kernel_layout_ok(x) ? x : x.contiguous();
+  Tensor b = weight.t();
+  if (!kernel_layout_ok(b)) b = weight.contiguous().t();
+  backend(y.device()).matmul(a.unsqueeze(0), b.unsqueeze(0), y.unsqueeze(0), 1.0, 1.0);
+}
+
 }  // namespace areno

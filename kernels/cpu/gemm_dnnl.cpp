@@ -47,7 +47,7 @@ namespace {
 
 template <typename O>
 bool gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs, const BFloat16* b,
-          int64_t b_rs, int64_t b_cs, O* out, int64_t ldo, const BFloat16* bias = nullptr) {
+          int64_t b_rs, int64_t b_cs, O* out, int64_t ldo, const BFloat16* bias = nullptr, float beta = 0.0f) {
   if (!dnnl_enabled() || M <= 0 || N <= 0 || K <= 0) return false;
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
@@ -58,8 +58,14 @@ bool gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int6
     const dnnl::memory::desc cm(dims{M, N}, std::is_same_v<O, float> ? dt::f32 : dt::bf16, dims{ldo, 1});
     // oneDNN's primitive cache makes the repeated creation for a shape cheap.
     const dnnl::memory::desc biasm(dims{1, N}, dt::bf16, dims{N, 1});
+    dnnl::primitive_attr attr;
+    if (beta != 0.0f) {  // out = beta out + the product, before the rounding
+      dnnl::post_ops po;
+      po.append_sum(beta);
+      attr.set_post_ops(po);
+    }
     const dnnl::matmul::primitive_desc pd(
-        bias ? dnnl::matmul::desc(am, bm, biasm, cm) : dnnl::matmul::desc(am, bm, cm), d.engine);
+        bias ? dnnl::matmul::desc(am, bm, biasm, cm) : dnnl::matmul::desc(am, bm, cm), attr, d.engine);
     const dnnl::matmul prim(pd);
     dnnl::memory A(am, d.engine, const_cast<BFloat16*>(a)), B(bm, d.engine, const_cast<BFloat16*>(b)),
         C(cm, d.engine, out);
@@ -79,8 +85,8 @@ bool gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int6
 }  // namespace
 
 bool dnnl_gemm_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs,
-                    const BFloat16* b, int64_t b_rs, int64_t b_cs, BFloat16* out, int64_t ldo) {
-  return gemm(M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, out, ldo);
+                    const BFloat16* b, int64_t b_rs, int64_t b_cs, BFloat16* out, int64_t ldo, float beta) {
+  return gemm(M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, out, ldo, nullptr, beta);
 }
 
 bool dnnl_gemm_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs,
@@ -100,7 +106,7 @@ bool dnnl_enabled() { return false; }
 bool set_dnnl_enabled(bool) { return false; }
 
 bool dnnl_gemm_bf16(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, const BFloat16*, int64_t, int64_t,
-                    BFloat16*, int64_t) {
+                    BFloat16*, int64_t, float) {
   return false;
 }
 bool dnnl_gemm_bf16(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, const BFloat16*, int64_t, int64_t,

@@ -142,22 +142,23 @@ void skinny(const T* a, const MatRef& ma, const T* b, const MatRef& mb, T* out, 
 // its tiles (`full`'s gate_up at 1848 rows: 1179 GFLOP/s, at 2048: 1798, at
 // 256: 1840; docs/perf.md). A last block of at most kAmxMaxRows rows times a
 // transposed weight goes to the AMX tiles at the amx level. False (nothing
-// written) when oneDNN runs nothing. (Column chunks of the weight sized to
+// written) when oneDNN runs nothing. beta (0 or 1) adds out to the f32 sums
+// before the rounding. (Column chunks of the weight sized to
 // stay in L3 across the row blocks were tried, and ran slower.)
 constexpr int64_t kDnnlRowBlock = 256;
 
 bool bf16_row_blocks(int64_t M, int64_t N, const BFloat16* a, const MatRef& ma, const BFloat16* b, const MatRef& mb,
-                     BFloat16* out) {
+                     BFloat16* out, float beta) {
   const int64_t K = ma.c;
   const int64_t a_rs = ma.row_major ? ma.outer : 1, a_cs = ma.row_major ? 1 : ma.outer;
   const int64_t b_rs = mb.row_major ? mb.outer : 1, b_cs = mb.row_major ? 1 : mb.outer;
   for (int64_t r0 = 0; r0 < M; r0 += kDnnlRowBlock) {
     const int64_t rows = std::min(kDnnlRowBlock, M - r0);
     if (r0 > 0 && rows <= kAmxMaxRows && !mb.row_major && ma.row_major && cpu_isa() >= CpuIsa::amx) {
-      gemm_skinny_bf16<BFloat16>(rows, N, K, a + r0 * a_rs, ma.outer, b, mb.outer, out + r0 * N, N, 1.0f, 0.0f);
+      gemm_skinny_bf16<BFloat16>(rows, N, K, a + r0 * a_rs, ma.outer, b, mb.outer, out + r0 * N, N, 1.0f, beta);
       continue;
     }
-    if (!dnnl_gemm_bf16(rows, N, K, a + r0 * a_rs, a_rs, a_cs, b, b_rs, b_cs, out + r0 * N, N)) {
+    if (!dnnl_gemm_bf16(rows, N, K, a + r0 * a_rs, a_rs, a_cs, b, b_rs, b_cs, out + r0 * N, N, beta)) {
       if (r0 == 0) return false;
       // The first block ran with the same strides: a later one failing is oneDNN's fault.
       throw std::runtime_error("matmul: oneDNN refused a row block it had run before");
@@ -195,7 +196,8 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, dou
       }
       if constexpr (std::is_same_v<T, BFloat16>) {
         // Native bf16 products (AMX / AVX512-BF16) instead of widening both operands.
-        if (alpha == 1.0 && beta == 0.0 && bf16_row_blocks(M, N, ap + i * sa, ma, bp + i * sb, mb, op + i * M * N))
+        if (alpha == 1.0 && (beta == 0.0 || beta == 1.0) &&
+            bf16_row_blocks(M, N, ap + i * sa, ma, bp + i * sb, mb, op + i * M * N, float(beta)))
           return;
       }
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {

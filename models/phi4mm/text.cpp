@@ -108,6 +108,14 @@ Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
     // for a pass over [rows, r] instead of [rows, out].
     int exponent = 0;
     const bool pow2 = std::frexp(scaling_[k], &exponent) == 0.5;
+    if (pow2 && rows.all[k] && !is_training() && x.dim() == 2 && !needs_grad({x, y, lora_a_[k], lora_b_[k]}) &&
+        y.is_contiguous()) {
+      // Inference: the product joins y in the GEMM (one rounding where linear
+      // then add rounds twice), a pass over [rows, out] fewer. y is this
+      // call's own fresh output.
+      linear_add_(y, mul(linear(xs, lora_a_[k]), scaling_[k]), lora_b_[k]);
+      continue;
+    }
     Tensor d = pow2 ? linear(mul(linear(xs, lora_a_[k]), scaling_[k]), lora_b_[k])
                     : mul(linear(linear(xs, lora_a_[k]), lora_b_[k]), scaling_[k]);
     y = rows.all[k] ? add(y, d) : index_add(y, 0, rows.rows[k], d);

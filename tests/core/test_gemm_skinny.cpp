@@ -458,3 +458,45 @@ TEST_CASE("linear (bf16, bias): the bias joins the f32 sums before the one round
     }
   }
 }
+
+TEST_CASE("linear_add_: y += x wᵀ in place with one rounding, f32 and bf16, skinny and oneDNN rows; refuses autograd") {
+  IsaGuard guard;
+  struct Restore {
+    bool saved = dnnl_enabled();
+    ~Restore() { set_dnnl_enabled(saved); }
+  } restore;
+  const int64_t K = 67, N = 150;
+  for (CpuIsa isa : levels()) {
+    const std::string level = cpu_isa_name(isa);
+    CAPTURE(level);
+    set_cpu_isa(isa);
+    for (bool dnnl : {true, false})
+      for (int64_t M : {int64_t(1), int64_t(13), kAmxMaxRows, kAmxMaxRows + 1, int64_t(300)})
+        for (DType dt : {DType::f32, DType::bf16}) {
+          CAPTURE(M);
+          CAPTURE(dnnl);
+          set_dnnl_enabled(dnnl);
+          const Tensor x = from_vector<float>(values(size_t(M * K), 400 + uint64_t(M)), Shape{M, K}).to(dt);
+          const Tensor w = from_vector<float>(values(size_t(N * K), 401), Shape{N, K}).to(dt);
+          std::vector<float> yv = values(size_t(M * N), 402);
+          for (float& v : yv) v *= 30.0f;
+          const Tensor y0 = from_vector<float>(yv, Shape{M, N}).to(dt);
+          const std::vector<double> want =
+              add(y0.to(DType::f64), linear(x.to(DType::f64), w.to(DType::f64), Tensor())).to_vector<double>();
+          Tensor y = y0.clone();
+          linear_add_(y, x, w);
+          const std::vector<double> g = y.to(DType::f64).to_vector<double>();
+          // One rounding of the exact value: 2^-8 relative in bf16, f32 sums' reassociation in f32.
+          const double rel = dt == DType::bf16 ? 0x1p-8 : 1e-6;
+          double worst = 0;
+          for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::fabs(g[i] - want[i]) - std::fabs(want[i]) * rel);
+          CHECK(worst <= 1e-5);
+        }
+  }
+  Tensor y = zeros({2, 3}), x = ones({2, 4}), w = ones({3, 4});
+  linear_add_(y, x, w);
+  CHECK(y.to_vector<float>() == std::vector<float>(6, 4.0f));
+  CHECK_THROWS_AS(linear_add_(y, x.detach().set_requires_grad(true), w), std::invalid_argument);
+  CHECK_THROWS_AS(linear_add_(y, x, ones({3, 5})), std::invalid_argument);
+  CHECK_THROWS_AS(linear_add_(zeros({3, 2}).t(), x, w), std::invalid_argument);  // y not contiguous
+}

@@ -328,6 +328,23 @@ TEST_CASE("phi4mm/LoRA: a power-of-two scaling on the r-wide product gives the P
       sum(y).backward();
       sum(want).backward();
       CHECK(max_abs_diff(xa.grad().to(DType::f64), xb.grad().to(DType::f64)) == 0.0);
+      // Without autograd the adapter's product joins y inside the GEMM
+      // (linear_add_, one rounding): within one rounding of the f64 value.
+      NoGradGuard ng;
+      const std::vector<double> fused = lin.forward(x0, rows).to(DType::f64).to_vector<double>();
+      const Tensor x64 = x0.to(DType::f64), W64 = lin.base_layer->weight.to(DType::f64);
+      const Tensor xa64 = linear(x64, A.to(DType::f64), Tensor()), B64 = B.to(DType::f64);
+      const std::vector<double> exact =
+          add(linear(x64, W64, Tensor()), mul(linear(xa64, B64, Tensor()), alpha / 8.0)).to_vector<double>();
+      // The roundings' reach: each term's magnitude (the r-wide x·Aᵀ is rounded too).
+      const std::vector<double> mag = add(abs(linear(x64, W64, Tensor())),
+                                          mul(linear(abs(xa64), abs(B64), Tensor()), alpha / 8.0))
+                                          .to_vector<double>();
+      const double rel = dt == DType::bf16 ? 0x1p-7 : 1e-6;
+      double worst = 0;
+      for (size_t i = 0; i < fused.size(); ++i)
+        worst = std::max(worst, std::fabs(fused[i] - exact[i]) - (mag[i] + std::fabs(exact[i])) * rel);
+      CHECK(worst <= 1e-4);
     }
   }
 }
