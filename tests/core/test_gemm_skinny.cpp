@@ -31,6 +31,12 @@ std::vector<float> values(size_t n, uint64_t seed) {
   return v;
 }
 
+// Restores whether oneDNN is on after a test case changed it.
+struct DnnlGuard {
+  bool saved = dnnl_enabled();
+  ~DnnlGuard() { set_dnnl_enabled(saved); }
+};
+
 // Restores the dispatch level a test case changed.
 struct IsaGuard {
   CpuIsa saved = cpu_isa();
@@ -248,10 +254,7 @@ TEST_CASE("gemm_skinny: linear() routes up to kSkinnyMaxRows (bf16 with AMX: kAm
 }
 
 TEST_CASE("gemm_dnnl: bf16 GEMMs above the skinny rows through oneDNN equal the widened f32 path within bf16 rounding") {
-  struct Restore {
-    bool saved = dnnl_enabled();
-    ~Restore() { set_dnnl_enabled(saved); }
-  } restore;
+  DnnlGuard restore;
   const bool have = set_dnnl_enabled(true);
   const std::string built = have ? "yes" : "no";
   MESSAGE("oneDNN in this build: " << built);
@@ -345,10 +348,7 @@ TEST_CASE("quantize_int8: per-row symmetric scales, rounding within half a step,
 
 TEST_CASE("linear (int8): both dtypes, every level, skinny and prefill rows (oneDNN on and off), against f64") {
   IsaGuard guard;
-  struct Restore {
-    bool saved = dnnl_enabled();
-    ~Restore() { set_dnnl_enabled(saved); }
-  } restore;
+  DnnlGuard restore;
   const int64_t K = 67, N = 1043;
   const Int8Weight q = quantize_int8(from_vector<float>(values(size_t(N * K), 300), Shape{N, K}), DType::f32);
   const Tensor wd = dequantize(q).to(DType::f64);
@@ -408,10 +408,7 @@ TEST_CASE("embedding (int8): dequantized rows in the weight's dtype; ids out of 
 
 TEST_CASE("linear (bf16, bias): the bias joins the f32 sums before the one rounding, every level, oneDNN on and off") {
   IsaGuard guard;
-  struct Restore {
-    bool saved = dnnl_enabled();
-    ~Restore() { set_dnnl_enabled(saved); }
-  } restore;
+  DnnlGuard restore;
   const int64_t K = 67, N = 150;
   const Tensor w = from_vector<float>(values(size_t(N * K), 300), Shape{N, K}).to(DType::bf16);
   // A bias large next to the products, so that a second rounding would show.
@@ -461,10 +458,7 @@ TEST_CASE("linear (bf16, bias): the bias joins the f32 sums before the one round
 
 TEST_CASE("linear_add_: y += x wᵀ in place with one rounding, f32 and bf16, skinny and oneDNN rows; refuses autograd") {
   IsaGuard guard;
-  struct Restore {
-    bool saved = dnnl_enabled();
-    ~Restore() { set_dnnl_enabled(saved); }
-  } restore;
+  DnnlGuard restore;
   const int64_t K = 67, N = 150;
   for (CpuIsa isa : levels()) {
     const std::string level = cpu_isa_name(isa);
