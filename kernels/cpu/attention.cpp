@@ -67,23 +67,15 @@ inline float row_max_scaled(float* s, int64_t n, float sc) {
   return mx;
 }
 
-// bf16 bits of f, nearest even, NaN kept quiet (BFloat16(float)'s rounding).
-inline uint16_t bf16_bits_rne(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
-}
-
 // exp_split_row's work one value at a time, for the tail from i.
 inline float exp_split_tail(const float* s, int64_t i, int64_t n, float mx, BFloat16* hi, BFloat16* lo) {
   float sum = 0;
   for (; i < n; ++i) {
     const float x = s[i] - mx;
     const float e = x != x ? x : exp_nonpositive(x);  // NaN stays NaN
-    const uint16_t hb = bf16_bits_rne(e);
+    const uint16_t hb = float_to_bf16_bits(e);
     hi[i].bits = hb;
-    lo[i].bits = bf16_bits_rne(e - bf16_bits_to_float(hb));
+    lo[i].bits = float_to_bf16_bits(e - bf16_bits_to_float(hb));
     sum += e;
   }
   return sum;
@@ -92,6 +84,7 @@ inline float exp_split_tail(const float* s, int64_t i, int64_t n, float mx, BFlo
 typedef uint32_t U16 __attribute__((vector_size(64)));
 typedef uint16_t H16 __attribute__((vector_size(32)));
 
+// float_to_bf16_bits (tensor/dtype.h) on 16 lanes.
 inline U16 bf16_bits_rne(U16 u) {
   const U16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;
@@ -240,10 +233,8 @@ void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
           else Qp.resize(size_t(rows * Dp));
           for (int64_t r = 0; r < rows; ++r)
             std::memcpy(Qp.data() + r * Dp, q0 + r * q.stride(2), size_t(D) * sizeof(T));
-          const BFloat16 *qa = Qp.data(), *ka = Kp.data(), *va = Vp.data();
-          const int64_t qs = Dp, ks = Dp, vs = Dp;
           S.resize(rows, keys);
-          if (dnnl_gemm_bf16(rows, keys, Dp, qa, qs, 1, ka, 1, ks, S.data(), keys)) {
+          if (dnnl_gemm_bf16(rows, keys, Dp, Qp.data(), Dp, 1, Kp.data(), 1, Dp, S.data(), keys)) {
             const size_t n = size_t(rows * keys);
             Ph.resize(n);
             Pl.resize(n);
@@ -265,8 +256,8 @@ void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
             }
             Ow.resize(rows, Dp);
             Ow2.resize(rows, Dp);
-            if (dnnl_gemm_bf16(rows, Dp, keys, Ph.data(), keys, 1, va, vs, 1, Ow.data(), Dp) &&
-                dnnl_gemm_bf16(rows, Dp, keys, Pl.data(), keys, 1, va, vs, 1, Ow2.data(), Dp)) {
+            if (dnnl_gemm_bf16(rows, Dp, keys, Ph.data(), keys, 1, Vp.data(), Dp, 1, Ow.data(), Dp) &&
+                dnnl_gemm_bf16(rows, Dp, keys, Pl.data(), keys, 1, Vp.data(), Dp, 1, Ow2.data(), Dp)) {
               for (int64_t r = 0; r < rows; ++r)
                 for (int64_t d = 0; d < D; ++d) o[r * D + d] = T((Ow(r, d) + Ow2(r, d)) * inv[size_t(r)]);
               continue;

@@ -83,17 +83,12 @@ struct ASource {
   }
 };
 
-template <typename O>
-inline void put(O* p, float v, float alpha, float beta) {
-  *p = O(beta == 0.0f ? alpha * v : alpha * v + beta * float(*p));
-}
-
 // C tile `c` (16 weight rows x 16 x rows, f32) into out[m, n] for the rows
 // and columns that exist.
 template <typename O>
 void write_tile(const float* c, int64_t rows_n, int64_t rows_m, O* out, int64_t ldo, float alpha, float beta) {
   for (int64_t j = 0; j < rows_m; ++j)
-    for (int64_t i = 0; i < rows_n; ++i) put(out + j * ldo + i, c[i * kTile + j], alpha, beta);
+    for (int64_t i = 0; i < rows_n; ++i) store_out(out + j * ldo + i, c[i * kTile + j], alpha, beta);
 }
 
 // The four (or fewer) products of one 32-row weight panel and one 32-row

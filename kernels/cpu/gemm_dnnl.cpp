@@ -57,7 +57,7 @@ bool gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int6
     const dnnl::memory::desc bm(dims{K, N}, dt::bf16, dims{b_rs, b_cs});
     const dnnl::memory::desc cm(dims{M, N}, std::is_same_v<O, float> ? dt::f32 : dt::bf16, dims{ldo, 1});
     // oneDNN's primitive cache makes the repeated creation for a shape cheap.
-    const dnnl::memory::desc biasm(dims{1, N}, dt::bf16, dims{N, 1});
+    const dnnl::memory::desc biasm = bias ? dnnl::memory::desc(dims{1, N}, dt::bf16, dims{N, 1}) : dnnl::memory::desc();
     dnnl::primitive_attr attr;
     if (beta != 0.0f) {  // out = beta out + the product, before the rounding
       dnnl::post_ops po;
@@ -85,19 +85,14 @@ bool gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int6
 }  // namespace
 
 bool dnnl_gemm_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs,
-                    const BFloat16* b, int64_t b_rs, int64_t b_cs, BFloat16* out, int64_t ldo, float beta) {
-  return gemm(M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, out, ldo, nullptr, beta);
+                    const BFloat16* b, int64_t b_rs, int64_t b_cs, BFloat16* out, int64_t ldo, float beta,
+                    const BFloat16* bias) {
+  return gemm(M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, out, ldo, bias, beta);
 }
 
 bool dnnl_gemm_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs,
                     const BFloat16* b, int64_t b_rs, int64_t b_cs, float* out, int64_t ldo) {
   return gemm(M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, out, ldo);
-}
-
-bool dnnl_gemm_bf16_bias(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs,
-                         const BFloat16* b, int64_t b_rs, int64_t b_cs, const BFloat16* bias, BFloat16* out,
-                         int64_t ldo) {
-  return gemm(M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, out, ldo, bias);
 }
 
 #else
@@ -106,15 +101,11 @@ bool dnnl_enabled() { return false; }
 bool set_dnnl_enabled(bool) { return false; }
 
 bool dnnl_gemm_bf16(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, const BFloat16*, int64_t, int64_t,
-                    BFloat16*, int64_t, float) {
+                    BFloat16*, int64_t, float, const BFloat16*) {
   return false;
 }
 bool dnnl_gemm_bf16(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, const BFloat16*, int64_t, int64_t,
                     float*, int64_t) {
-  return false;
-}
-bool dnnl_gemm_bf16_bias(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, const BFloat16*, int64_t,
-                         int64_t, const BFloat16*, BFloat16*, int64_t) {
   return false;
 }
 

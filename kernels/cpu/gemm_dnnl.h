@@ -19,16 +19,14 @@ namespace areno::cpu {
 bool dnnl_enabled();
 bool set_dnnl_enabled(bool on);
 
-// out[M, N] (row stride ldo, bf16) = a[M, K] b[K, N] (+ beta out: added to
-// the f32 sums before the one rounding) with element (i, j) of a at
-// a[i * a_rs + j * a_cs] and of b at b[i * b_rs + j * b_cs]. Returns false
-// (nothing written) when oneDNN is off or refuses the shapes.
+// out[M, N] (row stride ldo, bf16) = a[M, K] b[K, N] (+ beta out, + bias[N]
+// when not null: both added to the f32 sums before the one rounding) with
+// element (i, j) of a at a[i * a_rs + j * a_cs] and of b at
+// b[i * b_rs + j * b_cs]. Returns false (nothing written) when oneDNN is off
+// or refuses the shapes.
 bool dnnl_gemm_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs,
-                    const BFloat16* b, int64_t b_rs, int64_t b_cs, BFloat16* out, int64_t ldo, float beta = 0.0f);
-// The same plus bias[N] (bf16) added to the f32 sums before the one rounding.
-bool dnnl_gemm_bf16_bias(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs,
-                         const BFloat16* b, int64_t b_rs, int64_t b_cs, const BFloat16* bias, BFloat16* out,
-                         int64_t ldo);
+                    const BFloat16* b, int64_t b_rs, int64_t b_cs, BFloat16* out, int64_t ldo, float beta = 0.0f,
+                    const BFloat16* bias = nullptr);
 // The same with an f32 result (the f32 sums, not rounded to bf16).
 bool dnnl_gemm_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs,
                     const BFloat16* b, int64_t b_rs, int64_t b_cs, float* out, int64_t ldo);

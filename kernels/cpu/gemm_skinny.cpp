@@ -22,11 +22,6 @@ namespace areno::cpu {
 
 namespace {
 
-template <typename O>
-inline void store(O* p, float v, float alpha, float beta) {
-  *p = O(beta == 0.0f ? alpha * v : alpha * v + beta * float(*p));
-}
-
 // The fallback: the same per-output summation shape (16 lanes over k, then
 // the lanes summed), in plain loops the compiler vectorizes for the base ISA.
 namespace generic {
@@ -45,7 +40,7 @@ void slice(int64_t M, int64_t n0, int64_t n1, int64_t K, const float* x, int64_t
       for (int j = 0; k < K; ++k, ++j) acc[j] += xr[k] * float(wr[k]);
       float s = 0;
       for (int j = 0; j < L; ++j) s += acc[j];
-      store(out + m * ldo + n, scale ? s * scale[n] : s, alpha, beta);
+      store_out(out + m * ldo + n, scale ? s * scale[n] : s, alpha, beta);
     }
   }
 }

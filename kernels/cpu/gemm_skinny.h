@@ -37,6 +37,13 @@ CpuIsa cpu_isa();
 CpuIsa set_cpu_isa(CpuIsa isa);
 const char* cpu_isa_name(CpuIsa isa);
 
+// *p = alpha v (+ beta *p), rounded once to O: how every kernel here writes
+// a finished f32 dot product.
+template <typename O>
+inline void store_out(O* p, float v, float alpha, float beta) {
+  *p = O(beta == 0.0f ? alpha * v : alpha * v + beta * float(*p));
+}
+
 // Rows of x above this go to the blocked GEMM (Eigen) instead.
 constexpr int64_t kSkinnyMaxRows = 32;
 

@@ -103,9 +103,8 @@ void gemm_small_m(const T* a, const MatRef& ma, const T* b, const MatRef& mb, T*
   });
 }
 
-// A few rows of `a` (at most kSkinnyMaxRows; kAmxMaxRows for bf16 at the amx
-// level) times column-major `b` (a weight [N, K] stored row-major, seen
-// transposed): gemm_skinny reads b in
+// A few rows of `a` (at most skinny_row_limit) times column-major `b` (a
+// weight [N, K] stored row-major, seen transposed): gemm_skinny reads b in
 // place in its dtype. a is used in place when it is row-major (unit column
 // stride); bf16 a goes to gemm_skinny_bf16 as bf16.
 template <typename T>
@@ -137,28 +136,38 @@ void skinny(const T* a, const MatRef& ma, const T* b, const MatRef& mb, T* out, 
   gemm_skinny<T, T>(ma.r, mb.c, ma.c, x, ldx, b, mb.outer, out, mb.c, alpha, beta);
 }
 
+// Rows up to which a bf16 (or any) product with a transposed weight goes to
+// gemm_skinny: kAmxMaxRows for bf16 at the amx level (gemm_amx_bf16).
+int64_t skinny_row_limit(DType dt) {
+  return dt == DType::bf16 && cpu_isa() >= CpuIsa::amx ? kAmxMaxRows : kSkinnyMaxRows;
+}
+
 // bf16 rows through oneDNN in blocks of kDnnlRowBlock rows: oneDNN's own
 // blocking of the whole M ran slower on row counts that are not a multiple of
 // its tiles (`full`'s gate_up at 1848 rows: 1179 GFLOP/s, at 2048: 1798, at
 // 256: 1840; docs/perf.md). A last block of at most kAmxMaxRows rows times a
-// transposed weight goes to the AMX tiles at the amx level. False (nothing
-// written) when oneDNN runs nothing. beta (0 or 1) adds out to the f32 sums
-// before the rounding. (Column chunks of the weight sized to
-// stay in L3 across the row blocks were tried, and ran slower.)
+// transposed weight goes to the AMX tiles at the amx level. beta (0 or 1)
+// adds out, and bias[N] (when not null; beta 0) the bias, to the f32 sums
+// before the rounding. False (nothing written) when oneDNN runs nothing.
+// (Column chunks of the weight sized to stay in L3 across the row blocks were
+// tried, and ran slower.)
 constexpr int64_t kDnnlRowBlock = 256;
 
 bool bf16_row_blocks(int64_t M, int64_t N, const BFloat16* a, const MatRef& ma, const BFloat16* b, const MatRef& mb,
-                     BFloat16* out, float beta) {
+                     BFloat16* out, float beta, const BFloat16* bias = nullptr) {
   const int64_t K = ma.c;
   const int64_t a_rs = ma.row_major ? ma.outer : 1, a_cs = ma.row_major ? 1 : ma.outer;
   const int64_t b_rs = mb.row_major ? mb.outer : 1, b_cs = mb.row_major ? 1 : mb.outer;
   for (int64_t r0 = 0; r0 < M; r0 += kDnnlRowBlock) {
     const int64_t rows = std::min(kDnnlRowBlock, M - r0);
+    BFloat16* o = out + r0 * N;
     if (r0 > 0 && rows <= kAmxMaxRows && !mb.row_major && ma.row_major && cpu_isa() >= CpuIsa::amx) {
-      gemm_skinny_bf16<BFloat16>(rows, N, K, a + r0 * a_rs, ma.outer, b, mb.outer, out + r0 * N, N, 1.0f, beta);
+      if (bias)  // the bias joins the sums as out does with beta = 1
+        for (int64_t m = 0; m < rows; ++m) std::copy(bias, bias + N, o + m * N);
+      gemm_skinny_bf16<BFloat16>(rows, N, K, a + r0 * a_rs, ma.outer, b, mb.outer, o, N, 1.0f, bias ? 1.0f : beta);
       continue;
     }
-    if (!dnnl_gemm_bf16(rows, N, K, a + r0 * a_rs, a_rs, a_cs, b, b_rs, b_cs, out + r0 * N, N, beta)) {
+    if (!dnnl_gemm_bf16(rows, N, K, a + r0 * a_rs, a_rs, a_cs, b, b_rs, b_cs, o, N, beta, bias)) {
       if (r0 == 0) return false;
       // The first block ran with the same strides: a later one failing is oneDNN's fault.
       throw std::runtime_error("matmul: oneDNN refused a row block it had run before");
@@ -174,11 +183,8 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, dou
   int64_t batch = out.size(0), M = out.size(1), N = out.size(2);
   count_flops(2.0 * double(batch) * double(M) * double(N) * double(a.size(2)));
   MatRef ma = describe(a), mb = describe(b);
-  // A few rows times a weight stored [N, K] (b seen transposed): gemm_skinny's
-  // shape; bf16 with AMX takes it up to kAmxMaxRows rows (gemm_amx_bf16).
-  const int64_t skinny_rows =
-      out.dtype() == DType::bf16 && cpu_isa() >= CpuIsa::amx ? kAmxMaxRows : kSkinnyMaxRows;
-  const bool skinny_shape = !mb.row_major && M <= skinny_rows;
+  // A few rows times a weight stored [N, K] (b seen transposed): gemm_skinny's shape.
+  const bool skinny_shape = !mb.row_major && M <= skinny_row_limit(out.dtype());
   int64_t sa = a.stride(0), sb = b.stride(0);
   auto dispatch = [&](auto tag) {
     using T = decltype(tag);
@@ -268,8 +274,8 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, dou
 
 // bf16 linear with its bias in one rounding: rows up to the skinny limit
 // through gemm_skinny_bf16 on an output filled with the bias (beta = 1: the
-// bias joins the f32 sum before the rounding), more rows through oneDNN's
-// bias argument in blocks of kDnnlRowBlock rows.
+// bias joins the f32 sum before the rounding), more rows through
+// bf16_row_blocks with oneDNN's bias argument.
 bool CpuBackend::linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
   if (x.dtype() != DType::bf16 || w.dtype() != DType::bf16 || bias.dtype() != DType::bf16 ||
       out.dtype() != DType::bf16 || !x.is_contiguous() || !w.is_contiguous() || !bias.is_contiguous() ||
@@ -281,20 +287,13 @@ bool CpuBackend::linear_bias(const Tensor& x, const Tensor& w, const Tensor& bia
   const BFloat16* wp = static_cast<const BFloat16*>(w.data_ptr());
   const BFloat16* bp = static_cast<const BFloat16*>(bias.data_ptr());
   BFloat16* op = static_cast<BFloat16*>(out.data_ptr());
-  const int64_t skinny_rows = cpu_isa() >= CpuIsa::amx ? kAmxMaxRows : kSkinnyMaxRows;
-  if (M <= skinny_rows) {
+  if (M <= skinny_row_limit(DType::bf16)) {
     for (int64_t m = 0; m < M; ++m) std::copy(bp, bp + N, op + m * N);
     gemm_skinny_bf16<BFloat16>(M, N, K, xp, K, wp, K, op, N, 1.0f, 1.0f);
     return true;
   }
-  for (int64_t r0 = 0; r0 < M; r0 += kDnnlRowBlock) {
-    const int64_t rows = std::min(kDnnlRowBlock, M - r0);
-    if (!dnnl_gemm_bf16_bias(rows, N, K, xp + r0 * K, K, 1, wp, 1, K, bp, op + r0 * N, N)) {
-      if (r0 == 0) return false;
-      throw std::runtime_error("linear: oneDNN refused a row block it had run before");
-    }
-  }
-  return true;
+  // x [M, K] row-major; the weight seen as [K, N] column-major.
+  return bf16_row_blocks(M, N, xp, MatRef{M, K, K, true}, wp, MatRef{K, N, K, false}, op, 0.0f, bp);
 }
 
 }  // namespace areno::cpu
