@@ -81,14 +81,6 @@ inline float exp_split_tail(const float* s, int64_t i, int64_t n, float mx, BFlo
   return sum;
 }
 
-typedef uint32_t U16 __attribute__((vector_size(64)));
-typedef uint16_t H16 __attribute__((vector_size(32)));
-
-// float_to_bf16_bits (tensor/dtype.h) on 16 lanes.
-inline U16 bf16_bits_rne(U16 u) {
-  const U16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;
-}
 
 // One row of scores (n of them, all visible): times sc, then e = exp(x - max)
 // (exp_nonpositive) split into a bf16 high part and the bf16 of what it

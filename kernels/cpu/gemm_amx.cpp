@@ -7,20 +7,36 @@
 // A tiles are 16 weight rows x 32 k loaded straight from the weight memory
 // (stride ldw), B tiles are 16 k-pairs x 16 activation rows from x packed
 // once per call in the pair-interleaved ("VNNI") layout, C tiles 16 x 16 f32.
-// A thread takes whole panels of 32 weight rows (two A tiles) and, for each
-// 32 rows of x (two B tiles), runs the four products over all of K. Weight
-// rows past N and k past K come from a zero-padded copy (the tail of a row
-// is never read past its end).
+//
+// Up to kInPlaceRows rows of x (gemm_amx_inplace): a thread takes whole
+// panels of 32 weight rows (two A tiles) and, for each 32 rows of x (two B
+// tiles), runs the four products over all of K, the A tiles loaded straight
+// from the weight memory. Weight rows past N and k past K come from a
+// zero-padded copy (the tail of a row is never read past its end).
+//
+// More rows (gemm_amx_blocked): the same panels and the same products in the
+// same order (so the same bits), blocked over k for the caches. For each
+// chunk of kChunk k-blocks the 32 x kChunk*32 piece of the weight panel is
+// copied into a 64-byte-aligned buffer (it stays in L1 while every 32 rows of
+// x run over it), the four C tiles of each 32 rows of x are kept in memory
+// between chunks, and the weight lines of a chunk a few chunks ahead are
+// prefetched a few at a time between the tile products, so the weight stream
+// from DRAM overlaps the arithmetic. The finished C tiles are transposed in
+// registers into the rows of out.
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/gemm_skinny.h"
+#include "kernels/cpu/vec_exp.h"
 
 namespace areno::cpu {
 
@@ -35,6 +51,10 @@ bool amx_usable() {
 
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx2,fma")
+// GCC 12 flags the self-initialised `__Y` inside its own AVX-512 intrinsics
+// (_mm512_undefined_*) as maybe uninitialised under a target pragma.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace {
 
@@ -121,10 +141,8 @@ void panel_block(int64_t blocks, const ASource& a0, const ASource& a1, const uin
   if constexpr (NA == 2 && NB == 2) _tile_stored(3, c + 768, 64);
 }
 
-}  // namespace
-
 template <typename O>
-void gemm_amx_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w, int64_t ldw,
+void gemm_amx_inplace(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w, int64_t ldw,
                    O* out, int64_t ldo, float alpha, float beta) {
   if (M <= 0 || N <= 0) return;
   const int64_t blocks = (K + kKBlock - 1) / kKBlock, K32 = blocks * kKBlock, full = K / kKBlock;
@@ -184,6 +202,197 @@ void gemm_amx_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t l
   });
 }
 
+// 16 x 16 f32 transposed in registers (four rounds of unpack / shuffle).
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4)
+    for (int h = 0; h < 2; ++h) {
+      const __m512d a = _mm512_castps_pd(t[i + h]), b = _mm512_castps_pd(t[i + h + 2]);
+      r[i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+      r[i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    }
+  for (int i = 0; i < 8; ++i) {
+    const int a = (i / 4) * 8 + (i % 4), b = a + 4;
+    t[a] = _mm512_shuffle_f32x4(r[a], r[b], 0x88);
+    t[b] = _mm512_shuffle_f32x4(r[a], r[b], 0xdd);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+}
+
+// out[0..16) (the lanes in `mask`) = alpha v (+ beta out), rounded once to O,
+// as store_out does per element (the two products rounded before the sum).
+template <typename O>
+inline void store_row16(O* o, __m512 v, __mmask16 mask, float alpha, float beta) {
+  v = _mm512_mul_ps(v, _mm512_set1_ps(alpha));
+  if constexpr (std::is_same_v<O, float>) {
+    if (beta != 0.0f) v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, o), _mm512_set1_ps(beta)));
+    _mm512_mask_storeu_ps(o, mask, v);
+  } else {
+    if (beta != 0.0f) {
+      const __m512 old = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, o)), 16));
+      v = _mm512_add_ps(v, _mm512_mul_ps(old, _mm512_set1_ps(beta)));
+    }
+    U16 u;
+    std::memcpy(&u, &v, sizeof u);
+    const U16 b = bf16_bits_rne(u);
+    __m512i bi;
+    std::memcpy(&bi, &b, sizeof bi);
+    _mm256_mask_storeu_epi16(o, mask, _mm512_cvtepi32_epi16(bi));
+  }
+}
+
+// x rows [16 mb, 16 mb + 16) packed as B tiles, [blocks][16 k-pairs][16 rows]
+// (32-bit pairs), zeros past M and K: each 16 x 32 piece loaded (masked at
+// the k tail, never past a row's end) and transposed as 32-bit words.
+void pack_x_block(int64_t mb, int64_t M, int64_t K, int64_t blocks, const BFloat16* x, int64_t ldx, uint32_t* dst) {
+  const int64_t rows = std::clamp<int64_t>(M - mb * kTile, 0, kTile);
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    const int64_t k0 = kb * kKBlock;
+    const __mmask32 mk = K - k0 >= kKBlock ? ~0u : (1u << (K - k0)) - 1;
+    __m512 r[16];
+    for (int i = 0; i < 16; ++i)
+      r[i] = i < rows ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mk, x + (mb * kTile + i) * ldx + k0))
+                      : _mm512_setzero_ps();
+    transpose16(r);
+    for (int i = 0; i < 16; ++i) _mm512_store_ps(reinterpret_cast<float*>(dst + kb * 256 + i * 16), r[i]);
+  }
+}
+
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+template <typename T>
+std::unique_ptr<T[], AlignedFree> aligned_buffer(int64_t n) {
+  return std::unique_ptr<T[], AlignedFree>(static_cast<T*>(std::aligned_alloc(64, size_t((n * int64_t(sizeof(T)) + 63) / 64 * 64))));
+}
+
+// See the top. kChunk: k-blocks per chunk; kAhead: chunks ahead the weight
+// prefetch runs; kToL1: prefetch into L1 (else L2). Measured on `full`'s
+// gate_up from DRAM, 2 threads (docs/perf.md): 4 / 4 / L2 best up to about
+// 160 rows, 8 / 2 / L1 above.
+template <typename O, int kChunk, int kAhead, bool kToL1>
+void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w,
+                      int64_t ldw, O* out, int64_t ldo, float alpha, float beta) {
+  const int64_t blocks = (K + kKBlock - 1) / kKBlock, chunks = (blocks + kChunk - 1) / kChunk;
+  const int64_t mpairs = (M + kPanel - 1) / kPanel, mblocks = 2 * mpairs;
+  auto xp = aligned_buffer<uint32_t>(mblocks * blocks * 256);
+  const int64_t panels = (N + kPanel - 1) / kPanel;
+  const int parts = int(std::clamp<int64_t>(num_threads(), 1, panels));
+#pragma omp parallel num_threads(parts)
+  {
+#pragma omp for schedule(static)
+    for (int64_t mb = 0; mb < mblocks; ++mb) pack_x_block(mb, M, K, blocks, x, ldx, xp.get() + mb * blocks * 256);
+    const int nt = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t p0 = panels * me / nt, p1 = panels * (me + 1) / nt;
+    configure();
+    auto abuf = aligned_buffer<uint16_t>(kChunk * 2 * 512);  // [k-block][A tile 0, 1][16 rows][32]
+    auto cbuf = aligned_buffer<float>(mpairs * 4 * 256);      // [m pair][C tile 0-3][16][16]
+    const uint16_t* wbits = reinterpret_cast<const uint16_t*>(w);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = p * kPanel;
+      for (int64_t ch = 0; ch < chunks; ++ch) {
+        const int64_t c0 = ch * kChunk, nk = std::min<int64_t>(kChunk, blocks - c0);
+        // The weight piece: 64 bytes per (row, k-block), masked at the k tail, zeros past N.
+        for (int t = 0; t < 2; ++t)
+          for (int i = 0; i < kTile; ++i) {
+            const int64_t n = n0 + t * kTile + i;
+            const uint16_t* src = wbits + n * ldw + c0 * kKBlock;
+            for (int64_t kb = 0; kb < nk; ++kb) {
+              uint16_t* d = abuf.get() + ((kb * 2 + t) * kTile + i) * kKBlock;
+              const int64_t k0 = (c0 + kb) * kKBlock;
+              if (n >= N) _mm512_store_si512(d, _mm512_setzero_si512());
+              else if (k0 + kKBlock <= K) _mm512_store_si512(d, _mm512_loadu_si512(src + kb * kKBlock));
+              else _mm512_store_si512(d, _mm512_maskz_loadu_epi16((1u << (K - k0)) - 1, src + kb * kKBlock));
+            }
+          }
+        // The chunk kAhead ahead in this thread's order, spread over the products.
+        const uint16_t* pf = nullptr;
+        int64_t pf_lines = 0, pf_done = 0, pf_per = 0, pf_nk = 1;
+        if (const int64_t g = (p - p0) * chunks + ch + kAhead, pp = p0 + g / chunks; pp < p1) {
+          const int64_t cc = (g % chunks) * kChunk;
+          pf = wbits + pp * kPanel * ldw + cc * kKBlock;
+          pf_nk = std::min<int64_t>(kChunk, blocks - cc);
+          pf_lines = std::min<int64_t>(kPanel, N - pp * kPanel) * pf_nk;
+          pf_per = (pf_lines + mpairs * nk - 1) / (mpairs * nk);
+        }
+        for (int64_t mp = 0; mp < mpairs; ++mp) {
+          float* cp = cbuf.get() + mp * 1024;
+          if (ch == 0) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+          } else {
+            _tile_loadd(0, cp, 64);
+            _tile_loadd(1, cp + 256, 64);
+            _tile_loadd(2, cp + 512, 64);
+            _tile_loadd(3, cp + 768, 64);
+          }
+          const uint32_t* b0 = xp.get() + ((2 * mp) * blocks + c0) * 256;
+          const uint32_t* b1 = b0 + blocks * 256;
+          for (int64_t kb = 0; kb < nk; ++kb) {
+            for (int64_t e = 0; e < pf_per && pf_done < pf_lines; ++e, ++pf_done) {
+              const char* line = reinterpret_cast<const char*>(pf + (pf_done / pf_nk) * ldw + (pf_done % pf_nk) * kKBlock);
+              if constexpr (kToL1) _mm_prefetch(line, _MM_HINT_T0);
+              else _mm_prefetch(line, _MM_HINT_T1);
+            }
+            const uint16_t* a = abuf.get() + kb * 2 * 512;
+            _tile_loadd(4, a, 64);
+            _tile_loadd(5, a + 512, 64);
+            _tile_loadd(6, b0 + kb * 256, 64);
+            _tile_loadd(7, b1 + kb * 256, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+          }
+          _tile_stored(0, cp, 64);
+          _tile_stored(1, cp + 256, 64);
+          _tile_stored(2, cp + 512, 64);
+          _tile_stored(3, cp + 768, 64);
+        }
+      }
+      // C tile (a, b) of pair mp: weight rows n0 + 16 a + i, x rows 32 mp + 16 b + j.
+      for (int64_t mp = 0; mp < mpairs; ++mp)
+        for (int a = 0; a < 2; ++a) {
+          const int64_t nn = n0 + a * kTile;
+          if (nn >= N) continue;
+          const __mmask16 nmask = N - nn >= kTile ? __mmask16(0xffff) : __mmask16((1u << (N - nn)) - 1);
+          for (int b = 0; b < 2; ++b) {
+            const int64_t m0 = mp * kPanel + b * kTile;
+            if (m0 >= M) continue;
+            const float* c = cbuf.get() + mp * 1024 + (a * 2 + b) * 256;
+            __m512 r[16];
+            for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(c + i * 16);
+            transpose16(r);
+            for (int64_t j = 0; j < std::min<int64_t>(kTile, M - m0); ++j)
+              store_row16(out + (m0 + j) * ldo + nn, r[j], nmask, alpha, beta);
+          }
+        }
+    }
+    _tile_release();
+  }
+}
+
+}  // namespace
+
+template <typename O>
+void gemm_amx_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w, int64_t ldw,
+                   O* out, int64_t ldo, float alpha, float beta) {
+  if (M <= 0 || N <= 0) return;
+  if (M <= kAmxInPlaceRows) gemm_amx_inplace(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta);
+  else if (M <= 160) gemm_amx_blocked<O, 4, 4, false>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta);
+  else gemm_amx_blocked<O, 8, 2, true>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta);
+}
+
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 
 template void gemm_amx_bf16<float>(int64_t, int64_t, int64_t, const BFloat16*, int64_t, const BFloat16*, int64_t,

@@ -76,13 +76,17 @@ constexpr int64_t kAmxMinRows = 2, kAmxMaxRows = 64;
 bool amx_usable();
 
 // bf16 x bf16 on AMX tiles (gemm_amx.cpp), any M, same contract as
-// gemm_skinny_bf16: the weight rows are loaded into tiles in place (16 rows x
-// 32 k each, no copy except a zero-padded one for the last partial k-block and
-// for rows past N), x is packed once per call in the pair-interleaved layout
-// AMX takes, each output sums exact bf16 products in f32 (in the tiles' order;
-// bf16 denormals count as zero), and a thread's share is whole 32-row panels
-// of the weight, so the result does not depend on the thread count. Only at
-// the amx level (the caller checks).
+// gemm_skinny_bf16. Up to kAmxInPlaceRows rows the weight rows are loaded into
+// tiles in place (16 rows x 32 k each, no copy except a zero-padded one for
+// the last partial k-block and for rows past N); above, the weight is copied
+// a chunk of k at a time into an L1 buffer while the next chunks are
+// prefetched, with the same products in the same order. x is packed once per
+// call in the pair-interleaved layout AMX takes, each output sums exact bf16
+// products in f32 (in the tiles' order, the same at every M; bf16 denormals
+// count as zero), and a thread's share is whole 32-row panels of the weight,
+// so the result does not depend on the thread count or on M. Only at the amx
+// level (the caller checks).
+constexpr int64_t kAmxInPlaceRows = 32;
 template <typename O>
 void gemm_amx_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w, int64_t ldw,
                    O* out, int64_t ldo, float alpha, float beta);

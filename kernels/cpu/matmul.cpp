@@ -142,29 +142,32 @@ int64_t skinny_row_limit(DType dt) {
   return dt == DType::bf16 && cpu_isa() >= CpuIsa::amx ? kAmxMaxRows : kSkinnyMaxRows;
 }
 
-// bf16 rows through oneDNN in blocks of kDnnlRowBlock rows: oneDNN's own
-// blocking of the whole M ran slower on row counts that are not a multiple of
-// its tiles (`full`'s gate_up at 1848 rows: 1179 GFLOP/s, at 2048: 1798, at
-// 256: 1840; docs/perf.md). A last block of at most kAmxMaxRows rows times a
-// transposed weight goes to the AMX tiles at the amx level. beta (0 or 1)
-// adds out, and bias[N] (when not null; beta 0) the bias, to the f32 sums
-// before the rounding. False (nothing written) when oneDNN runs nothing.
-// (Column chunks of the weight sized to stay in L3 across the row blocks were
-// tried, and ran slower.)
-constexpr int64_t kDnnlRowBlock = 256;
+// bf16 rows in blocks of kRowBlock rows: at the amx level with a transposed
+// weight and row-major x every block runs on gemm_amx_bf16 (the weight read
+// in place, no repacking: `full`'s gate_up from DRAM at 133 rows 6.9 ms
+// against oneDNN's 9.3-10.7, at 256 rows 11.6 against 13.5; docs/perf.md),
+// otherwise on oneDNN, whose own blocking of the whole M ran slower on row
+// counts that are not a multiple of its tiles (gate_up at 1848 rows: 1179
+// GFLOP/s, at 2048: 1798, at 256: 1840). beta (0 or 1) adds out, and
+// bias[N] (when not null; beta 0) the bias, to the f32 sums before the
+// rounding. False (nothing written) when oneDNN runs nothing. (Column chunks
+// of the weight sized to stay in L3 across the row blocks were tried, and
+// ran slower.)
+constexpr int64_t kRowBlock = 256;
 
 bool bf16_row_blocks(int64_t M, int64_t N, const BFloat16* a, const MatRef& ma, const BFloat16* b, const MatRef& mb,
                      BFloat16* out, float beta, const BFloat16* bias = nullptr) {
   const int64_t K = ma.c;
   const int64_t a_rs = ma.row_major ? ma.outer : 1, a_cs = ma.row_major ? 1 : ma.outer;
   const int64_t b_rs = mb.row_major ? mb.outer : 1, b_cs = mb.row_major ? 1 : mb.outer;
-  for (int64_t r0 = 0; r0 < M; r0 += kDnnlRowBlock) {
-    const int64_t rows = std::min(kDnnlRowBlock, M - r0);
+  const bool amx = !mb.row_major && ma.row_major && cpu_isa() >= CpuIsa::amx;
+  for (int64_t r0 = 0; r0 < M; r0 += kRowBlock) {
+    const int64_t rows = std::min(kRowBlock, M - r0);
     BFloat16* o = out + r0 * N;
-    if (r0 > 0 && rows <= kAmxMaxRows && !mb.row_major && ma.row_major && cpu_isa() >= CpuIsa::amx) {
+    if (amx) {
       if (bias)  // the bias joins the sums as out does with beta = 1
         for (int64_t m = 0; m < rows; ++m) std::copy(bias, bias + N, o + m * N);
-      gemm_skinny_bf16<BFloat16>(rows, N, K, a + r0 * a_rs, ma.outer, b, mb.outer, o, N, 1.0f, bias ? 1.0f : beta);
+      gemm_amx_bf16<BFloat16>(rows, N, K, a + r0 * a_rs, ma.outer, b, mb.outer, o, N, 1.0f, bias ? 1.0f : beta);
       continue;
     }
     if (!dnnl_gemm_bf16(rows, N, K, a + r0 * a_rs, a_rs, a_cs, b, b_rs, b_cs, o, N, beta, bias)) {

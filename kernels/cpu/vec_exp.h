@@ -3,7 +3,8 @@
 // vector types (the same operations per lane on every ISA; GCC lowers them to
 // AVX-512, AVX2 or SSE), for the row passes GCC leaves unvectorised with libm
 // or that Eigen runs as separate passes: the attention's softmax
-// (kernels/cpu/attention.cpp) and the sampler's (serve/sampler.cpp).
+// (kernels/cpu/attention.cpp) and the sampler's (serve/sampler.cpp); and
+// bf16 rounding on 16 lanes (the attention, the AMX GEMM's output).
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -12,6 +13,14 @@ namespace areno::cpu {
 
 typedef float F16 __attribute__((vector_size(64)));
 typedef int32_t I16 __attribute__((vector_size(64)));
+typedef uint32_t U16 __attribute__((vector_size(64)));
+typedef uint16_t H16 __attribute__((vector_size(32)));
+
+// float_to_bf16_bits (tensor/dtype.h) on 16 lanes of float bits.
+inline U16 bf16_bits_rne(U16 u) {
+  const U16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;
+}
 
 // 2^r for integral r (float or 16 lanes) through the exponent bits.
 inline float pow2_of(float r) { return std::bit_cast<float>((int32_t(r) + 127) << 23); }

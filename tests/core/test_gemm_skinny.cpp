@@ -222,6 +222,50 @@ TEST_CASE("gemm_skinny: the levels agree with each other and the result does not
   }
 }
 
+TEST_CASE("gemm_amx_bf16: past kAmxInPlaceRows (the k-blocked kernel), odd shapes, strides, alpha and beta, against f64; same bits at every M and thread split") {
+  if (cpu_isa_supported() < CpuIsa::amx) {
+    MESSAGE("no AMX on this CPU: the blocked AMX kernel is not run");
+    return;
+  }
+  IsaGuard guard;
+  REQUIRE(set_cpu_isa(CpuIsa::amx) == CpuIsa::amx);
+  uint64_t seed = 77;
+  // Both chunk settings (up to 160 rows and above), k tails inside a chunk and
+  // past the chunk, N tails inside a panel and past its first tile.
+  for (int64_t M : {33, 48, 65, 97, 160, 161, 200, 256})
+    for (int64_t N : {1, 17, 45})
+      for (int64_t K : {7, 33, 259, 300}) {
+        check_bf16x_shape<BFloat16>(M, N, K, 1.0f, 0.0f, seed++);
+        check_bf16x_shape<float>(M, N, K, 1.0f, 0.0f, seed++);
+      }
+  for (int64_t M : {40, 170}) {
+    check_bf16x_shape<BFloat16>(M, 67, 259, 0.5f, -1.0f, seed++);
+    check_bf16x_shape<float>(M, 67, 130, -1.5f, 1.0f, seed++);
+  }
+  // The same rows give the same bits in place (20 rows), blocked with small
+  // chunks (100) and large chunks (300), on 2 threads or one.
+  const int64_t N = 1000, K = 300;
+  std::vector<float> xf = values(size_t(300 * K), 5), wf = values(size_t(N * K), 6);
+  std::vector<BFloat16> x(xf.begin(), xf.end()), w(wf.begin(), wf.end());
+  std::vector<BFloat16> first;
+  for (int64_t rows : {int64_t(20), int64_t(100), int64_t(300)}) {
+    CAPTURE(rows);
+    std::vector<BFloat16> out(size_t(rows * N)), one(size_t(rows * N));
+    gemm_amx_bf16<BFloat16>(rows, N, K, x.data(), K, w.data(), K, out.data(), N, 1.0f, 0.0f);
+#pragma omp parallel num_threads(2)
+    {
+#pragma omp single
+      gemm_amx_bf16<BFloat16>(rows, N, K, x.data(), K, w.data(), K, one.data(), N, 1.0f, 0.0f);
+    }
+    bool same_threads = true, same_rows = true;
+    for (size_t i = 0; i < out.size(); ++i) same_threads = same_threads && out[i].bits == one[i].bits;
+    if (first.empty()) first = out;
+    for (size_t i = 0; i < first.size(); ++i) same_rows = same_rows && out[i].bits == first[i].bits;
+    CHECK(same_threads);
+    CHECK(same_rows);
+  }
+}
+
 TEST_CASE("gemm_skinny: linear() routes up to kSkinnyMaxRows (bf16 with AMX: kAmxMaxRows) rows through it, both dtypes, every level") {
   IsaGuard guard;
   const int64_t K = 67, N = 2100;
