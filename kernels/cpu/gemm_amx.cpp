@@ -18,10 +18,11 @@
 // same order (so the same bits), blocked over k for the caches. For each
 // chunk of kChunk k-blocks the 32 x kChunk*32 piece of the weight panel is
 // copied into a 64-byte-aligned buffer (it stays in L1 while every 32 rows of
-// x run over it), the four C tiles of each 32 rows of x are kept in memory
-// between chunks, and the weight lines of a chunk a few chunks ahead are
-// prefetched a few at a time between the tile products, so the weight stream
-// from DRAM overlaps the arithmetic. The finished C tiles are transposed in
+// x run over it), a group of panels takes turns on each chunk of x (which
+// stays in L2 across them), the four C tiles of each 32 rows of x are kept in
+// memory between chunks, and the weight lines of an item a few items ahead
+// are prefetched a few at a time between the tile products, so the weight
+// stream from DRAM overlaps the arithmetic. The finished C tiles are transposed in
 // registers into the rows of out.
 #include <immintrin.h>
 #include <sys/syscall.h>
@@ -30,7 +31,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
+#include <new>
 #include <type_traits>
 #include <vector>
 
@@ -141,6 +142,70 @@ void panel_block(int64_t blocks, const ASource& a0, const ASource& a1, const uin
   if constexpr (NA == 2 && NB == 2) _tile_stored(3, c + 768, 64);
 }
 
+// 16 x 16 f32 transposed in registers (four rounds of unpack / shuffle).
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4)
+    for (int h = 0; h < 2; ++h) {
+      const __m512d a = _mm512_castps_pd(t[i + h]), b = _mm512_castps_pd(t[i + h + 2]);
+      r[i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+      r[i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    }
+  for (int i = 0; i < 8; ++i) {
+    const int a = (i / 4) * 8 + (i % 4), b = a + 4;
+    t[a] = _mm512_shuffle_f32x4(r[a], r[b], 0x88);
+    t[b] = _mm512_shuffle_f32x4(r[a], r[b], 0xdd);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+}
+
+// x rows [16 mb, 16 mb + 16) packed as B tiles, [blocks][16 k-pairs][16 rows]
+// (32-bit pairs), zeros past M and K: each 16 x 32 piece loaded (masked at
+// the k tail, never past a row's end) and transposed as 32-bit words.
+void pack_x_block(int64_t mb, int64_t M, int64_t K, int64_t blocks, const BFloat16* x, int64_t ldx, uint32_t* dst) {
+  const int64_t rows = std::clamp<int64_t>(M - mb * kTile, 0, kTile);
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    const int64_t k0 = kb * kKBlock;
+    const __mmask32 mk = K - k0 >= kKBlock ? ~0u : (1u << (K - k0)) - 1;
+    __m512 r[16];
+    for (int i = 0; i < 16; ++i)
+      r[i] = i < rows ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mk, x + (mb * kTile + i) * ldx + k0))
+                      : _mm512_setzero_ps();
+    transpose16(r);
+    for (int i = 0; i < 16; ++i) _mm512_store_ps(reinterpret_cast<float*>(dst + kb * 256 + i * 16), r[i]);
+  }
+}
+
+// Per-thread scratch that only grows, 64-byte aligned: the packed x and the
+// C tiles are needed on every call, and fresh blocks of a few MB each call
+// cost page faults and zeroing (glibc maps them anew).
+enum class Scratch { packed_x, weight_chunk, c_tiles };
+template <typename T>
+T* scratch(Scratch which, int64_t n) {
+  struct Block {
+    void* p = nullptr;
+    size_t size = 0;
+    ~Block() { std::free(p); }
+  };
+  thread_local Block blocks[3];
+  Block& b = blocks[int(which)];
+  const size_t want = size_t((n * int64_t(sizeof(T)) + 63) / 64 * 64);
+  if (b.size < want) {
+    std::free(b.p);
+    b.p = std::aligned_alloc(64, want);
+    if (b.p == nullptr) throw std::bad_alloc();
+    b.size = want;
+  }
+  return static_cast<T*>(b.p);
+}
+
 template <typename O>
 void gemm_amx_inplace(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w, int64_t ldw,
                    O* out, int64_t ldo, float alpha, float beta) {
@@ -148,12 +213,8 @@ void gemm_amx_inplace(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
   const int64_t blocks = (K + kKBlock - 1) / kKBlock, K32 = blocks * kKBlock, full = K / kKBlock;
   const int64_t mblocks = (M + kTile - 1) / kTile;
   // x packed per 16 rows as B tiles: [K32 / 2 pairs][16 rows][2], zeros past M and K.
-  std::vector<uint16_t> xp(size_t(mblocks * K32 * kTile), 0);
-  for (int64_t m = 0; m < M; ++m) {
-    uint16_t* dst = xp.data() + (m / kTile) * K32 * kTile + (m % kTile) * 2;
-    const BFloat16* src = x + m * ldx;
-    for (int64_t k = 0; k < K; ++k) std::memcpy(dst + (k / 2) * 2 * kTile + (k & 1), src + k, 2);
-  }
+  uint32_t* xp = scratch<uint32_t>(Scratch::packed_x, mblocks * blocks * 256);
+  for (int64_t mb = 0; mb < mblocks; ++mb) pack_x_block(mb, M, K, blocks, x, ldx, xp + mb * blocks * 256);
   const int64_t panels = (N + kPanel - 1) / kPanel;
   parallel_for(panels, M * K * kPanel, [&](int64_t q0, int64_t q1) {
     configure();
@@ -182,7 +243,7 @@ void gemm_amx_inplace(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
         }
       }
       for (int64_t mb = 0; mb < mblocks; mb += 2) {
-        const uint16_t* b0 = xp.data() + mb * K32 * kTile;
+        const uint16_t* b0 = reinterpret_cast<const uint16_t*>(xp + mb * blocks * 256);
         const uint16_t* b1 = b0 + K32 * kTile;
         const bool two_b = mb + 1 < mblocks, two_a = rows > kTile;
         if (two_a && two_b) panel_block<2, 2>(blocks, src[0], src[1], b0, b1, c);
@@ -200,30 +261,6 @@ void gemm_amx_inplace(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
     }
     _tile_release();
   });
-}
-
-// 16 x 16 f32 transposed in registers (four rounds of unpack / shuffle).
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4)
-    for (int h = 0; h < 2; ++h) {
-      const __m512d a = _mm512_castps_pd(t[i + h]), b = _mm512_castps_pd(t[i + h + 2]);
-      r[i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-      r[i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-    }
-  for (int i = 0; i < 8; ++i) {
-    const int a = (i / 4) * 8 + (i % 4), b = a + 4;
-    t[a] = _mm512_shuffle_f32x4(r[a], r[b], 0x88);
-    t[b] = _mm512_shuffle_f32x4(r[a], r[b], 0xdd);
-  }
-  for (int i = 0; i < 8; ++i) {
-    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
-  }
 }
 
 // out[0..16) (the lanes in `mask`) = alpha v (+ beta out), rounded once to O,
@@ -248,134 +285,127 @@ inline void store_row16(O* o, __m512 v, __mmask16 mask, float alpha, float beta)
   }
 }
 
-// x rows [16 mb, 16 mb + 16) packed as B tiles, [blocks][16 k-pairs][16 rows]
-// (32-bit pairs), zeros past M and K: each 16 x 32 piece loaded (masked at
-// the k tail, never past a row's end) and transposed as 32-bit words.
-void pack_x_block(int64_t mb, int64_t M, int64_t K, int64_t blocks, const BFloat16* x, int64_t ldx, uint32_t* dst) {
-  const int64_t rows = std::clamp<int64_t>(M - mb * kTile, 0, kTile);
-  for (int64_t kb = 0; kb < blocks; ++kb) {
-    const int64_t k0 = kb * kKBlock;
-    const __mmask32 mk = K - k0 >= kKBlock ? ~0u : (1u << (K - k0)) - 1;
-    __m512 r[16];
-    for (int i = 0; i < 16; ++i)
-      r[i] = i < rows ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mk, x + (mb * kTile + i) * ldx + k0))
-                      : _mm512_setzero_ps();
-    transpose16(r);
-    for (int i = 0; i < 16; ++i) _mm512_store_ps(reinterpret_cast<float*>(dst + kb * 256 + i * 16), r[i]);
-  }
-}
-
-struct AlignedFree {
-  void operator()(void* p) const { std::free(p); }
-};
-template <typename T>
-std::unique_ptr<T[], AlignedFree> aligned_buffer(int64_t n) {
-  return std::unique_ptr<T[], AlignedFree>(static_cast<T*>(std::aligned_alloc(64, size_t((n * int64_t(sizeof(T)) + 63) / 64 * 64))));
-}
-
-// See the top. kChunk: k-blocks per chunk; kAhead: chunks ahead the weight
-// prefetch runs; kToL1: prefetch into L1 (else L2). Measured on `full`'s
-// gate_up from DRAM, 2 threads (docs/perf.md): 4 / 4 / L2 best up to about
-// 160 rows, 8 / 2 / L1 above.
-template <typename O, int kChunk, int kAhead, bool kToL1>
+// See the top. kChunk: k-blocks per chunk; kGroup: weight panels that take
+// turns on each chunk of x (the x chunk stays in L2 across them; their C tiles
+// are all kept); kAhead: work items (panel, chunk) ahead the weight prefetch
+// runs; kToL1: prefetch into L1 (else L2). Measured on `full`'s shapes from
+// DRAM, 2 threads (docs/perf.md): 4 / 1 / 4 / L2 best up to 160 rows, 8 / 4 /
+// 2 / L1 above (down_proj, K = 8192, at 256 rows: 6.6 ms against 9.3 with
+// one panel per group, whose x chunks came from L3).
+template <typename O, int kChunk, int kGroup, int kAhead, bool kToL1>
 void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w,
                       int64_t ldw, O* out, int64_t ldo, float alpha, float beta) {
   const int64_t blocks = (K + kKBlock - 1) / kKBlock, chunks = (blocks + kChunk - 1) / kChunk;
   const int64_t mpairs = (M + kPanel - 1) / kPanel, mblocks = 2 * mpairs;
-  auto xp = aligned_buffer<uint32_t>(mblocks * blocks * 256);
+  uint32_t* xp = scratch<uint32_t>(Scratch::packed_x, mblocks * blocks * 256);
   const int64_t panels = (N + kPanel - 1) / kPanel;
   const int parts = int(std::clamp<int64_t>(num_threads(), 1, panels));
 #pragma omp parallel num_threads(parts)
   {
 #pragma omp for schedule(static)
-    for (int64_t mb = 0; mb < mblocks; ++mb) pack_x_block(mb, M, K, blocks, x, ldx, xp.get() + mb * blocks * 256);
+    for (int64_t mb = 0; mb < mblocks; ++mb) pack_x_block(mb, M, K, blocks, x, ldx, xp + mb * blocks * 256);
     const int nt = omp_get_num_threads(), me = omp_get_thread_num();
     const int64_t p0 = panels * me / nt, p1 = panels * (me + 1) / nt;
     configure();
-    auto abuf = aligned_buffer<uint16_t>(kChunk * 2 * 512);  // [k-block][A tile 0, 1][16 rows][32]
-    auto cbuf = aligned_buffer<float>(mpairs * 4 * 256);      // [m pair][C tile 0-3][16][16]
+    uint16_t* abuf = scratch<uint16_t>(Scratch::weight_chunk, kChunk * 2 * 512);       // [k-block][A tile 0, 1][16 rows][32]
+    float* cbuf = scratch<float>(Scratch::c_tiles, kGroup * mpairs * 4 * 256); // [panel][m pair][C tile 0-3][16][16]
     const uint16_t* wbits = reinterpret_cast<const uint16_t*>(w);
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t n0 = p * kPanel;
+    // This thread's work items in order: groups of panels, then chunks, then
+    // the group's panels. next(g, c, q) steps one item.
+    auto group_size = [&](int64_t g) { return std::min<int64_t>(kGroup, p1 - g); };
+    for (int64_t g0 = p0; g0 < p1; g0 += kGroup) {
+      const int64_t gn = group_size(g0);
       for (int64_t ch = 0; ch < chunks; ++ch) {
         const int64_t c0 = ch * kChunk, nk = std::min<int64_t>(kChunk, blocks - c0);
-        // The weight piece: 64 bytes per (row, k-block), masked at the k tail, zeros past N.
-        for (int t = 0; t < 2; ++t)
-          for (int i = 0; i < kTile; ++i) {
-            const int64_t n = n0 + t * kTile + i;
-            const uint16_t* src = wbits + n * ldw + c0 * kKBlock;
+        for (int64_t q = 0; q < gn; ++q) {
+          const int64_t n0 = (g0 + q) * kPanel;
+          // The weight piece: 64 bytes per (row, k-block), masked at the k tail, zeros past N.
+          for (int t = 0; t < 2; ++t)
+            for (int i = 0; i < kTile; ++i) {
+              const int64_t n = n0 + t * kTile + i;
+              const uint16_t* src = wbits + n * ldw + c0 * kKBlock;
+              for (int64_t kb = 0; kb < nk; ++kb) {
+                uint16_t* d = abuf + ((kb * 2 + t) * kTile + i) * kKBlock;
+                const int64_t k0 = (c0 + kb) * kKBlock;
+                if (n >= N) _mm512_store_si512(d, _mm512_setzero_si512());
+                else if (k0 + kKBlock <= K) _mm512_store_si512(d, _mm512_loadu_si512(src + kb * kKBlock));
+                else _mm512_store_si512(d, _mm512_maskz_loadu_epi16((1u << (K - k0)) - 1, src + kb * kKBlock));
+              }
+            }
+          // The item kAhead ahead in this thread's order, its lines spread over the products.
+          const uint16_t* pf = nullptr;
+          int64_t pf_lines = 0, pf_done = 0, pf_per = 0, pf_nk = 1;
+          {
+            int64_t g = g0, c = ch, qq = q + kAhead;
+            while (g < p1 && qq >= group_size(g)) {
+              qq -= group_size(g);
+              if (++c == chunks) c = 0, g += kGroup;
+            }
+            if (g < p1) {
+              const int64_t pp = g + qq;
+              pf = wbits + pp * kPanel * ldw + c * kChunk * kKBlock;
+              pf_nk = std::min<int64_t>(kChunk, blocks - c * kChunk);
+              pf_lines = std::min<int64_t>(kPanel, N - pp * kPanel) * pf_nk;
+              pf_per = (pf_lines + mpairs * nk - 1) / (mpairs * nk);
+            }
+          }
+          for (int64_t mp = 0; mp < mpairs; ++mp) {
+            float* cp = cbuf + (q * mpairs + mp) * 1024;
+            if (ch == 0) {
+              _tile_zero(0);
+              _tile_zero(1);
+              _tile_zero(2);
+              _tile_zero(3);
+            } else {
+              _tile_loadd(0, cp, 64);
+              _tile_loadd(1, cp + 256, 64);
+              _tile_loadd(2, cp + 512, 64);
+              _tile_loadd(3, cp + 768, 64);
+            }
+            const uint32_t* b0 = xp + ((2 * mp) * blocks + c0) * 256;
+            const uint32_t* b1 = b0 + blocks * 256;
             for (int64_t kb = 0; kb < nk; ++kb) {
-              uint16_t* d = abuf.get() + ((kb * 2 + t) * kTile + i) * kKBlock;
-              const int64_t k0 = (c0 + kb) * kKBlock;
-              if (n >= N) _mm512_store_si512(d, _mm512_setzero_si512());
-              else if (k0 + kKBlock <= K) _mm512_store_si512(d, _mm512_loadu_si512(src + kb * kKBlock));
-              else _mm512_store_si512(d, _mm512_maskz_loadu_epi16((1u << (K - k0)) - 1, src + kb * kKBlock));
+              for (int64_t e = 0; e < pf_per && pf_done < pf_lines; ++e, ++pf_done) {
+                const char* line =
+                    reinterpret_cast<const char*>(pf + (pf_done / pf_nk) * ldw + (pf_done % pf_nk) * kKBlock);
+                if constexpr (kToL1) _mm_prefetch(line, _MM_HINT_T0);
+                else _mm_prefetch(line, _MM_HINT_T1);
+              }
+              const uint16_t* a = abuf + kb * 2 * 512;
+              _tile_loadd(4, a, 64);
+              _tile_loadd(5, a + 512, 64);
+              _tile_loadd(6, b0 + kb * 256, 64);
+              _tile_loadd(7, b1 + kb * 256, 64);
+              _tile_dpbf16ps(0, 4, 6);
+              _tile_dpbf16ps(1, 4, 7);
+              _tile_dpbf16ps(2, 5, 6);
+              _tile_dpbf16ps(3, 5, 7);
             }
+            _tile_stored(0, cp, 64);
+            _tile_stored(1, cp + 256, 64);
+            _tile_stored(2, cp + 512, 64);
+            _tile_stored(3, cp + 768, 64);
           }
-        // The chunk kAhead ahead in this thread's order, spread over the products.
-        const uint16_t* pf = nullptr;
-        int64_t pf_lines = 0, pf_done = 0, pf_per = 0, pf_nk = 1;
-        if (const int64_t g = (p - p0) * chunks + ch + kAhead, pp = p0 + g / chunks; pp < p1) {
-          const int64_t cc = (g % chunks) * kChunk;
-          pf = wbits + pp * kPanel * ldw + cc * kKBlock;
-          pf_nk = std::min<int64_t>(kChunk, blocks - cc);
-          pf_lines = std::min<int64_t>(kPanel, N - pp * kPanel) * pf_nk;
-          pf_per = (pf_lines + mpairs * nk - 1) / (mpairs * nk);
-        }
-        for (int64_t mp = 0; mp < mpairs; ++mp) {
-          float* cp = cbuf.get() + mp * 1024;
-          if (ch == 0) {
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-          } else {
-            _tile_loadd(0, cp, 64);
-            _tile_loadd(1, cp + 256, 64);
-            _tile_loadd(2, cp + 512, 64);
-            _tile_loadd(3, cp + 768, 64);
-          }
-          const uint32_t* b0 = xp.get() + ((2 * mp) * blocks + c0) * 256;
-          const uint32_t* b1 = b0 + blocks * 256;
-          for (int64_t kb = 0; kb < nk; ++kb) {
-            for (int64_t e = 0; e < pf_per && pf_done < pf_lines; ++e, ++pf_done) {
-              const char* line = reinterpret_cast<const char*>(pf + (pf_done / pf_nk) * ldw + (pf_done % pf_nk) * kKBlock);
-              if constexpr (kToL1) _mm_prefetch(line, _MM_HINT_T0);
-              else _mm_prefetch(line, _MM_HINT_T1);
-            }
-            const uint16_t* a = abuf.get() + kb * 2 * 512;
-            _tile_loadd(4, a, 64);
-            _tile_loadd(5, a + 512, 64);
-            _tile_loadd(6, b0 + kb * 256, 64);
-            _tile_loadd(7, b1 + kb * 256, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
-          }
-          _tile_stored(0, cp, 64);
-          _tile_stored(1, cp + 256, 64);
-          _tile_stored(2, cp + 512, 64);
-          _tile_stored(3, cp + 768, 64);
         }
       }
-      // C tile (a, b) of pair mp: weight rows n0 + 16 a + i, x rows 32 mp + 16 b + j.
-      for (int64_t mp = 0; mp < mpairs; ++mp)
-        for (int a = 0; a < 2; ++a) {
-          const int64_t nn = n0 + a * kTile;
-          if (nn >= N) continue;
-          const __mmask16 nmask = N - nn >= kTile ? __mmask16(0xffff) : __mmask16((1u << (N - nn)) - 1);
-          for (int b = 0; b < 2; ++b) {
-            const int64_t m0 = mp * kPanel + b * kTile;
-            if (m0 >= M) continue;
-            const float* c = cbuf.get() + mp * 1024 + (a * 2 + b) * 256;
-            __m512 r[16];
-            for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(c + i * 16);
-            transpose16(r);
-            for (int64_t j = 0; j < std::min<int64_t>(kTile, M - m0); ++j)
-              store_row16(out + (m0 + j) * ldo + nn, r[j], nmask, alpha, beta);
+      // C tile (a, b) of panel q, pair mp: weight rows n0 + 16 a + i, x rows 32 mp + 16 b + j.
+      for (int64_t q = 0; q < gn; ++q)
+        for (int64_t mp = 0; mp < mpairs; ++mp)
+          for (int a = 0; a < 2; ++a) {
+            const int64_t nn = (g0 + q) * kPanel + a * kTile;
+            if (nn >= N) continue;
+            const __mmask16 nmask = N - nn >= kTile ? __mmask16(0xffff) : __mmask16((1u << (N - nn)) - 1);
+            for (int b = 0; b < 2; ++b) {
+              const int64_t m0 = mp * kPanel + b * kTile;
+              if (m0 >= M) continue;
+              const float* c = cbuf + (q * mpairs + mp) * 1024 + (a * 2 + b) * 256;
+              __m512 r[16];
+              for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(c + i * 16);
+              transpose16(r);
+              for (int64_t j = 0; j < std::min<int64_t>(kTile, M - m0); ++j)
+                store_row16(out + (m0 + j) * ldo + nn, r[j], nmask, alpha, beta);
+            }
           }
-        }
     }
     _tile_release();
   }
@@ -388,8 +418,8 @@ void gemm_amx_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t l
                    O* out, int64_t ldo, float alpha, float beta) {
   if (M <= 0 || N <= 0) return;
   if (M <= kAmxInPlaceRows) gemm_amx_inplace(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta);
-  else if (M <= 160) gemm_amx_blocked<O, 4, 4, false>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta);
-  else gemm_amx_blocked<O, 8, 2, true>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta);
+  else if (M <= 160) gemm_amx_blocked<O, 4, 1, 4, false>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta);
+  else gemm_amx_blocked<O, 8, 4, 2, true>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta);
 }
 
 #pragma GCC diagnostic pop

@@ -238,6 +238,8 @@ TEST_CASE("gemm_amx_bf16: past kAmxInPlaceRows (the k-blocked kernel), odd shape
         check_bf16x_shape<BFloat16>(M, N, K, 1.0f, 0.0f, seed++);
         check_bf16x_shape<float>(M, N, K, 1.0f, 0.0f, seed++);
       }
+  // Groups of panels (7 panels: a partial group per thread) over several chunks.
+  for (int64_t M : {161, 256}) check_bf16x_shape<BFloat16>(M, 200, 600, 1.0f, 0.0f, seed++);
   for (int64_t M : {40, 170}) {
     check_bf16x_shape<BFloat16>(M, 67, 259, 0.5f, -1.0f, seed++);
     check_bf16x_shape<float>(M, 67, 130, -1.5f, 1.0f, seed++);
