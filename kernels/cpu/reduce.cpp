@@ -1,9 +1,12 @@
 // Reductions over the middle dim of [outer, n, inner] and cumulative sums.
+#include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/vec_exp.h"
 
 namespace areno::cpu {
 
@@ -11,10 +14,99 @@ namespace {
 // Accumulator type: f32 sums in double (cheap, and stable for long rows).
 template <typename C> struct acc_of { using type = C; };
 template <> struct acc_of<float> { using type = double; };
+
+// The first index of the largest (want_max) or smallest value of x[b, e),
+// the first NaN if there is one: the scalar loop's answer, in two
+// vectorisable passes (the extreme and whether a NaN is present, then the
+// first index holding it).
+struct Extreme {
+  float v;
+  int64_t j;
+};
+inline float as_float(float v) { return v; }
+inline float as_float(BFloat16 v) { return float(v); }
+// 16 values from x as f32 lanes (bf16 widened exactly).
+inline F16 load16(const float* x) {
+  F16 v;
+  std::memcpy(&v, x, sizeof v);
+  return v;
+}
+inline F16 load16(const BFloat16* x) {
+  H16 h;
+  std::memcpy(&h, x, sizeof h);
+  const U16 u = __builtin_convertvector(h, U16) << 16;
+  F16 v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+template <typename T>
+Extreme extreme_of(const T* x, int64_t b, int64_t e, bool want_max) {
+  float m = as_float(x[b]);
+  bool nan = false;
+  int64_t j = b;
+  if (e - b >= 16) {  // 16 lanes (GCC vector types), then the lanes
+    F16 m16 = load16(x + b);
+    I16 nan16 = {};
+    for (; j + 16 <= e; j += 16) {
+      const F16 v = load16(x + j);
+      nan16 |= v != v;
+      m16 = want_max ? (v > m16 ? v : m16) : (v < m16 ? v : m16);
+    }
+    for (int l = 0; l < 16; ++l) {
+      nan = nan || nan16[l] != 0;
+      m = want_max ? (m16[l] > m ? m16[l] : m) : (m16[l] < m ? m16[l] : m);
+    }
+  }
+  for (; j < e; ++j) {
+    const float v = as_float(x[j]);
+    nan = nan || v != v;
+    m = want_max ? (v > m ? v : m) : (v < m ? v : m);
+  }
+  for (int64_t j = b; j < e; ++j) {
+    const float v = as_float(x[j]);
+    if (nan ? v != v : v == m) return {v, j};
+  }
+  return {m, b};  // not reached
+}
+
+// Rows long enough to split across threads: the argmax of the sampler's one
+// row of 200064 logits ran on one thread while the other waited.
+constexpr int64_t kSplitRow = 1 << 15;
+
+// f32 / bf16 max / min / argmax / argmin over contiguous rows (inner == 1): each row
+// in chunks, one per thread for long rows, the chunks' answers combined in
+// order (a later chunk wins only with a NaN or a strictly better value, as
+// the scalar loop).
+template <typename T>
+void extreme_rows(ReduceOp op, const T* x, int64_t rows, int64_t n, const Tensor& out) {
+  const bool want_max = op == ReduceOp::max || op == ReduceOp::argmax;
+  const bool index = op == ReduceOp::argmax || op == ReduceOp::argmin;
+  const int64_t parts = rows < num_threads() && n >= kSplitRow ? num_threads() : 1;
+  std::vector<Extreme> found(size_t(rows * parts));
+  parallel_for(rows * parts, n / parts, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t r = t / parts, p = t % parts;
+      found[size_t(t)] = extreme_of(x + r * n, n * p / parts, n * (p + 1) / parts, want_max);
+    }
+  });
+  for (int64_t r = 0; r < rows; ++r) {
+    Extreme best = found[size_t(r * parts)];
+    for (int64_t p = 1; p < parts && best.v == best.v; ++p) {
+      const Extreme c = found[size_t(r * parts + p)];
+      if (c.v != c.v || (want_max ? c.v > best.v : c.v < best.v)) best = c;
+    }
+    if (index) static_cast<int64_t*>(out.data_ptr())[r] = best.j;
+    else static_cast<T*>(out.data_ptr())[r] = x[r * n + best.j];
+  }
+}
 }  // namespace
 
 void CpuBackend::reduce(ReduceOp op, const Tensor& x, int64_t outer, int64_t n, int64_t inner,
                         const Tensor& out) {
+  if (inner == 1 && n > 0 && op != ReduceOp::sum) {
+    if (x.dtype() == DType::f32) return extreme_rows(op, static_cast<const float*>(x.data_ptr()), outer, n, out);
+    if (x.dtype() == DType::bf16) return extreme_rows(op, static_cast<const BFloat16*>(x.data_ptr()), outer, n, out);
+  }
   visit_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = std::conditional_t<std::is_same_v<T, bool>, int64_t, compute_t<T>>;

@@ -489,6 +489,50 @@ DEVICE_TEST_CASE("ops/matmul decode shapes: few rows times a wide weight") {
   }
 }
 
+// f32 and bf16 max / min / argmax / argmin over the last dim: the first index of the
+// extreme, the first NaN when there is one, against a scalar loop; rows long
+// enough to split across threads (the sampler's 200064 logits) and short ones,
+// ties across the split, a NaN in the second half, all -inf.
+DEVICE_TEST_CASE("ops/reduce: f32 extremes of long and short rows give the first index, NaN first") {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (int64_t n : {int64_t(5), int64_t(37), int64_t(200064)}) {
+    Generator g{uint64_t(n)};
+    std::vector<float> v = rand_normal({3, n}, g, 0.0, 1.0).template to_vector<float>();
+    float* r0 = v.data();
+    float* r1 = v.data() + n;
+    float* r2 = v.data() + 2 * n;
+    r0[n - 1] = 9.0f, r0[n / 3] = 9.0f;             // a tie: the first wins
+    r1[n / 2 + 1] = nan, r1[n - 1] = nan;           // the first NaN wins
+    for (int64_t j = 0; j < n; ++j) r2[j] = -inf;   // all -inf: index 0
+    r2[n - 1] = -inf;
+    for (DType dt : {DType::f32, DType::bf16})
+    for (bool want_max : {true, false}) {
+      CAPTURE(n);
+      CAPTURE(want_max);
+      CAPTURE(dtype_name(dt));
+      if (dt == DType::bf16)  // the values as bf16 holds them (ties and NaNs stay)
+        for (float& f : v) f = float(BFloat16(f));
+      const Tensor x = from_vector(v, Shape{3, n}).to(device).to(dt);
+      const std::vector<int64_t> got = (want_max ? argmax(x, -1) : argmin(x, -1)).to(Device::cpu()).to_vector<int64_t>();
+      const std::vector<float> got_v =
+          (want_max ? max(x, -1) : min(x, -1)).to(Device::cpu(), DType::f32).to_vector<float>();
+      for (int64_t r = 0; r < 3; ++r) {
+        const float* row = v.data() + r * n;
+        int64_t best = 0;
+        for (int64_t j = 1; j < n && row[best] == row[best]; ++j)
+          if (row[j] != row[j] || (want_max ? row[j] > row[best] : row[j] < row[best])) best = j;
+        CAPTURE(r);
+        CHECK(got[size_t(r)] == best);
+        const float want = row[best];
+        CHECK(((want != want && got_v[size_t(r)] != got_v[size_t(r)]) || got_v[size_t(r)] == want));
+        // The row alone (one row: split across the threads when long).
+        const Tensor one = from_vector(std::vector<float>(row, row + n), Shape{1, n}).to(device).to(dt);
+        CHECK((want_max ? argmax(one, -1) : argmin(one, -1)).to(Device::cpu()).to_vector<int64_t>()[0] == best);
+      }
+    }
+  }
+}
+
 // Inference attention (no grad, no bias or padding mask) may run a backend's
 // fused kernel; it must equal the composed op (what runs when grads are needed).
 DEVICE_TEST_CASE("ops/attention: the fused inference kernel equals the composed op") {
