@@ -333,8 +333,10 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
               }
             }
           // The item kAhead ahead in this thread's order, its lines spread over the products.
+          // (pf_row, pf_line: the next line to ask for; counters, not a
+          // division per line, which cost more than the tile products.)
           const uint16_t* pf = nullptr;
-          int64_t pf_lines = 0, pf_done = 0, pf_per = 0, pf_nk = 1;
+          int64_t pf_lines = 0, pf_done = 0, pf_per = 0, pf_nk = 1, pf_row = 0, pf_line = 0;
           {
             int64_t g = g0, c = ch, qq = q + kAhead;
             while (g < p1 && qq >= group_size(g)) {
@@ -366,10 +368,10 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
             const uint32_t* b1 = b0 + blocks * 256;
             for (int64_t kb = 0; kb < nk; ++kb) {
               for (int64_t e = 0; e < pf_per && pf_done < pf_lines; ++e, ++pf_done) {
-                const char* line =
-                    reinterpret_cast<const char*>(pf + (pf_done / pf_nk) * ldw + (pf_done % pf_nk) * kKBlock);
+                const char* line = reinterpret_cast<const char*>(pf + pf_row * ldw + pf_line * kKBlock);
                 if constexpr (kToL1) _mm_prefetch(line, _MM_HINT_T0);
                 else _mm_prefetch(line, _MM_HINT_T1);
+                if (++pf_line == pf_nk) pf_line = 0, ++pf_row;
               }
               const uint16_t* a = abuf + kb * 2 * 512;
               _tile_loadd(4, a, 64);
