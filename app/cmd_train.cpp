@@ -128,6 +128,10 @@ constexpr const char* kTrainUsage =
     "  --agent-concurrency N     agents running at once (default 0: all of the step's)\n"
     "  --train-tool-results      also train on the context between an agent's answers (tool\n"
     "                            results, later prompts); default: masked\n"
+    "  --skip-failed-agents      a failed agent run (exit status, signal, timeout, bad last line,\n"
+    "                            unrecorded id) is reported on stderr and left out of the step\n"
+    "                            (its group normalised over the runs that finished) instead of\n"
+    "                            stopping the run; a step whose runs all failed still stops it\n"
     "\n"
     "dpo (rows {\"prompt\": string or messages, \"chosen\": string, \"rejected\": string}):\n"
     "  --dpo-beta X              the DPO temperature beta (default 0.1)\n"
@@ -440,6 +444,7 @@ int cmd_train(const Args& args) {
   train::rl::AgentOptions& ag = rl.options.agent;
   flags.value("--agent-cmd", ag.cmd).value("--agent-timeout-s", num("--agent-timeout-s", ag.timeout_s, 0));
   flags.integer("--agent-concurrency", ag.concurrency, 0).toggle("--train-tool-results", ag.train_context);
+  flags.toggle("--skip-failed-agents", ag.skip_failed);
   train::rl::PpoOptions& ppo = rl.ppo.ppo;
   flags.value("--gamma", num("--gamma", rl.ppo.gamma, 0)).value("--lam", num("--lam", rl.ppo.lam, 0));
   flags.value("--clip-eps", num("--clip-eps", ppo.clip_eps, 0)).value("--clip-ratio-c", num("--clip-ratio-c", ppo.clip_ratio_c, 0));
@@ -473,17 +478,19 @@ int cmd_train(const Args& args) {
   if (is_rl) {
     if (!rl.reward.empty() && !rl.reward_cmd.empty())
       throw std::invalid_argument("--reward and --reward-cmd: give one of them, not both");
-    if (is_ppo && (!ag.cmd.empty() || ag.train_context))
-      throw std::invalid_argument("--agent-cmd, --train-tool-results: not supported with --algo ppo (agentic "
-                                  "rollouts train with --algo grpo|gspo; docs/rl.md, \"Agentic rollouts\")");
+    if (is_ppo && (!ag.cmd.empty() || ag.train_context || ag.skip_failed))
+      throw std::invalid_argument("--agent-cmd, --train-tool-results, --skip-failed-agents: not supported with --algo "
+                                  "ppo (agentic rollouts train with --algo grpo|gspo; docs/rl.md, \"Agentic rollouts\")");
+    if (ag.skip_failed && ag.cmd.empty())
+      throw std::invalid_argument("--skip-failed-agents: only with --agent-cmd");
     if (rl.reward.empty() && rl.reward_cmd.empty() && ag.cmd.empty())
       throw std::invalid_argument(fmt::format("--algo {} needs exactly one of --reward exact|math|regex:PATTERN and "
                                               "--reward-cmd CMD{}", algo,
                                               is_ppo ? "" : " (optional with --agent-cmd, whose agents may print rewards)"));
     if (!(rl.reward_timeout_s > 0)) throw std::invalid_argument("--reward-timeout-s: must be positive");
     if (!(ag.timeout_s > 0)) throw std::invalid_argument("--agent-timeout-s: must be positive");
-  } else if (!ag.cmd.empty() || ag.train_context) {
-    throw std::invalid_argument("--agent-cmd, --train-tool-results: only with --algo grpo|gspo");
+  } else if (!ag.cmd.empty() || ag.train_context || ag.skip_failed) {
+    throw std::invalid_argument("--agent-cmd, --train-tool-results, --skip-failed-agents: only with --algo grpo|gspo");
   }
   if (dataset.empty()) {
     fmt::print(stderr, "areno train: --dataset-path is required\n\n{}", kTrainUsage);

@@ -199,6 +199,84 @@ TEST_CASE("rl/agent failures name the task: crash, timeout, malformed output, un
   }
 }
 
+TEST_CASE("rl/agent --skip-failed-agents: failed runs are reported and left out, the others train") {
+  SUBCASE("run_agents alone: an exit status, a timeout and a malformed line fail their runs only") {
+    AgentOptions o = agent("agent_fail_some.sh", 0.5);
+    o.skip_failed = true;
+    std::vector<AgentTask> ts = tasks(5);
+    for (size_t i = 0; i < ts.size(); ++i) ts[i].trajectory = fmt::format("id-{}", i);
+    const double t0 = now_s();
+    const std::vector<AgentOutput> out = run_agents(ts, "http://127.0.0.1:9/v1", o);
+    CHECK(now_s() - t0 < 5.0);  // the sleeping one was killed at its deadline
+    REQUIRE(out.size() == 5);
+    CHECK(out[0].error.empty());
+    CHECK(out[0].trajectory_id == "id-0");
+    CHECK(out[1].error == "--agent-cmd: the agent of task 1 (sample 0, dataset line 2) exited with status 4; its "
+                          "stderr ended with \"task 1 fails\\x0a\"");
+    CHECK(out[2].error.find("the agent of task 2 (sample 0, dataset line 3) did not finish within 0.5 s") !=
+          std::string::npos);
+    CHECK(out[3].error.find("the agent of task 3 (sample 0, dataset line 4) printed \"done\" as its last line: "
+                            "not JSON") != std::string::npos);
+    CHECK(out[4].error.empty());
+    CHECK(out[4].trajectory_id == "id-4");
+    // Without the flag the first failure stops the call.
+    CHECK_THROWS_AS(run_agents(ts, "http://127.0.0.1:9/v1", agent("agent_fail_some.sh", 0.5)), AgentError);
+  }
+  SUBCASE("through AgentRollout: groups lose their failed runs; all failed still stops") {
+    AgentOptions o = agent("agent_two_turns.sh", 60, "AGENT_FAIL_SAMPLE=1 ");
+    o.skip_failed = true;
+    AgentRollout ar(model(), tokenizer(), rollout_options(3), o);
+    const RolloutBatch b = ar.run(tasks(2));
+    REQUIRE(b.trajectories.size() == 4);  // samples 0 and 2 of both tasks
+    for (size_t k = 0; k < 4; ++k) {
+      CHECK(b.trajectories[k].task == int64_t(k / 2));
+      CHECK(b.trajectories[k].index == (k % 2 == 0 ? 0 : 2));
+    }
+    REQUIRE(ar.last_failures().size() == 2);
+    CHECK(ar.last_failures()[0].find("the agent of task 0 (sample 1, dataset line 1) exited with status 5") !=
+          std::string::npos);
+    CHECK(ar.failed_runs() == 2);
+    CHECK(ar.last_stats().kv_blocks_used == 0);  // the failed runs' first turns released theirs too
+    AgentOptions crash = agent("agent_crash.sh");
+    crash.skip_failed = true;
+    AgentRollout all(model(), tokenizer(), rollout_options(2), crash);
+    CHECK_THROWS_WITH_AS(all.run(tasks(1)),
+                         doctest::Contains("--skip-failed-agents: all 2 agent runs of the step failed; the first: "
+                                           "--agent-cmd: the agent of task 0 (sample 0, dataset line 1) exited with "
+                                           "status 3"),
+                         AgentError);
+  }
+  SUBCASE("areno train: the step trains on the runs that finished") {
+    testing::TempDir dir;
+    {
+      std::ofstream out(dir.path / "tasks.jsonl");
+      for (int a = 1; a <= 2; ++a)
+        out << json{{"prompt", fmt::format("What is {} + 1?", a)}, {"answer", std::to_string(a + 1)}}.dump() << "\n";
+    }
+    // (Sampled at temperature 1: greedy runs of one group are the same tokens,
+    // whose advantages +a and -a cancel in the gradient.)
+    const std::string cmd =
+        "AGENT_TEMPERATURE=1 AGENT_REWARD=sample AGENT_FAIL_SAMPLE=1 sh tests/rl/scripts/agent_two_turns.sh";
+    const std::string mdir = dir.str("metrics");
+    CHECK(app::cmd_train({"--algo", "grpo", "--dataset-path", dir.str("tasks.jsonl"), "--agent-cmd", cmd,
+                          "--skip-failed-agents", "--batch-size", "2", "--n-samples", "3", "--max-steps", "1",
+                          "--lr", "1e-4", "--grad-clip-norm", "0", "--metrics-log-dir", mdir}) == 0);
+    const std::vector<json> lines = testing::metrics_lines(mdir);
+    REQUIRE(lines.size() == 1);
+    CHECK(lines[0]["trajectories"].get<double>() == 4.0);
+    CHECK(lines[0]["agent_failed"].get<double>() == 2.0);
+    CHECK(lines[0]["reward_mean"].get<double>() == 1.0);  // rewards 0 and 2 in each group of two
+    CHECK(lines[0]["grad_norm"].get<double>() > 0.0);
+    CHECK(lines[0]["logp_abs_diff_mean"].get<double>() < 1e-5);
+    CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "grpo", "--dataset-path", dir.str("tasks.jsonl"), "--agent-cmd",
+                                         cmd, "--batch-size", "2", "--n-samples", "3", "--max-steps", "1"}),
+                         doctest::Contains("(sample 1, dataset line"), AgentError);
+    CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "grpo", "--dataset-path", dir.str("tasks.jsonl"), "--reward",
+                                         "exact", "--skip-failed-agents"}),
+                         "--skip-failed-agents: only with --agent-cmd", std::invalid_argument);
+  }
+}
+
 namespace {
 
 serve::TrajectoryTurn turn(std::vector<int64_t> prompt, std::vector<int64_t> completion, std::string text = "") {

@@ -112,6 +112,23 @@ TEST_CASE("rl/objectives: GRPO group advantages are torch's; a group of equal re
   CHECK(group_advantages(tensor<double>({0.3, 5.0}), 1).to_vector<double>() == std::vector<double>{0.0, 0.0});
   CHECK(testing::error_of([] { group_advantages(tensor<double>({1, 2, 3}), 2); }).find("multiple") !=
         std::string::npos);
+  // Groups of given sizes (--skip-failed-agents leaves some groups short):
+  // each normalised over its own members; the same as the fixed size where
+  // the sizes are equal; a group of one gets 0.
+  const std::vector<double> r = G("grpo.rewards").to_vector<double>();
+  std::vector<int64_t> equal(r.size() / size_t(G_), G_);
+  CHECK(group_advantages(G("grpo.rewards"), equal).to_vector<double>() == adv.to_vector<double>());
+  const auto ragged = group_advantages(tensor<double>({1.0, 2.0, 4.0, 9.0, 3.0, 5.0}), {3, 1, 2}).to_vector<double>();
+  const double m = 7.0 / 3.0, sd = std::sqrt(((1 - m) * (1 - m) + (2 - m) * (2 - m) + (4 - m) * (4 - m)) / 2.0);
+  CHECK(ragged[0] == doctest::Approx((1 - m) / (sd + 1e-6)).epsilon(1e-14));
+  CHECK(ragged[2] == doctest::Approx((4 - m) / (sd + 1e-6)).epsilon(1e-14));
+  CHECK(ragged[3] == 0.0);
+  CHECK(ragged[4] == doctest::Approx(-1.0 / (std::sqrt(2.0) + 1e-6)).epsilon(1e-14));
+  CHECK(ragged[5] == -ragged[4]);
+  CHECK(testing::error_of([] { group_advantages(tensor<double>({1, 2, 3}), std::vector<int64_t>{2, 2}); })
+            .find("groups of 4 rewards in all for 3") != std::string::npos);
+  CHECK(testing::error_of([] { group_advantages(tensor<double>({1, 2}), std::vector<int64_t>{2, 0}); })
+            .find("a group of 0") != std::string::npos);
 }
 
 TEST_CASE("rl/objectives: GRPO loss, statistics and gradient are torch's, token mean with KL and sequence mean") {

@@ -175,6 +175,19 @@ std::vector<AgentOutput> run_agents(const std::vector<AgentTask>& tasks, const s
     throw AgentError(message);
   };
   size_t next = 0, finished = 0;
+  // Run `index` failed: the call fails, or with skip_failed the run alone ends
+  // (killed and reaped if it is running) with `message` as its output's error.
+  auto fail_run = [&](size_t index, const std::string& message) {
+    if (!o.skip_failed) fail(message);
+    for (size_t k = 0; k < running.size(); ++k)
+      if (running[k].index == index) {
+        kill_and_reap(running[k].c);
+        running.erase(running.begin() + int64_t(k));
+        break;
+      }
+    results[index].error = message;
+    ++finished;
+  };
   while (finished < tasks.size()) {
     while (next < tasks.size() && running.size() < limit) {
       const AgentTask& t = tasks[next];
@@ -187,7 +200,8 @@ std::vector<AgentOutput> run_agents(const std::vector<AgentTask>& tasks, const s
       try {
         r.c = spawn_shell(o.cmd, so, "--agent-cmd");
       } catch (const std::runtime_error& e) {
-        fail(e.what());
+        fail_run(r.index, e.what());
+        continue;
       }
       r.input = t.row.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
       r.deadline = now_s() + o.timeout_s;
@@ -220,24 +234,39 @@ std::vector<AgentOutput> run_agents(const std::vector<AgentTask>& tasks, const s
       if (r.c.out >= 0 && !drain(r.c.out, r.out)) close_fd(r.c.out), r.out_eof = true;
       if (r.c.err >= 0 && !drain(r.c.err, r.err)) close_fd(r.c.err), r.err_eof = true;
       if (r.err.size() > 4 * o.stderr_tail_bytes) r.err.erase(0, r.err.size() - o.stderr_tail_bytes);
-      if (r.out.size() > o.max_stdout_bytes)
-        fail(fmt::format("{} printed more than {} bytes on stdout (only the last line, {}, is read){}", who(r),
-                         o.max_stdout_bytes, kOutputFormat, stderr_tail(r)));
+      if (r.out.size() > o.max_stdout_bytes) {
+        fail_run(r.index, fmt::format("{} printed more than {} bytes on stdout (only the last line, {}, is read){}",
+                                      who(r), o.max_stdout_bytes, kOutputFormat, stderr_tail(r)));
+        continue;  // (skip_failed: the run is gone from `running`, k is the next one)
+      }
       if (r.out_eof && r.err_eof) {
         if (auto si = wait_ended(r.c.pid, 0)) {
           const siginfo_t end = *si;
           kill_and_reap(r.c);  // reaps it (and whatever it left in its group)
-          if (!(end.si_code == CLD_EXITED && end.si_status == 0))
-            fail(fmt::format("{} {}{}", who(r), describe_end(end), stderr_tail(r)));
-          results[r.index] = parse_agent_output(r.out, who(r));
+          std::string error;
+          if (!(end.si_code == CLD_EXITED && end.si_status == 0)) {
+            error = fmt::format("{} {}{}", who(r), describe_end(end), stderr_tail(r));
+          } else {
+            try {
+              results[r.index] = parse_agent_output(r.out, who(r));
+            } catch (const AgentError& e) {
+              error = e.what();
+            }
+          }
+          if (!error.empty()) {
+            fail_run(r.index, error);  // removes r from `running`
+            continue;
+          }
           ++finished;
           running.erase(running.begin() + int64_t(k));
           continue;
         }
       }
-      if (now_s() > r.deadline)
-        fail(fmt::format("{} did not finish within {} s (--agent-timeout-s); it was killed{}", who(r), o.timeout_s,
-                         stderr_tail(r)));
+      if (now_s() > r.deadline) {
+        fail_run(r.index, fmt::format("{} did not finish within {} s (--agent-timeout-s); it was killed{}", who(r),
+                                      o.timeout_s, stderr_tail(r)));
+        continue;
+      }
       ++k;
     }
   }
@@ -323,20 +352,34 @@ RolloutBatch AgentRollout::run(const std::vector<AgentTask>& tasks_in) {
 
   RolloutBatch b;
   std::set<std::string> seen;
+  last_failures_.clear();
+  // A failed run: fatal, or with skip_failed counted and left out.
+  auto failed = [&](const std::string& message) {
+    if (!agent_.skip_failed) throw AgentError(message);
+    last_failures_.push_back(message);
+  };
   for (size_t k = 0; k < tasks.size(); ++k) {
     const AgentTask& t = tasks[k];
     const AgentOutput& out = outputs[k];
+    if (!out.error.empty()) {
+      failed(out.error);
+      continue;
+    }
     const std::string who = fmt::format("--agent-cmd: the agent of task {} (sample {}{})", t.task, t.sample,
                                         t.line > 0 ? fmt::format(", dataset line {}", t.line) : std::string());
-    if (!seen.insert(out.trajectory_id).second)
-      throw AgentError(fmt::format("{} printed trajectory_id \"{}\", which another agent of this step printed too "
-                                   "(each run needs its own id; ARENO_TRAJECTORY_ID is one)",
-                                   who, shown(out.trajectory_id)));
+    if (!seen.insert(out.trajectory_id).second) {
+      failed(fmt::format("{} printed trajectory_id \"{}\", which another agent of this step printed too "
+                         "(each run needs its own id; ARENO_TRAJECTORY_ID is one)",
+                         who, shown(out.trajectory_id)));
+      continue;
+    }
     const std::vector<serve::TrajectoryTurn> turns = store_->take(out.trajectory_id);
-    if (turns.empty())
-      throw AgentError(fmt::format("{} printed trajectory_id \"{}\", but the server recorded no request under that "
-                                   "id (send the header {}: {} with each request)",
-                                   who, shown(out.trajectory_id), serve::kTrajectoryHeader, shown(out.trajectory_id)));
+    if (turns.empty()) {
+      failed(fmt::format("{} printed trajectory_id \"{}\", but the server recorded no request under that "
+                         "id (send the header {}: {} with each request)",
+                         who, shown(out.trajectory_id), serve::kTrajectoryHeader, shown(out.trajectory_id)));
+      continue;
+    }
     AssembledTrajectory a = assemble_trajectory(turns, agent_.train_context);
     split_rows_ += int64_t(a.rows.size()) - 1;
     RolloutBatch::Trajectory tr;
@@ -357,6 +400,12 @@ RolloutBatch AgentRollout::run(const std::vector<AgentTask>& tasks_in) {
       b.samples.push_back(std::move(s));
     }
     b.trajectories.push_back(std::move(tr));
+  }
+  failed_runs_ += int64_t(last_failures_.size());
+  if (b.trajectories.empty() && !tasks.empty()) {
+    store_->clear();
+    throw AgentError(fmt::format("--skip-failed-agents: all {} agent runs of the step failed; the first: {}",
+                                 tasks.size(), last_failures_.front()));
   }
   store_->clear();
   if (rollout_.drop_rollout_state) stop_server();

@@ -55,6 +55,7 @@ struct AgentOptions {
   double timeout_s = 300;                 // --agent-timeout-s, per agent run
   int64_t concurrency = 0;                // --agent-concurrency; 0: every run of the step at once
   bool train_context = false;             // --train-tool-results
+  bool skip_failed = false;               // --skip-failed-agents: a failed run is dropped, not fatal
   size_t max_stdout_bytes = size_t(1) << 20;
   size_t stderr_tail_bytes = 2048;        // kept for error messages
 };
@@ -96,6 +97,7 @@ AssembledTrajectory assemble_trajectory(const std::vector<serve::TrajectoryTurn>
 struct AgentOutput {
   std::string trajectory_id;
   std::optional<double> reward;
+  std::string error;  // run_agents with skip_failed: why this run failed (empty: it did not)
 };
 // Throws AgentError("<who> printed ...") for anything else.
 AgentOutput parse_agent_output(const std::string& stdout_text, const std::string& who);
@@ -115,7 +117,9 @@ struct AgentTask {
 // stderr for messages. An agent that does not end within timeout_s, exits
 // non-zero or by a signal, prints too much or prints a malformed last line
 // fails the call: the others are killed (their process groups) and an
-// AgentError names the task, the sample and the dataset line.
+// AgentError names the task, the sample and the dataset line. With
+// options.skip_failed only that run is killed and its output carries the
+// message in `error`; the others go on.
 std::vector<AgentOutput> run_agents(const std::vector<AgentTask>& tasks, const std::string& base_url,
                                     const AgentOptions& options);
 
@@ -131,8 +135,15 @@ class AgentRollout {
   AgentRollout& operator=(const AgentRollout&) = delete;
 
   // n_samples agent runs per task: the trajectories task-major, their rows,
-  // each row's prompt in `prompts`. Throws AgentError.
+  // each row's prompt in `prompts`. Throws AgentError. With skip_failed a
+  // failed run (run_agents' failures, and an id the server did not record or
+  // another run printed too) gives no trajectory (a task may then have fewer
+  // than n_samples, or none); it throws only when every run failed.
   RolloutBatch run(const std::vector<AgentTask>& tasks);
+  // With skip_failed: the failures of the last run() (messages naming task,
+  // sample and line), and their count over every run so far.
+  const std::vector<std::string>& last_failures() const { return last_failures_; }
+  int64_t failed_runs() const { return failed_runs_; }
 
   // The engine's counters when the last phase ended (kv_blocks_used is 0).
   const serve::EngineStats& last_stats() const { return last_stats_; }
@@ -155,6 +166,8 @@ class AgentRollout {
   std::shared_ptr<const tok::Tokenizer> tok_;
   RolloutOptions rollout_;
   AgentOptions agent_;
+  std::vector<std::string> last_failures_;
+  int64_t failed_runs_ = 0;
   std::shared_ptr<TrajectoryStore> store_ = std::make_shared<TrajectoryStore>();
   std::unique_ptr<serve::Engine> engine_;
   std::unique_ptr<serve::HttpServer> server_;

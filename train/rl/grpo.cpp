@@ -61,7 +61,6 @@ RlStepStats GrpoTrainer::step() {
   if (done()) throw std::logic_error(fmt::format("the run is done ({} steps)", total_steps()));
   const auto t0 = Clock::now();
   const SftOptions& lo = options_.loop;
-  const int64_t G = options_.rollout.n_samples;
   RlStepStats st;
   st.step = state_.step + 1;
   st.lrs = group_lrs(*optimizer_);
@@ -73,8 +72,9 @@ RlStepStats GrpoTrainer::step() {
   const int64_t N = st.samples;
 
   // 4. Group advantages (f64), one per trajectory, then per row.
+  // (Groups of n_samples, fewer where --skip-failed-agents dropped runs.)
   const std::vector<double> adv =
-      per_row(r, group_advantages(from_vector(r.rewards, {st.trajectories}), G).to_vector<double>());
+      per_row(r, group_advantages(from_vector(r.rewards, {st.trajectories}), r.group_sizes).to_vector<double>());
 
   // 5. Micro-batches. Each loss is weighted by its share of the batch's
   // trainable tokens (token_mean) or rows, so the accumulated gradient is the

@@ -169,19 +169,36 @@ Tensor group_advantages(const Tensor& rewards, int64_t group_size, double eps) {
   if (group_size < 1 || N % group_size != 0)
     throw std::invalid_argument(fmt::format(
         "group_advantages: {} rewards do not make groups of {} (--n-samples); N must be a multiple", N, group_size));
+  return group_advantages(rewards, std::vector<int64_t>(size_t(N / group_size), group_size), eps);
+}
+
+Tensor group_advantages(const Tensor& rewards, const std::vector<int64_t>& group_sizes, double eps) {
+  if (!rewards.defined() || rewards.dim() != 1 || !is_floating(rewards.dtype()))
+    throw std::invalid_argument("group_advantages: rewards must be a [N] float tensor");
+  const int64_t N = rewards.size(0);
+  int64_t total = 0;
+  for (int64_t g : group_sizes) {
+    if (g < 1) throw std::invalid_argument(fmt::format("group_advantages: a group of {} rewards", g));
+    total += g;
+  }
+  if (total != N)
+    throw std::invalid_argument(fmt::format("group_advantages: groups of {} rewards in all for {} rewards", total, N));
   const std::vector<double> r = host_f64(rewards);
   std::vector<double> a(r.size(), 0.0);
-  for (int64_t g0 = 0; g0 < N; g0 += group_size) {
+  int64_t g0 = 0;
+  for (int64_t group_size : group_sizes) {
     const auto first = r.begin() + g0, last = first + group_size;
     const auto [lo, hi] = std::minmax_element(first, last);
-    if (*lo == *hi) continue;  // all equal (or a group of one): no signal
-    double mean = 0;
-    for (auto it = first; it != last; ++it) mean += *it;
-    mean /= double(group_size);
-    double ss = 0;
-    for (auto it = first; it != last; ++it) ss += (*it - mean) * (*it - mean);
-    const double std = std::sqrt(ss / double(group_size - 1));
-    for (int64_t j = g0; j < g0 + group_size; ++j) a[size_t(j)] = (r[size_t(j)] - mean) / (std + eps);
+    if (*lo != *hi) {  // all equal (or a group of one): no signal
+      double mean = 0;
+      for (auto it = first; it != last; ++it) mean += *it;
+      mean /= double(group_size);
+      double ss = 0;
+      for (auto it = first; it != last; ++it) ss += (*it - mean) * (*it - mean);
+      const double std = std::sqrt(ss / double(group_size - 1));
+      for (int64_t j = g0; j < g0 + group_size; ++j) a[size_t(j)] = (r[size_t(j)] - mean) / (std + eps);
+    }
+    g0 += group_size;
   }
   return from_vector(a, {N}, TensorOptions(rewards.dtype(), rewards.device()));
 }

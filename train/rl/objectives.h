@@ -66,6 +66,10 @@ Tensor low_var_kl(const Tensor& logp, const Tensor& ref_logp, const Tensor& mask
 // exactly 0: no signal, no NaN. Computed in f64, returned in rewards' dtype.
 // Throws std::invalid_argument when N is not a multiple of group_size.
 Tensor group_advantages(const Tensor& rewards, int64_t group_size, double eps = 1e-6);
+// The same over groups of the given sizes (consecutive, summing to N, each at
+// least 1): the groups of a step whose failed agent runs were skipped
+// (--skip-failed-agents). Throws std::invalid_argument otherwise.
+Tensor group_advantages(const Tensor& rewards, const std::vector<int64_t>& group_sizes, double eps = 1e-6);
 
 struct GrpoOptions {
   double clip_eps = 0.2;  // --grpo-clip-eps

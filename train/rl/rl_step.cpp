@@ -115,8 +115,18 @@ ScoredRollouts roll_and_score(const std::vector<PromptRow>& rows, const TrainerS
   r.rollout_s = seconds_since(t0);
   const int64_t P = int64_t(r.rows.size()), G = rollout.options().n_samples;
   const int64_t NT = int64_t(r.trajectories.size());
-  if (NT != P * G)
-    throw std::logic_error(fmt::format("the rollout gave {} trajectories for {} prompts x {} samples", NT, P, G));
+  if (agent) {
+    r.agent_failed = int64_t(agent->last_failures().size());
+    for (const std::string& m : agent->last_failures()) fmt::print(stderr, "skipped: {}\n", m);
+  }
+  if (NT + r.agent_failed != P * G)
+    throw std::logic_error(fmt::format("the rollout gave {} trajectories ({} failed runs skipped) for {} prompts x {} "
+                                       "samples", NT, r.agent_failed, P, G));
+  for (int64_t k = 0; k < NT; ++k) {  // task-major: a new group where the task changes
+    const int64_t task = r.trajectories[size_t(k)].task;
+    if (k == 0 || task != r.trajectories[size_t(k - 1)].task) r.group_sizes.push_back(0);
+    ++r.group_sizes.back();
+  }
   for (const RolloutSample& s : r.samples) r.tokens += trainable_tokens(s);
 
   // Rewards: the source's, else the RewardFn's on the decoded final answer.
@@ -220,6 +230,7 @@ void record_rollouts(const ScoredRollouts& r, RlStepStats& st) {
   st.samples = N;
   st.trajectories = NT;
   st.split_rows = N - NT;
+  st.agent_failed = r.agent_failed;
   st.response_tokens = r.tokens;
   st.rewards = r.rewards;
   double sum = 0;
@@ -248,6 +259,7 @@ Scalars rl_scalars(const RlStepStats& st) {
   s.insert(s.end(), {{"samples", double(st.samples)},
                      {"trajectories", double(st.trajectories)},
                      {"split_rows", double(st.split_rows)},
+                     {"agent_failed", double(st.agent_failed)},
                      {"response_tokens", double(st.response_tokens)},
                      {"time/rollout_s", st.rollout_s},
                      {"time/reward_s", st.reward_s},
@@ -261,7 +273,10 @@ std::string format_rl_progress(const RlStepStats& st, int64_t total_steps, const
   return fmt::format("step {}/{}  reward {:.3f}  loss {:.4f}  len {:.1f}  logp_abs_diff {:.1e}  ratio {:.4f}  "
                      "clip_frac {:.3f}  {}{}  grad_norm {:.3f}  time rollout={:.2f}s train={:.2f}s total={:.2f}s",
                      st.step, total_steps, st.reward_mean, st.loss, st.response_len, st.logp_abs_diff_mean,
-                     st.ratio_mean, st.clip_frac, extra.empty() ? "" : extra + "  ", format_group_lrs(st.lrs),
+                     st.ratio_mean, st.clip_frac,
+                     (st.agent_failed > 0 ? fmt::format("agents_failed {}  ", st.agent_failed) : std::string()) +
+                         (extra.empty() ? "" : extra + "  "),
+                     format_group_lrs(st.lrs),
                      st.grad_norm, st.rollout_s + st.reward_s, st.train_s, st.total_s);
 }
 

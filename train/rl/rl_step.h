@@ -35,8 +35,9 @@ class AgentRollout;  // agent.h
 struct RlStepStats {
   int64_t step = 0;
   int64_t prompts = 0, samples = 0, response_tokens = 0;  // samples: training rows; tokens: trainable ones
-  int64_t trajectories = 0;          // batch x n_samples
+  int64_t trajectories = 0;          // batch x n_samples (fewer when failed agent runs were skipped)
   int64_t split_rows = 0;            // agent rows beyond one per trajectory (agent.h's row rule)
+  int64_t agent_failed = 0;          // agent runs skipped (--skip-failed-agents)
   double reward_mean = 0;
   double advantage_mean = 0;         // token mean
   double response_len = 0;           // mean trainable tokens per row (stop token included)
@@ -100,6 +101,9 @@ int64_t trainable_tokens(const RolloutSample& s);
 struct ScoredRollouts : RolloutBatch {
   std::vector<const PromptRow*> rows;   // the step's prompt rows (Trajectory::task indexes them)
   std::vector<double> rewards;          // one per trajectory
+  std::vector<int64_t> group_sizes;     // trajectories per task that has any, in order (n_samples each
+                                        // unless failed agent runs were skipped)
+  int64_t agent_failed = 0;             // agent runs skipped (--skip-failed-agents)
   int64_t tokens = 0;                   // trainable tokens of all samples
   double rollout_s = 0, reward_s = 0;
 };

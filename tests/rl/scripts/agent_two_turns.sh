@@ -6,8 +6,9 @@
 # JSON parser is needed. 6 tokens a turn at temperature $AGENT_TEMPERATURE
 # (default 0: greedy). The reward printed is $AGENT_REWARD ("sample": the
 # run's index within its group, $ARENO_SAMPLE_INDEX; unset: none). A row with
-# "crash": true makes it exit with status 5 instead; with $AGENT_STREAM set
-# the second turn is streamed (SSE).
+# "crash": true makes it exit with status 5 instead, and so does the run whose
+# sample index is $AGENT_FAIL_SAMPLE (after its first turn); with
+# $AGENT_STREAM set the second turn is streamed (SSE).
 set -eu
 row=$(cat)
 case $row in *'"crash":true'*) echo "asked to crash" >&2; exit 5 ;; esac
@@ -19,6 +20,7 @@ chat() {
 }
 m1="[{\"role\":\"user\",\"content\":\"$q\"}]"
 a1=$(chat "$m1" | grep -o '"content":"\([^"\\]\|\\.\)*"' | head -n 1)
+if [ "${AGENT_FAIL_SAMPLE:-}" = "$ARENO_SAMPLE_INDEX" ]; then echo "asked to fail sample $ARENO_SAMPLE_INDEX" >&2; exit 5; fi
 m2="[{\"role\":\"user\",\"content\":\"$q\"},{\"role\":\"assistant\",$a1},{\"role\":\"tool\",\"content\":\"42\"}]"
 if [ -n "${AGENT_STREAM:-}" ]; then
   chat "$m2" ',"stream":true' | grep -q '^data: \[DONE\]'
