@@ -40,7 +40,7 @@ namespace {
 constexpr const char* kTrainUsage =
     "usage: areno train --algo sft --dataset-path FILE [--ckpt DIR] [options]\n"
     "       areno train --algo grpo|gspo --dataset-path FILE (--reward R | --reward-cmd CMD) [options]\n"
-    "       areno train --algo grpo|gspo --dataset-path FILE --agent-cmd CMD [--reward R | --reward-cmd CMD]\n"
+    "       areno train --algo grpo|gspo|ppo --dataset-path FILE --agent-cmd CMD [--reward R | --reward-cmd CMD]\n"
     "       areno train --algo dpo --dataset-path FILE [--dpo-beta X] [--ref-ckpt DIR] [options]\n"
     "       areno train --algo ppo --dataset-path FILE (--reward R | --reward-cmd CMD) [--critic-ckpt DIR] [options]\n"
     "\n"
@@ -123,7 +123,7 @@ constexpr const char* kTrainUsage =
     "                            environment; requests sent with the header X-Areno-Trajectory: ID\n"
     "                            are recorded; its last stdout line is {\"trajectory_id\": \"ID\",\n"
     "                            \"reward\": X} (reward optional: else --reward/--reward-cmd scores\n"
-    "                            the last answer); grpo/gspo only. docs/rl.md, \"Agentic rollouts\"\n"
+    "                            the last answer); grpo/gspo/ppo. docs/rl.md, \"Agentic rollouts\"\n"
     "  --agent-timeout-s X       per agent run; it is killed after (default 300)\n"
     "  --agent-concurrency N     agents running at once (default 0: all of the step's)\n"
     "  --train-tool-results      also train on the context between an agent's answers (tool\n"
@@ -331,10 +331,10 @@ int train_ppo(RlFlags f, const ServedModel& sm, const fs::path& dataset, const t
     trainer.load_state(dirs.step_dir);
     report_resume(trainer, dirs);
   }
-  fmt::print(stderr, "ppo: training {} of {} parameters for {} steps ({} per epoch), {} completions per prompt; "
+  fmt::print(stderr, "ppo: training {} of {} parameters for {} steps ({} per epoch), {} {} per prompt; "
              "critic: {} ({} parameters, value head {}){}{}\n",
              trainable_numel(trainer.optimizer()), sm.model->num_parameters(), trainer.total_steps(),
-             trainer.steps_per_epoch(), f.ppo.rollout.n_samples,
+             trainer.steps_per_epoch(), f.ppo.rollout.n_samples, f.ppo.agent.cmd.empty() ? "completions" : "agent runs",
              critic ? "the model of " + f.critic_ckpt : std::string("a value head on the policy"),
              trainable_numel(trainer.critic_optimizer()),
              resuming ? "from the step folder" : head_loaded ? "from " + head_file.string() : "zero-initialised",
@@ -478,19 +478,19 @@ int cmd_train(const Args& args) {
   if (is_rl) {
     if (!rl.reward.empty() && !rl.reward_cmd.empty())
       throw std::invalid_argument("--reward and --reward-cmd: give one of them, not both");
-    if (is_ppo && (!ag.cmd.empty() || ag.train_context || ag.skip_failed))
-      throw std::invalid_argument("--agent-cmd, --train-tool-results, --skip-failed-agents: not supported with --algo "
-                                  "ppo (agentic rollouts train with --algo grpo|gspo; docs/rl.md, \"Agentic rollouts\")");
+    if (ag.train_context && ag.cmd.empty())
+      throw std::invalid_argument("--train-tool-results: only with --agent-cmd");
     if (ag.skip_failed && ag.cmd.empty())
       throw std::invalid_argument("--skip-failed-agents: only with --agent-cmd");
     if (rl.reward.empty() && rl.reward_cmd.empty() && ag.cmd.empty())
       throw std::invalid_argument(fmt::format("--algo {} needs exactly one of --reward exact|math|regex:PATTERN and "
                                               "--reward-cmd CMD{}", algo,
-                                              is_ppo ? "" : " (optional with --agent-cmd, whose agents may print rewards)"));
+                                              " (optional with --agent-cmd, whose agents may print rewards)"));
     if (!(rl.reward_timeout_s > 0)) throw std::invalid_argument("--reward-timeout-s: must be positive");
     if (!(ag.timeout_s > 0)) throw std::invalid_argument("--agent-timeout-s: must be positive");
   } else if (!ag.cmd.empty() || ag.train_context || ag.skip_failed) {
-    throw std::invalid_argument("--agent-cmd, --train-tool-results, --skip-failed-agents: only with --algo grpo|gspo");
+    throw std::invalid_argument("--agent-cmd, --train-tool-results, --skip-failed-agents: only with --algo "
+                                "grpo|gspo|ppo");
   }
   if (dataset.empty()) {
     fmt::print(stderr, "areno train: --dataset-path is required\n\n{}", kTrainUsage);
@@ -519,6 +519,7 @@ int cmd_train(const Args& args) {
     if (max_new > 0) ro.max_new_tokens = max_new;
     rl.ppo.loop = o;
     rl.ppo.rollout = ro;
+    rl.ppo.agent = ag;
     train::rl::validate(rl.ppo);
   } else if (is_rl) {
     rl.options.algo = train::rl::rl_algo_from_name(algo);

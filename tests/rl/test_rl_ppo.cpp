@@ -399,7 +399,7 @@ TEST_CASE("areno train --algo ppo: metrics, value head checkpoints, --critic-ckp
   refused({"--value-clip-eps", "0"}, "--value-clip-eps");
   refused({"--kl-loss-type", "k1"}, "--kl-loss-type");
   refused({"--critic-ckpt", dir.str("nowhere")}, "--critic-ckpt");
-  refused({"--agent-cmd", "sh tests/rl/scripts/agent_two_turns.sh"}, "--agent-cmd");
+  refused({"--train-tool-results"}, "--train-tool-results: only with --agent-cmd");
   refused({"--max-running-prompts", "0"}, "--max-running-prompts");
   refused({"--max-context-len", "0"}, "--max-context-len");
   CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "sft", "--dataset-path", prompts, "--max-running-prompts", "2"}),

@@ -79,7 +79,11 @@ PpoTrainer::PpoTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::sh
       rollout_(model_, tok_, seeded_rollout(options_.rollout, options_.loop.seed)) {
   validate(options_);
   if (rows_.empty()) throw std::invalid_argument("the dataset has no prompts to train on");
-  if (!reward_) throw std::invalid_argument("an RL run needs a reward (--reward or --reward-cmd)");
+  if (!reward_ && options_.agent.cmd.empty())
+    throw std::invalid_argument("an RL run needs a reward (--reward or --reward-cmd)");
+  if (!options_.agent.cmd.empty())
+    agent_ = std::make_unique<AgentRollout>(model_, tok_, seeded_rollout(options_.rollout, options_.loop.seed),
+                                            options_.agent);
   if (options_.ppo.use_kl_loss && !reference_)
     throw std::invalid_argument("--use-kl-loss: needs a reference model (the starting policy)");
   if (!options_.ppo.use_kl_loss) reference_.reset();
@@ -130,7 +134,7 @@ PpoStepStats PpoTrainer::step() {
   for (const auto& l : critic_lrs(*critic_optimizer_)) rs.lrs.push_back(l);
 
   // 1. Prompts, rollouts, rewards.
-  const ScoredRollouts r = roll_and_score(rows_, state_, lo, rollout_, /*agent=*/nullptr, reward_.get(), *tok_);
+  const ScoredRollouts r = roll_and_score(rows_, state_, lo, rollout_, agent_.get(), reward_.get(), *tok_);
   record_rollouts(r, rs);
   const int64_t N = rs.samples;
   const int64_t tokens = r.tokens;
@@ -163,16 +167,19 @@ PpoStepStats PpoTrainer::step() {
   }
   parity.finish(rs);
 
-  // 3. Token rewards (the sequence's reward on its last token), GAE, whitening.
+  // 3. Token rewards (the sequence's reward on its last trainable token), GAE
+  // over the trainable tokens (an agent row's context is skipped), whitening.
   {
     int64_t T = 0;
     for (const RolloutSample& s : r.samples) T = std::max(T, int64_t(s.tokens.size()));
     const std::vector<double> row_reward = per_row(r, r.rewards);
     std::vector<float> tr(size_t(N * T), 0.0f), mask(size_t(N * T), 0.0f);
     for (int64_t i = 0; i < N; ++i) {
-      const int64_t len = int64_t(r.samples[size_t(i)].tokens.size());
-      for (int64_t t = 0; t < len; ++t) mask[size_t(i * T + t)] = 1.0f;
-      if (len > 0) tr[size_t(i * T + len - 1)] = float(row_reward[size_t(i)]);
+      const RolloutSample& s = r.samples[size_t(i)];
+      int64_t last = -1;
+      for (int64_t t = 0; t < int64_t(s.tokens.size()); ++t)
+        if (s.trainable.empty() || s.trainable[size_t(t)] != 0) mask[size_t(i * T + t)] = 1.0f, last = t;
+      if (last >= 0) tr[size_t(i * T + last)] = float(row_reward[size_t(i)]);
     }
     const Gae g = gae(from_vector(tr, {N, T}), padded(old_values, 0, N, T, Device::cpu()), from_vector(mask, {N, T}),
                       options_.gamma, options_.lam, /*whiten=*/true);
@@ -248,7 +255,7 @@ fs::path PpoTrainer::save_checkpoint(const fs::path& save_path, const fs::path& 
   st["critic"] = critic_ ? "separate" : "value_head";
   st["critic_warmup_steps"] = options_.critic_warmup_steps;
   st["run"] = run_keys();
-  st["rollout_runs"] = int64_t(rollout_.runs());
+  st["rollout_runs"] = agent_ ? agent_->runs() : int64_t(rollout_.runs());
   return save_step_folder(*model_, *optimizer_, state_.step, save_path, source, st, [&](const fs::path& tmp) {
     if (add_files) add_files(tmp);
     const fs::path dir = critic_ ? tmp / "critic" : tmp;
@@ -268,6 +275,10 @@ json PpoTrainer::run_keys() const {
   k["--critic-ckpt"] = critic_ != nullptr;
   k["--critic-warmup-steps"] = options_.critic_warmup_steps;
   k["--use-kl-loss"] = options_.ppo.use_kl_loss;
+  if (agent_) {  // (only then: checkpoints of engine runs keep their keys)
+    k["--agent-cmd"] = options_.agent.cmd;
+    k["--train-tool-results"] = options_.agent.train_context;
+  }
   k.update(options_.run_keys);
   return k;
 }
@@ -277,7 +288,8 @@ void PpoTrainer::load_state(const fs::path& step_dir) {
   const TrainerState s = load_rollout_state(step_dir, run_keys(), int64_t(rows_.size()), *optimizer_, runs).state;
   head_->load((critic_ ? step_dir / "critic" : step_dir) / kValueHeadFile);
   critic_optimizer_->load_state((step_dir / "optimizer" / "critic_optimizer.safetensors").string());
-  rollout_.set_runs(uint64_t(runs));
+  if (agent_) agent_->set_runs(runs);
+  else rollout_.set_runs(uint64_t(runs));
   state_ = s;
 }
 

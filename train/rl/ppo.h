@@ -14,10 +14,13 @@
 //     packed sequences, its trainable groups (the policy's --lm-trainable and
 //     --unfreeze-mm-* choices) and the head training at --critic-lr.
 //
-// Rollouts come from the engine only: `areno train --algo ppo` refuses
-// --agent-cmd (agent rows with context tokens would need values and GAE over
-// the trainable positions only; agentic runs train with GRPO/GSPO), so every
-// row here is one whole completion, every token trainable.
+// Rollouts come from the engine, or with options.agent.cmd from agent runs
+// (AgentRollout, train/rl/agent.h, as GRPO's): an agent row's context tokens
+// (tool results, later prompts) are masked out of the values, GAE and both
+// losses (gae skips mask-0 positions, as verl's observation tokens), and the
+// trajectory's reward sits on the last trainable token of each of its rows
+// (a trajectory split into rows by the row rule gives each row, an episode,
+// the same final reward). With --train-tool-results the context trains too.
 //
 // One step:
 //   1. the next loop.batch_size prompts, rollout.n_samples completions each,
@@ -26,7 +29,7 @@
 //      values (the critic before the update), the training forward's
 //      log-probabilities (parity statistics) and, with --use-kl-loss, the
 //      reference's log-probabilities;
-//   3. token rewards: the sequence's reward on its last response token, 0
+//   3. token rewards: the sequence's reward on its last trainable token, 0
 //      elsewhere; gae(gamma, lam) over each response, advantages whitened
 //      over the batch's response tokens (verl's masked_whiten);
 //   4. ppo_epochs passes: micro-batches of ppo_loss (old_logp = the rollout's
@@ -50,6 +53,7 @@
 #include "nn/optim/adamw.h"
 #include "train/dataset.h"
 #include "train/metrics.h"
+#include "train/rl/agent.h"
 #include "train/rl/objectives.h"
 #include "train/rl/rewards.h"
 #include "train/rl/rl_step.h"
@@ -65,6 +69,7 @@ struct PpoTrainOptions {
   // clipping (each optimizer on its own), seed, epochs, max_steps.
   SftOptions loop;
   RolloutOptions rollout;  // n_samples: default 1 (PPO needs no group)
+  AgentOptions agent;      // cmd non-empty: agentic rollouts (--agent-cmd)
   PpoOptions ppo;          // clip_eps, clip_ratio_c, value_clip_eps, value_loss_coef, use_kl_loss, kl_loss_coef
   double gamma = 1.0;      // --gamma
   double lam = 1.0;        // --lam
@@ -118,6 +123,8 @@ class PpoTrainer {
   AdamW& critic_optimizer() { return *critic_optimizer_; }
   ValueHead& value_head() { return *head_; }
   Rollout& rollout() { return rollout_; }
+  // The agent rollout (options.agent.cmd), else null.
+  AgentRollout* agent_rollout() { return agent_.get(); }
 
   // One step (see the top).
   PpoStepStats step();
@@ -140,7 +147,7 @@ class PpoTrainer {
   void load_state(const std::filesystem::path& step_dir);
   // The options a resumed run must repeat: rollout_run_keys, --critic-ckpt
   // (whether there is a separate critic), --critic-warmup-steps, --use-kl-loss,
-  // and options.run_keys.
+  // --agent-cmd and --train-tool-results (when agents run), and options.run_keys.
   nlohmann::json run_keys() const;
 
  private:
@@ -153,6 +160,7 @@ class PpoTrainer {
   std::unique_ptr<AdamW> optimizer_, critic_optimizer_;
   std::shared_ptr<ValueHead> head_;
   Rollout rollout_;
+  std::unique_ptr<AgentRollout> agent_;
   TrainerState state_;
 };
 
