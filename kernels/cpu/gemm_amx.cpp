@@ -105,11 +105,16 @@ struct ASource {
 };
 
 // C tile `c` (16 weight rows x 16 x rows, f32) into out[m, n] for the rows
-// and columns that exist.
+// and columns that exist; with `bias` (its columns'), alpha v + bias[n]
+// rounded once, as store_out with out holding the bias and beta = 1.
 template <typename O>
-void write_tile(const float* c, int64_t rows_n, int64_t rows_m, O* out, int64_t ldo, float alpha, float beta) {
+void write_tile(const float* c, int64_t rows_n, int64_t rows_m, O* out, int64_t ldo, float alpha, float beta,
+                const BFloat16* bias) {
   for (int64_t j = 0; j < rows_m; ++j)
-    for (int64_t i = 0; i < rows_n; ++i) store_out(out + j * ldo + i, c[i * kTile + j], alpha, beta);
+    for (int64_t i = 0; i < rows_n; ++i) {
+      if (bias) out[j * ldo + i] = O(alpha * c[i * kTile + j] + float(bias[i]));
+      else store_out(out + j * ldo + i, c[i * kTile + j], alpha, beta);
+    }
 }
 
 // The four (or fewer) products of one 32-row weight panel and one 32-row
@@ -208,7 +213,7 @@ T* scratch(Scratch which, int64_t n) {
 
 template <typename O>
 void gemm_amx_inplace(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w, int64_t ldw,
-                   O* out, int64_t ldo, float alpha, float beta) {
+                      O* out, int64_t ldo, float alpha, float beta, const BFloat16* bias) {
   if (M <= 0 || N <= 0) return;
   const int64_t blocks = (K + kKBlock - 1) / kKBlock, K32 = blocks * kKBlock, full = K / kKBlock;
   const int64_t mblocks = (M + kTile - 1) / kTile;
@@ -255,7 +260,7 @@ void gemm_amx_inplace(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
           for (int b = 0; b < (two_b ? 2 : 1); ++b) {
             const int64_t mr = std::min(kTile, M - m0 - b * kTile), nr = std::min(kTile, rows - a * kTile);
             write_tile(c + (a * 2 + b) * kTile * kTile, nr, mr, out + (m0 + b * kTile) * ldo + n0 + a * kTile, ldo,
-                       alpha, beta);
+                       alpha, beta, bias ? bias + n0 + a * kTile : nullptr);
           }
       }
     }
@@ -264,10 +269,15 @@ void gemm_amx_inplace(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
 }
 
 // out[0..16) (the lanes in `mask`) = alpha v (+ beta out), rounded once to O,
-// as store_out does per element (the two products rounded before the sum).
+// as store_out does per element (the two products rounded before the sum);
+// with `bias` (16 columns'), alpha v + bias instead (write_tile's rule).
 template <typename O>
-inline void store_row16(O* o, __m512 v, __mmask16 mask, float alpha, float beta) {
+inline void store_row16(O* o, __m512 v, __mmask16 mask, float alpha, float beta, const BFloat16* bias) {
   v = _mm512_mul_ps(v, _mm512_set1_ps(alpha));
+  if (bias) {
+    v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, bias)), 16)));
+    beta = 0.0f;
+  }
   if constexpr (std::is_same_v<O, float>) {
     if (beta != 0.0f) v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, o), _mm512_set1_ps(beta)));
     _mm512_mask_storeu_ps(o, mask, v);
@@ -294,7 +304,7 @@ inline void store_row16(O* o, __m512 v, __mmask16 mask, float alpha, float beta)
 // one panel per group, whose x chunks came from L3).
 template <typename O, int kChunk, int kGroup, int kAhead, bool kToL1>
 void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w,
-                      int64_t ldw, O* out, int64_t ldo, float alpha, float beta) {
+                      int64_t ldw, O* out, int64_t ldo, float alpha, float beta, const BFloat16* bias) {
   const int64_t blocks = (K + kKBlock - 1) / kKBlock, chunks = (blocks + kChunk - 1) / kChunk;
   const int64_t mpairs = (M + kPanel - 1) / kPanel, mblocks = 2 * mpairs;
   uint32_t* xp = scratch<uint32_t>(Scratch::packed_x, mblocks * blocks * 256);
@@ -405,7 +415,7 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
               for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(c + i * 16);
               transpose16(r);
               for (int64_t j = 0; j < std::min<int64_t>(kTile, M - m0); ++j)
-                store_row16(out + (m0 + j) * ldo + nn, r[j], nmask, alpha, beta);
+                store_row16(out + (m0 + j) * ldo + nn, r[j], nmask, alpha, beta, bias ? bias + nn : nullptr);
             }
           }
     }
@@ -417,19 +427,19 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
 
 template <typename O>
 void gemm_amx_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w, int64_t ldw,
-                   O* out, int64_t ldo, float alpha, float beta) {
+                   O* out, int64_t ldo, float alpha, float beta, const BFloat16* bias) {
   if (M <= 0 || N <= 0) return;
-  if (M <= kAmxInPlaceRows) gemm_amx_inplace(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta);
-  else if (M <= 160) gemm_amx_blocked<O, 4, 1, 4, false>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta);
-  else gemm_amx_blocked<O, 8, 4, 2, true>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta);
+  if (M <= kAmxInPlaceRows) gemm_amx_inplace(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias);
+  else if (M <= 160) gemm_amx_blocked<O, 4, 1, 4, false>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias);
+  else gemm_amx_blocked<O, 8, 4, 2, true>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias);
 }
 
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 
 template void gemm_amx_bf16<float>(int64_t, int64_t, int64_t, const BFloat16*, int64_t, const BFloat16*, int64_t,
-                                   float*, int64_t, float, float);
+                                   float*, int64_t, float, float, const BFloat16*);
 template void gemm_amx_bf16<BFloat16>(int64_t, int64_t, int64_t, const BFloat16*, int64_t, const BFloat16*, int64_t,
-                                      BFloat16*, int64_t, float, float);
+                                      BFloat16*, int64_t, float, float, const BFloat16*);
 
 }  // namespace areno::cpu

@@ -84,12 +84,14 @@ bool amx_usable();
 // call in the pair-interleaved layout AMX takes, each output sums exact bf16
 // products in f32 (in the tiles' order, the same at every M; bf16 denormals
 // count as zero), and a thread's share is whole 32-row panels of the weight,
-// so the result does not depend on the thread count or on M. Only at the amx
-// level (the caller checks).
+// so the result does not depend on the thread count or on M. bias[N] (when
+// not null, beta 0): out = alpha x wᵀ + bias rounded once, the bits of out
+// filled with the bias and beta = 1, without the fill. Only at the amx level
+// (the caller checks).
 constexpr int64_t kAmxInPlaceRows = 32;
 template <typename O>
 void gemm_amx_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w, int64_t ldw,
-                   O* out, int64_t ldo, float alpha, float beta);
+                   O* out, int64_t ldo, float alpha, float beta, const BFloat16* bias = nullptr);
 
 // Weight-only int8 (tensor/quantized.h): w holds int8 values and row n of the
 // weight is scales[n] * w[n, :]. The int8 values are widened to f32 in

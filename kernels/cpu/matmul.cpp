@@ -165,9 +165,8 @@ bool bf16_row_blocks(int64_t M, int64_t N, const BFloat16* a, const MatRef& ma, 
     const int64_t rows = std::min(kRowBlock, M - r0);
     BFloat16* o = out + r0 * N;
     if (amx) {
-      if (bias)  // the bias joins the sums as out does with beta = 1
-        for (int64_t m = 0; m < rows; ++m) std::copy(bias, bias + N, o + m * N);
-      gemm_amx_bf16<BFloat16>(rows, N, K, a + r0 * a_rs, ma.outer, b, mb.outer, o, N, 1.0f, bias ? 1.0f : beta);
+      // (the bias joins the f32 sums in the write-out, as out does with beta = 1)
+      gemm_amx_bf16<BFloat16>(rows, N, K, a + r0 * a_rs, ma.outer, b, mb.outer, o, N, 1.0f, beta, bias);
       continue;
     }
     if (!dnnl_gemm_bf16(rows, N, K, a + r0 * a_rs, a_rs, a_cs, b, b_rs, b_cs, o, N, beta, bias)) {

@@ -265,6 +265,24 @@ TEST_CASE("gemm_amx_bf16: past kAmxInPlaceRows (the k-blocked kernel), odd shape
     for (size_t i = 0; i < first.size(); ++i) same_rows = same_rows && out[i].bits == first[i].bits;
     CHECK(same_threads);
     CHECK(same_rows);
+    // A bias in the write-out: the bits of out filled with the bias and beta = 1.
+    std::vector<BFloat16> bias(static_cast<size_t>(N));
+    for (int64_t n = 0; n < N; ++n) bias[size_t(n)] = BFloat16(0.25f * float(n % 13) - 1.5f);
+    std::vector<BFloat16> with(size_t(rows * N)), filled(size_t(rows * N));
+    std::vector<float> with_f(size_t(rows * N)), filled_f(size_t(rows * N));
+    for (int64_t m = 0; m < rows; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        filled[size_t(m * N + n)] = bias[size_t(n)];
+        filled_f[size_t(m * N + n)] = float(bias[size_t(n)]);
+      }
+    gemm_amx_bf16<BFloat16>(rows, N, K, x.data(), K, w.data(), K, with.data(), N, 1.0f, 0.0f, bias.data());
+    gemm_amx_bf16<BFloat16>(rows, N, K, x.data(), K, w.data(), K, filled.data(), N, 1.0f, 1.0f);
+    gemm_amx_bf16<float>(rows, N, K, x.data(), K, w.data(), K, with_f.data(), N, 1.0f, 0.0f, bias.data());
+    gemm_amx_bf16<float>(rows, N, K, x.data(), K, w.data(), K, filled_f.data(), N, 1.0f, 1.0f);
+    bool same_bias = with_f == filled_f;
+    for (size_t i = 0; i < with.size(); ++i) same_bias = same_bias && with[i].bits == filled[i].bits;
+    CHECK(same_bias);
+    CHECK(with[0].bits != out[0].bits);  // (the bias changed something)
   }
 }
 
