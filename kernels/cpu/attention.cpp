@@ -81,7 +81,6 @@ inline float exp_split_tail(const float* s, int64_t i, int64_t n, float mx, BFlo
   return sum;
 }
 
-
 // One row of scores (n of them, all visible): times sc, then e = exp(x - max)
 // (exp_nonpositive) split into a bf16 high part and the bf16 of what it
 // leaves, hi = bf16(e), lo = bf16(e - hi), so hi + lo keeps about 16 bits of

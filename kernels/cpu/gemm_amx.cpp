@@ -8,7 +8,7 @@
 // (stride ldw), B tiles are 16 k-pairs x 16 activation rows from x packed
 // once per call in the pair-interleaved ("VNNI") layout, C tiles 16 x 16 f32.
 //
-// Up to kInPlaceRows rows of x (gemm_amx_inplace): a thread takes whole
+// Up to kAmxInPlaceRows rows of x (gemm_amx_inplace): a thread takes whole
 // panels of 32 weight rows (two A tiles) and, for each 32 rows of x (two B
 // tiles), runs the four products over all of K, the A tiles loaded straight
 // from the weight memory. Weight rows past N and k past K come from a
@@ -22,8 +22,8 @@
 // stays in L2 across them), the four C tiles of each 32 rows of x are kept in
 // memory between chunks, and the weight lines of an item a few items ahead
 // are prefetched a few at a time between the tile products, so the weight
-// stream from DRAM overlaps the arithmetic. The finished C tiles are transposed in
-// registers into the rows of out.
+// stream from DRAM overlaps the arithmetic. The finished C tiles are
+// transposed in registers into the rows of out.
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -214,7 +214,6 @@ T* scratch(Scratch which, int64_t n) {
 template <typename O>
 void gemm_amx_inplace(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w, int64_t ldw,
                       O* out, int64_t ldo, float alpha, float beta, const BFloat16* bias) {
-  if (M <= 0 || N <= 0) return;
   const int64_t blocks = (K + kKBlock - 1) / kKBlock, K32 = blocks * kKBlock, full = K / kKBlock;
   const int64_t mblocks = (M + kTile - 1) / kTile;
   // x packed per 16 rows as B tiles: [K32 / 2 pairs][16 rows][2], zeros past M and K.
@@ -274,18 +273,19 @@ void gemm_amx_inplace(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
 template <typename O>
 inline void store_row16(O* o, __m512 v, __mmask16 mask, float alpha, float beta, const BFloat16* bias) {
   v = _mm512_mul_ps(v, _mm512_set1_ps(alpha));
+  // The lanes in `mask` of 16 bf16 values widened (exactly) to f32, zeros elsewhere.
+  auto widen = [mask](const BFloat16* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
+  };
   if (bias) {
-    v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, bias)), 16)));
+    v = _mm512_add_ps(v, widen(bias));
     beta = 0.0f;
   }
   if constexpr (std::is_same_v<O, float>) {
     if (beta != 0.0f) v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, o), _mm512_set1_ps(beta)));
     _mm512_mask_storeu_ps(o, mask, v);
   } else {
-    if (beta != 0.0f) {
-      const __m512 old = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, o)), 16));
-      v = _mm512_add_ps(v, _mm512_mul_ps(old, _mm512_set1_ps(beta)));
-    }
+    if (beta != 0.0f) v = _mm512_add_ps(v, _mm512_mul_ps(widen(o), _mm512_set1_ps(beta)));
     U16 u;
     std::memcpy(&u, &v, sizeof u);
     const U16 b = bf16_bits_rne(u);
@@ -317,11 +317,12 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
     const int nt = omp_get_num_threads(), me = omp_get_thread_num();
     const int64_t p0 = panels * me / nt, p1 = panels * (me + 1) / nt;
     configure();
-    uint16_t* abuf = scratch<uint16_t>(Scratch::weight_chunk, kChunk * 2 * 512);       // [k-block][A tile 0, 1][16 rows][32]
-    float* cbuf = scratch<float>(Scratch::c_tiles, kGroup * mpairs * 4 * 256); // [panel][m pair][C tile 0-3][16][16]
+    // [k-block][A tile 0, 1][16 rows][32] and [panel][m pair][C tile 0-3][16][16]
+    uint16_t* abuf = scratch<uint16_t>(Scratch::weight_chunk, kChunk * 2 * 512);
+    float* cbuf = scratch<float>(Scratch::c_tiles, kGroup * mpairs * 4 * 256);
     const uint16_t* wbits = reinterpret_cast<const uint16_t*>(w);
     // This thread's work items in order: groups of panels, then chunks, then
-    // the group's panels. next(g, c, q) steps one item.
+    // the group's panels.
     auto group_size = [&](int64_t g) { return std::min<int64_t>(kGroup, p1 - g); };
     for (int64_t g0 = p0; g0 < p1; g0 += kGroup) {
       const int64_t gn = group_size(g0);
@@ -429,8 +430,11 @@ template <typename O>
 void gemm_amx_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w, int64_t ldw,
                    O* out, int64_t ldo, float alpha, float beta, const BFloat16* bias) {
   if (M <= 0 || N <= 0) return;
+  // Rows up to which the blocked kernel takes chunks of 4 k-blocks, one panel per group (above: 8, groups of 4).
+  constexpr int64_t kSmallChunkRows = 160;
   if (M <= kAmxInPlaceRows) gemm_amx_inplace(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias);
-  else if (M <= 160) gemm_amx_blocked<O, 4, 1, 4, false>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias);
+  else if (M <= kSmallChunkRows)
+    gemm_amx_blocked<O, 4, 1, 4, false>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias);
   else gemm_amx_blocked<O, 8, 4, 2, true>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias);
 }
 

@@ -23,8 +23,6 @@ struct Extreme {
   float v;
   int64_t j;
 };
-inline float as_float(float v) { return v; }
-inline float as_float(BFloat16 v) { return float(v); }
 // 16 values from x as f32 lanes (bf16 widened exactly).
 inline F16 load16(const float* x) {
   F16 v;
@@ -41,7 +39,7 @@ inline F16 load16(const BFloat16* x) {
 }
 template <typename T>
 Extreme extreme_of(const T* x, int64_t b, int64_t e, bool want_max) {
-  float m = as_float(x[b]);
+  float m = float(x[b]);
   bool nan = false;
   int64_t j = b;
   if (e - b >= 16) {  // 16 lanes (GCC vector types), then the lanes
@@ -58,12 +56,12 @@ Extreme extreme_of(const T* x, int64_t b, int64_t e, bool want_max) {
     }
   }
   for (; j < e; ++j) {
-    const float v = as_float(x[j]);
+    const float v = float(x[j]);
     nan = nan || v != v;
     m = want_max ? (v > m ? v : m) : (v < m ? v : m);
   }
   for (int64_t j = b; j < e; ++j) {
-    const float v = as_float(x[j]);
+    const float v = float(x[j]);
     if (nan ? v != v : v == m) return {v, j};
   }
   return {m, b};  // not reached
