@@ -225,6 +225,11 @@ struct RlFlags {
   nlohmann::json reward_keys() const { return {{"--reward", reward}, {"--reward-cmd", reward_cmd}}; }
 };
 
+// --skip-failed-agents: each run the step left out, on stderr before its progress line.
+void report_skipped_agents(const train::rl::RlStepStats& st) {
+  for (const std::string& m : st.agent_failures) fmt::print(stderr, "skipped: {}\n", m);
+}
+
 // The prompt rows of grpo/gspo/ppo, reported.
 train::PromptDataset load_prompts(const ServedModel& sm, const fs::path& dataset, const train::DatasetOptions& dopts) {
   train::PromptDataset data = train::load_prompt_dataset(dataset, *sm.tokenizer, dopts);
@@ -294,6 +299,7 @@ int train_rl(RlFlags f, const ServedModel& sm, const fs::path& dataset, const tr
       trainer,
       [&] {
         const train::rl::RlStepStats st = trainer.step();
+        report_skipped_agents(st);
         return StepReport{st.step, train::rl::format_rl_progress(st, trainer.total_steps()), st.loss,
                           train::rl::rl_scalars(st)};
       },
@@ -344,6 +350,7 @@ int train_ppo(RlFlags f, const ServedModel& sm, const fs::path& dataset, const t
       trainer,
       [&] {
         const train::rl::PpoStepStats st = trainer.step();
+        report_skipped_agents(st.rl);
         return StepReport{st.rl.step, train::rl::format_ppo_progress(st, trainer.total_steps()), st.rl.loss,
                           train::rl::ppo_scalars(st)};
       },

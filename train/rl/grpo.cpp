@@ -47,9 +47,7 @@ GrpoTrainer::GrpoTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model,
   if (rows_.empty()) throw std::invalid_argument("the dataset has no prompts to train on");
   if (!reward_ && options_.agent.cmd.empty())
     throw std::invalid_argument("an RL run needs a reward (--reward or --reward-cmd)");
-  if (!options_.agent.cmd.empty())
-    agent_ = std::make_unique<AgentRollout>(model_, tok_, seeded_rollout(options_.rollout, options_.loop.seed),
-                                            options_.agent);
+  agent_ = make_agent_rollout(model_, tok_, options_.rollout, options_.loop.seed, options_.agent);
   optimizer_ = make_training_optimizer(*model_, options_.loop, total_steps());
 }
 
@@ -127,8 +125,7 @@ RlStepStats GrpoTrainer::step() {
 
 json GrpoTrainer::run_keys() const {
   json k = rollout_run_keys(rows_, options_.loop, options_.rollout, rl_algo_name(options_.algo));
-  k["--agent-cmd"] = options_.agent.cmd;
-  k["--train-tool-results"] = options_.agent.train_context;
+  k.update(agent_run_keys(options_.agent));
   k.update(options_.run_keys);
   return k;
 }
@@ -138,15 +135,14 @@ fs::path GrpoTrainer::save_checkpoint(const fs::path& save_path, const fs::path&
   json st = trainer_state_json(state_, total_steps(), options_.loop.seed);
   st["algo"] = rl_algo_name(options_.algo);
   st["run"] = run_keys();
-  st["rollout_runs"] = agent_ ? agent_->runs() : int64_t(rollout_.runs());
+  st["rollout_runs"] = rollout_runs(rollout_, agent_.get());
   return save_step_folder(*model_, *optimizer_, state_.step, save_path, source, st, add_files);
 }
 
 void GrpoTrainer::load_state(const fs::path& step_dir) {
   int64_t runs = 0;
   state_ = load_rollout_state(step_dir, run_keys(), int64_t(rows_.size()), *optimizer_, runs).state;
-  if (agent_) agent_->set_runs(runs);
-  else rollout_.set_runs(uint64_t(runs));
+  set_rollout_runs(rollout_, agent_.get(), runs);
 }
 
 }  // namespace areno::train::rl

@@ -81,9 +81,7 @@ PpoTrainer::PpoTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::sh
   if (rows_.empty()) throw std::invalid_argument("the dataset has no prompts to train on");
   if (!reward_ && options_.agent.cmd.empty())
     throw std::invalid_argument("an RL run needs a reward (--reward or --reward-cmd)");
-  if (!options_.agent.cmd.empty())
-    agent_ = std::make_unique<AgentRollout>(model_, tok_, seeded_rollout(options_.rollout, options_.loop.seed),
-                                            options_.agent);
+  agent_ = make_agent_rollout(model_, tok_, options_.rollout, options_.loop.seed, options_.agent);
   if (options_.ppo.use_kl_loss && !reference_)
     throw std::invalid_argument("--use-kl-loss: needs a reference model (the starting policy)");
   if (!options_.ppo.use_kl_loss) reference_.reset();
@@ -255,7 +253,7 @@ fs::path PpoTrainer::save_checkpoint(const fs::path& save_path, const fs::path& 
   st["critic"] = critic_ ? "separate" : "value_head";
   st["critic_warmup_steps"] = options_.critic_warmup_steps;
   st["run"] = run_keys();
-  st["rollout_runs"] = agent_ ? agent_->runs() : int64_t(rollout_.runs());
+  st["rollout_runs"] = rollout_runs(rollout_, agent_.get());
   return save_step_folder(*model_, *optimizer_, state_.step, save_path, source, st, [&](const fs::path& tmp) {
     if (add_files) add_files(tmp);
     const fs::path dir = critic_ ? tmp / "critic" : tmp;
@@ -275,10 +273,7 @@ json PpoTrainer::run_keys() const {
   k["--critic-ckpt"] = critic_ != nullptr;
   k["--critic-warmup-steps"] = options_.critic_warmup_steps;
   k["--use-kl-loss"] = options_.ppo.use_kl_loss;
-  if (agent_) {  // (only then: checkpoints of engine runs keep their keys)
-    k["--agent-cmd"] = options_.agent.cmd;
-    k["--train-tool-results"] = options_.agent.train_context;
-  }
+  if (agent_) k.update(agent_run_keys(options_.agent));  // (only then: engine runs' checkpoints keep their keys)
   k.update(options_.run_keys);
   return k;
 }
@@ -288,8 +283,7 @@ void PpoTrainer::load_state(const fs::path& step_dir) {
   const TrainerState s = load_rollout_state(step_dir, run_keys(), int64_t(rows_.size()), *optimizer_, runs).state;
   head_->load((critic_ ? step_dir / "critic" : step_dir) / kValueHeadFile);
   critic_optimizer_->load_state((step_dir / "optimizer" / "critic_optimizer.safetensors").string());
-  if (agent_) agent_->set_runs(runs);
-  else rollout_.set_runs(uint64_t(runs));
+  set_rollout_runs(rollout_, agent_.get(), runs);
   state_ = s;
 }
 

@@ -27,6 +27,27 @@ void validate_rl_loop(const SftOptions& loop, int64_t n_samples, const std::stri
     throw std::invalid_argument(fmt::format("--embed-rows data: not supported with --algo {} (use all or none)", algo));
 }
 
+std::unique_ptr<AgentRollout> make_agent_rollout(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model,
+                                                 std::shared_ptr<const tok::Tokenizer> tokenizer,
+                                                 const RolloutOptions& rollout, uint64_t seed,
+                                                 const AgentOptions& agent) {
+  if (agent.cmd.empty()) return nullptr;
+  return std::make_unique<AgentRollout>(std::move(model), std::move(tokenizer), seeded_rollout(rollout, seed), agent);
+}
+
+nlohmann::json agent_run_keys(const AgentOptions& agent) {
+  return {{"--agent-cmd", agent.cmd}, {"--train-tool-results", agent.train_context}};
+}
+
+int64_t rollout_runs(const Rollout& rollout, const AgentRollout* agent) {
+  return agent ? agent->runs() : int64_t(rollout.runs());
+}
+
+void set_rollout_runs(Rollout& rollout, AgentRollout* agent, int64_t runs) {
+  if (agent) agent->set_runs(runs);
+  else rollout.set_runs(uint64_t(runs));
+}
+
 RolloutOptions seeded_rollout(RolloutOptions r, uint64_t seed) {
   r.seed = seed;
   return r;
@@ -115,13 +136,11 @@ ScoredRollouts roll_and_score(const std::vector<PromptRow>& rows, const TrainerS
   r.rollout_s = seconds_since(t0);
   const int64_t P = int64_t(r.rows.size()), G = rollout.options().n_samples;
   const int64_t NT = int64_t(r.trajectories.size());
-  if (agent) {
-    r.agent_failed = int64_t(agent->last_failures().size());
-    for (const std::string& m : agent->last_failures()) fmt::print(stderr, "skipped: {}\n", m);
-  }
-  if (NT + r.agent_failed != P * G)
+  if (agent) r.agent_failures = agent->last_failures();
+  const int64_t skipped = int64_t(r.agent_failures.size());
+  if (NT + skipped != P * G)
     throw std::logic_error(fmt::format("the rollout gave {} trajectories ({} failed runs skipped) for {} prompts x {} "
-                                       "samples", NT, r.agent_failed, P, G));
+                                       "samples", NT, skipped, P, G));
   for (int64_t k = 0; k < NT; ++k) {  // task-major: a new group where the task changes
     const int64_t task = r.trajectories[size_t(k)].task;
     if (k == 0 || task != r.trajectories[size_t(k - 1)].task) r.group_sizes.push_back(0);
@@ -230,7 +249,7 @@ void record_rollouts(const ScoredRollouts& r, RlStepStats& st) {
   st.samples = N;
   st.trajectories = NT;
   st.split_rows = N - NT;
-  st.agent_failed = r.agent_failed;
+  st.agent_failures = r.agent_failures;
   st.response_tokens = r.tokens;
   st.rewards = r.rewards;
   double sum = 0;
@@ -259,7 +278,7 @@ Scalars rl_scalars(const RlStepStats& st) {
   s.insert(s.end(), {{"samples", double(st.samples)},
                      {"trajectories", double(st.trajectories)},
                      {"split_rows", double(st.split_rows)},
-                     {"agent_failed", double(st.agent_failed)},
+                     {"agent_failed", double(st.agent_failures.size())},
                      {"response_tokens", double(st.response_tokens)},
                      {"time/rollout_s", st.rollout_s},
                      {"time/reward_s", st.reward_s},
@@ -274,7 +293,8 @@ std::string format_rl_progress(const RlStepStats& st, int64_t total_steps, const
                      "clip_frac {:.3f}  {}{}  grad_norm {:.3f}  time rollout={:.2f}s train={:.2f}s total={:.2f}s",
                      st.step, total_steps, st.reward_mean, st.loss, st.response_len, st.logp_abs_diff_mean,
                      st.ratio_mean, st.clip_frac,
-                     (st.agent_failed > 0 ? fmt::format("agents_failed {}  ", st.agent_failed) : std::string()) +
+                     (st.agent_failures.empty() ? std::string()
+                                                : fmt::format("agents_failed {}  ", st.agent_failures.size())) +
                          (extra.empty() ? "" : extra + "  "),
                      format_group_lrs(st.lrs),
                      st.grad_norm, st.rollout_s + st.reward_s, st.train_s, st.total_s);

@@ -14,6 +14,7 @@
 // --train-tool-results) takes the training forward's own as its old one.
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,13 +32,14 @@
 namespace areno::train::rl {
 
 class AgentRollout;  // agent.h
+struct AgentOptions;
 
 struct RlStepStats {
   int64_t step = 0;
   int64_t prompts = 0, samples = 0, response_tokens = 0;  // samples: training rows; tokens: trainable ones
   int64_t trajectories = 0;          // batch x n_samples (fewer when failed agent runs were skipped)
   int64_t split_rows = 0;            // agent rows beyond one per trajectory (agent.h's row rule)
-  int64_t agent_failed = 0;          // agent runs skipped (--skip-failed-agents)
+  std::vector<std::string> agent_failures;  // agent runs skipped (--skip-failed-agents): why, one each
   double reward_mean = 0;
   double advantage_mean = 0;         // token mean
   double response_len = 0;           // mean trainable tokens per row (stop token included)
@@ -69,6 +71,20 @@ void validate_rl_loop(const SftOptions& loop, int64_t n_samples, const std::stri
 
 // `r` with its seed set to the loop's (the rollout's sampling follows --seed).
 RolloutOptions seeded_rollout(RolloutOptions r, uint64_t seed);
+
+// What GRPO/GSPO and PPO share about agent runs (--agent-cmd):
+//   - the AgentRollout over `model` (null when agent.cmd is empty), seeded as
+//     the trainer's engine rollouts;
+//   - the run keys a resumed run must repeat (--agent-cmd, --train-tool-results);
+//   - the rollout count saved as trainer_state.json's "rollout_runs" (the
+//     agent's when one runs, else the engine rollout's), and its restore.
+std::unique_ptr<AgentRollout> make_agent_rollout(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model,
+                                                 std::shared_ptr<const tok::Tokenizer> tokenizer,
+                                                 const RolloutOptions& rollout, uint64_t seed,
+                                                 const AgentOptions& agent);
+nlohmann::json agent_run_keys(const AgentOptions& agent);
+int64_t rollout_runs(const Rollout& rollout, const AgentRollout* agent);
+void set_rollout_runs(Rollout& rollout, AgentRollout* agent, int64_t runs);
 
 // The policy_logp options of micro-batch `micro` in the step after `step`
 // optimizer steps: the loop's chunking and checkpointing, a dropout seed
@@ -103,7 +119,7 @@ struct ScoredRollouts : RolloutBatch {
   std::vector<double> rewards;          // one per trajectory
   std::vector<int64_t> group_sizes;     // trajectories per task that has any, in order (n_samples each
                                         // unless failed agent runs were skipped)
-  int64_t agent_failed = 0;             // agent runs skipped (--skip-failed-agents)
+  std::vector<std::string> agent_failures;  // agent runs skipped (--skip-failed-agents): why, one each
   int64_t tokens = 0;                   // trainable tokens of all samples
   double rollout_s = 0, reward_s = 0;
 };
