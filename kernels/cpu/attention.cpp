@@ -127,14 +127,28 @@ float exp_split_row(float* s, int64_t n, float sc, BFloat16* hi, BFloat16* lo) {
 // avx512bf16 level and up.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")
+// The loop is written out here, not through exp_split_row_with: the
+// template compiles under the file's target, and on a machine below AVX-512
+// an avx512bf16 lambda cannot be inlined into it (nor called with a 64-byte
+// vector argument across the two ABIs).
 float exp_split_row_bf16(float* s, int64_t n, float sc, BFloat16* hi, BFloat16* lo) {
-  return exp_split_row_with(s, n, sc, hi, lo, [](F16 e, BFloat16* h, BFloat16* l) __attribute__((always_inline)) {
-    const __m512 ev = __m512(e);
+  const float mx = row_max_scaled(s, n, sc);
+  __m512 sum16 = _mm512_setzero_ps();
+  const __m512 mxv = _mm512_set1_ps(mx);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 ev = __m512(exp_nonpositive(F16(_mm512_sub_ps(_mm512_loadu_ps(s + i), mxv))));
+    sum16 = _mm512_add_ps(sum16, ev);
     const __m256i h16 = __m256i(_mm512_cvtneps_pbh(ev));
     const __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h16), 16));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(h), h16);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(l), __m256i(_mm512_cvtneps_pbh(_mm512_sub_ps(ev, hf))));
-  });
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + i), h16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + i), __m256i(_mm512_cvtneps_pbh(_mm512_sub_ps(ev, hf))));
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum16);
+  float sum = 0;
+  for (int l = 0; l < 16; ++l) sum += lanes[l];
+  return sum + exp_split_tail(s, i, n, mx, hi, lo);
 }
 #pragma GCC pop_options
 

@@ -34,13 +34,31 @@ std::atomic<bool>& dnnl_slot() {
   return on;
 }
 
+// Whether oneDNN runs a bf16 matmul on this CPU at all (creating the
+// primitive throws `unimplemented` where it does not), asked once: without
+// it every bf16 GEMM would pay for a thrown exception before its fallback.
+bool bf16_runs_here() {
+  static const bool runs = [] {
+    using dt = dnnl::memory::data_type;
+    using dims = dnnl::memory::dims;
+    try {
+      const dnnl::memory::desc m(dims{2, 2}, dt::bf16, dims{2, 1});
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(m, m, m), dnnl_state().engine);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return runs;
+}
+
 }  // namespace
 
-bool dnnl_enabled() { return dnnl_slot().load(std::memory_order_relaxed); }
+bool dnnl_enabled() { return dnnl_slot().load(std::memory_order_relaxed) && bf16_runs_here(); }
 
 bool set_dnnl_enabled(bool on) {
   dnnl_slot().store(on, std::memory_order_relaxed);
-  return on;
+  return on && bf16_runs_here();
 }
 
 namespace {

@@ -13,9 +13,11 @@
 
 namespace areno::cpu {
 
-// Whether this build has oneDNN and it is on: ARENO_DNNL=0 turns it off
-// (read on first use), set_dnnl_enabled for tests. Returns the state set
-// (always false without oneDNN).
+// Whether this build has oneDNN, it runs bf16 matmuls on this CPU (AMX,
+// AVX512-BF16 or AVX512 core; Debian's oneDNN 2.6 refuses bf16 on AVX2-only
+// CPUs such as Zen 3, checked once by creating a tiny primitive), and it is
+// on: ARENO_DNNL=0 turns it off (read on first use), set_dnnl_enabled for
+// tests. Returns the state set (false without oneDNN or on such a CPU).
 bool dnnl_enabled();
 bool set_dnnl_enabled(bool on);
 

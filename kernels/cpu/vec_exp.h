@@ -9,6 +9,13 @@
 #include <cstdint>
 #include <cstring>
 
+// Every helper here taking or returning a 64-byte vector is always_inline:
+// below AVX-512 such a value passes in memory, with AVX-512 in a register, so
+// an out-of-line call from a function compiled for another target (the
+// AVX-512 kernels in a build for an AVX2 machine) would mismatch. Inlined,
+// there is no call and no ABI, hence no -Wpsabi note.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 namespace areno::cpu {
 
 typedef float F16 __attribute__((vector_size(64)));
@@ -17,14 +24,14 @@ typedef uint32_t U16 __attribute__((vector_size(64)));
 typedef uint16_t H16 __attribute__((vector_size(32)));
 
 // float_to_bf16_bits (tensor/dtype.h) on 16 lanes of float bits.
-inline U16 bf16_bits_rne(U16 u) {
+__attribute__((always_inline)) inline U16 bf16_bits_rne(U16 u) {
   const U16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;
 }
 
 // 2^r for integral r (float or 16 lanes) through the exponent bits.
 inline float pow2_of(float r) { return std::bit_cast<float>((int32_t(r) + 127) << 23); }
-inline F16 pow2_of(F16 r) {
+__attribute__((always_inline)) inline F16 pow2_of(F16 r) {
   const I16 bits = (__builtin_convertvector(r, I16) + 127) << 23;
   F16 out;
   std::memcpy(&out, &bits, sizeof out);
@@ -37,7 +44,7 @@ inline F16 pow2_of(F16 r) {
 // 2^f (relative error about 1e-7). x below -87 gives 2^-125.5 (close to 0;
 // callers mask what must be exactly 0). NaN stays NaN.
 template <typename V>
-inline V exp_nonpositive(V x) {
+__attribute__((always_inline)) inline V exp_nonpositive(V x) {
   x = x < -87.0f ? V{} - 87.0f : x;
   const V t = x * 1.4426950408889634f;
   const V r = (t + 12582912.0f) - 12582912.0f;
