@@ -17,7 +17,8 @@
 #   4. a table (tok/s, ratio areno/llama.cpp, and the weight-read bound of
 #      decode from the streaming-sum read bandwidth measured in the same run)
 #      printed, and with --write-docs put into docs/perf.md between the
-#      markers `<!-- llama_cpp.sh:PRESET begin/end -->` (temp + rename).
+#      markers `<!-- llama_cpp.sh:PRESET begin/end -->` (temp + rename;
+#      PRESET-avx2 on a CPU without AVX-512).
 #
 # usage: bench/peers/llama_cpp.sh [--build DIR] [--preset small|full]
 #                                 [--dtypes f32,bf16] [--rounds N] [--reps N]
@@ -127,6 +128,9 @@ if [[ $quantize == int8 ]]; then areno_q=(--quantize int8) bench_q=(--repack 0) 
 labels=$(for dt in "${dtype_list[@]}"; do label "$dt"; done | paste -sd,)
 section=$preset
 [[ $quantize == int8 ]] && section=$preset-int8
+# Tables of a machine without AVX-512 (AVX2 only: oneDNN and the AMX/BF16
+# kernels do not run) go to their own markers, so both machines' tables stay.
+grep -qw avx512f /proc/cpuinfo || section=$section-avx2
 
 [[ $prepare == 0 ]] || exit 0
 

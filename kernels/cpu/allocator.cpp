@@ -20,11 +20,15 @@ namespace {
 // Large host blocks are kept after release and handed out again for the same
 // rounded size: glibc returns big blocks to the kernel (mmap), and every new
 // one costs page faults and zeroing, which was a quarter of a CPU training
-// step. Blocks of at least 4 MiB, in size classes; at most a quarter of
-// physical memory and at most 4 GiB (ARENO_CPU_CACHE_MB overrides) stays cached.
+// step. Blocks of at least 128 KiB (glibc's first mmap threshold; from 4 MiB
+// until 2026-12-04, when the 0.5-3 MB activations of `small`'s 512-token
+// prefill still page-faulted on every op: 149k faults in 10 runs, 87k
+// after, most of those the weights' load), in size classes; at most a
+// quarter of physical memory and at most 4 GiB (ARENO_CPU_CACHE_MB
+// overrides) stays cached.
 class HostBlockCache {
  public:
-  static constexpr size_t kMin = size_t(4) << 20, kRound = size_t(2) << 20;
+  static constexpr size_t kMin = size_t(128) << 10;
 
   static HostBlockCache& get() {
     static HostBlockCache* c = new HostBlockCache();  // never destroyed: storages may outlive statics
@@ -39,8 +43,9 @@ class HostBlockCache {
     if (n < kMin) return (std::max<size_t>(n, 1) + 63) / 64 * 64;
     size_t p = kMin;
     while (p * 2 <= n) p *= 2;  // p <= n < 2p
+    const size_t round = p < (size_t(4) << 20) ? size_t(64) << 10 : size_t(2) << 20;
     for (size_t q = 1; q <= 4; ++q)
-      if (n <= p + p / 4 * q) return (p + p / 4 * q + kRound - 1) / kRound * kRound;
+      if (n <= p + p / 4 * q) return (p + p / 4 * q + round - 1) / round * round;
     return 2 * p;
   }
 

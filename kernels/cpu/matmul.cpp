@@ -11,6 +11,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/cpu/gemm_dnnl.h"
+#include "kernels/cpu/gemm_packed.h"
 #include "kernels/cpu/gemm_skinny.h"
 
 namespace areno::cpu {
@@ -136,10 +137,36 @@ void skinny(const T* a, const MatRef& ma, const T* b, const MatRef& mb, T* out, 
   gemm_skinny<T, T>(ma.r, mb.c, ma.c, x, ldx, b, mb.outer, out, mb.c, alpha, beta);
 }
 
+// Whether a product with a transposed weight and row-major x past the
+// skinny rows runs on gemm_packed_avx2: bf16 where neither AMX nor oneDNN's
+// bf16 runs, f32 where this build's Eigen has no AVX-512 kernels (an AVX2
+// machine, or -Dnative=false). On Zen 3, 2 threads, 512 rows of `small`'s
+// shapes: f32 140-173 GFLOP/s against Eigen's 82-110; bf16 135-168 against
+// 45-92 widening both operands per call (docs/perf.md).
+bool packed_level(DType dt) {
+  const CpuIsa isa = cpu_isa();
+  if (isa < CpuIsa::avx2) return false;
+  if (dt == DType::bf16) return isa < CpuIsa::amx && !dnnl_enabled();
+#ifdef __AVX512F__
+  return false;
+#else
+  return dt == DType::f32;
+#endif
+}
+
+// Rows from which gemm_packed_avx2 beats gemm_skinny (which reads the weight
+// in place, where the packed kernel copies it once per call): on Zen 3 the
+// 200064-row head at 16 rows ran 90-98 GFLOP/s skinny against 80-90 packed,
+// at 24 rows 79-96 against 96-101, a 1536 x 256 layer at 16 rows 76-79
+// against 106-137.
+constexpr int64_t kPackedMinRows = 17;
+
 // Rows up to which a bf16 (or any) product with a transposed weight goes to
-// gemm_skinny: kAmxMaxRows for bf16 at the amx level (gemm_amx_bf16).
+// gemm_skinny: kAmxMaxRows for bf16 at the amx level (gemm_amx_bf16),
+// kPackedMinRows - 1 where the packed kernel takes over.
 int64_t skinny_row_limit(DType dt) {
-  return dt == DType::bf16 && cpu_isa() >= CpuIsa::amx ? kAmxMaxRows : kSkinnyMaxRows;
+  if (dt == DType::bf16 && cpu_isa() >= CpuIsa::amx) return kAmxMaxRows;
+  return packed_level(dt) ? kPackedMinRows - 1 : kSkinnyMaxRows;
 }
 
 // bf16 rows in blocks of kRowBlock rows: at the amx level with a transposed
@@ -150,7 +177,9 @@ int64_t skinny_row_limit(DType dt) {
 // counts that are not a multiple of its tiles (gate_up at 1848 rows: 1179
 // GFLOP/s, at 2048: 1798, at 256: 1840). beta (0 or 1) adds out, and
 // bias[N] (when not null; beta 0) the bias, to the f32 sums before the
-// rounding. False (nothing written) when oneDNN runs nothing. (Column chunks
+// rounding. Below AVX-512 (no AMX, and oneDNN refuses bf16) the whole M
+// runs on gemm_packed_avx2 instead. False (nothing written) when none of them
+// runs. (Column chunks
 // of the weight sized to stay in L3 across the row blocks were tried, and
 // ran slower.)
 constexpr int64_t kRowBlock = 256;
@@ -161,6 +190,12 @@ bool bf16_row_blocks(int64_t M, int64_t N, const BFloat16* a, const MatRef& ma, 
   const int64_t a_rs = ma.row_major ? ma.outer : 1, a_cs = ma.row_major ? 1 : ma.outer;
   const int64_t b_rs = mb.row_major ? mb.outer : 1, b_cs = mb.row_major ? 1 : mb.outer;
   const bool amx = !mb.row_major && ma.row_major && cpu_isa() >= CpuIsa::amx;
+  if (!mb.row_major && packed_level(DType::bf16)) {
+    // Neither AMX nor oneDNN's bf16 runs here (AVX2-only CPUs): the packed
+    // AVX2 kernel, the weight widened a cache-sized block at a time.
+    gemm_packed_avx2<BFloat16, BFloat16, BFloat16>(M, N, K, a, a_rs, a_cs, b, mb.outer, out, N, 1.0f, beta, bias);
+    return true;
+  }
   for (int64_t r0 = 0; r0 < M; r0 += kRowBlock) {
     const int64_t rows = std::min(kRowBlock, M - r0);
     BFloat16* o = out + r0 * N;
@@ -187,6 +222,8 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, dou
   MatRef ma = describe(a), mb = describe(b);
   // A few rows times a weight stored [N, K] (b seen transposed): gemm_skinny's shape.
   const bool skinny_shape = !mb.row_major && M <= skinny_row_limit(out.dtype());
+  // f32 past the skinny rows on gemm_packed_avx2 (bf16 gets there through bf16_row_blocks).
+  const bool packed_f32 = out.dtype() == DType::f32 && !skinny_shape && !mb.row_major && packed_level(DType::f32);
   int64_t sa = a.stride(0), sb = b.stride(0);
   auto dispatch = [&](auto tag) {
     using T = decltype(tag);
@@ -199,6 +236,14 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, dou
         // in place, where Eigen would repack (and 16-bit paths widen) all of b per call.
         if (skinny_shape) {
           skinny<T>(ap + i * sa, ma, bp + i * sb, mb, op + i * M * N, float(alpha), float(beta));
+          return;
+        }
+      }
+      if constexpr (std::is_same_v<T, float>) {
+        if (packed_f32) {
+          gemm_packed_avx2<float, float, float>(M, N, ma.c, ap + i * sa, ma.row_major ? ma.outer : 1,
+                                                ma.row_major ? 1 : ma.outer, bp + i * sb, mb.outer, op + i * M * N,
+                                                N, float(alpha), float(beta));
           return;
         }
       }
@@ -224,8 +269,8 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, dou
         for (int64_t j = 0; j < M * N; ++j) o[j] = T(wo[size_t(j)]);
       }
     };
-    if (batch == 1 && skinny_shape) {
-      one(0);  // the skinny kernel splits the weight rows across threads itself
+    if (batch == 1 && (skinny_shape || packed_f32)) {
+      one(0);  // the skinny and packed kernels split the weight rows across threads themselves
     } else if (batch == 1) {
       // Split the rows of one large GEMM across threads, each running Eigen
       // single-threaded on its block: faster than Eigen's own parallel GEMM here.

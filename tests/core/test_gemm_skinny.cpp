@@ -5,7 +5,7 @@
 // matmul op's routing of linear layers through it around kSkinnyMaxRows;
 // the bf16 GEMM through oneDNN (gemm_dnnl.h) against the Eigen path; the
 // int8-weight kernels and ops (tensor/quantized.h) against f64 sums over the
-// dequantized weights.
+// dequantized weights; the packed AVX2 GEMM (gemm_packed.h) the same way.
 #include <doctest/doctest.h>
 
 #include <array>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm_dnnl.h"
+#include "kernels/cpu/gemm_packed.h"
 #include "kernels/cpu/gemm_skinny.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
@@ -283,6 +284,95 @@ TEST_CASE("gemm_amx_bf16: past kAmxInPlaceRows (the k-blocked kernel), odd shape
     for (size_t i = 0; i < with.size(); ++i) same_bias = same_bias && with[i].bits == filled[i].bits;
     CHECK(same_bias);
     CHECK(with[0].bits != out[0].bits);  // (the bias changed something)
+  }
+}
+
+// gemm_packed_avx2<X, W, O> with a bias or not, x row-major or transposed,
+// against f64 sums of the values as the kernel sees them.
+template <typename X, typename W, typename O>
+void check_packed_shape(int64_t M, int64_t N, int64_t K, float alpha, float beta, bool with_bias, bool x_t,
+                        uint64_t seed) {
+  CAPTURE(M);
+  CAPTURE(N);
+  CAPTURE(K);
+  CAPTURE(beta);
+  CAPTURE(with_bias);
+  CAPTURE(x_t);
+  const int64_t ldx = K + 3, ldw = K + 5, ldo = N + 2;
+  std::vector<float> xf = values(size_t(M * ldx), seed), wf = values(size_t(N * ldw), seed + 1000);
+  std::vector<X> x(xf.begin(), xf.end());
+  std::vector<W> w(wf.begin(), wf.end());
+  for (size_t i = 0; i < xf.size(); ++i) xf[i] = float(x[i]);
+  // The transposed layout: element (m, k) at xt[k * (M + 1) + m].
+  std::vector<X> xt(size_t((M + 1) * std::max<int64_t>(K, 1)));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xt[size_t(k * (M + 1) + m)] = x[size_t(m * ldx + k)];
+  std::vector<W> bias;
+  for (int64_t n = 0; n < N; ++n) bias.push_back(W(0.5f * float(n % 7) - 1.25f));
+  std::vector<float> o0 = values(size_t(M * ldo), seed + 2000);
+  std::vector<O> out(o0.begin(), o0.end());
+  if (x_t)
+    gemm_packed_avx2<X, W, O>(M, N, K, xt.data(), 1, M + 1, w.data(), ldw, out.data(), ldo, alpha, beta,
+                              with_bias ? bias.data() : nullptr);
+  else
+    gemm_packed_avx2<X, W, O>(M, N, K, x.data(), ldx, 1, w.data(), ldw, out.data(), ldo, alpha, beta,
+                              with_bias ? bias.data() : nullptr);
+  // The bias as one more k: x 1, weight bias[n] / alpha (exact for these values and alpha).
+  std::vector<float> xb(size_t(M * (K + 1)));
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K; ++k) xb[size_t(m * (K + 1) + k)] = xf[size_t(m * ldx + k)];
+    xb[size_t(m * (K + 1) + K)] = with_bias ? 1.0f : 0.0f;
+  }
+  check_result(M, N, K + 1, xb, K + 1, o0, out, ldo, alpha, beta, [&](int64_t n, int64_t k) {
+    return k < K ? double(float(w[size_t(n * ldw + k)])) : double(float(bias[size_t(n)])) / alpha;
+  });
+}
+
+TEST_CASE("gemm_packed_avx2: odd shapes, every operand dtype, strides, transposed x, alpha, beta and bias, against f64; same bits at every M and thread split") {
+  if (cpu_isa_supported() < CpuIsa::avx2) {
+    MESSAGE("no AVX2 on this CPU: the packed kernel is not run");
+    return;
+  }
+  uint64_t seed = 900;
+  // Row tails of the 6-row tile and of the 144-row block, column tails inside
+  // a 16-column panel and of the 128-column block, k tails of the 8-wide
+  // transpose and of the 256-deep block.
+  for (int64_t M : {1, 5, 6, 7, 13, 144, 151})
+    for (int64_t N : {1, 9, 16, 17, 130})
+      for (int64_t K : {1, 7, 8, 9, 256, 300}) {
+        check_packed_shape<BFloat16, BFloat16, BFloat16>(M, N, K, 1.0f, 0.0f, false, false, seed++);
+        check_packed_shape<float, float, float>(M, N, K, 1.0f, 0.0f, false, false, seed++);
+      }
+  for (int64_t M : {7, 150})
+    for (int64_t K : {9, 513}) {
+      check_packed_shape<BFloat16, BFloat16, BFloat16>(M, 67, K, 1.0f, 0.0f, true, false, seed++);
+      check_packed_shape<BFloat16, BFloat16, float>(M, 67, K, 0.5f, 1.0f, true, true, seed++);
+      check_packed_shape<float, BFloat16, BFloat16>(M, 67, K, -1.5f, 2.0f, false, false, seed++);
+      check_packed_shape<float, float, BFloat16>(M, 67, K, 2.0f, 1.0f, true, true, seed++);
+      check_packed_shape<float, float, float>(M, 300, K, 1.0f, -1.0f, true, true, seed++);
+    }
+  // The same rows give the same bits at any M (alone, inside a block, past
+  // it) and on one thread or two.
+  const int64_t N = 300, K = 600;
+  std::vector<float> xf = values(size_t(300 * K), 15), wf = values(size_t(N * K), 16);
+  std::vector<BFloat16> x(xf.begin(), xf.end()), w(wf.begin(), wf.end());
+  std::vector<BFloat16> first;
+  for (int64_t rows : {int64_t(5), int64_t(100), int64_t(300)}) {
+    CAPTURE(rows);
+    std::vector<BFloat16> out(size_t(rows * N)), one(size_t(rows * N));
+    gemm_packed_avx2<BFloat16, BFloat16, BFloat16>(rows, N, K, x.data(), K, 1, w.data(), K, out.data(), N, 1.0f, 0.0f);
+#pragma omp parallel num_threads(2)
+    {
+#pragma omp single
+      gemm_packed_avx2<BFloat16, BFloat16, BFloat16>(rows, N, K, x.data(), K, 1, w.data(), K, one.data(), N, 1.0f,
+                                                     0.0f);
+    }
+    bool same_threads = true, same_rows = true;
+    for (size_t i = 0; i < out.size(); ++i) same_threads = same_threads && out[i].bits == one[i].bits;
+    if (first.empty()) first = out;
+    for (size_t i = 0; i < first.size(); ++i) same_rows = same_rows && out[i].bits == first[i].bits;
+    CHECK(same_threads);
+    CHECK(same_rows);
   }
 }
 

@@ -1,0 +1,273 @@
+// See gemm_packed.h.
+#include "kernels/cpu/gemm_packed.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <new>
+#include <type_traits>
+
+#include "kernels/cpu/cpu_common.h"
+
+namespace areno::cpu {
+
+namespace {
+
+// Register tile kMR x kNR; a block of kKC k x kNC columns of the weight is
+// packed at a time (128 KiB of f32) and multiplied by kMB rows of x at a time
+// (144 x 256 x 4 = 144 KiB of x, 72 KiB of partial sums): with the packed
+// block, about 350 KiB, inside a Zen 3 core's 512 KiB L2.
+constexpr int64_t kMR = 6, kNR = 16, kKC = 256, kNC = 128, kMB = 144;
+
+// Per-thread scratch that only grows, 64-byte aligned (as in gemm_amx.cpp:
+// fresh blocks each call would be page-faulted and zeroed).
+enum class Buf { x, b, c };
+template <typename T>
+T* buffer(Buf which, int64_t n) {
+  struct Block {
+    void* p = nullptr;
+    size_t size = 0;
+    ~Block() { std::free(p); }
+  };
+  thread_local Block blocks[3];
+  Block& b = blocks[int(which)];
+  const size_t want = size_t((n * int64_t(sizeof(T)) + 63) / 64 * 64);
+  if (b.size < want) {
+    std::free(b.p);
+    b.p = std::aligned_alloc(64, want);
+    if (b.p == nullptr) throw std::bad_alloc();
+    b.size = want;
+  }
+  return static_cast<T*>(b.p);
+}
+
+}  // namespace
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+namespace {
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const BFloat16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+// float_to_bf16_bits (tensor/dtype.h) on 8 lanes: nearest even, NaN quiet.
+inline void store8(BFloat16* p, __m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i one = _mm256_set1_epi32(1);
+  const __m256i rounded = _mm256_srli_epi32(
+      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), _mm256_and_si256(_mm256_srli_epi32(u, 16), one)),
+      16);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  const __m256i bits = _mm256_blendv_epi8(rounded, quiet, nan);
+  // Eight values below 2^16 to eight u16: pack within the 128-bit lanes, then
+  // bring lane 1's four next to lane 0's.
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bits, bits), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+
+inline void transpose8(__m256 r[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+  r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+  r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+  r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+  r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+  r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+  r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+  r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+// Columns [n0, n0 + ncols) and k in [k0, k0 + kc) of the weight as f32
+// panels of kNR columns: bp[p * kc * kNR + k * kNR + j] = w[n0 + p kNR + j, k0 + k],
+// zero for columns past ncols.
+template <typename W>
+void pack_b(const W* w, int64_t ldw, int64_t n0, int64_t ncols, int64_t k0, int64_t kc, float* bp) {
+  const int64_t panels = (ncols + kNR - 1) / kNR;
+  for (int64_t p = 0; p < panels; ++p) {
+    float* dst = bp + p * kc * kNR;
+    for (int64_t h = 0; h < kNR; h += 8) {
+      const int64_t j0 = p * kNR + h, valid = std::clamp<int64_t>(ncols - j0, 0, 8);
+      const W* src = w + (n0 + j0) * ldw + k0;
+      int64_t k = 0;
+      if (valid == 8) {
+        for (; k + 8 <= kc; k += 8) {
+          __m256 r[8];
+          for (int i = 0; i < 8; ++i) r[i] = load8(src + i * ldw + k);
+          transpose8(r);
+          for (int i = 0; i < 8; ++i) _mm256_store_ps(dst + (k + i) * kNR + h, r[i]);
+        }
+      }
+      for (; k < kc; ++k)
+        for (int64_t i = 0; i < 8; ++i) dst[k * kNR + h + i] = i < valid ? float(src[i * ldw + k]) : 0.0f;
+    }
+  }
+}
+
+// R rows of x (f32, row stride lda, from k0) times one packed panel: c[R x
+// kNR] (row stride ldc) = (first ? 0 : c) + the kc products, in k order.
+template <int R>
+inline void micro(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int64_t ldc, bool first) {
+  __m256 acc[R][2];
+#pragma GCC unroll 6
+  for (int i = 0; i < R; ++i) {
+    acc[i][0] = first ? _mm256_setzero_ps() : _mm256_load_ps(c + i * ldc);
+    acc[i][1] = first ? _mm256_setzero_ps() : _mm256_load_ps(c + i * ldc + 8);
+  }
+  const float* ar[R];
+#pragma GCC unroll 6
+  for (int i = 0; i < R; ++i) ar[i] = a + i * lda;
+#pragma GCC unroll 4
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_load_ps(b + k * kNR), b1 = _mm256_load_ps(b + k * kNR + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < R; ++i) {
+      const __m256 ai = _mm256_broadcast_ss(ar[i] + k);
+      acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int i = 0; i < R; ++i) {
+    _mm256_store_ps(c + i * ldc, acc[i][0]);
+    _mm256_store_ps(c + i * ldc + 8, acc[i][1]);
+  }
+}
+
+template <typename T>
+inline float to_f(T v) {
+  return float(v);
+}
+
+// out = alpha c (+ beta out) (+ bias), rounded once: the same operations in
+// the vector body and the scalar tail.
+template <typename W, typename O>
+void write_out(int64_t rows, int64_t ncols, const float* c, int64_t ldc, O* out, int64_t ldo, float alpha, float beta,
+               const W* bias) {
+  const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+  for (int64_t m = 0; m < rows; ++m) {
+    const float* cr = c + m * ldc;
+    O* o = out + m * ldo;
+    int64_t n = 0;
+    for (; n + 8 <= ncols; n += 8) {
+      __m256 v = _mm256_mul_ps(va, _mm256_load_ps(cr + n));
+      if (beta != 0.0f) v = _mm256_fmadd_ps(vb, load8(o + n), v);
+      if (bias) v = _mm256_add_ps(v, load8(bias + n));
+      store8(o + n, v);
+    }
+    for (; n < ncols; ++n) {
+      float v = alpha * cr[n];
+      if (beta != 0.0f) v = std::fma(beta, to_f(o[n]), v);
+      if (bias) v += to_f(bias[n]);
+      o[n] = O(v);
+    }
+  }
+}
+
+// One thread's columns [c0, c1) of out, all M rows.
+template <typename W, typename O>
+void columns(int64_t M, int64_t c0, int64_t c1, int64_t K, const float* x, int64_t ldx, const W* w, int64_t ldw,
+             O* out, int64_t ldo, float alpha, float beta, const W* bias) {
+  constexpr int64_t kLdc = kNC;
+  float* bp = buffer<float>(Buf::b, kKC * kNC);
+  float* c = buffer<float>(Buf::c, (kMB + kMR) * kLdc);
+  for (int64_t m0 = 0; m0 < M; m0 += kMB) {
+    const int64_t rows = std::min(kMB, M - m0);
+    for (int64_t n0 = c0; n0 < c1; n0 += kNC) {
+      const int64_t ncols = std::min(kNC, c1 - n0), panels = (ncols + kNR - 1) / kNR;
+      for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+        const int64_t kc = std::min(kKC, K - k0);
+        pack_b(w, ldw, n0, ncols, k0, kc, bp);
+        const bool first = k0 == 0;
+        for (int64_t p = 0; p < panels; ++p) {
+          const float* b = bp + p * kc * kNR;
+          float* cp = c + p * kNR;
+          const float* a = x + m0 * ldx + k0;
+          int64_t i = 0;
+          for (; i + kMR <= rows; i += kMR) micro<kMR>(kc, a + i * ldx, ldx, b, cp + i * kLdc, kLdc, first);
+          switch (rows - i) {
+            case 5: micro<5>(kc, a + i * ldx, ldx, b, cp + i * kLdc, kLdc, first); break;
+            case 4: micro<4>(kc, a + i * ldx, ldx, b, cp + i * kLdc, kLdc, first); break;
+            case 3: micro<3>(kc, a + i * ldx, ldx, b, cp + i * kLdc, kLdc, first); break;
+            case 2: micro<2>(kc, a + i * ldx, ldx, b, cp + i * kLdc, kLdc, first); break;
+            case 1: micro<1>(kc, a + i * ldx, ldx, b, cp + i * kLdc, kLdc, first); break;
+            default: break;
+          }
+        }
+      }
+      if (K <= 0)
+        for (int64_t i = 0; i < rows; ++i) std::fill(c + i * kLdc, c + i * kLdc + ncols, 0.0f);
+      write_out<W, O>(rows, ncols, c, kLdc, out + m0 * ldo + n0, ldo, alpha, beta, bias ? bias + n0 : nullptr);
+    }
+  }
+}
+
+// x as dense f32 rows (bf16 widened; any strides).
+template <typename X>
+void dense_rows(int64_t M, int64_t K, const X* x, int64_t x_rs, int64_t x_cs, float* dst) {
+  parallel_for(M, K, [&](int64_t lo, int64_t hi) {
+    for (int64_t m = lo; m < hi; ++m) {
+      const X* s = x + m * x_rs;
+      float* d = dst + m * K;
+      int64_t k = 0;
+      if (x_cs == 1)
+        for (; k + 8 <= K; k += 8) _mm256_storeu_ps(d + k, load8(s + k));
+      for (; k < K; ++k) d[k] = float(s[k * x_cs]);
+    }
+  });
+}
+
+}  // namespace
+
+template <typename X, typename W, typename O>
+void gemm_packed_avx2(int64_t M, int64_t N, int64_t K, const X* x, int64_t x_rs, int64_t x_cs, const W* w,
+                      int64_t ldw, O* out, int64_t ldo, float alpha, float beta, const W* bias) {
+  if (M <= 0 || N <= 0) return;
+  const float* xf;
+  int64_t ldxf;
+  if (std::is_same_v<X, float> && (x_cs == 1 || K <= 1)) {
+    xf = reinterpret_cast<const float*>(x), ldxf = x_rs;
+  } else {
+    float* t = buffer<float>(Buf::x, M * std::max<int64_t>(K, 1));
+    dense_rows(M, K, x, x_rs, x_cs, t);
+    xf = t, ldxf = K;
+  }
+  const int64_t panels = (N + kNR - 1) / kNR;
+  parallel_for(panels, M * std::max<int64_t>(K, 1) * kNR, [&](int64_t p0, int64_t p1) {
+    columns<W, O>(M, p0 * kNR, std::min(N, p1 * kNR), K, xf, ldxf, w, ldw, out, ldo, alpha, beta, bias);
+  });
+}
+
+#define ARENO_GEMM_PACKED(X, W, O)                                                                            \
+  template void gemm_packed_avx2<X, W, O>(int64_t, int64_t, int64_t, const X*, int64_t, int64_t, const W*, \
+                                          int64_t, O*, int64_t, float, float, const W*);
+ARENO_GEMM_PACKED(float, float, float)
+ARENO_GEMM_PACKED(float, float, BFloat16)
+ARENO_GEMM_PACKED(float, BFloat16, float)
+ARENO_GEMM_PACKED(float, BFloat16, BFloat16)
+ARENO_GEMM_PACKED(BFloat16, BFloat16, float)
+ARENO_GEMM_PACKED(BFloat16, BFloat16, BFloat16)
+#undef ARENO_GEMM_PACKED
+
+#pragma GCC pop_options
+
+}  // namespace areno::cpu

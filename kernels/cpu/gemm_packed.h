@@ -1,0 +1,30 @@
+#pragma once
+// Blocked GEMM on AVX2 + FMA for a weight stored [N, K] (nn.Linear's layout),
+// f32 or bf16, for CPUs where neither AMX tiles nor oneDNN's bf16 GEMM run
+// (AVX2-only machines such as AMD Zen 3; issue 16 "GEMM/GEMV"):
+//
+//   out[m * ldo + n] = alpha * sum_k x[m * x_rs + k * x_cs] * w[n * ldw + k] (+ beta * out) (+ bias[n])
+//
+// rounded once to O. Before, a bf16 product past the skinny rows widened the
+// whole weight and x to fresh f32 matrices and ran Eigen (and the bias was a
+// second rounding). Here each thread owns whole 16-column panels of the
+// weight (its own slice of w, streamed once per block of rows) and copies a
+// [256 k x 128 n] block of it at a time, widened to f32 and transposed, into
+// an L2-resident buffer; a 6 x 16 register tile (12 accumulators) multiplies
+// rows of x (widened to f32 once per call when bf16, copied row-major when
+// f32 with x_cs != 1) by it, broadcasting x.
+// Each output sums its products in k order in one f32 accumulator, partial
+// sums kept in f32 between k blocks, so a result does not depend on M, on
+// the row's position or on the thread count. The caller checks
+// cpu_isa() >= CpuIsa::avx2. X, W, O: float or BFloat16; bias has W's type.
+#include <cstdint>
+
+#include "tensor/dtype.h"
+
+namespace areno::cpu {
+
+template <typename X, typename W, typename O>
+void gemm_packed_avx2(int64_t M, int64_t N, int64_t K, const X* x, int64_t x_rs, int64_t x_cs, const W* w,
+                      int64_t ldw, O* out, int64_t ldo, float alpha, float beta, const W* bias = nullptr);
+
+}  // namespace areno::cpu
