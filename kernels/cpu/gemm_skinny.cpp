@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include <atomic>
+#include <omp.h>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -202,7 +203,7 @@ void run(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const W* w, i
   // Groups of 8 weight rows, so every thread's slice starts on a whole tile.
   constexpr int64_t G = 8;
   const int64_t groups = (N + G - 1) / G;
-  parallel_for(groups, M * K * G, [&](int64_t g0, int64_t g1) {
+  auto body = [&](int64_t g0, int64_t g1) {
     const int64_t n0 = g0 * G, n1 = std::min(N, g1 * G);
     if constexpr (std::is_same_v<X, BFloat16>) {
       return avx512bf16::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
@@ -213,7 +214,28 @@ void run(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const W* w, i
       case CpuIsa::avx2: return avx2::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
       case CpuIsa::generic: return generic::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
     }
-  });
+  };
+  // Many rows (the head, the larger layers): chunks of 64 groups (512 weight
+  // rows) taken in turn from a counter instead of one fixed half per thread,
+  // so a thread whose core is slowed (a shared machine's neighbours) does not
+  // leave the other spinning at the barrier. Each output's sum is the same
+  // either way. On the Zen 3 VM, alternating runs of `small` decode: bf16
+  // 8.57 against 8.96 ms a token on average over four pairs, f32 3-7 %
+  // faster in two of three pairs.
+  const int threads = num_threads();
+  constexpr int64_t kChunk = 64;
+  if (threads > 1 && !omp_in_parallel() && groups >= kChunk * threads && M * K * G * kChunk >= kParallelGrain) {
+    std::atomic<int64_t> next{0};
+    const int64_t chunk = kChunk;
+#pragma omp parallel num_threads(threads)
+    for (;;) {
+      const int64_t g0 = next.fetch_add(chunk, std::memory_order_relaxed);
+      if (g0 >= groups) break;
+      body(g0, std::min(groups, g0 + chunk));
+    }
+    return;
+  }
+  parallel_for(groups, M * K * G, body);
 }
 
 }  // namespace
