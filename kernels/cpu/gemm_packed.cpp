@@ -100,9 +100,28 @@ inline void transpose8(__m256 r[8]) {
 // Columns [n0, n0 + ncols) and k in [k0, k0 + kc) of the weight as f32
 // panels of kNR columns: bp[p * kc * kNR + k * kNR + j] = w[n0 + p kNR + j, k0 + k],
 // zero for columns past ncols.
+// w_k_major: element (n, k) at w[k * ldw + n] instead (a right operand stored
+// [K, N] row-major: x W in autograd's backward, P V): rows of 16 copied as they are.
 template <typename W>
-void pack_b(const W* w, int64_t ldw, int64_t n0, int64_t ncols, int64_t k0, int64_t kc, float* bp) {
+void pack_b(const W* w, int64_t ldw, bool w_k_major, int64_t n0, int64_t ncols, int64_t k0, int64_t kc, float* bp) {
   const int64_t panels = (ncols + kNR - 1) / kNR;
+  if (w_k_major) {
+    for (int64_t p = 0; p < panels; ++p) {
+      float* dst = bp + p * kc * kNR;
+      const int64_t j0 = p * kNR, valid = std::min<int64_t>(kNR, ncols - j0);
+      for (int64_t k = 0; k < kc; ++k) {
+        const W* src = w + (k0 + k) * ldw + n0 + j0;
+        float* d = dst + k * kNR;
+        if (valid == kNR) {
+          _mm256_store_ps(d, load8(src));
+          _mm256_store_ps(d + 8, load8(src + 8));
+        } else {
+          for (int64_t j = 0; j < kNR; ++j) d[j] = j < valid ? float(src[j]) : 0.0f;
+        }
+      }
+    }
+    return;
+  }
   for (int64_t p = 0; p < panels; ++p) {
     float* dst = bp + p * kc * kNR;
     for (int64_t h = 0; h < kNR; h += 8) {
@@ -186,7 +205,7 @@ void write_out(int64_t rows, int64_t ncols, const float* c, int64_t ldc, O* out,
 // One thread's columns [c0, c1) of out, all M rows.
 template <typename W, typename O>
 void columns(int64_t M, int64_t c0, int64_t c1, int64_t K, const float* x, int64_t ldx, const W* w, int64_t ldw,
-             O* out, int64_t ldo, float alpha, float beta, const W* bias) {
+             bool w_k_major, O* out, int64_t ldo, float alpha, float beta, const W* bias) {
   constexpr int64_t kLdc = kNC;
   float* bp = buffer<float>(Buf::b, kKC * kNC);
   float* c = buffer<float>(Buf::c, (kMB + kMR) * kLdc);
@@ -196,7 +215,7 @@ void columns(int64_t M, int64_t c0, int64_t c1, int64_t K, const float* x, int64
       const int64_t ncols = std::min(kNC, c1 - n0), panels = (ncols + kNR - 1) / kNR;
       for (int64_t k0 = 0; k0 < K; k0 += kKC) {
         const int64_t kc = std::min(kKC, K - k0);
-        pack_b(w, ldw, n0, ncols, k0, kc, bp);
+        pack_b(w, ldw, w_k_major, n0, ncols, k0, kc, bp);
         const bool first = k0 == 0;
         for (int64_t p = 0; p < panels; ++p) {
           const float* b = bp + p * kc * kNR;
@@ -240,7 +259,7 @@ void dense_rows(int64_t M, int64_t K, const X* x, int64_t x_rs, int64_t x_cs, fl
 
 template <typename X, typename W, typename O>
 void gemm_packed_avx2(int64_t M, int64_t N, int64_t K, const X* x, int64_t x_rs, int64_t x_cs, const W* w,
-                      int64_t ldw, O* out, int64_t ldo, float alpha, float beta, const W* bias) {
+                      int64_t ldw, O* out, int64_t ldo, float alpha, float beta, const W* bias, bool w_k_major) {
   if (M <= 0 || N <= 0) return;
   const float* xf;
   int64_t ldxf;
@@ -253,13 +272,13 @@ void gemm_packed_avx2(int64_t M, int64_t N, int64_t K, const X* x, int64_t x_rs,
   }
   const int64_t panels = (N + kNR - 1) / kNR;
   parallel_for(panels, M * std::max<int64_t>(K, 1) * kNR, [&](int64_t p0, int64_t p1) {
-    columns<W, O>(M, p0 * kNR, std::min(N, p1 * kNR), K, xf, ldxf, w, ldw, out, ldo, alpha, beta, bias);
+    columns<W, O>(M, p0 * kNR, std::min(N, p1 * kNR), K, xf, ldxf, w, ldw, w_k_major, out, ldo, alpha, beta, bias);
   });
 }
 
 #define ARENO_GEMM_PACKED(X, W, O)                                                                            \
   template void gemm_packed_avx2<X, W, O>(int64_t, int64_t, int64_t, const X*, int64_t, int64_t, const W*, \
-                                          int64_t, O*, int64_t, float, float, const W*);
+                                          int64_t, O*, int64_t, float, float, const W*, bool);
 ARENO_GEMM_PACKED(float, float, float)
 ARENO_GEMM_PACKED(float, float, BFloat16)
 ARENO_GEMM_PACKED(float, BFloat16, float)

@@ -17,6 +17,9 @@
 // sums kept in f32 between k blocks, so a result does not depend on M, on
 // the row's position or on the thread count. The caller checks
 // cpu_isa() >= CpuIsa::avx2. X, W, O: float or BFloat16; bias has W's type.
+// w_k_major: the right operand is stored [K, N] row-major instead (element
+// (n, k) at w[k * ldw + n]; autograd's x W, attention's P V), packed the same
+// way without the transpose.
 #include <cstdint>
 
 #include "tensor/dtype.h"
@@ -25,6 +28,7 @@ namespace areno::cpu {
 
 template <typename X, typename W, typename O>
 void gemm_packed_avx2(int64_t M, int64_t N, int64_t K, const X* x, int64_t x_rs, int64_t x_cs, const W* w,
-                      int64_t ldw, O* out, int64_t ldo, float alpha, float beta, const W* bias = nullptr);
+                      int64_t ldw, O* out, int64_t ldo, float alpha, float beta, const W* bias = nullptr,
+                      bool w_k_major = false);
 
 }  // namespace areno::cpu

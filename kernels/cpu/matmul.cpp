@@ -137,8 +137,8 @@ void skinny(const T* a, const MatRef& ma, const T* b, const MatRef& mb, T* out, 
   gemm_skinny<T, T>(ma.r, mb.c, ma.c, x, ldx, b, mb.outer, out, mb.c, alpha, beta);
 }
 
-// Whether a product with a transposed weight and row-major x past the
-// skinny rows runs on gemm_packed_avx2: bf16 where neither AMX nor oneDNN's
+// Whether a product past the skinny rows (any layout of x, the right
+// operand a transposed weight or stored [K, N]) runs on gemm_packed_avx2: bf16 where neither AMX nor oneDNN's
 // bf16 runs, f32 where this build's Eigen has no AVX-512 kernels (an AVX2
 // machine, or -Dnative=false). On Zen 3, 2 threads, 512 rows of `small`'s
 // shapes: f32 140-173 GFLOP/s against Eigen's 82-110; bf16 135-168 against
@@ -190,10 +190,11 @@ bool bf16_row_blocks(int64_t M, int64_t N, const BFloat16* a, const MatRef& ma, 
   const int64_t a_rs = ma.row_major ? ma.outer : 1, a_cs = ma.row_major ? 1 : ma.outer;
   const int64_t b_rs = mb.row_major ? mb.outer : 1, b_cs = mb.row_major ? 1 : mb.outer;
   const bool amx = !mb.row_major && ma.row_major && cpu_isa() >= CpuIsa::amx;
-  if (!mb.row_major && packed_level(DType::bf16)) {
+  if (packed_level(DType::bf16)) {
     // Neither AMX nor oneDNN's bf16 runs here (AVX2-only CPUs): the packed
-    // AVX2 kernel, the weight widened a cache-sized block at a time.
-    gemm_packed_avx2<BFloat16, BFloat16, BFloat16>(M, N, K, a, a_rs, a_cs, b, mb.outer, out, N, 1.0f, beta, bias);
+    // AVX2 kernel, the right operand widened a cache-sized block at a time.
+    gemm_packed_avx2<BFloat16, BFloat16, BFloat16>(M, N, K, a, a_rs, a_cs, b, mb.outer, out, N, 1.0f, beta, bias,
+                                                   mb.row_major);
     return true;
   }
   for (int64_t r0 = 0; r0 < M; r0 += kRowBlock) {
@@ -223,7 +224,8 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, dou
   // A few rows times a weight stored [N, K] (b seen transposed): gemm_skinny's shape.
   const bool skinny_shape = !mb.row_major && M <= skinny_row_limit(out.dtype());
   // f32 past the skinny rows on gemm_packed_avx2 (bf16 gets there through bf16_row_blocks).
-  const bool packed_f32 = out.dtype() == DType::f32 && !skinny_shape && !mb.row_major && packed_level(DType::f32);
+  const bool packed_f32 =
+      out.dtype() == DType::f32 && !skinny_shape && M >= kPackedMinRows && packed_level(DType::f32);
   int64_t sa = a.stride(0), sb = b.stride(0);
   auto dispatch = [&](auto tag) {
     using T = decltype(tag);
@@ -243,7 +245,7 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, dou
         if (packed_f32) {
           gemm_packed_avx2<float, float, float>(M, N, ma.c, ap + i * sa, ma.row_major ? ma.outer : 1,
                                                 ma.row_major ? 1 : ma.outer, bp + i * sb, mb.outer, op + i * M * N,
-                                                N, float(alpha), float(beta));
+                                                N, float(alpha), float(beta), nullptr, mb.row_major);
           return;
         }
       }

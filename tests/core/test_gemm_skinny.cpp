@@ -292,13 +292,14 @@ TEST_CASE("gemm_amx_bf16: past kAmxInPlaceRows (the k-blocked kernel), odd shape
 // against f64 sums of the values as the kernel sees them.
 template <typename X, typename W, typename O>
 void check_packed_shape(int64_t M, int64_t N, int64_t K, float alpha, float beta, bool with_bias, bool x_t,
-                        uint64_t seed) {
+                        uint64_t seed, bool w_k_major = false) {
   CAPTURE(M);
   CAPTURE(N);
   CAPTURE(K);
   CAPTURE(beta);
   CAPTURE(with_bias);
   CAPTURE(x_t);
+  CAPTURE(w_k_major);
   const int64_t ldx = K + 3, ldw = K + 5, ldo = N + 2;
   std::vector<float> xf = values(size_t(M * ldx), seed), wf = values(size_t(N * ldw), seed + 1000);
   std::vector<X> x(xf.begin(), xf.end());
@@ -310,14 +311,20 @@ void check_packed_shape(int64_t M, int64_t N, int64_t K, float alpha, float beta
     for (int64_t k = 0; k < K; ++k) xt[size_t(k * (M + 1) + m)] = x[size_t(m * ldx + k)];
   std::vector<W> bias;
   for (int64_t n = 0; n < N; ++n) bias.push_back(W(0.5f * float(n % 7) - 1.25f));
+  // The right operand stored [K, N] (row stride N + 3) for w_k_major.
+  std::vector<W> wk(size_t(std::max<int64_t>(K, 1) * (N + 3)));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) wk[size_t(k * (N + 3) + n)] = w[size_t(n * ldw + k)];
+  const W* wp = w_k_major ? wk.data() : w.data();
+  const int64_t wld = w_k_major ? N + 3 : ldw;
   std::vector<float> o0 = values(size_t(M * ldo), seed + 2000);
   std::vector<O> out(o0.begin(), o0.end());
   if (x_t)
-    gemm_packed_avx2<X, W, O>(M, N, K, xt.data(), 1, M + 1, w.data(), ldw, out.data(), ldo, alpha, beta,
-                              with_bias ? bias.data() : nullptr);
+    gemm_packed_avx2<X, W, O>(M, N, K, xt.data(), 1, M + 1, wp, wld, out.data(), ldo, alpha, beta,
+                              with_bias ? bias.data() : nullptr, w_k_major);
   else
-    gemm_packed_avx2<X, W, O>(M, N, K, x.data(), ldx, 1, w.data(), ldw, out.data(), ldo, alpha, beta,
-                              with_bias ? bias.data() : nullptr);
+    gemm_packed_avx2<X, W, O>(M, N, K, x.data(), ldx, 1, wp, wld, out.data(), ldo, alpha, beta,
+                              with_bias ? bias.data() : nullptr, w_k_major);
   // The bias as one more k: x 1, weight bias[n] / alpha (exact for these values and alpha).
   std::vector<float> xb(size_t(M * (K + 1)));
   for (int64_t m = 0; m < M; ++m) {
@@ -329,7 +336,7 @@ void check_packed_shape(int64_t M, int64_t N, int64_t K, float alpha, float beta
   });
 }
 
-TEST_CASE("gemm_packed_avx2: odd shapes, every operand dtype, strides, transposed x, alpha, beta and bias, against f64; same bits at every M and thread split") {
+TEST_CASE("gemm_packed_avx2: odd shapes, every operand dtype, strides, transposed x, a [K, N] right operand, alpha, beta and bias, against f64; same bits at every M and thread split") {
   if (cpu_isa_supported() < CpuIsa::avx2) {
     MESSAGE("no AVX2 on this CPU: the packed kernel is not run");
     return;
@@ -352,6 +359,13 @@ TEST_CASE("gemm_packed_avx2: odd shapes, every operand dtype, strides, transpose
       check_packed_shape<float, float, BFloat16>(M, 67, K, 2.0f, 1.0f, true, true, seed++);
       check_packed_shape<float, float, float>(M, 300, K, 1.0f, -1.0f, true, true, seed++);
     }
+  // A right operand stored [K, N]: column tails of the 16-wide rows.
+  for (int64_t M : {1, 7, 150})
+    for (int64_t N : {1, 16, 17, 130})
+      for (int64_t K : {1, 9, 300}) {
+        check_packed_shape<float, float, float>(M, N, K, 1.0f, 0.0f, false, false, seed++, true);
+        check_packed_shape<BFloat16, BFloat16, BFloat16>(M, N, K, 1.0f, 1.0f, N % 2 == 0, M == 7, seed++, true);
+      }
   // The same rows give the same bits at any M (alone, inside a block, past
   // it) and on one thread or two.
   const int64_t N = 300, K = 600;

@@ -20,10 +20,12 @@
 #include <httplib.h>
 
 #include "models/phi4mm/demo/demo.h"
+#include "models/phi4mm/processor/chat_processor.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "tensor/autograd.h"
 #include "tests/rl/rl_fixtures.h"
 #include "tests/test_util.h"
+#include "serve/openai.h"
 #include "tests/train/train_fixtures.h"
 #include "train/rl/agent.h"
 #include "train/rl/policy_logp.h"
@@ -365,6 +367,65 @@ TEST_CASE("rl/agent row rule: continuing turns append, a re-templated turn start
   CHECK(b.rows[0].trainable == std::vector<uint8_t>{1, 1, 1, 1, 1});
   CHECK(std::isnan(b.rows[0].logp[2]));
   CHECK_THROWS_AS(assemble_trajectory({}, false), std::invalid_argument);
+}
+
+TEST_CASE("rl/agent tool calls: a sampled <|tool_call|> reply is recorded as tool_calls, and the agent's next turn (the assistant's tool_calls, the tool's result) continues its row") {
+  // What a tool-using agent does: turn 1 sends `tools`; the model answers in
+  // Phi's native form; the server parses it into tool_calls (as record_turn
+  // does for the recorder); the agent sends those tool_calls back in an
+  // assistant message with the tool's result, and the prompt builder's
+  // re-templated history must give the sampled tokens back token for token,
+  // or the trajectory would split into two rows.
+  const json tools = json::array({{{"type", "function"},
+                                   {"function",
+                                    {{"name", "add"},
+                                     {"description", "Adds two integers."},
+                                     {"parameters",
+                                      {{"type", "object"},
+                                       {"properties", {{"a", {{"type", "integer"}}}, {"b", {{"type", "integer"}}}}}}}}}}});
+  const json m1 = json::array({{{"role", "user"}, {"content", "What is 2 + 3? Use the tool."}}});
+  phi4mm::ProcessorOptions po;
+  po.add_generation_prompt = true;
+  const std::vector<int64_t> p1 = phi4mm::process_chat(*tokenizer(), m1, tools, po).ids();
+  CHECK(decode(p1).find("<|tool|>") != std::string::npos);  // the tools went into the system turn
+  const std::string reply = R"(<|tool_call|>[{"name": "add", "arguments": {"a": 2, "b": 3}}]<|/tool_call|>)";
+  std::vector<int64_t> c1;
+  for (tok::TokenId t : tokenizer()->encode(reply)) c1.push_back(t);
+  c1.push_back(phi4mm::kEnd);  // the stop token the model sampled
+  const serve::ToolCallParse tc = serve::parse_tool_calls(reply, tools);
+  REQUIRE(tc.found);
+  REQUIRE(tc.tool_calls.size() == 1);
+  CHECK(tc.tool_calls[0]["type"] == "function");
+  CHECK(tc.tool_calls[0]["function"]["name"] == "add");
+  CHECK(json::parse(tc.tool_calls[0]["function"]["arguments"].get<std::string>()) == json{{"a", 2}, {"b", 3}});
+  CHECK(tc.content.is_null());
+  json m2 = m1;
+  m2.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", tc.tool_calls}});
+  m2.push_back({{"role", "tool"}, {"tool_call_id", tc.tool_calls[0]["id"]}, {"content", "5"}});
+  const std::vector<int64_t> p2 = phi4mm::process_chat(*tokenizer(), m2, tools, po).ids();
+  REQUIRE(p2.size() > p1.size() + c1.size());
+  CHECK(std::vector<int64_t>(p2.begin(), p2.begin() + int64_t(p1.size() + c1.size())) ==
+        [&] {
+          std::vector<int64_t> v = p1;
+          v.insert(v.end(), c1.begin(), c1.end());
+          return v;
+        }());
+  const std::vector<int64_t> tail(p2.begin() + int64_t(p1.size() + c1.size()), p2.end());
+  CHECK(decode(tail) == "<|tool|>5<|end|><|assistant|>");
+  serve::TrajectoryTurn t1 = turn(p1, c1), t2 = turn(p2, {tokenizer()->encode("5")[0], phi4mm::kEnd}, "5");
+  t1.tool_calls = tc.tool_calls;
+  const AssembledTrajectory a = assemble_trajectory({t1, t2}, /*train_context=*/false);
+  REQUIRE(a.rows.size() == 1);
+  const AgentRow& row = a.rows[0];
+  CHECK(row.prompt.ids == p1);
+  REQUIRE(row.tokens.size() == c1.size() + tail.size() + 2);
+  for (size_t i = 0; i < row.tokens.size(); ++i) {
+    CAPTURE(i);
+    const bool sampled = i < c1.size() || i >= c1.size() + tail.size();
+    CHECK(row.trainable[i] == uint8_t(sampled));  // the call trainable, the tool's result masked
+    CHECK(std::isnan(row.logp[i]) == !sampled);
+  }
+  CHECK(decode(std::vector<int64_t>(row.tokens.begin(), row.tokens.begin() + int64_t(c1.size()))) == reply + "<|end|>");
 }
 
 TEST_CASE("rl/agent recorder: streamed turns are recorded; n > 1 and bad ids are refused") {
