@@ -6,7 +6,9 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -26,6 +28,31 @@ inline std::atomic<uint64_t>& flops_counted() {
   return n;
 }
 inline void count_flops(double f) { flops_counted().fetch_add(uint64_t(f), std::memory_order_relaxed); }
+
+// Per-thread scratch that only grows, 64-byte aligned, one block per slot:
+// GEMM kernels need their packed operands and partial sums on every call,
+// and fresh blocks of a few MB each call cost page faults and zeroing (glibc
+// maps them anew). A pointer stays valid until the same thread asks for the
+// same slot again.
+enum class ScratchSlot { amx_packed_x, amx_weight_chunk, amx_c_tiles, packed_x, packed_b, packed_c, count };
+template <typename T>
+T* thread_scratch(ScratchSlot which, int64_t n) {
+  struct Block {
+    void* p = nullptr;
+    size_t size = 0;
+    ~Block() { std::free(p); }
+  };
+  thread_local Block blocks[int(ScratchSlot::count)];
+  Block& b = blocks[int(which)];
+  const size_t want = size_t((n * int64_t(sizeof(T)) + 63) / 64 * 64);
+  if (b.size < want) {
+    std::free(b.p);
+    b.p = std::aligned_alloc(64, want);
+    if (b.p == nullptr) throw std::bad_alloc();
+    b.size = want;
+  }
+  return static_cast<T*>(b.p);
+}
 
 // Splits [0, n) into one range per thread (or one range for small n) and
 // calls f(begin, end) on each, in parallel.

@@ -188,28 +188,6 @@ void pack_x_block(int64_t mb, int64_t M, int64_t K, int64_t blocks, const BFloat
   }
 }
 
-// Per-thread scratch that only grows, 64-byte aligned: the packed x and the
-// C tiles are needed on every call, and fresh blocks of a few MB each call
-// cost page faults and zeroing (glibc maps them anew).
-enum class Scratch { packed_x, weight_chunk, c_tiles };
-template <typename T>
-T* scratch(Scratch which, int64_t n) {
-  struct Block {
-    void* p = nullptr;
-    size_t size = 0;
-    ~Block() { std::free(p); }
-  };
-  thread_local Block blocks[3];
-  Block& b = blocks[int(which)];
-  const size_t want = size_t((n * int64_t(sizeof(T)) + 63) / 64 * 64);
-  if (b.size < want) {
-    std::free(b.p);
-    b.p = std::aligned_alloc(64, want);
-    if (b.p == nullptr) throw std::bad_alloc();
-    b.size = want;
-  }
-  return static_cast<T*>(b.p);
-}
 
 template <typename O>
 void gemm_amx_inplace(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w, int64_t ldw,
@@ -217,7 +195,7 @@ void gemm_amx_inplace(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
   const int64_t blocks = (K + kKBlock - 1) / kKBlock, K32 = blocks * kKBlock, full = K / kKBlock;
   const int64_t mblocks = (M + kTile - 1) / kTile;
   // x packed per 16 rows as B tiles: [K32 / 2 pairs][16 rows][2], zeros past M and K.
-  uint32_t* xp = scratch<uint32_t>(Scratch::packed_x, mblocks * blocks * 256);
+  uint32_t* xp = thread_scratch<uint32_t>(ScratchSlot::amx_packed_x, mblocks * blocks * 256);
   for (int64_t mb = 0; mb < mblocks; ++mb) pack_x_block(mb, M, K, blocks, x, ldx, xp + mb * blocks * 256);
   const int64_t panels = (N + kPanel - 1) / kPanel;
   parallel_for(panels, M * K * kPanel, [&](int64_t q0, int64_t q1) {
@@ -307,7 +285,7 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
                       int64_t ldw, O* out, int64_t ldo, float alpha, float beta, const BFloat16* bias) {
   const int64_t blocks = (K + kKBlock - 1) / kKBlock, chunks = (blocks + kChunk - 1) / kChunk;
   const int64_t mpairs = (M + kPanel - 1) / kPanel, mblocks = 2 * mpairs;
-  uint32_t* xp = scratch<uint32_t>(Scratch::packed_x, mblocks * blocks * 256);
+  uint32_t* xp = thread_scratch<uint32_t>(ScratchSlot::amx_packed_x, mblocks * blocks * 256);
   const int64_t panels = (N + kPanel - 1) / kPanel;
   const int parts = int(std::clamp<int64_t>(num_threads(), 1, panels));
 #pragma omp parallel num_threads(parts)
@@ -318,8 +296,8 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
     const int64_t p0 = panels * me / nt, p1 = panels * (me + 1) / nt;
     configure();
     // [k-block][A tile 0, 1][16 rows][32] and [panel][m pair][C tile 0-3][16][16]
-    uint16_t* abuf = scratch<uint16_t>(Scratch::weight_chunk, kChunk * 2 * 512);
-    float* cbuf = scratch<float>(Scratch::c_tiles, kGroup * mpairs * 4 * 256);
+    uint16_t* abuf = thread_scratch<uint16_t>(ScratchSlot::amx_weight_chunk, kChunk * 2 * 512);
+    float* cbuf = thread_scratch<float>(ScratchSlot::amx_c_tiles, kGroup * mpairs * 4 * 256);
     const uint16_t* wbits = reinterpret_cast<const uint16_t*>(w);
     // This thread's work items in order: groups of panels, then chunks, then
     // the group's panels.

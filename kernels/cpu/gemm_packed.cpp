@@ -21,28 +21,6 @@ namespace {
 // block, about 350 KiB, inside a Zen 3 core's 512 KiB L2.
 constexpr int64_t kMR = 6, kNR = 16, kKC = 256, kNC = 128, kMB = 144;
 
-// Per-thread scratch that only grows, 64-byte aligned (as in gemm_amx.cpp:
-// fresh blocks each call would be page-faulted and zeroed).
-enum class Buf { x, b, c };
-template <typename T>
-T* buffer(Buf which, int64_t n) {
-  struct Block {
-    void* p = nullptr;
-    size_t size = 0;
-    ~Block() { std::free(p); }
-  };
-  thread_local Block blocks[3];
-  Block& b = blocks[int(which)];
-  const size_t want = size_t((n * int64_t(sizeof(T)) + 63) / 64 * 64);
-  if (b.size < want) {
-    std::free(b.p);
-    b.p = std::aligned_alloc(64, want);
-    if (b.p == nullptr) throw std::bad_alloc();
-    b.size = want;
-  }
-  return static_cast<T*>(b.p);
-}
-
 }  // namespace
 
 #pragma GCC push_options
@@ -172,11 +150,6 @@ inline void micro(int64_t kc, const float* a, int64_t lda, const float* b, float
   }
 }
 
-template <typename T>
-inline float to_f(T v) {
-  return float(v);
-}
-
 // out = alpha c (+ beta out) (+ bias), rounded once: the same operations in
 // the vector body and the scalar tail.
 template <typename W, typename O>
@@ -195,8 +168,8 @@ void write_out(int64_t rows, int64_t ncols, const float* c, int64_t ldc, O* out,
     }
     for (; n < ncols; ++n) {
       float v = alpha * cr[n];
-      if (beta != 0.0f) v = std::fma(beta, to_f(o[n]), v);
-      if (bias) v += to_f(bias[n]);
+      if (beta != 0.0f) v = std::fma(beta, float(o[n]), v);
+      if (bias) v += float(bias[n]);
       o[n] = O(v);
     }
   }
@@ -207,8 +180,8 @@ template <typename W, typename O>
 void columns(int64_t M, int64_t c0, int64_t c1, int64_t K, const float* x, int64_t ldx, const W* w, int64_t ldw,
              bool w_k_major, O* out, int64_t ldo, float alpha, float beta, const W* bias) {
   constexpr int64_t kLdc = kNC;
-  float* bp = buffer<float>(Buf::b, kKC * kNC);
-  float* c = buffer<float>(Buf::c, (kMB + kMR) * kLdc);
+  float* bp = thread_scratch<float>(ScratchSlot::packed_b, kKC * kNC);
+  float* c = thread_scratch<float>(ScratchSlot::packed_c, (kMB + kMR) * kLdc);
   for (int64_t m0 = 0; m0 < M; m0 += kMB) {
     const int64_t rows = std::min(kMB, M - m0);
     for (int64_t n0 = c0; n0 < c1; n0 += kNC) {
@@ -266,7 +239,7 @@ void gemm_packed_avx2(int64_t M, int64_t N, int64_t K, const X* x, int64_t x_rs,
   if (std::is_same_v<X, float> && (x_cs == 1 || K <= 1)) {
     xf = reinterpret_cast<const float*>(x), ldxf = x_rs;
   } else {
-    float* t = buffer<float>(Buf::x, M * std::max<int64_t>(K, 1));
+    float* t = thread_scratch<float>(ScratchSlot::packed_x, M * std::max<int64_t>(K, 1));
     dense_rows(M, K, x, x_rs, x_cs, t);
     xf = t, ldxf = K;
   }

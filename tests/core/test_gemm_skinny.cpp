@@ -288,6 +288,33 @@ TEST_CASE("gemm_amx_bf16: past kAmxInPlaceRows (the k-blocked kernel), odd shape
   }
 }
 
+// run(rows, x, w, out) over the first `rows` rows of a fixed [300, K] bf16 x
+// and [N, K] w: each row gives the same bits whatever the row count (the
+// first entry of `row_counts` is the reference), and on 2 threads as inside
+// a parallel region (one thread).
+template <typename Run>
+void check_same_bits(std::initializer_list<int64_t> row_counts, int64_t N, int64_t K, uint64_t seed, Run run) {
+  std::vector<float> xf = values(size_t(300 * K), seed), wf = values(size_t(N * K), seed + 1);
+  std::vector<BFloat16> x(xf.begin(), xf.end()), w(wf.begin(), wf.end());
+  std::vector<BFloat16> first;
+  for (int64_t rows : row_counts) {
+    CAPTURE(rows);
+    std::vector<BFloat16> out(size_t(rows * N)), one(size_t(rows * N));
+    run(rows, x.data(), w.data(), out.data());
+#pragma omp parallel num_threads(2)
+    {
+#pragma omp single
+      run(rows, x.data(), w.data(), one.data());
+    }
+    bool same_threads = true, same_rows = true;
+    for (size_t i = 0; i < out.size(); ++i) same_threads = same_threads && out[i].bits == one[i].bits;
+    if (first.empty()) first = out;
+    for (size_t i = 0; i < first.size(); ++i) same_rows = same_rows && out[i].bits == first[i].bits;
+    CHECK(same_threads);
+    CHECK(same_rows);
+  }
+}
+
 // gemm_packed_avx2<X, W, O> with a bias or not, x row-major or transposed,
 // against f64 sums of the values as the kernel sees them.
 template <typename X, typename W, typename O>
@@ -368,27 +395,9 @@ TEST_CASE("gemm_packed_avx2: odd shapes, every operand dtype, strides, transpose
       }
   // The same rows give the same bits at any M (alone, inside a block, past
   // it) and on one thread or two.
-  const int64_t N = 300, K = 600;
-  std::vector<float> xf = values(size_t(300 * K), 15), wf = values(size_t(N * K), 16);
-  std::vector<BFloat16> x(xf.begin(), xf.end()), w(wf.begin(), wf.end());
-  std::vector<BFloat16> first;
-  for (int64_t rows : {int64_t(5), int64_t(100), int64_t(300)}) {
-    CAPTURE(rows);
-    std::vector<BFloat16> out(size_t(rows * N)), one(size_t(rows * N));
-    gemm_packed_avx2<BFloat16, BFloat16, BFloat16>(rows, N, K, x.data(), K, 1, w.data(), K, out.data(), N, 1.0f, 0.0f);
-#pragma omp parallel num_threads(2)
-    {
-#pragma omp single
-      gemm_packed_avx2<BFloat16, BFloat16, BFloat16>(rows, N, K, x.data(), K, 1, w.data(), K, one.data(), N, 1.0f,
-                                                     0.0f);
-    }
-    bool same_threads = true, same_rows = true;
-    for (size_t i = 0; i < out.size(); ++i) same_threads = same_threads && out[i].bits == one[i].bits;
-    if (first.empty()) first = out;
-    for (size_t i = 0; i < first.size(); ++i) same_rows = same_rows && out[i].bits == first[i].bits;
-    CHECK(same_threads);
-    CHECK(same_rows);
-  }
+  check_same_bits({5, 100, 300}, 300, 600, 15, [](int64_t rows, const BFloat16* x, const BFloat16* w, BFloat16* out) {
+    gemm_packed_avx2<BFloat16, BFloat16, BFloat16>(rows, 300, 600, x, 600, 1, w, 600, out, 300, 1.0f, 0.0f);
+  });
 }
 
 TEST_CASE("gemm_skinny: linear() routes up to kSkinnyMaxRows (bf16 with AMX: kAmxMaxRows) rows through it, both dtypes, every level") {
