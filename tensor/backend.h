@@ -97,6 +97,15 @@ class Backend {
   virtual void softmax(const Tensor& x, const Tensor& out, bool log) = 0;
   // dx = softmax'(y) dy (log: dy - exp(y) * sum(dy))
   virtual void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log) = 0;
+  // Cross-entropy rows with their gradient, in one kernel (optional): logits
+  // [R, V] f32 contiguous, targets [R] i64 contiguous (each in [0, V)), loss
+  // [R] f32: loss[r] = logsumexp(logits[r]) - logits[r][targets[r]], and the
+  // logits overwritten with softmax(logits[r]) - onehot(targets[r]). Returns
+  // false when the backend has no kernel for it (the caller composes it).
+  virtual bool cross_entropy_rows(const Tensor& logits, const Tensor& targets, const Tensor& loss) {
+    (void)logits, (void)targets, (void)loss;
+    return false;
+  }
   // The first k of each row in sorted order; values [m, k] (x's dtype), indices [m, k] i64.
   // Ties keep the lower index first (a stable sort).
   virtual void sort(const Tensor& x, int64_t k, bool descending, const Tensor& values,
@@ -149,6 +158,29 @@ class Backend {
   virtual bool attention_inference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                    double scale, bool causal) {
     (void)q, (void)k, (void)v, (void)out, (void)scale, (void)causal;
+    return false;
+  }
+
+  // ---- fused attention with a backward (optional) ----
+  // As attention_inference (the same values bit for bit where both run, so a
+  // checkpointed forward and its recomputation agree), and lse [B, HQ, TQ] f32
+  // contiguous: each query row's log-sum-exp of its scaled visible scores
+  // (NaN for a row with no visible key). Returns false when the backend has
+  // no kernel for these inputs; the caller then composes the op.
+  virtual bool attention_train(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                               const Tensor& lse, double scale, bool causal) {
+    (void)q, (void)k, (void)v, (void)out, (void)lse, (void)scale, (void)causal;
+    return false;
+  }
+  // The gradients of attention_train's output: from q, k, v, its out and lse
+  // and dout [B, HQ, TQ, D] (any strides), writes dq [B, HQ, TQ, D] and dk, dv
+  // [B, HKV, TK, D] (contiguous; GQA heads summed per KV head). Runs wherever
+  // attention_train returned true for the same q, k, v.
+  virtual bool attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                                  const Tensor& dv, double scale, bool causal) {
+    (void)q, (void)k, (void)v, (void)out, (void)lse, (void)dout, (void)dq, (void)dk, (void)dv, (void)scale,
+        (void)causal;
     return false;
   }
 

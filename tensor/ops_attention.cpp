@@ -1,5 +1,7 @@
-// Scaled dot-product attention: the backend's fused inference kernel when it
-// has one (kernels/cpu/attention.cpp), else the composition of matmul and softmax.
+// Scaled dot-product attention: the backend's fused kernel with a backward
+// when it has one (kernels/cpu/attention.cpp and attention_backward.cpp: f32),
+// else its fused inference kernel when nothing records, else the composition
+// of matmul and softmax.
 #include <cmath>
 
 #include <fmt/format.h>
@@ -21,13 +23,33 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     throw std::invalid_argument(fmt::format("attention: {} query heads not a multiple of {} kv heads", hq, hkv));
   int64_t groups = hq / hkv;
   double scale = opts.scale != 0 ? opts.scale : 1.0 / std::sqrt(double(d));
-  // Inference without bias or padding mask: the backend's fused kernel when it
-  // has one (no [TQ, TK] score tensor per head, no separate mask/softmax passes).
   const bool needs_grad = grad_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  if (!needs_grad && inference_kernels_enabled() && !opts.bias.defined() && !opts.key_padding_mask.defined() && q.device() == k.device() &&
+  if (!opts.bias.defined() && !opts.key_padding_mask.defined() && q.device() == k.device() &&
       q.device() == v.device()) {
+    Backend& be = backend(q.device());
     Tensor out = empty({b, hq, tq, d}, TensorOptions(q.dtype(), q.device()));
-    if (backend(q.device()).attention_inference(q, k, v, out, scale, opts.causal)) return out;
+    // The fused kernel with a backward (flash-style: no [TQ, TK] scores kept
+    // for it), with or without a tape, so that a checkpointed forward and its
+    // recomputation agree bit for bit.
+    Tensor lse = empty({b, hq, tq}, TensorOptions(DType::f32, q.device()));
+    if (be.attention_train(q, k, v, out, lse, scale, opts.causal)) {
+      if (needs_grad) {
+        const Tensor qd = q.detach(), kd = k.detach(), vd = v.detach(), od = out.detach();
+        const bool causal = opts.causal;
+        record(out, "scaled_dot_product_attention", {q, k, v}, [qd, kd, vd, od, lse, scale, causal](const Tensor& g) {
+          const TensorOptions f32(DType::f32, qd.device());
+          Tensor dq = empty(qd.shape(), f32), dk = empty(kd.shape(), f32), dv = empty(vd.shape(), f32);
+          if (!backend(qd.device()).attention_backward(qd, kd, vd, od, lse, g, dq, dk, dv, scale, causal))
+            throw std::logic_error("attention: the backend ran the fused forward but has no backward for it");
+          return std::vector<Tensor>{dq, dk, dv};
+        });
+      }
+      return out;
+    }
+    // Inference: the backend's fused kernel when it has one (no [TQ, TK]
+    // score tensor per head, no separate mask/softmax passes).
+    if (!needs_grad && inference_kernels_enabled() && be.attention_inference(q, k, v, out, scale, opts.causal))
+      return out;
   }
   // q heads h = j * groups + r use kv head j.
   Tensor q5 = q.reshape({b, hkv, groups * tq, d});

@@ -54,46 +54,54 @@ Tensor chunked_cross_entropy_sum(const Tensor& hidden, const Tensor& weight, con
   Tensor h = index_select(hidden, 0, from_vector(rows, {N}, i64));  // records its own backward
   Tensor all_targets = from_vector(wanted, {N, 1}, i64);
 
-  std::vector<Chunk> chunks;
-  Tensor total;
+  // One pass over the chunks. With a tape, each chunk's gradient is taken
+  // while its logits are at hand: d/dlogits = softmax - onehot(target), in
+  // the log-softmax's own buffer, and its two products (to the rows and to
+  // the weight) run here, so the backward only scales them by the incoming
+  // gradient. Three head products per chunk instead of four (the backward
+  // recomputed the logits), and no logits kept.
+  const bool grad = needs_grad({h, weight});
+  Tensor total, gh_all, gw;
+  std::vector<Tensor> gh;
   {
     NoGradGuard ng;
+    const Tensor wd = weight.detach(), hd = h.detach();
     for (int64_t b = 0; b < N; b += chunk_rows) {
       Chunk c{b, std::min(chunk_rows, N - b), Tensor()};
       c.targets = all_targets.narrow(0, b, c.rows);
-      // log_softmax in place in the chunk's own logits buffer: one row kernel
-      // (max, exp-sum, subtract) instead of four passes and two more
-      // [rows, V] temporaries.
-      Tensor lp = chunk_logits(h, weight, c);
-      backend(dev).softmax(lp, lp, /*log=*/true);
-      Tensor part = neg(sum(gather(lp, 1, c.targets)));
-      total = total.defined() ? add(total, part) : part;
-      chunks.push_back(std::move(c));
-    }
-  }
-  if (!needs_grad({h, weight})) return total;
-  Tensor hd = h.detach(), wd = weight.detach();
-  record(total, "chunked_cross_entropy", {h, weight}, [hd, wd, chunks](const Tensor& g) {
-    // d/dlogits = softmax - onehot(target), times the incoming gradient.
-    std::vector<Tensor> gh;
-    Tensor gw;
-    const Tensor gf = g.to(DType::f32);
-    for (const Chunk& c : chunks) {
-      // p = softmax(logits) - onehot(target), in the recomputed logits'
-      // buffer; the incoming gradient scales the small operands instead of p.
-      Tensor p = chunk_logits(hd, wd, c);
-      backend(p.device()).softmax(p, p, /*log=*/false);
-      backend(p.device()).scatter(p, 1, c.targets, full({c.rows, 1}, -1.0, TensorOptions(DType::f32, p.device())),
-                                  /*accumulate=*/true);
+      Tensor lp = chunk_logits(hd, wd, c);
+      Backend& be = backend(dev);
+      // One row kernel where the backend has it: each row's loss, and the
+      // logits overwritten with d/dlogits = softmax - onehot(target).
+      Tensor row_loss = empty({c.rows}, TensorOptions(DType::f32, dev));
+      if (be.cross_entropy_rows(lp, c.targets, row_loss)) {
+        total = total.defined() ? add(total, sum(row_loss)) : sum(row_loss);
+        if (!grad) continue;
+      } else {
+        // log_softmax in place in the logits buffer (one row kernel), then,
+        // with a tape, p = exp(log p) - onehot(target) in place.
+        be.softmax(lp, lp, /*log=*/true);
+        Tensor part = neg(sum(gather(lp, 1, c.targets)));
+        total = total.defined() ? add(total, part) : part;
+        if (!grad) continue;
+        be.unary(UnaryOp::exp, lp, lp, 0, 0);
+        be.scatter(lp, 1, c.targets, full({c.rows, 1}, -1.0, TensorOptions(DType::f32, dev)), /*accumulate=*/true);
+      }
       // The rows' gradient in the weight's dtype; the weight's in f32 (a bf16
       // sum over chunks would lose the small contributions), accumulated in
       // place over the chunks.
-      gh.push_back(mul(matmul(p.to(wd.dtype()), wd), gf));
-      Tensor hc = mul(hd.narrow(0, c.begin, c.rows).to(DType::f32), gf).contiguous();
-      if (!gw.defined()) gw = matmul(p.t(), hc);
-      else backend(p.device()).matmul(p.t().unsqueeze(0), hc.unsqueeze(0), gw.unsqueeze(0), 1.0, 1.0);
+      gh.push_back(matmul(lp.to(wd.dtype()), wd));
+      Tensor hc = hd.narrow(0, c.begin, c.rows).to(DType::f32).contiguous();
+      if (!gw.defined()) gw = matmul(lp.t(), hc);
+      else be.matmul(lp.t().unsqueeze(0), hc.unsqueeze(0), gw.unsqueeze(0), 1.0, 1.0);
     }
-    return std::vector<Tensor>{gh.size() == 1 ? gh[0] : cat(gh, 0), gw};
+    if (grad) gh_all = gh.size() == 1 ? gh[0] : cat(gh, 0);
+  }
+  if (!grad) return total;
+  record(total, "chunked_cross_entropy", {h, weight}, [gh_all, gw](const Tensor& g) {
+    // The incoming gradient (1 / the step's target tokens in SFT) scales both.
+    const Tensor gf = g.to(DType::f32);
+    return std::vector<Tensor>{mul(gh_all, gf), mul(gw, gf)};
   });
   return total;
 }

@@ -152,8 +152,12 @@ float exp_split_row_bf16(float* s, int64_t n, float sc, BFloat16* hi, BFloat16* 
 }
 #pragma GCC pop_options
 
+// lse (f32 only; may be null): per query row [B, HQ, TQ], the log of the sum of
+// exp(scaled score) over its visible keys, for the backward
+// (kernels/cpu/attention_backward.cpp); writing it changes no other value.
 template <typename T>
-void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, float sc, bool causal) {
+void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, float sc, bool causal,
+                    float* lse = nullptr) {
   const int64_t B = q.size(0), HQ = q.size(1), TQ = q.size(2), D = q.size(3);
   const int64_t HKV = k.size(1), TK = k.size(2), G = HQ / HKV;
   // bf16 prefill: both products on oneDNN (AMX here) in blocks of 256 queries.
@@ -187,8 +191,10 @@ void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
       // Keys visible to the block's last query (all keys without the mask).
       const int64_t keys = causal ? std::min(TK, i0 + rows + TK - TQ) : TK;
       T* o = op + ((b * HQ + h) * TQ + i0) * D;
+      float* lse_rows = lse ? lse + (b * HQ + h) * TQ + i0 : nullptr;
       if (keys <= 0) {  // no visible key: softmax of all -inf is NaN, as the composite gives
         std::fill(o, o + rows * D, T(std::numeric_limits<float>::quiet_NaN()));
+        if (lse_rows) std::fill(lse_rows, lse_rows + rows, std::numeric_limits<float>::quiet_NaN());
         continue;
       }
       const int64_t hk = h / G;
@@ -204,13 +210,16 @@ void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
           auto row = S.row(r).array();
           if (visible <= 0) {
             row.setConstant(std::numeric_limits<float>::quiet_NaN());
+            if (lse_rows) lse_rows[r] = std::numeric_limits<float>::quiet_NaN();
             continue;
           }
           if (visible < keys) row.tail(keys - visible).setZero();
           auto live = row.head(visible);
           const float mx = live.maxCoeff();
           live = (live - mx).exp();
-          live *= 1.0f / live.sum();
+          const float sum = live.sum();
+          if (lse_rows) lse_rows[r] = mx + std::log(sum);
+          live *= 1.0f / sum;
         }
       };
       if constexpr (std::is_same_v<T, BFloat16>) {
@@ -312,6 +321,25 @@ bool CpuBackend::attention_inference(const Tensor& q, const Tensor& k, const Ten
     attention_impl<float>(q, k, v, out, float(scale), causal);
   else
     attention_impl<BFloat16>(q, k, v, out, float(scale), causal);
+  return true;
+}
+
+bool attention_train_supported(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return q.dtype() == DType::f32 && k.dtype() == DType::f32 && v.dtype() == DType::f32 && q.stride(3) == 1 &&
+         k.stride(3) == 1 && v.stride(3) == 1;
+}
+
+bool CpuBackend::attention_train(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                 const Tensor& lse, double scale, bool causal) {
+  if (!attention_train_supported(q, k, v) || out.dtype() != DType::f32 || !out.is_contiguous() ||
+      lse.dtype() != DType::f32 || !lse.is_contiguous() || lse.numel() != q.size(0) * q.size(1) * q.size(2))
+    return false;
+  {
+    const double TQ = double(q.size(2)), TK = double(k.size(2));
+    const double pairs = causal ? TQ * std::max(0.0, TK - TQ) + TQ * (TQ + 1) / 2 : TQ * TK;
+    count_flops(4.0 * double(q.size(0)) * double(q.size(1)) * double(q.size(3)) * pairs);
+  }
+  attention_impl<float>(q, k, v, out, float(scale), causal, static_cast<float*>(lse.data_ptr()));
   return true;
 }
 

@@ -6,6 +6,10 @@
 
 namespace areno::cpu {
 
+// Whether attention_train and attention_backward run for these operands (f32,
+// the last dimension contiguous).
+bool attention_train_supported(const Tensor& q, const Tensor& k, const Tensor& v);
+
 class CpuBackend final : public Backend {
  public:
   std::shared_ptr<Storage> allocate(size_t nbytes, Device device) override;
@@ -28,6 +32,7 @@ class CpuBackend final : public Backend {
 
   void softmax(const Tensor& x, const Tensor& out, bool log) override;
   void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log) override;
+  bool cross_entropy_rows(const Tensor& logits, const Tensor& targets, const Tensor& loss) override;
   void sort(const Tensor& x, int64_t k, bool descending, const Tensor& values,
             const Tensor& indices) override;
   void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
@@ -47,6 +52,11 @@ class CpuBackend final : public Backend {
   bool linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;
   bool attention_inference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                            double scale, bool causal) override;
+  bool attention_train(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                       double scale, bool causal) override;
+  bool attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv, double scale,
+                          bool causal) override;
 
   void index_select(const Tensor& x, const Tensor& index, const Tensor& out) override;
   void index_add(const Tensor& out, const Tensor& index, const Tensor& src) override;

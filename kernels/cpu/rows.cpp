@@ -6,11 +6,14 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <cstring>
 #include <numeric>
 #include <type_traits>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/vec_exp.h"
 
 namespace areno::cpu {
 
@@ -95,6 +98,78 @@ void CpuBackend::softmax(const Tensor& x, const Tensor& out, bool log) {
       }
     });
   });
+}
+
+namespace {
+
+typedef double D4 __attribute__((vector_size(32)));
+
+// One cross-entropy row (see Backend::cross_entropy_rows), three passes over
+// 8-lane vectors: the largest logit; the sum of exp(x - max)
+// (exp_nonpositive, summed in f64 lanes as softmax_row does, for the same
+// reason); then p = exp(x - max) / sum in place, minus 1 at the target.
+// Logits of -inf get p = 0 exactly. A NaN logit (or +inf) makes the sum NaN:
+// the row is then all NaN, as softmax gives. Returns the row's loss,
+// log(sum) + max - x[target].
+float cross_entropy_row(float* x, int64_t n, int64_t target) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  F8 mx8 = F8{} + kNegInf;
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    F8 v;
+    std::memcpy(&v, x + j, sizeof v);
+    mx8 = v > mx8 ? v : mx8;
+  }
+  float mx = kNegInf;
+  for (int l = 0; l < 8; ++l) mx = std::max(mx, mx8[l]);
+  for (int64_t i = j; i < n; ++i) mx = std::max(mx, x[i]);
+  const float xt = x[target];
+  D4 s_lo = {}, s_hi = {};
+  j = 0;
+  for (; j + 8 <= n; j += 8) {
+    F8 v;
+    std::memcpy(&v, x + j, sizeof v);
+    const F8 e = exp_nonpositive(v - mx);
+    s_lo += __builtin_convertvector(__builtin_shufflevector(e, e, 0, 1, 2, 3), D4);
+    s_hi += __builtin_convertvector(__builtin_shufflevector(e, e, 4, 5, 6, 7), D4);
+  }
+  double sum = 0;
+  for (int l = 0; l < 4; ++l) sum += s_lo[l];
+  for (int l = 0; l < 4; ++l) sum += s_hi[l];
+  for (int64_t i = j; i < n; ++i) sum += double(exp_nonpositive(x[i] - mx));
+  if (std::isnan(sum) || mx == kNegInf) {  // a NaN or +inf logit, or nothing finite
+    std::fill(x, x + n, std::numeric_limits<float>::quiet_NaN());
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  const float inv = float(1.0 / sum);
+  j = 0;
+  for (; j + 8 <= n; j += 8) {
+    F8 v;
+    std::memcpy(&v, x + j, sizeof v);
+    F8 p = exp_nonpositive(v - mx) * inv;
+    p = v == kNegInf ? F8{} : p;
+    std::memcpy(x + j, &p, sizeof p);
+  }
+  for (int64_t i = j; i < n; ++i) x[i] = x[i] == kNegInf ? 0.0f : exp_nonpositive(x[i] - mx) * inv;
+  x[target] -= 1.0f;
+  return float(std::log(sum) + double(mx) - double(xt));
+}
+
+}  // namespace
+
+bool CpuBackend::cross_entropy_rows(const Tensor& logits, const Tensor& targets, const Tensor& loss) {
+  if (logits.dtype() != DType::f32 || !logits.is_contiguous() || logits.dim() != 2 || targets.dtype() != DType::i64 ||
+      !targets.is_contiguous() || loss.dtype() != DType::f32 || !loss.is_contiguous() ||
+      targets.numel() != logits.size(0) || loss.numel() != logits.size(0))
+    return false;
+  const int64_t R = logits.size(0), V = logits.size(1);
+  float* x = static_cast<float*>(logits.data_ptr());
+  const int64_t* t = static_cast<const int64_t*>(targets.data_ptr());
+  float* l = static_cast<float*>(loss.data_ptr());
+  parallel_for(R, V * 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) l[r] = cross_entropy_row(x + r * V, V, t[r]);
+  });
+  return true;
 }
 
 void CpuBackend::softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log) {

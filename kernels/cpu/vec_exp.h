@@ -22,6 +22,10 @@ typedef float F16 __attribute__((vector_size(64)));
 typedef int32_t I16 __attribute__((vector_size(64)));
 typedef uint32_t U16 __attribute__((vector_size(64)));
 typedef uint16_t H16 __attribute__((vector_size(32)));
+// 8 lanes (one AVX register; two SSE ones): for loops whose selects and
+// conversions GCC spills to the stack at 16 lanes below AVX-512.
+typedef float F8 __attribute__((vector_size(32)));
+typedef int32_t I8 __attribute__((vector_size(32)));
 
 // float_to_bf16_bits (tensor/dtype.h) on 16 lanes of float bits.
 __attribute__((always_inline)) inline U16 bf16_bits_rne(U16 u) {
@@ -34,6 +38,13 @@ inline float pow2_of(float r) { return std::bit_cast<float>((int32_t(r) + 127) <
 __attribute__((always_inline)) inline F16 pow2_of(F16 r) {
   const I16 bits = (__builtin_convertvector(r, I16) + 127) << 23;
   F16 out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
+__attribute__((always_inline)) inline F8 pow2_of(F8 r) {
+  const I8 bits = (__builtin_convertvector(r, I8) + 127) << 23;
+  F8 out;
   std::memcpy(&out, &bits, sizeof out);
   return out;
 }

@@ -9,9 +9,12 @@
 // matching ops (e.g. ARENO_OP=conv ./test_ops).
 #include <doctest/doctest.h>
 
+#include <omp.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -533,9 +536,61 @@ DEVICE_TEST_CASE("ops/reduce: f32 extremes of long and short rows give the first
   }
 }
 
-// Inference attention (no grad, no bias or padding mask) may run a backend's
-// fused kernel; it must equal the composed op (what runs when grads are needed).
-DEVICE_TEST_CASE("ops/attention: the fused inference kernel equals the composed op") {
+// A backend's cross-entropy rows (Backend::cross_entropy_rows; the CPU's
+// kernel in kernels/cpu/rows.cpp): each row's loss, logsumexp - x[target],
+// and the logits replaced by softmax - onehot, against f64; rows longer than
+// the 16-lane groups with tails, -inf logits (p exactly 0), a row of
+// -inf but the target, a NaN row (all NaN out), and the target in the tail.
+DEVICE_TEST_CASE("ops/cross_entropy_rows: loss and softmax minus onehot against f64") {
+  Generator g(21);
+  const int64_t R = 5, V = 1000 + 13;
+  Tensor x = rand_normal({R, V}, g, 0.0, 4.0);
+  std::vector<float> xv = x.to_vector<float>();
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < V; j += 7) xv[size_t(1 * V + j)] = ninf;
+  for (int64_t j = 0; j < V; ++j) xv[size_t(2 * V + j)] = j == 5 ? 3.0f : ninf;
+  xv[size_t(3 * V + 100)] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<int64_t> tv = {V - 1, 3, 5, 0, 17};
+  Tensor logits = from_vector(xv, {R, V}).to(device);
+  Tensor loss = empty({R}, TensorOptions(DType::f32, device));
+  if (!backend(device).cross_entropy_rows(logits, from_vector(tv, {R}).to(device), loss)) {
+    MESSAGE("no cross_entropy_rows kernel on this device");
+    return;
+  }
+  const std::vector<float> p = logits.to(Device::cpu()).to_vector<float>(), l = loss.to(Device::cpu()).to_vector<float>();
+  for (int64_t r = 0; r < R; ++r) {
+    CAPTURE(r);
+    const float* row = xv.data() + r * V;
+    if (r == 3) {
+      CHECK(std::isnan(l[size_t(r)]));
+      for (int64_t j = 0; j < V; ++j) CHECK(std::isnan(p[size_t(r * V + j)]));
+      continue;
+    }
+    double mx = -INFINITY, s = 0;
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, double(row[j]));
+    for (int64_t j = 0; j < V; ++j) s += std::exp(double(row[j]) - mx);
+    const double lse = std::log(s) + mx;
+    CHECK(std::fabs(l[size_t(r)] - (lse - double(row[tv[size_t(r)]]))) < 1e-5 * std::max(1.0, std::fabs(lse)));
+    double worst = 0;
+    for (int64_t j = 0; j < V; ++j) {
+      const double want = std::exp(double(row[j]) - lse) - (j == tv[size_t(r)] ? 1.0 : 0.0);
+      const float got = p[size_t(r * V + j)];
+      if (row[j] == ninf) CHECK(got == 0.0f);
+      worst = std::max(worst, std::fabs(double(got) - want));
+    }
+    CHECK(worst < 1e-6);
+  }
+}
+
+// Attention without a bias or padding mask may run a backend's fused kernel
+// (on the CPU in f32: kernels/cpu/attention.cpp, the same kernel with and
+// without grad); it must equal the composed op, which a zero bias forces, and
+// the composed op in f64. Its gradients (the CPU's flash-style backward,
+// kernels/cpu/attention_backward.cpp) must equal the composed op's in f64,
+// with grouped heads, a cached history (more keys than queries), one query,
+// no mask, key counts across several key blocks and chunks, and a transposed
+// query; the same bits with one thread as with all.
+DEVICE_TEST_CASE("ops/attention: the fused kernel and its backward equal the composed op") {
   Generator g(11);
   struct Case {
     int64_t b, hq, hkv, tq, tk, d;
@@ -543,24 +598,56 @@ DEVICE_TEST_CASE("ops/attention: the fused inference kernel equals the composed 
   };
   for (const Case& c : {Case{1, 4, 2, 130, 130, 16, true}, Case{2, 3, 3, 7, 40, 8, true},
                         Case{1, 6, 2, 1, 75, 32, true}, Case{1, 2, 1, 66, 66, 12, false},
-                        Case{1, 2, 2, 20, 20, 4, true}}) {
+                        Case{1, 2, 2, 20, 20, 4, true}, Case{1, 4, 1, 200, 330, 8, true},
+                        Case{1, 2, 1, 1100, 1100, 8, true}}) {
     CAPTURE(c.tq);
     CAPTURE(c.tk);
+    CAPTURE(c.causal);
     // q as a transposed view ([T, H, D] storage, like the decoder's heads).
-    Tensor q = rand_normal({c.b, c.tq, c.hq, c.d}, g, 0.0, 1.0).to(device).transpose(1, 2);
+    Tensor q = rand_normal({c.b, c.tq, c.hq, c.d}, g, 0.0, 1.0).to(device);
     Tensor k = rand_normal({c.b, c.hkv, c.tk, c.d}, g, 0.0, 1.0).to(device);
     Tensor v = rand_normal({c.b, c.hkv, c.tk, c.d}, g, 0.0, 1.0).to(device);
+    const Tensor w = rand_normal({c.b, c.hq, c.tq, c.d}, g, 0.0, 1.0).to(device);  // d loss / d out
     AttentionOptions o;
     o.causal = c.causal;
+    AttentionOptions composite = o;
+    composite.bias = zeros({1, 1, 1, c.tk}, TensorOptions(DType::f32, device));
     Tensor fused;
     {
       NoGradGuard ng;
-      fused = scaled_dot_product_attention(q, k, v, o);
+      fused = scaled_dot_product_attention(q.transpose(1, 2), k, v, o);
     }
-    Tensor qg = q.detach();
-    qg.set_requires_grad(true);
-    Tensor composed = scaled_dot_product_attention(qg, k, v, o);
-    CHECK(max_abs_diff(fused, composed.detach()) < 2e-6);
+    // With grad: the same values; then the gradients of sum(out * w).
+    auto grads = [&](DType dt, const AttentionOptions& opts, Tensor* out) {
+      Tensor ql = q.to(dt).detach(), kl = k.to(dt).detach(), vl = v.to(dt).detach();
+      for (Tensor* t : {&ql, &kl, &vl}) t->set_requires_grad(true);
+      AttentionOptions oo = opts;
+      if (oo.bias.defined()) oo.bias = oo.bias.to(dt);
+      Tensor y = scaled_dot_product_attention(ql.transpose(1, 2), kl, vl, oo);
+      if (out) *out = y.detach();
+      sum(mul(y, w.to(dt))).backward();
+      return std::vector<Tensor>{ql.grad(), kl.grad(), vl.grad()};
+    };
+    Tensor with_grad, composed, exact;
+    const std::vector<Tensor> gf = grads(DType::f32, o, &with_grad);
+    const std::vector<Tensor> gc = grads(DType::f32, composite, &composed);
+    const std::vector<Tensor> ge = grads(DType::f64, o, &exact);
+    CHECK(max_abs_diff(fused, with_grad) == 0);
+    CHECK(max_abs_diff(fused, composed) < 2e-6);
+    CHECK(max_abs_diff(fused.to(DType::f64), exact) < 2e-6);
+    for (size_t i = 0; i < 3; ++i) {
+      CAPTURE(i);
+      const double scale = std::max(1.0, max(abs(ge[i])).item());
+      CHECK(max_abs_diff(gf[i].to(DType::f64), ge[i]) < 2e-5 * scale);
+      CHECK(max_abs_diff(gc[i].to(DType::f64), ge[i]) < 2e-5 * scale);
+    }
+    if (device == Device::cpu()) {  // one thread: the same bits
+      const int saved = omp_get_max_threads();
+      omp_set_num_threads(1);
+      const std::vector<Tensor> g1 = grads(DType::f32, o, nullptr);
+      omp_set_num_threads(saved);
+      for (size_t i = 0; i < 3; ++i) CHECK(max_abs_diff(g1[i], gf[i]) == 0);
+    }
   }
 }
 

@@ -96,6 +96,26 @@ TEST_CASE("train/loss: chunked cross-entropy equals the full softmax, value and 
     // Rows without a target get exactly no gradient.
     CHECK(max(abs(h.grad().select(0, 1))).item() == 0.0);
   }
+  // A vocabulary past the kernel's 16-lane groups, and an incoming gradient
+  // other than 1 (the trainer's 1 / target tokens) scaling both gradients.
+  {
+    Tensor h1 = rand_normal({5, 8}, g), w1 = rand_normal({77, 8}, g, 0.0, 3.0);
+    Tensor t1 = from_vector<int64_t>({76, 0, -1, 40, 17}, {5});
+    Tensor hr1 = h1.clone().set_requires_grad(), wr1 = w1.clone().set_requires_grad();
+    Tensor lp1 = log_softmax(linear(hr1, wr1), -1);
+    Tensor ref1 = mul(neg(sum(gather(index_select(lp1, 0, from_vector<int64_t>({0, 1, 3, 4}, {4})), 1,
+                                     from_vector<int64_t>({76, 0, 40, 17}, {4, 1})))),
+                      0.3);
+    ref1.backward();
+    for (int64_t chunk : {2, 100}) {
+      Tensor h = h1.clone().set_requires_grad(), w = w1.clone().set_requires_grad();
+      Tensor loss = mul(chunked_cross_entropy_sum(h, w, t1, chunk), 0.3);
+      CHECK(loss.item() == doctest::Approx(ref1.item()).epsilon(1e-6));
+      loss.backward();
+      CHECK(rel(h.grad(), hr1.grad()) < 1e-6);
+      CHECK(rel(w.grad(), wr1.grad()) < 1e-6);
+    }
+  }
   CHECK_THROWS_WITH_AS(chunked_cross_entropy_sum(h0, w0, from_vector<int64_t>({13, 0, 0, 0, 0, 0, 0, 0, 0}, {9})),
                        doctest::Contains("target 13 at row 0 is outside the vocabulary of 13"), std::invalid_argument);
 }
