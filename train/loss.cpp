@@ -61,6 +61,9 @@ Tensor chunked_cross_entropy_sum(const Tensor& hidden, const Tensor& weight, con
   // gradient. Three head products per chunk instead of four (the backward
   // recomputed the logits), and no logits kept.
   const bool grad = needs_grad({h, weight});
+  // Only the products someone needs (a frozen head, as in LoRA-only runs,
+  // skips the weight's).
+  const bool grad_h = grad && h.requires_grad(), grad_w = grad && weight.requires_grad();
   Tensor total, gh_all, gw;
   std::vector<Tensor> gh;
   {
@@ -90,18 +93,19 @@ Tensor chunked_cross_entropy_sum(const Tensor& hidden, const Tensor& weight, con
       // The rows' gradient in the weight's dtype; the weight's in f32 (a bf16
       // sum over chunks would lose the small contributions), accumulated in
       // place over the chunks.
-      gh.push_back(matmul(lp.to(wd.dtype()), wd));
+      if (grad_h) gh.push_back(matmul(lp.to(wd.dtype()), wd));
+      if (!grad_w) continue;
       Tensor hc = hd.narrow(0, c.begin, c.rows).to(DType::f32).contiguous();
       if (!gw.defined()) gw = matmul(lp.t(), hc);
       else be.matmul(lp.t().unsqueeze(0), hc.unsqueeze(0), gw.unsqueeze(0), 1.0, 1.0);
     }
-    if (grad) gh_all = gh.size() == 1 ? gh[0] : cat(gh, 0);
+    if (grad_h) gh_all = gh.size() == 1 ? gh[0] : cat(gh, 0);
   }
   if (!grad) return total;
   record(total, "chunked_cross_entropy", {h, weight}, [gh_all, gw](const Tensor& g) {
     // The incoming gradient (1 / the step's target tokens in SFT) scales both.
     const Tensor gf = g.to(DType::f32);
-    return std::vector<Tensor>{mul(gh_all, gf), mul(gw, gf)};
+    return std::vector<Tensor>{gh_all.defined() ? mul(gh_all, gf) : Tensor(), gw.defined() ? mul(gw, gf) : Tensor()};
   });
   return total;
 }

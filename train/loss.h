@@ -1,8 +1,11 @@
 #pragma once
 // The SFT loss (issue 14, "Loop"): token cross-entropy over target rows only,
 // through the tied head, a chunk of rows at a time, so the [tokens, vocab] f32
-// logits of a micro-batch never exist at once. The backward recomputes each
-// chunk's logits instead of keeping them.
+// logits of a micro-batch never exist at once. With a tape, each chunk's
+// gradient products (to the rows and to the weight) are taken while its logits
+// are in memory, so no logits are kept or recomputed and the backward only
+// scales them: meant for a loss whose backward follows (the SFT step), as the
+// forward then costs three head GEMMs per chunk instead of one.
 #include <cstdint>
 
 #include "tensor/tensor.h"

@@ -21,11 +21,11 @@
 // only the LoRA branches train.
 //
 // After the measured steps, once: the time of one micro-batch's forward
-// (decoder layers, then the loss) and of its backward, and of one optimizer
-// step; the GEMM FLOPs of a step (model FLOPs: 2 x multiply-adds of the
-// forward, x3 for forward + backward; plus what activation checkpointing and
-// the loss's logit recompute run again) against a GEMM peak measured here the
-// way bench/core does it (best of N matmuls, 1024^3 and 4096x4096x512) and the
+// (decoder layers, then the loss, which also takes the head's gradient
+// products) and of its backward, and of one optimizer step; the GEMM FLOPs
+// of a step (model FLOPs: 2 x multiply-adds of the forward, x3 for forward +
+// backward; plus what activation checkpointing runs again) against a GEMM
+// peak measured here the way bench/core does it (best of N matmuls, 1024^3 and 4096x4096x512) and the
 // head GEMM's own shape ([1024, H] x [V, H]^T).
 //
 // Prints one JSON object. OMP_NUM_THREADS sets the threads.
@@ -329,9 +329,9 @@ int run(int argc, char** argv) {
     // frozen projections and head: forward + input gradient; attention: 3x.
     model_flops = 2.0 * 2.0 * (fm.layers + fm.head) + 3.0 * 2.0 * fm.attention;
   }
-  // What our step runs again: the layers (checkpointing) and the head (the loss
-  // backward recomputes its logits).
-  const double recompute_flops = 2.0 * ((a.ckpt ? fm.layers + fm.attention : 0.0) + fm.head);
+  // What our step runs again: the layers (checkpointing). The loss takes its
+  // gradient products in the forward (train/loss.cpp), so the head runs once.
+  const double recompute_flops = a.ckpt ? 2.0 * (fm.layers + fm.attention) : 0.0;
   const double step_s = measured_s / double(a.steps);
 
   std::string out = fmt::format(
@@ -393,8 +393,8 @@ int run(int argc, char** argv) {
     trainer.optimizer().step();
     trainer.optimizer().zero_grad();
     const double t_opt = elapsed(t0);
-    // The loss's own backward (logit recompute, head and hidden gradients),
-    // from a leaf copy of the hidden states.
+    // The loss's own backward (since the loss takes its gradient products in
+    // its forward, only their scaling), from a leaf copy of the hidden states.
     Tensor leaf = hidden.detach();
     leaf.set_requires_grad(true);
     Tensor loss2 = mul(chunked_cross_entropy_sum(leaf, head, tg), 1.0 / double(ntarget));
