@@ -185,6 +185,11 @@ SftTrainer::SftTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::ve
     }
   }
   optimizer_ = make_training_optimizer(*model_, options_, total_steps());
+  // Activation checkpointing reaches into the towers when they train (a
+  // frozen tower records nothing to recompute).
+  const bool tower_ckpt = options_.activation_checkpointing && options_.groups.tower;
+  if (auto v = model_->image_embed()) v->recompute_layers = tower_ckpt;
+  if (auto a = model_->audio_embed()) a->recompute_layers = tower_ckpt;
   Tensor& embed = model_->model->embed_tokens->weight;
   if (options_.groups.embed_rows == EmbedRows::data && embed.requires_grad()) {
     // Weight decay would move the rows the mask keeps still.

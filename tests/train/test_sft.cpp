@@ -300,6 +300,13 @@ TEST_CASE("train/equivalence: activation checkpointing on and off give identical
   SftTrainer ta(a, rows, o);
   o.activation_checkpointing = false;
   SftTrainer tb(b, rows, o);
+  // The towers train here, so checkpointing reaches into their layers too.
+  REQUIRE(a->image_embed());
+  REQUIRE(a->audio_embed());
+  CHECK(a->image_embed()->recompute_layers);
+  CHECK(a->audio_embed()->recompute_layers);
+  CHECK_FALSE(b->image_embed()->recompute_layers);
+  CHECK_FALSE(b->audio_embed()->recompute_layers);
   CHECK(ta.accumulate(pointers(rows), 0, 9) == tb.accumulate(pointers(rows), 0, 9));
   const auto ga = grads_of(*a), gb = grads_of(*b);
   REQUIRE(ga.size() == gb.size());

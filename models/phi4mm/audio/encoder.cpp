@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "autograd/checkpoint.h"
 #include "models/phi4mm/config_limits.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
@@ -427,7 +428,18 @@ AudioEncoderOutput AudioEmbed::encode(const Tensor& features, std::span<const in
   }
 
   Tensor bias = relative_bias(win);
-  for (const auto& blk : blocks) h = blk->forward(h, bias, key_mask, keep);
+  const bool recompute = recompute_layers && grad_enabled();
+  for (const auto& blk : blocks) {
+    if (!recompute) {
+      h = blk->forward(h, bias, key_mask, keep);
+      continue;
+    }
+    // The relative bias (from a parameter) is an input, so its gradient
+    // leaves each block's node as in the run without checkpointing.
+    h = checkpoint([blk, key_mask, keep](const std::vector<Tensor>& in) {
+      return blk->forward(in[0], in[1], key_mask, keep);
+    }, {h, bias});
+  }
 
   h = h.reshape({b, padded, d});
   if (padded > t_out) h = h.narrow(1, 0, t_out);

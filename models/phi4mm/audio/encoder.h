@@ -108,6 +108,10 @@ class AudioEmbed : public Module {
 
   const AudioConfig& config() const { return cfg_; }
 
+  // Activation checkpointing per Conformer block when gradients are recorded
+  // (as ImageEmbed::recompute_layers; the trainer sets it).
+  bool recompute_layers = false;
+
   // Parameters, in checkpoint-name order of registration.
   Tensor global_mean, global_invstd;                // [input_size]
   std::vector<std::shared_ptr<AudioAffine>> embed_conv;  // conv.0, conv.2, conv.3, conv.5, conv.6, ...

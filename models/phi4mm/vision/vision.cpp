@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "autograd/checkpoint.h"
 #include "models/phi4mm/checkpoint.h"
 #include "models/phi4mm/config_limits.h"
 #include "nn/io/safetensors.h"
@@ -357,8 +358,15 @@ Tensor run_tower(const ImageEmbed& m, const Tensor& crops, const std::vector<flo
   Tensor pos = from_vector(cm.position_ids, {C * P * P}, TensorOptions(DType::i64, m.device()));
   Tensor h = m.img_processor->embeddings->forward(x, pos);
   const PatchMasks pm = patch_masks(cm, C, P, m.dtype(), m.device());
-  for (int64_t l = 0; l < c.layers_used(); ++l)
-    h = m.img_processor->layers->at<SiglipEncoderLayer>(size_t(l))->forward(h, pm);
+  const bool recompute = m.recompute_layers && grad_enabled();
+  for (int64_t l = 0; l < c.layers_used(); ++l) {
+    std::shared_ptr<SiglipEncoderLayer> layer = m.img_processor->layers->at<SiglipEncoderLayer>(size_t(l));
+    if (!recompute) {
+      h = layer->forward(h, pm);
+      continue;
+    }
+    h = checkpoint([layer, pm](const std::vector<Tensor>& in) { return layer->forward(in[0], pm); }, {h});
+  }
   return h;
 }
 

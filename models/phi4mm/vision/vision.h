@@ -172,6 +172,12 @@ class ImageEmbed : public Module {
   // [.., W] -> [.., D]
   Tensor project(const Tensor& tokens) const;
 
+  // Activation checkpointing per encoder layer when gradients are recorded:
+  // only each layer's input is kept, the backward runs the layer again (the
+  // trainer sets it with --activation-checkpointing when the tower trains).
+  // Without a tape it changes nothing.
+  bool recompute_layers = false;
+
   std::shared_ptr<SiglipVisionModel> img_processor;
   Tensor glb_GN;  // [1, 1, W]
   Tensor sub_GN;  // [1, 1, 1, W]
