@@ -312,16 +312,19 @@ bool CpuBackend::attention_inference(const Tensor& q, const Tensor& k, const Ten
   if ((dt != DType::f32 && dt != DType::bf16) || k.dtype() != dt || v.dtype() != dt || out.dtype() != dt)
     return false;
   if (q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1 || !out.is_contiguous()) return false;
-  {  // Q K^T and P V over the keys each query sees (query i of TQ sees TK - TQ + i + 1 when causal).
-    const double TQ = double(q.size(2)), TK = double(k.size(2));
-    const double pairs = causal ? TQ * std::max(0.0, TK - TQ) + TQ * (TQ + 1) / 2 : TQ * TK;
-    count_flops(4.0 * double(q.size(0)) * double(q.size(1)) * double(q.size(3)) * pairs);
-  }
+  count_attention_flops(q, k, causal, 2);  // Q K^T and P V
   if (dt == DType::f32)
     attention_impl<float>(q, k, v, out, float(scale), causal);
   else
     attention_impl<BFloat16>(q, k, v, out, float(scale), causal);
   return true;
+}
+
+void count_attention_flops(const Tensor& q, const Tensor& k, bool causal, int products) {
+  // Query i of TQ sees TK - TQ + i + 1 keys when causal, all TK otherwise.
+  const double TQ = double(q.size(2)), TK = double(k.size(2));
+  const double pairs = causal ? TQ * std::max(0.0, TK - TQ) + TQ * (TQ + 1) / 2 : TQ * TK;
+  count_flops(2.0 * products * double(q.size(0)) * double(q.size(1)) * double(q.size(3)) * pairs);
 }
 
 bool attention_train_supported(const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -334,11 +337,7 @@ bool CpuBackend::attention_train(const Tensor& q, const Tensor& k, const Tensor&
   if (!attention_train_supported(q, k, v) || out.dtype() != DType::f32 || !out.is_contiguous() ||
       lse.dtype() != DType::f32 || !lse.is_contiguous() || lse.numel() != q.size(0) * q.size(1) * q.size(2))
     return false;
-  {
-    const double TQ = double(q.size(2)), TK = double(k.size(2));
-    const double pairs = causal ? TQ * std::max(0.0, TK - TQ) + TQ * (TQ + 1) / 2 : TQ * TK;
-    count_flops(4.0 * double(q.size(0)) * double(q.size(1)) * double(q.size(3)) * pairs);
-  }
+  count_attention_flops(q, k, causal, 2);
   attention_impl<float>(q, k, v, out, float(scale), causal, static_cast<float*>(lse.data_ptr()));
   return true;
 }

@@ -43,11 +43,7 @@ bool CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
   const int64_t HKV = k.size(1), TK = k.size(2), G = HQ / HKV;
   const float sc = float(scale);
   const Tensor go = dout.dtype() == DType::f32 && dout.stride(3) == 1 ? dout : dout.to(DType::f32).contiguous();
-  {  // five products over the visible (query, key) pairs
-    const double pairs = causal ? double(TQ) * std::max<double>(0, double(TK - TQ)) + double(TQ) * double(TQ + 1) / 2
-                                : double(TQ) * double(TK);
-    count_flops(10.0 * double(B * HQ * D) * pairs);
-  }
+  count_attention_flops(q, k, causal, 5);  // S, dP, dV, dK, dQ
   const int64_t kblocks = (TK + kKeyBlock - 1) / kKeyBlock;
   const int64_t units = B * HKV;
   const int64_t chunks = std::clamp<int64_t>((kMinItems + units - 1) / units, 1, std::max<int64_t>(kblocks, 1));

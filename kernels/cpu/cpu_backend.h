@@ -9,6 +9,9 @@ namespace areno::cpu {
 // Whether attention_train and attention_backward run for these operands (f32,
 // the last dimension contiguous).
 bool attention_train_supported(const Tensor& q, const Tensor& k, const Tensor& v);
+// Adds to the FLOP counter `products` [B, HQ, TQ, D]-by-keys products over the
+// (query, key) pairs the attention sees.
+void count_attention_flops(const Tensor& q, const Tensor& k, bool causal, int products);
 
 class CpuBackend final : public Backend {
  public:

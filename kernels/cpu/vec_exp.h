@@ -33,18 +33,13 @@ __attribute__((always_inline)) inline U16 bf16_bits_rne(U16 u) {
   return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;
 }
 
-// 2^r for integral r (float or 16 lanes) through the exponent bits.
+// 2^r for integral r (a float, or 8 or 16 lanes) through the exponent bits.
 inline float pow2_of(float r) { return std::bit_cast<float>((int32_t(r) + 127) << 23); }
-__attribute__((always_inline)) inline F16 pow2_of(F16 r) {
-  const I16 bits = (__builtin_convertvector(r, I16) + 127) << 23;
-  F16 out;
-  std::memcpy(&out, &bits, sizeof out);
-  return out;
-}
-
-__attribute__((always_inline)) inline F8 pow2_of(F8 r) {
-  const I8 bits = (__builtin_convertvector(r, I8) + 127) << 23;
-  F8 out;
+template <typename V>
+__attribute__((always_inline)) inline V pow2_of(V r) {
+  typedef int32_t I __attribute__((vector_size(sizeof(V))));
+  const I bits = (__builtin_convertvector(r, I) + 127) << 23;
+  V out;
   std::memcpy(&out, &bits, sizeof out);
   return out;
 }

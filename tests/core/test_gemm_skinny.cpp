@@ -224,6 +224,33 @@ TEST_CASE("gemm_skinny: the levels agree with each other and the result does not
   }
 }
 
+// run(rows, x, w, out) over the first `rows` rows of a fixed [300, K] bf16 x
+// and [N, K] w: each row gives the same bits whatever the row count (the
+// first entry of `row_counts` is the reference), and on 2 threads as inside
+// a parallel region (one thread).
+template <typename Run>
+void check_same_bits(std::initializer_list<int64_t> row_counts, int64_t N, int64_t K, uint64_t seed, Run run) {
+  std::vector<float> xf = values(size_t(300 * K), seed), wf = values(size_t(N * K), seed + 1);
+  std::vector<BFloat16> x(xf.begin(), xf.end()), w(wf.begin(), wf.end());
+  std::vector<BFloat16> first;
+  for (int64_t rows : row_counts) {
+    CAPTURE(rows);
+    std::vector<BFloat16> out(size_t(rows * N)), one(size_t(rows * N));
+    run(rows, x.data(), w.data(), out.data());
+#pragma omp parallel num_threads(2)
+    {
+#pragma omp single
+      run(rows, x.data(), w.data(), one.data());
+    }
+    bool same_threads = true, same_rows = true;
+    for (size_t i = 0; i < out.size(); ++i) same_threads = same_threads && out[i].bits == one[i].bits;
+    if (first.empty()) first = out;
+    for (size_t i = 0; i < first.size(); ++i) same_rows = same_rows && out[i].bits == first[i].bits;
+    CHECK(same_threads);
+    CHECK(same_rows);
+  }
+}
+
 TEST_CASE("gemm_amx_bf16: past kAmxInPlaceRows (the k-blocked kernel), odd shapes, strides, alpha and beta, against f64; same bits at every M and thread split") {
   if (cpu_isa_supported() < CpuIsa::amx) {
     MESSAGE("no AMX on this CPU: the blocked AMX kernel is not run");
@@ -249,24 +276,15 @@ TEST_CASE("gemm_amx_bf16: past kAmxInPlaceRows (the k-blocked kernel), odd shape
   // The same rows give the same bits in place (20 rows), blocked with small
   // chunks (100) and large chunks (300), on 2 threads or one.
   const int64_t N = 1000, K = 300;
+  check_same_bits({20, 100, 300}, N, K, 5, [&](int64_t rows, const BFloat16* x, const BFloat16* w, BFloat16* out) {
+    gemm_amx_bf16<BFloat16>(rows, N, K, x, K, w, K, out, N, 1.0f, 0.0f);
+  });
   std::vector<float> xf = values(size_t(300 * K), 5), wf = values(size_t(N * K), 6);
   std::vector<BFloat16> x(xf.begin(), xf.end()), w(wf.begin(), wf.end());
-  std::vector<BFloat16> first;
   for (int64_t rows : {int64_t(20), int64_t(100), int64_t(300)}) {
     CAPTURE(rows);
-    std::vector<BFloat16> out(size_t(rows * N)), one(size_t(rows * N));
+    std::vector<BFloat16> out(size_t(rows * N));
     gemm_amx_bf16<BFloat16>(rows, N, K, x.data(), K, w.data(), K, out.data(), N, 1.0f, 0.0f);
-#pragma omp parallel num_threads(2)
-    {
-#pragma omp single
-      gemm_amx_bf16<BFloat16>(rows, N, K, x.data(), K, w.data(), K, one.data(), N, 1.0f, 0.0f);
-    }
-    bool same_threads = true, same_rows = true;
-    for (size_t i = 0; i < out.size(); ++i) same_threads = same_threads && out[i].bits == one[i].bits;
-    if (first.empty()) first = out;
-    for (size_t i = 0; i < first.size(); ++i) same_rows = same_rows && out[i].bits == first[i].bits;
-    CHECK(same_threads);
-    CHECK(same_rows);
     // A bias in the write-out: the bits of out filled with the bias and beta = 1.
     std::vector<BFloat16> bias(static_cast<size_t>(N));
     for (int64_t n = 0; n < N; ++n) bias[size_t(n)] = BFloat16(0.25f * float(n % 13) - 1.5f);
@@ -285,33 +303,6 @@ TEST_CASE("gemm_amx_bf16: past kAmxInPlaceRows (the k-blocked kernel), odd shape
     for (size_t i = 0; i < with.size(); ++i) same_bias = same_bias && with[i].bits == filled[i].bits;
     CHECK(same_bias);
     CHECK(with[0].bits != out[0].bits);  // (the bias changed something)
-  }
-}
-
-// run(rows, x, w, out) over the first `rows` rows of a fixed [300, K] bf16 x
-// and [N, K] w: each row gives the same bits whatever the row count (the
-// first entry of `row_counts` is the reference), and on 2 threads as inside
-// a parallel region (one thread).
-template <typename Run>
-void check_same_bits(std::initializer_list<int64_t> row_counts, int64_t N, int64_t K, uint64_t seed, Run run) {
-  std::vector<float> xf = values(size_t(300 * K), seed), wf = values(size_t(N * K), seed + 1);
-  std::vector<BFloat16> x(xf.begin(), xf.end()), w(wf.begin(), wf.end());
-  std::vector<BFloat16> first;
-  for (int64_t rows : row_counts) {
-    CAPTURE(rows);
-    std::vector<BFloat16> out(size_t(rows * N)), one(size_t(rows * N));
-    run(rows, x.data(), w.data(), out.data());
-#pragma omp parallel num_threads(2)
-    {
-#pragma omp single
-      run(rows, x.data(), w.data(), one.data());
-    }
-    bool same_threads = true, same_rows = true;
-    for (size_t i = 0; i < out.size(); ++i) same_threads = same_threads && out[i].bits == one[i].bits;
-    if (first.empty()) first = out;
-    for (size_t i = 0; i < first.size(); ++i) same_rows = same_rows && out[i].bits == first[i].bits;
-    CHECK(same_threads);
-    CHECK(same_rows);
   }
 }
 
