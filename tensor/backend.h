@@ -217,6 +217,12 @@ class Backend {
 // The backend of a device type (tensor/dispatch.cpp). CUDA without a CUDA
 // build throws std::runtime_error("areno was built without CUDA ...").
 Backend& backend(Device device);
+// ARENO_PROFILE_OPS=1 (tensor/profile_backend.cpp): backend() hands out a
+// wrapper that times and counts every call (synchronizing the device after
+// each) and prints a table to stderr at exit. Reset drops what was counted so
+// far (a benchmark calls it after its warm-up); both are no-ops when off.
+bool op_profile_enabled();
+void op_profile_reset();
 // Defined by the kernels: the tensor library links against them.
 Backend& cpu_backend();   // kernels/cpu/cpu_backend.cpp
 Backend& cuda_backend();  // kernels/cuda/cuda_backend.cu (or kernels/cuda/stub.cpp)
@@ -232,6 +238,11 @@ struct CudaDeviceInfo {
 bool cuda_compiled();
 int cuda_device_count();  // 0 when none or not compiled
 std::vector<CudaDeviceInfo> cuda_devices();
+// The caching allocator's high-water mark of bytes handed out on cuda:index
+// since start or the last reset (0 when not compiled); what `--device cuda`
+// benchmarks report as peak device memory (cached free blocks not counted).
+size_t cuda_peak_allocated_bytes(int index);
+void cuda_reset_peak_allocated_bytes(int index);
 std::string cuda_runtime_version();  // "" when not compiled
 std::string cublas_version();
 std::string nccl_version();

@@ -4,7 +4,10 @@
 
 namespace areno {
 
+Backend& profiled_backend(Device device);  // tensor/profile_backend.cpp
+
 Backend& backend(Device device) {
+  if (op_profile_enabled()) return profiled_backend(device);  // ARENO_PROFILE_OPS=1
   return device.is_cuda() ? cuda_backend() : cpu_backend();
 }
 

@@ -4,6 +4,7 @@
 // Timing: best of several repetitions after warm-up.
 #include <fmt/format.h>
 
+#include <array>
 #include <chrono>
 #include <functional>
 #include <string>
@@ -80,6 +81,25 @@ int main(int argc, char** argv) {
   if (cuda_device_count() > 0) {
     Device d = Device::cuda(0);
     for (int64_t sz : {4096, 8192}) gemm(d, DType::bf16, sz, sz, sz, 20);
+    // The training step's GEMM shapes (bench/train, small and full presets):
+    // linear x [M, K] @ w [N, K]^T in bf16, and the loss's f32 weight
+    // gradient p^T h (p [1024, 200064] transposed, h [1024, 256]).
+    Generator g(1);
+    for (auto [m, n, k] : {std::array<int64_t, 3>{16384, 384, 256}, {16384, 1536, 256}, {16384, 256, 768},
+                           {8192, 5120, 3072}, {8192, 16384, 3072}, {8192, 3072, 8192}}) {
+      Tensor x = rand_normal({m, k}, g, 0, 1, TensorOptions(DType::bf16, d));
+      Tensor w = rand_normal({n, k}, g, 0, 1, TensorOptions(DType::bf16, d));
+      double ms = best_ms([&] { linear(x, w); }, d, 20);
+      fmt::print("{{\"bench\": \"linear_bf16_{}x{}x{}\", \"device\": \"{}\", \"ms\": {:.3f}, \"gflops\": {:.1f}}}\n", m, n,
+                 k, d.str(), ms, 2.0 * m * n * k / ms / 1e6);
+    }
+    {
+      Tensor p = rand_normal({1024, 200064}, g, 0, 1, TensorOptions(DType::f32, d));
+      Tensor h = rand_normal({1024, 256}, g, 0, 1, TensorOptions(DType::f32, d));
+      double ms = best_ms([&] { matmul(p.t(), h); }, d, 10);
+      fmt::print("{{\"bench\": \"gemm_f32_pT_h_200064x256x1024\", \"device\": \"{}\", \"ms\": {:.3f}, \"gflops\": {:.1f}}}\n",
+                 d.str(), ms, 2.0 * 200064 * 256 * 1024 / ms / 1e6);
+    }
     Tensor src = empty({int64_t(1) << 28}, TensorOptions(DType::f32, d));  // 1 GiB
     Tensor dst = empty_like(src);
     double ms = best_ms([&] { dst.copy_(src); }, d, 20);

@@ -41,8 +41,10 @@
 // warm-up then REPS repetitions (best and median), and reports peak RSS.
 // --device cuda: the model is built on the host in --dtype and moved; every
 // step ends with a device synchronize (its time is the wall time); peak RSS
-// is then the host's, and "mfu" = model FLOPs/s / --peak-tflops (the GEMM
-// peak below is measured on the host CPU only). Not yet run on a GPU.
+// is then the host's, "peak_gpu_bytes" the caching allocator's high-water mark
+// of live device tensors, and "mfu" = model FLOPs/s / --peak-tflops (the GEMM
+// peak below is measured on the host CPU only). First run on an H200 on
+// 2026-12-04 (docs/perf.md).
 // --perf-fifo: the control fifo of `perf record --control=fifo:PATH -D -1`;
 // "enable" is written to it after the warm-up steps, "disable" after the
 // measured ones, so the profile holds the measured steps only.
@@ -296,7 +298,10 @@ int run(int argc, char** argv) {
     std::fclose(f);
   };
   for (int64_t s = 0; s < a.warmup + a.steps; ++s) {
-    if (s == a.warmup) perf_ctl("enable\n");
+    if (s == a.warmup) {
+      perf_ctl("enable\n");
+      op_profile_reset();  // ARENO_PROFILE_OPS=1: the table counts the measured steps only
+    }
     const double t_step = now_s();
     StepStats st = trainer.step();
     backend(dev).synchronize(dev);
@@ -353,6 +358,10 @@ int run(int argc, char** argv) {
   if (a.peak_tflops > 0)
     out += fmt::format(", \"peak_tflops\": {:.1f}, \"mfu\": {:.4f}", a.peak_tflops,
                        model_flops / step_s / (a.peak_tflops * 1e12));
+  // Device memory: the caching allocator's high-water mark of live tensors
+  // over the steps (weights, optimizer state, activations; as torch's
+  // max_memory_allocated), read before the phase timings.
+  if (dev.is_cuda()) out += fmt::format(", \"peak_gpu_bytes\": {}", cuda_peak_allocated_bytes(dev.index));
 
   if (a.phases) {
     // One micro-batch as accumulate() runs it, timed piece by piece.
@@ -398,6 +407,7 @@ int run(int argc, char** argv) {
     Tensor leaf = hidden.detach();
     leaf.set_requires_grad(true);
     Tensor loss2 = mul(chunked_cross_entropy_sum(leaf, head, tg), 1.0 / double(ntarget));
+    backend(dev).synchronize(dev);  // the forward's device work is not the backward's
     t0 = now_s();
     loss2.backward();
     const double t_loss_bwd = elapsed(t0);

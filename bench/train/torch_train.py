@@ -34,7 +34,13 @@ losses, peak_rss_bytes = VmHWM, ru_maxrss_bytes).
 
 usage: torch_train.py --checkpoint DIR [--seq 2048] [--batch-size 2] [--mini-bs 1]
   [--warmup 1] [--steps 3] [--activation-checkpointing on|off] [--lm-trainable all|lora]
-  [--targets half|all] [--lr 1e-5] [--weight-decay 0.1] [--phases on|off]   (THREADS env, default 2)
+  [--targets half|all] [--lr 1e-5] [--weight-decay 0.1] [--phases on|off]
+  [--device cpu|cuda] [--dtype f32|bf16]   (THREADS env, default 2)
+--device cuda: the model is moved to the GPU after it is built; every step and phase ends
+with torch.cuda.synchronize(); peak_gpu_bytes = torch.cuda.max_memory_allocated().
+--dtype bf16: the parameters stay f32 (the optimizer's master weights) and the forward runs
+under torch.autocast(bfloat16), the usual mixed-precision recipe (areno's bf16 keeps f32
+master weights too); the logits are f32 either way.
 --phases on: after the steps (and after peak RSS is read), one micro-batch timed as forward
 of the decoder, forward of the loss, backward, optimizer step, and the loss's own backward.
 """
@@ -98,12 +104,25 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--phases", choices=["on", "off"], default="off")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     a = ap.parse_args()
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    def autocast():
+        return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.dtype == "bf16")
     threads = int(os.environ.get("THREADS", "2"))
     torch.set_num_threads(threads)
 
     t0 = time.perf_counter()
     pm, n_loaded = e2e.build(a.checkpoint)
+    pm = pm.to(dev)
+    sync()
     build_s = time.perf_counter() - t0
     inner = pm.base_model.model  # Phi4MultimodalForCausalLM with the LoRA layers injected
     lora = a.lm_trainable == "lora"
@@ -146,12 +165,13 @@ def main():
         total = 0.0
         for b in range(0, len(batch), a.mini_bs):
             micro = batch[b:b + a.mini_bs]
-            ids = torch.tensor([r for r, _ in micro], dtype=torch.int64)  # [B, L]
+            ids = torch.tensor([r for r, _ in micro], dtype=torch.int64, device=dev)  # [B, L]
             first = micro[0][1]
-            h = inner.model(input_ids=ids, use_cache=False).last_hidden_state  # [B, L, H]
-            h = h[:, first:L - 1].reshape(-1, h.shape[-1])
+            with autocast():
+                h = inner.model(input_ids=ids, use_cache=False).last_hidden_state  # [B, L, H]
+                h = h[:, first:L - 1].reshape(-1, h.shape[-1])
+                logits = inner.lm_head(h).float()
             tgt = ids[:, first + 1:L].reshape(-1)
-            logits = inner.lm_head(h).float()
             loss = F.cross_entropy(logits, tgt, reduction="sum") / n_targets
             total += loss.item()
             loss.backward()
@@ -159,6 +179,7 @@ def main():
         norm = torch.nn.utils.clip_grad_norm_([p for _, p in trained], 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        sync()
         seconds.append(time.perf_counter() - t)
         losses.append(total)
         norms.append(float(norm))
@@ -170,7 +191,7 @@ def main():
         "impl": "torch", "torch": torch.__version__, "transformers": e2e.transformers.__version__,
         "seq": L, "batch_size": a.batch_size, "mini_bs": a.mini_bs,
         "activation_checkpointing": a.activation_checkpointing == "on", "lm_trainable": a.lm_trainable,
-        "targets": a.targets, "threads": str(threads), "warmup_steps": a.warmup, "steps": a.steps,
+        "targets": a.targets, "threads": str(threads), "device": str(dev), "dtype": a.dtype, "warmup_steps": a.warmup, "steps": a.steps,
         "trained_params": sum(p.numel() for _, p in trained), "loaded_tensors": n_loaded,
         "target_tokens_per_step": n_targets,
         "tokens_per_s": round(tokens_step * a.steps / measured, 2),
@@ -181,20 +202,27 @@ def main():
         "peak_rss_bytes": vm_hwm(), "ru_maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "peak_rss_after_model_bytes": rss_model, "model_build_s": round(build_s, 2),
     }
+    if cuda:
+        out["peak_gpu_bytes"] = torch.cuda.max_memory_allocated(dev)
+        out["gpu"] = torch.cuda.get_device_name(dev)
     if a.phases == "on":
         # One micro-batch timed piece by piece, as bench_train --phases on.
         micro = rows[:a.mini_bs]
-        ids = torch.tensor([r for r, _ in micro], dtype=torch.int64)
+        ids = torch.tensor([r for r, _ in micro], dtype=torch.int64, device=dev)
         first = micro[0][1]
         n_t = sum(L - 1 - f for _, f in micro)
         tgt = ids[:, first + 1:L].reshape(-1)
 
         def loss_of(h):
             hh = h[:, first:L - 1].reshape(-1, h.shape[-1])
-            return F.cross_entropy(inner.lm_head(hh).float(), tgt, reduction="sum") / n_t
+            with autocast():
+                logits = inner.lm_head(hh).float()
+            return F.cross_entropy(logits, tgt, reduction="sum") / n_t
 
         t = time.perf_counter()
-        h = inner.model(input_ids=ids, use_cache=False).last_hidden_state
+        with autocast():
+            h = inner.model(input_ids=ids, use_cache=False).last_hidden_state
+        sync()
         out["phase_forward_layers_s"] = round(time.perf_counter() - t, 3)
         t = time.perf_counter()
         loss = loss_of(h)
@@ -202,16 +230,19 @@ def main():
         out["phase_forward_loss_s"] = round(time.perf_counter() - t, 3)
         t = time.perf_counter()
         loss.backward()
+        sync()
         out["phase_backward_s"] = round(time.perf_counter() - t, 3)
         t = time.perf_counter()
         torch.nn.utils.clip_grad_norm_([p for _, p in trained], 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        sync()
         out["phase_optimizer_s"] = round(time.perf_counter() - t, 3)
         leaf = h.detach().requires_grad_(True)
         loss = loss_of(leaf)
         t = time.perf_counter()
         loss.backward()
+        sync()
         out["phase_loss_backward_s"] = round(time.perf_counter() - t, 3)
         opt.zero_grad(set_to_none=True)
         out["phase_rows"] = a.mini_bs

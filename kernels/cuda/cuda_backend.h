@@ -27,6 +27,7 @@ class CudaBackend final : public Backend {
 
   void softmax(const Tensor& x, const Tensor& out, bool log) override;
   void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log) override;
+  bool cross_entropy_rows(const Tensor& logits, const Tensor& targets, const Tensor& loss) override;
   void sort(const Tensor& x, int64_t k, bool descending, const Tensor& values,
             const Tensor& indices) override;
   void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,

@@ -97,6 +97,42 @@ __global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, int64_t 
   }
 }
 
+// ---- cross-entropy rows (Backend::cross_entropy_rows) ----
+
+// One block per row of f32 logits: the largest logit, the sum of exp(x - max)
+// (f64 per thread and across the block, as the CPU kernel sums in f64 lanes),
+// then x = exp(x - max) / sum in place, minus 1 at the target; loss =
+// log(sum) + max - x[target]. A NaN or +inf logit (NaN sum), or a row with
+// nothing finite, gives an all-NaN row and a NaN loss, as the CPU kernel; so
+// does a target outside [0, n).
+__global__ void cross_entropy_rows_kernel(float* x, const int64_t* targets, float* loss, int64_t m, int64_t n) {
+  __shared__ float shared_f[32];
+  __shared__ double shared_d[32];
+  for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
+    float* xr = x + r * n;
+    const int64_t t = targets[r];
+    const bool valid = t >= 0 && t < n;
+    const float xt = valid ? xr[t] : 0.0f;  // read before any thread overwrites the row
+    float mx = -INFINITY;
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) mx = fmaxf(mx, xr[k]);
+    mx = block_max(mx, shared_f);
+    double s = 0.0;
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) s += double(expf(xr[k] - mx));
+    s = block_sum(s, shared_d);
+    if (!valid || isnan(s) || mx == -INFINITY) {
+      for (int64_t k = threadIdx.x; k < n; k += blockDim.x) xr[k] = NAN;
+      if (threadIdx.x == 0) loss[r] = NAN;
+      continue;
+    }
+    const float inv = float(1.0 / s);
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+      const float p = expf(xr[k] - mx) * inv;
+      xr[k] = k == t ? p - 1.0f : p;
+    }
+    if (threadIdx.x == 0) loss[r] = float(log(s)) + mx - xt;
+  }
+}
+
 // ---- layer norm / rms norm ----
 
 template <typename T>
@@ -291,6 +327,21 @@ void CudaBackend::softmax(const Tensor& x, const Tensor& out, bool log) {
                                                                       r.m, r.n, log);
     ARENO_LAUNCH_CHECK("softmax_kernel");
   });
+}
+
+bool CudaBackend::cross_entropy_rows(const Tensor& logits, const Tensor& targets, const Tensor& loss) {
+  if (logits.dtype() != DType::f32 || !logits.is_contiguous() || logits.dim() != 2 || targets.dtype() != DType::i64 ||
+      !targets.is_contiguous() || loss.dtype() != DType::f32 || !loss.is_contiguous() ||
+      targets.numel() != logits.size(0) || loss.numel() != logits.size(0) || targets.device() != logits.device() ||
+      loss.device() != logits.device())
+    return false;
+  const int64_t m = logits.size(0), n = logits.size(1);
+  if (m == 0) return true;
+  Launch l(logits);
+  cross_entropy_rows_kernel<<<row_grid(m), row_block(n), 0, l.stream>>>(ptr<float>(logits), ptr<const int64_t>(targets),
+                                                                        ptr<float>(loss), m, n);
+  ARENO_LAUNCH_CHECK("cross_entropy_rows_kernel");
+  return true;
 }
 
 void CudaBackend::softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log) {

@@ -653,8 +653,12 @@ DEVICE_TEST_CASE("ops/attention: the fused kernel and its backward equal the com
 
 // bf16 inference attention (the fused CPU kernel widens per block and rounds
 // the output once): within one bf16 rounding of the f64 result of the same
-// bf16 inputs, and no further from it than the composed bf16 op.
-DEVICE_TEST_CASE("ops/attention: bf16 inference attention within bf16 rounding of f64") {
+// bf16 inputs, and no further from it than the composed bf16 op. CPU only: the
+// CUDA backend has no fused attention yet and composes the op in bf16, which
+// rounds the scores and probabilities too (measured on the H200, 2026-12-04:
+// up to 0.008 beyond one rounding on these inputs).
+TEST_CASE("ops/attention: bf16 inference attention within bf16 rounding of f64") {
+  const Device device = Device::cpu();
   Generator g(12);
   for (bool causal : {true, false}) {
     CAPTURE(causal);
@@ -683,7 +687,8 @@ DEVICE_TEST_CASE("ops/attention: bf16 inference attention within bf16 rounding o
 // bf16 operands, P split into two bf16 parts): several 256-query blocks, a
 // cached history (more keys than queries), grouped heads; within one bf16
 // rounding of f64 as above, with oneDNN on and off.
-DEVICE_TEST_CASE("ops/attention: bf16 prefill blocks with a history within bf16 rounding of f64") {
+TEST_CASE("ops/attention: bf16 prefill blocks with a history within bf16 rounding of f64") {
+  const Device device = Device::cpu();  // the CPU kernel's levels and oneDNN (see the case above)
   // Head dims 24 (zero-padded to 32 for oneDNN, as SigLIP's 72 to 96) and 64;
   // the softmax's bf16 split with vcvtneps2bf16 (avx512bf16 and up) and with
   // integer rounding (below).

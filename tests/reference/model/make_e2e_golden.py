@@ -189,7 +189,10 @@ def build(ckpt_dir):
     with open(os.path.join(ckpt_dir, "config.json")) as f:
         c = json.load(f)
     rs = c["rope_scaling"]
-    vp = c["img_processor"]
+    # null in the released config: the SigLIP-so400m sizes (spec 1.1; areno's config.cpp)
+    vp = c.get("img_processor") or dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27,
+                                        num_attention_heads=16, image_size=448, patch_size=14,
+                                        layer_norm_eps=1e-6, layer_idx=-2)
     ap = c["audio_processor"]["config"]
     cfg = Phi4MultimodalConfig(
         vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
