@@ -110,6 +110,12 @@ std::unique_ptr<AdamW> make_training_optimizer(phi4mm::Phi4MMForCausalLM& model,
                                                int64_t total_steps) {
   check_dropouts(model, o.groups);
   apply_trainable(model, o.groups);
+  // Activation checkpointing reaches into the towers when they train (a
+  // frozen tower records nothing to recompute); here, so that every trainer
+  // (SFT, GRPO/GSPO, DPO, PPO) sets it with its groups.
+  const bool tower_ckpt = o.activation_checkpointing && o.groups.tower;
+  if (auto v = model.image_embed()) v->recompute_layers = tower_ckpt;
+  if (auto a = model.audio_embed()) a->recompute_layers = tower_ckpt;
   const int64_t decay = o.lr_decay_steps > 0 ? o.lr_decay_steps : total_steps;
   if (o.warmup_steps > decay)
     throw std::invalid_argument(fmt::format("--warmup-steps ({}) exceeds the decay steps ({})",
@@ -185,11 +191,6 @@ SftTrainer::SftTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::ve
     }
   }
   optimizer_ = make_training_optimizer(*model_, options_, total_steps());
-  // Activation checkpointing reaches into the towers when they train (a
-  // frozen tower records nothing to recompute).
-  const bool tower_ckpt = options_.activation_checkpointing && options_.groups.tower;
-  if (auto v = model_->image_embed()) v->recompute_layers = tower_ckpt;
-  if (auto a = model_->audio_embed()) a->recompute_layers = tower_ckpt;
   Tensor& embed = model_->model->embed_tokens->weight;
   if (options_.groups.embed_rows == EmbedRows::data && embed.requires_grad()) {
     // Weight decay would move the rows the mask keeps still.

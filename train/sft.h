@@ -77,7 +77,8 @@ void validate(const SftOptions& o);
 
 // Checks that no trained part asks for a dropout the forward does not
 // implement, applies the trainable groups to `model` (requires_grad,
-// train/eval mode) and builds AdamW over make_param_groups with the groups'
+// train/eval mode, activation checkpointing inside a trained tower) and
+// builds AdamW over make_param_groups with the groups'
 // learning rates and the schedule of `o` over `total_steps`. Throws
 // std::invalid_argument naming the flag or config key.
 std::unique_ptr<AdamW> make_training_optimizer(phi4mm::Phi4MMForCausalLM& model, const SftOptions& o,

@@ -50,9 +50,74 @@ void for_float_dtype(DType t, const char* op, F&& f) {
   }
 }
 
+typedef double D4 __attribute__((vector_size(32)));
+
+// f32 rows (and bf16/f16 rows widened to f32): three passes over 8-lane
+// vectors as cross_entropy_row below: the largest value; the sum of
+// exp(x - max) (exp_nonpositive, summed in f64 lanes, for the reason given in
+// softmax_row); then x - (max + log(sum)), or exp(x - max) / sum with -inf
+// giving 0 exactly. A row of -inf, or one holding a NaN or +inf (a NaN sum),
+// comes out all NaN, as torch gives. Unaligned loads from the row's start:
+// the same sums whatever the buffer's alignment. out may alias in.
+void softmax_row_f32(const float* in, float* out, int64_t n, bool log) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  F8 mx8 = F8{} + kNegInf;
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    F8 v;
+    std::memcpy(&v, in + j, sizeof v);
+    mx8 = v > mx8 ? v : mx8;
+  }
+  float mx = kNegInf;
+  for (int l = 0; l < 8; ++l) mx = std::max(mx, mx8[l]);
+  for (int64_t i = j; i < n; ++i) mx = std::max(mx, in[i]);
+  D4 s_lo = {}, s_hi = {};
+  j = 0;
+  for (; j + 8 <= n; j += 8) {
+    F8 v;
+    std::memcpy(&v, in + j, sizeof v);
+    const F8 e = exp_nonpositive(v - mx);
+    s_lo += __builtin_convertvector(__builtin_shufflevector(e, e, 0, 1, 2, 3), D4);
+    s_hi += __builtin_convertvector(__builtin_shufflevector(e, e, 4, 5, 6, 7), D4);
+  }
+  double sum = 0;
+  for (int l = 0; l < 4; ++l) sum += s_lo[l];
+  for (int l = 0; l < 4; ++l) sum += s_hi[l];
+  for (int64_t i = j; i < n; ++i) sum += double(exp_nonpositive(in[i] - mx));
+  if (std::isnan(sum) || mx == kNegInf) {
+    std::fill(out, out + n, std::numeric_limits<float>::quiet_NaN());
+    return;
+  }
+  j = 0;
+  if (log) {
+    const float c = float(std::log(sum) + double(mx));
+    for (; j + 8 <= n; j += 8) {
+      F8 v;
+      std::memcpy(&v, in + j, sizeof v);
+      v -= c;
+      std::memcpy(out + j, &v, sizeof v);
+    }
+    for (int64_t i = j; i < n; ++i) out[i] = in[i] - c;
+    return;
+  }
+  const float inv = float(1.0 / sum);
+  for (; j + 8 <= n; j += 8) {
+    F8 v;
+    std::memcpy(&v, in + j, sizeof v);
+    F8 p = exp_nonpositive(v - mx) * inv;
+    p = v == kNegInf ? F8{} : p;
+    std::memcpy(out + j, &p, sizeof p);
+  }
+  for (int64_t i = j; i < n; ++i) out[i] = in[i] == kNegInf ? 0.0f : exp_nonpositive(in[i] - mx) * inv;
+}
+
 // out may alias in.
 template <typename C>
 void softmax_row(const C* in, C* out, int64_t n, bool log) {
+  if constexpr (std::is_same_v<C, float>) {
+    softmax_row_f32(in, out, n, log);
+    return;
+  }
   using Arr = Eigen::Array<C, Eigen::Dynamic, 1>;
   Eigen::Map<const Arr> a(in, n);
   Eigen::Map<Arr> o(out, n);
@@ -101,8 +166,6 @@ void CpuBackend::softmax(const Tensor& x, const Tensor& out, bool log) {
 }
 
 namespace {
-
-typedef double D4 __attribute__((vector_size(32)));
 
 // One cross-entropy row (see Backend::cross_entropy_rows), three passes over
 // 8-lane vectors: the largest logit; the sum of exp(x - max)

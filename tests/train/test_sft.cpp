@@ -292,6 +292,26 @@ TEST_CASE("train/equivalence: 4 micro-batches of 1 equal one micro-batch of 4") 
   CHECK(towers > 0);  // the towers got gradients
 }
 
+// The RL trainers (GRPO/GSPO, DPO, PPO) build their optimizer through
+// make_training_optimizer as SftTrainer does; the towers' activation
+// checkpointing is set there, so it follows their groups too.
+TEST_CASE("train/make_training_optimizer: tower checkpointing follows --activation-checkpointing and the tower group") {
+  auto m = tiny_phi4mm(0.0);
+  REQUIRE(m->image_embed());
+  REQUIRE(m->audio_embed());
+  for (bool ckpt : {true, false})
+    for (bool tower : {true, false}) {
+      CAPTURE(ckpt);
+      CAPTURE(tower);
+      SftOptions o = all_groups();
+      o.activation_checkpointing = ckpt;
+      o.groups.tower = tower;
+      (void)make_training_optimizer(*m, o, 10);
+      CHECK(m->image_embed()->recompute_layers == (ckpt && tower));
+      CHECK(m->audio_embed()->recompute_layers == (ckpt && tower));
+    }
+}
+
 TEST_CASE("train/equivalence: activation checkpointing on and off give identical gradients (dropout on)") {
   auto a = tiny_phi4mm(0.2), b = tiny_phi4mm(0.2);  // a large dropout so that a wrong mask shows
   SftOptions o = all_groups();
