@@ -52,30 +52,31 @@ void for_float_dtype(DType t, const char* op, F&& f) {
 
 typedef double D4 __attribute__((vector_size(32)));
 
-// f32 rows (and bf16/f16 rows widened to f32): three passes over 8-lane
-// vectors as cross_entropy_row below: the largest value; the sum of
-// exp(x - max) (exp_nonpositive, summed in f64 lanes, for the reason given in
-// softmax_row); then x - (max + log(sum)), or exp(x - max) / sum with -inf
-// giving 0 exactly. A row of -inf, or one holding a NaN or +inf (a NaN sum),
-// comes out all NaN, as torch gives. Unaligned loads from the row's start:
-// the same sums whatever the buffer's alignment. out may alias in.
-void softmax_row_f32(const float* in, float* out, int64_t n, bool log) {
+// The two reductions of a softmax row over 8-lane vectors: the largest value
+// (NaN ignored) and the sum of exp(x - max) (exp_nonpositive, summed in f64
+// lanes, for the reason given in softmax_row). Unaligned loads from the row's
+// start: the same sums whatever the buffer's alignment.
+struct RowExpSum {
+  float max;
+  double sum;
+};
+RowExpSum row_exp_sum(const float* x, int64_t n) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   F8 mx8 = F8{} + kNegInf;
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
     F8 v;
-    std::memcpy(&v, in + j, sizeof v);
+    std::memcpy(&v, x + j, sizeof v);
     mx8 = v > mx8 ? v : mx8;
   }
   float mx = kNegInf;
   for (int l = 0; l < 8; ++l) mx = std::max(mx, mx8[l]);
-  for (int64_t i = j; i < n; ++i) mx = std::max(mx, in[i]);
+  for (int64_t i = j; i < n; ++i) mx = std::max(mx, x[i]);
   D4 s_lo = {}, s_hi = {};
   j = 0;
   for (; j + 8 <= n; j += 8) {
     F8 v;
-    std::memcpy(&v, in + j, sizeof v);
+    std::memcpy(&v, x + j, sizeof v);
     const F8 e = exp_nonpositive(v - mx);
     s_lo += __builtin_convertvector(__builtin_shufflevector(e, e, 0, 1, 2, 3), D4);
     s_hi += __builtin_convertvector(__builtin_shufflevector(e, e, 4, 5, 6, 7), D4);
@@ -83,32 +84,44 @@ void softmax_row_f32(const float* in, float* out, int64_t n, bool log) {
   double sum = 0;
   for (int l = 0; l < 4; ++l) sum += s_lo[l];
   for (int l = 0; l < 4; ++l) sum += s_hi[l];
-  for (int64_t i = j; i < n; ++i) sum += double(exp_nonpositive(in[i] - mx));
-  if (std::isnan(sum) || mx == kNegInf) {
-    std::fill(out, out + n, std::numeric_limits<float>::quiet_NaN());
-    return;
-  }
-  j = 0;
-  if (log) {
-    const float c = float(std::log(sum) + double(mx));
-    for (; j + 8 <= n; j += 8) {
-      F8 v;
-      std::memcpy(&v, in + j, sizeof v);
-      v -= c;
-      std::memcpy(out + j, &v, sizeof v);
-    }
-    for (int64_t i = j; i < n; ++i) out[i] = in[i] - c;
-    return;
-  }
-  const float inv = float(1.0 / sum);
+  for (int64_t i = j; i < n; ++i) sum += double(exp_nonpositive(x[i] - mx));
+  return {mx, sum};
+}
+
+// exp(x - mx) * inv over the row into out (which may be x), -inf giving 0 exactly.
+void write_exp_scaled(const float* x, float* out, int64_t n, float mx, float inv) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
     F8 v;
-    std::memcpy(&v, in + j, sizeof v);
+    std::memcpy(&v, x + j, sizeof v);
     F8 p = exp_nonpositive(v - mx) * inv;
     p = v == kNegInf ? F8{} : p;
     std::memcpy(out + j, &p, sizeof p);
   }
-  for (int64_t i = j; i < n; ++i) out[i] = in[i] == kNegInf ? 0.0f : exp_nonpositive(in[i] - mx) * inv;
+  for (int64_t i = j; i < n; ++i) out[i] = x[i] == kNegInf ? 0.0f : exp_nonpositive(x[i] - mx) * inv;
+}
+
+// f32 rows (and bf16/f16 rows widened to f32): the reductions above, then
+// x - (max + log(sum)), or exp(x - max) / sum. A row of -inf, or one holding
+// a NaN or +inf (a NaN sum), comes out all NaN, as torch gives. out may
+// alias in.
+void softmax_row_f32(const float* in, float* out, int64_t n, bool log) {
+  const auto [mx, sum] = row_exp_sum(in, n);
+  if (std::isnan(sum) || mx == -std::numeric_limits<float>::infinity()) {
+    std::fill(out, out + n, std::numeric_limits<float>::quiet_NaN());
+    return;
+  }
+  if (!log) return write_exp_scaled(in, out, n, mx, float(1.0 / sum));
+  const float c = float(std::log(sum) + double(mx));
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    F8 v;
+    std::memcpy(&v, in + j, sizeof v);
+    v -= c;
+    std::memcpy(out + j, &v, sizeof v);
+  }
+  for (int64_t i = j; i < n; ++i) out[i] = in[i] - c;
 }
 
 // out may alias in.
@@ -175,45 +188,13 @@ namespace {
 // the row is then all NaN, as softmax gives. Returns the row's loss,
 // log(sum) + max - x[target].
 float cross_entropy_row(float* x, int64_t n, int64_t target) {
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  F8 mx8 = F8{} + kNegInf;
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    F8 v;
-    std::memcpy(&v, x + j, sizeof v);
-    mx8 = v > mx8 ? v : mx8;
-  }
-  float mx = kNegInf;
-  for (int l = 0; l < 8; ++l) mx = std::max(mx, mx8[l]);
-  for (int64_t i = j; i < n; ++i) mx = std::max(mx, x[i]);
   const float xt = x[target];
-  D4 s_lo = {}, s_hi = {};
-  j = 0;
-  for (; j + 8 <= n; j += 8) {
-    F8 v;
-    std::memcpy(&v, x + j, sizeof v);
-    const F8 e = exp_nonpositive(v - mx);
-    s_lo += __builtin_convertvector(__builtin_shufflevector(e, e, 0, 1, 2, 3), D4);
-    s_hi += __builtin_convertvector(__builtin_shufflevector(e, e, 4, 5, 6, 7), D4);
-  }
-  double sum = 0;
-  for (int l = 0; l < 4; ++l) sum += s_lo[l];
-  for (int l = 0; l < 4; ++l) sum += s_hi[l];
-  for (int64_t i = j; i < n; ++i) sum += double(exp_nonpositive(x[i] - mx));
-  if (std::isnan(sum) || mx == kNegInf) {  // a NaN or +inf logit, or nothing finite
+  const auto [mx, sum] = row_exp_sum(x, n);
+  if (std::isnan(sum) || mx == -std::numeric_limits<float>::infinity()) {  // a NaN or +inf logit, or nothing finite
     std::fill(x, x + n, std::numeric_limits<float>::quiet_NaN());
     return std::numeric_limits<float>::quiet_NaN();
   }
-  const float inv = float(1.0 / sum);
-  j = 0;
-  for (; j + 8 <= n; j += 8) {
-    F8 v;
-    std::memcpy(&v, x + j, sizeof v);
-    F8 p = exp_nonpositive(v - mx) * inv;
-    p = v == kNegInf ? F8{} : p;
-    std::memcpy(x + j, &p, sizeof p);
-  }
-  for (int64_t i = j; i < n; ++i) x[i] = x[i] == kNegInf ? 0.0f : exp_nonpositive(x[i] - mx) * inv;
+  write_exp_scaled(x, x, n, mx, float(1.0 / sum));
   x[target] -= 1.0f;
   return float(std::log(sum) + double(mx) - double(xt));
 }
