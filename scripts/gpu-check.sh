@@ -22,8 +22,9 @@
 # .gpu/areno-gpu.tar.xz), CUDA_ARCH (default 90), BUILD_DIR (default build-gpu),
 # JOBS (default nproc), DEADLINE (seconds for the whole script, default 3000: a
 # step that would run past it is cut short or skipped), STEPS (which parts to
-# run: any of "tests bench train profile peer full serve decode peerfull", default
-# "tests bench train profile peer"),
+# run: any of "tests bench train profile peer serve full decode peerfull";
+# default "tests bench train profile peer serve", about 2 minutes on an H200;
+# full, decode and peerfull build the released sizes and take minutes more),
 # TAR_LOGS=1 (pack the per-step logs into $OUT/logs.tar.gz, for tools that
 # bring back few files). Exits non-zero when there is no GPU or any step fails.
 set -uo pipefail
@@ -36,7 +37,7 @@ CUDA_ARCH="${CUDA_ARCH:-90}"
 BUILD_DIR="${BUILD_DIR:-build-gpu}"
 JOBS="${JOBS:-$(nproc)}"
 DEADLINE="${DEADLINE:-3000}"
-STEPS="${STEPS:-tests bench train profile peer}"
+STEPS="${STEPS:-tests bench train profile peer serve}"
 mkdir -p "$OUT/logs"
 OUT="$(cd "$OUT" && pwd)"
 LOGS="$OUT/logs"
