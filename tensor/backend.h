@@ -102,6 +102,8 @@ class Backend {
   // [R] f32: loss[r] = logsumexp(logits[r]) - logits[r][targets[r]], and the
   // logits overwritten with softmax(logits[r]) - onehot(targets[r]). Returns
   // false when the backend has no kernel for it (the caller composes it).
+  // cross_entropy_rows_layout_ok (below) says whether the operands have that
+  // layout; a backend checks it before its kernel.
   virtual bool cross_entropy_rows(const Tensor& logits, const Tensor& targets, const Tensor& loss) {
     (void)logits, (void)targets, (void)loss;
     return false;
@@ -214,6 +216,10 @@ class Backend {
                           const Tensor& v, const Tensor& master, const AdamWArgs& args) = 0;
 };
 
+// Backend::cross_entropy_rows's operands: logits f32 [R, V], targets i64 [R],
+// loss f32 [R], all contiguous and on one device (tensor/dispatch.cpp).
+bool cross_entropy_rows_layout_ok(const Tensor& logits, const Tensor& targets, const Tensor& loss);
+
 // The backend of a device type (tensor/dispatch.cpp). CUDA without a CUDA
 // build throws std::runtime_error("areno was built without CUDA ...").
 Backend& backend(Device device);
@@ -239,10 +245,9 @@ bool cuda_compiled();
 int cuda_device_count();  // 0 when none or not compiled
 std::vector<CudaDeviceInfo> cuda_devices();
 // The caching allocator's high-water mark of bytes handed out on cuda:index
-// since start or the last reset (0 when not compiled); what `--device cuda`
-// benchmarks report as peak device memory (cached free blocks not counted).
+// (0 when not compiled); what `--device cuda` benchmarks report as peak
+// device memory (cached free blocks not counted).
 size_t cuda_peak_allocated_bytes(int index);
-void cuda_reset_peak_allocated_bytes(int index);
 std::string cuda_runtime_version();  // "" when not compiled
 std::string cublas_version();
 std::string nccl_version();

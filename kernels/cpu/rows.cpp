@@ -10,6 +10,7 @@
 #include <cstring>
 #include <numeric>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
@@ -54,8 +55,11 @@ typedef double D4 __attribute__((vector_size(32)));
 
 // The two reductions of a softmax row over 8-lane vectors: the largest value
 // (NaN ignored) and the sum of exp(x - max) (exp_nonpositive, summed in f64
-// lanes, for the reason given in softmax_row). Unaligned loads from the row's
-// start: the same sums whatever the buffer's alignment.
+// lanes: in f32 the lane holding the largest term (~1) drops the tail's terms
+// below its rounding step, so a confident row over a 200064-entry vocabulary
+// lost about 1 % of its tail mass, log-probabilities too high by ~6e-5).
+// Unaligned loads from the row's start: the same sums whatever the buffer's
+// alignment.
 struct RowExpSum {
   float max;
   double sum;
@@ -106,7 +110,7 @@ void write_exp_scaled(const float* x, float* out, int64_t n, float mx, float inv
 // x - (max + log(sum)), or exp(x - max) / sum. A row of -inf, or one holding
 // a NaN or +inf (a NaN sum), comes out all NaN, as torch gives. out may
 // alias in.
-void softmax_row_f32(const float* in, float* out, int64_t n, bool log) {
+void softmax_row(const float* in, float* out, int64_t n, bool log) {
   const auto [mx, sum] = row_exp_sum(in, n);
   if (std::isnan(sum) || mx == -std::numeric_limits<float>::infinity()) {
     std::fill(out, out + n, std::numeric_limits<float>::quiet_NaN());
@@ -124,31 +128,21 @@ void softmax_row_f32(const float* in, float* out, int64_t n, bool log) {
   for (int64_t i = j; i < n; ++i) out[i] = in[i] - c;
 }
 
-// out may alias in.
-template <typename C>
-void softmax_row(const C* in, C* out, int64_t n, bool log) {
-  if constexpr (std::is_same_v<C, float>) {
-    softmax_row_f32(in, out, n, log);
-    return;
-  }
-  using Arr = Eigen::Array<C, Eigen::Dynamic, 1>;
+// f64 rows (Eigen's vectorised exp and sums); out may alias in.
+void softmax_row(const double* in, double* out, int64_t n, bool log) {
+  using Arr = Eigen::Array<double, Eigen::Dynamic, 1>;
   Eigen::Map<const Arr> a(in, n);
   Eigen::Map<Arr> o(out, n);
-  C mx = a.maxCoeff();
+  const double mx = a.maxCoeff();
   if (std::isinf(mx) && mx < 0) {  // all -inf: torch gives NaN
-    o.setConstant(std::numeric_limits<C>::quiet_NaN());
+    o.setConstant(std::numeric_limits<double>::quiet_NaN());
     return;
   }
-  // The sum of exponentials is accumulated in f64: in f32 the vector lane
-  // holding the largest term (~1) drops the tail's terms below its rounding
-  // step, so a confident row over a 200064-entry vocabulary lost about 1 % of
-  // its tail mass (log-probabilities too high by ~6e-5).
   if (log) {
-    const double s = (a - mx).exp().template cast<double>().sum();
-    o = a - C(std::log(s) + double(mx));
+    o = a - (std::log((a - mx).exp().sum()) + mx);
   } else {
     o = (a - mx).exp();
-    o *= C(1.0 / o.template cast<double>().sum());
+    o *= 1.0 / o.sum();
   }
 }
 
@@ -162,9 +156,8 @@ void CpuBackend::softmax(const Tensor& x, const Tensor& out, bool log) {
     const T* xp = static_cast<const T*>(x.data_ptr());
     T* op = static_cast<T*>(out.data_ptr());
     parallel_for(m, n * 4, [&](int64_t lo, int64_t hi) {
-      // Eigen-allocated (aligned) row buffer: the vectorised reductions peel an
-      // unaligned head, so a malloc'd buffer would make results vary per run.
-      Eigen::Array<C, Eigen::Dynamic, 1> buf(is_half_v<T> ? n : 0);
+      // bf16/f16 rows are widened into this f32 buffer, one row at a time.
+      std::vector<C> buf(is_half_v<T> ? size_t(n) : 0);
       for (int64_t i = lo; i < hi; ++i) {
         if constexpr (is_half_v<T>) {
           load_row(xp + i * n, buf.data(), n);
@@ -202,10 +195,7 @@ float cross_entropy_row(float* x, int64_t n, int64_t target) {
 }  // namespace
 
 bool CpuBackend::cross_entropy_rows(const Tensor& logits, const Tensor& targets, const Tensor& loss) {
-  if (logits.dtype() != DType::f32 || !logits.is_contiguous() || logits.dim() != 2 || targets.dtype() != DType::i64 ||
-      !targets.is_contiguous() || loss.dtype() != DType::f32 || !loss.is_contiguous() ||
-      targets.numel() != logits.size(0) || loss.numel() != logits.size(0))
-    return false;
+  if (!cross_entropy_rows_layout_ok(logits, targets, loss)) return false;
   const int64_t R = logits.size(0), V = logits.size(1);
   float* x = static_cast<float*>(logits.data_ptr());
   const int64_t* t = static_cast<const int64_t*>(targets.data_ptr());

@@ -110,12 +110,6 @@ class CachingAllocator {
     return pool_for(device).stats;
   }
 
-  void reset_peak(int device) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    DevicePool& pool = pool_for(device);
-    pool.stats.peak_bytes = pool.stats.allocated_bytes;
-  }
-
  private:
   static void note_allocated(DevicePool& pool, size_t rounded) {
     pool.stats.allocated_bytes += rounded;
@@ -167,6 +161,5 @@ AllocatorStats allocator_stats(int index) { return allocator().stats(index); }
 namespace areno {
 
 size_t cuda_peak_allocated_bytes(int index) { return cuda::allocator().stats(index).peak_bytes; }
-void cuda_reset_peak_allocated_bytes(int index) { cuda::allocator().reset_peak(index); }
 
 }  // namespace areno

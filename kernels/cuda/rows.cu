@@ -330,11 +330,7 @@ void CudaBackend::softmax(const Tensor& x, const Tensor& out, bool log) {
 }
 
 bool CudaBackend::cross_entropy_rows(const Tensor& logits, const Tensor& targets, const Tensor& loss) {
-  if (logits.dtype() != DType::f32 || !logits.is_contiguous() || logits.dim() != 2 || targets.dtype() != DType::i64 ||
-      !targets.is_contiguous() || loss.dtype() != DType::f32 || !loss.is_contiguous() ||
-      targets.numel() != logits.size(0) || loss.numel() != logits.size(0) || targets.device() != logits.device() ||
-      loss.device() != logits.device())
-    return false;
+  if (!cross_entropy_rows_layout_ok(logits, targets, loss)) return false;
   const int64_t m = logits.size(0), n = logits.size(1);
   if (m == 0) return true;
   Launch l(logits);

@@ -18,7 +18,6 @@ bool cuda_compiled() { return false; }
 int cuda_device_count() { return 0; }
 std::vector<CudaDeviceInfo> cuda_devices() { return {}; }
 size_t cuda_peak_allocated_bytes(int) { return 0; }
-void cuda_reset_peak_allocated_bytes(int) {}
 std::string cuda_runtime_version() { return ""; }
 std::string cublas_version() { return ""; }
 std::string nccl_version() { return ""; }
