@@ -97,6 +97,15 @@ class Backend {
   virtual void softmax(const Tensor& x, const Tensor& out, bool log) = 0;
   // dx = softmax'(y) dy (log: dy - exp(y) * sum(dy))
   virtual void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log) = 0;
+  // Attention's probabilities in one pass: out = softmax(scale * x) along n,
+  // computed in f32 (f64 for f64), one rounding to out (x's dtype, contig).
+  // tq > 0 makes it causal over runs of tq rows (the queries of one head): row
+  // r, query i = r % tq, sees columns j <= i + n - tq and gets 0 at the others;
+  // a row that sees no column, or whose visible values hold a NaN or +inf or
+  // are all -inf, is all NaN (as softmax over the masked scores gives).
+  virtual void scaled_softmax(const Tensor& x, const Tensor& out, double scale, int64_t tq) = 0;
+  // Its backward: dx = scale * y * (dy - sum(dy * y)), y its output; all of y's dtype, contig.
+  virtual void scaled_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, double scale) = 0;
   // Cross-entropy rows with their gradient, in one kernel (optional): logits
   // [R, V] f32 contiguous, targets [R] i64 contiguous (each in [0, V)), loss
   // [R] f32: loss[r] = logsumexp(logits[r]) - logits[r][targets[r]], and the
@@ -131,6 +140,15 @@ class Backend {
   // out = alpha * a @ b + beta * out; bf16/f16 accumulate in f32.
   virtual void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha,
                       double beta) = 0;
+  // As matmul with a and b bf16 (or both f16) and out f32: the products summed
+  // in f32 straight into out, never rounded to a and b's dtype (a weight
+  // gradient accumulated over several products, as the loss's head gradient
+  // in bf16 training). Optional: returns false when the backend has no kernel
+  // for it (the caller widens a and b and runs matmul in f32).
+  virtual bool matmul_f32_out(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
+    (void)a, (void)b, (void)out, (void)alpha, (void)beta;
+    return false;
+  }
 
   // ---- weight-only int8 linear (optional; tensor/quantized.h) ----
   // x [M, K] contig (f32 or bf16), w [N, K] int8 row-major with scales [N]

@@ -68,6 +68,11 @@ Tensor sum_to(const Tensor& x, const Shape& shape);
 
 Tensor softmax(const Tensor& x, int64_t dim = -1);
 Tensor log_softmax(const Tensor& x, int64_t dim = -1);
+// softmax(scale * x) over the last dim in one pass (f32 accumulation, f64 for
+// f64; the result in x's dtype). causal: row i of the last-but-one dim (TQ
+// rows) sees the columns j <= i + TK - TQ and is 0 at the others (attention's
+// mask with a cached history). The composed attention's probabilities.
+Tensor scaled_softmax(const Tensor& x, double scale, bool causal);
 Tensor cumsum(const Tensor& x, int64_t dim);
 // Values and i64 indices of the k largest (or smallest) along `dim`, sorted.
 std::pair<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true);

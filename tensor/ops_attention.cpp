@@ -1,7 +1,8 @@
 // Scaled dot-product attention: the backend's fused kernel with a backward
 // when it has one (kernels/cpu/attention.cpp and attention_backward.cpp: f32),
 // else its fused inference kernel when nothing records, else the composition
-// of matmul and softmax.
+// of matmul and softmax (scaled_softmax: scale, causal mask and softmax in one
+// pass; the separate passes only with a bias or a key padding mask).
 #include <cmath>
 
 #include <fmt/format.h>
@@ -53,6 +54,13 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   }
   // q heads h = j * groups + r use kv head j.
   Tensor q5 = q.reshape({b, hkv, groups * tq, d});
+  if (!opts.bias.defined() && !opts.key_padding_mask.defined()) {
+    // The scale, the causal mask and the softmax in one pass over the scores
+    // (in q's dtype, as the product gives them), f32 inside, one rounding.
+    Tensor p = scaled_softmax(matmul(q5, k.transpose(-1, -2)).reshape({b, hq, tq, tk}), scale, opts.causal);
+    if (p.dtype() != v.dtype()) p = p.to(v.dtype());
+    return matmul(p.reshape({b, hkv, groups * tq, tk}), v).reshape({b, hq, tq, d});
+  }
   Tensor s = mul(matmul(q5, k.transpose(-1, -2)), scale);  // [B, Hkv, G*Tq, Tk]
   s = s.reshape({b, hq, tq, tk});
   DType acc = q.dtype() == DType::f64 ? DType::f64 : DType::f32;

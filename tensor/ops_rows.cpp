@@ -2,6 +2,7 @@
 // and cross-entropy over log_softmax. Each runs on a contiguous [m, n] view
 // with the reduced dimension last.
 #include <algorithm>
+#include <cmath>
 
 #include "tensor/ops_util.h"
 
@@ -52,6 +53,27 @@ static Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
 }
 Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, false); }
 Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, true); }
+
+Tensor scaled_softmax(const Tensor& x, double scale, bool causal) {
+  check_floating(x, "scaled_softmax");
+  if (x.dim() < (causal ? 2 : 1))
+    throw std::invalid_argument(fmt::format("scaled_softmax: x {} needs {} dims", x.str(), causal ? 2 : 1));
+  if (!std::isfinite(scale)) throw std::invalid_argument("scaled_softmax: the scale must be finite");
+  const int64_t n = x.size(-1), tq = causal ? x.size(-2) : 0;
+  const Tensor rows = x.detach().contiguous().reshape({n == 0 ? 0 : x.numel() / n, n});
+  Tensor y = empty_like(rows);
+  if (y.numel()) backend(x.device()).scaled_softmax(rows, y, scale, tq);
+  Tensor out = y.reshape(x.shape());
+  if (needs_grad({x})) {
+    record(out, "scaled_softmax", {x}, [y, scale, x](const Tensor& g) {
+      Tensor dx = empty_like(y);
+      if (y.numel())
+        backend(y.device()).scaled_softmax_backward(y, g.contiguous().reshape(y.shape()).to(y.dtype()), dx, scale);
+      return std::vector<Tensor>{dx.reshape(x.shape())};
+    });
+  }
+  return out;
+}
 
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {

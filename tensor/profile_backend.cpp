@@ -162,6 +162,12 @@ class ProfilingBackend final : public Backend {
   void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log) override {
     timed(key("softmax_backward", y), y.device(), [&] { inner_.softmax_backward(y, dy, dx, log); });
   }
+  void scaled_softmax(const Tensor& x, const Tensor& out, double scale, int64_t tq) override {
+    timed(key("scaled_softmax", x), x.device(), [&] { inner_.scaled_softmax(x, out, scale, tq); });
+  }
+  void scaled_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, double scale) override {
+    timed(key("scaled_softmax_backward", y), y.device(), [&] { inner_.scaled_softmax_backward(y, dy, dx, scale); });
+  }
   bool cross_entropy_rows(const Tensor& logits, const Tensor& targets, const Tensor& loss) override {
     return timed(key("cross_entropy_rows", logits), logits.device(),
                  [&] { return inner_.cross_entropy_rows(logits, targets, loss); });
@@ -184,6 +190,11 @@ class ProfilingBackend final : public Backend {
   void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
                          const Tensor& dx, const Tensor& dweight) override {
     timed(key("rms_norm_backward", x), x.device(), [&] { inner_.rms_norm_backward(x, weight, rstd, dy, dx, dweight); });
+  }
+  bool matmul_f32_out(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) override {
+    const std::string k = fmt::format("matmul {}->f32 B{} M{} N{} K{}", dtype_name(a.dtype()), size_class(out.size(0)),
+                                      size_class(out.size(1)), size_class(out.size(2)), size_class(a.size(2)));
+    return timed(k, out.device(), [&] { return inner_.matmul_f32_out(a, b, out, alpha, beta); });
   }
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) override {
     const std::string k = fmt::format("matmul {} B{} M{} N{} K{}", dtype_name(out.dtype()), size_class(out.size(0)),

@@ -92,9 +92,23 @@ Tensor chunked_cross_entropy_sum(const Tensor& hidden, const Tensor& weight, con
       }
       // The rows' gradient in the weight's dtype; the weight's in f32 (a bf16
       // sum over chunks would lose the small contributions), accumulated in
-      // place over the chunks.
-      if (grad_h) gh.push_back(matmul(lp.to(wd.dtype()), wd));
+      // place over the chunks. A bf16 (f16) weight's product runs on the
+      // rounded d/dlogits and rows with f32 sums where the backend has that
+      // kernel (CUDA's tensor cores; as autocast's bf16 head gradient), else
+      // both widen to f32.
+      const bool half_w = wd.dtype() == DType::bf16 || wd.dtype() == DType::f16;
+      const Tensor lpw = grad_h || (grad_w && half_w) ? lp.to(wd.dtype()) : Tensor();
+      if (grad_h) gh.push_back(matmul(lpw, wd));
       if (!grad_w) continue;
+      if (half_w) {
+        const Tensor hw = hd.narrow(0, c.begin, c.rows).contiguous();
+        const Tensor into = gw.defined() ? gw : empty({V, hd.size(1)}, TensorOptions(DType::f32, dev));
+        if (be.matmul_f32_out(lpw.t().unsqueeze(0), hw.unsqueeze(0), into.unsqueeze(0), 1.0,
+                              gw.defined() ? 1.0 : 0.0)) {
+          gw = into;
+          continue;
+        }
+      }
       Tensor hc = hd.narrow(0, c.begin, c.rows).to(DType::f32).contiguous();
       if (!gw.defined()) gw = matmul(lp.t(), hc);
       else be.matmul(lp.t().unsqueeze(0), hc.unsqueeze(0), gw.unsqueeze(0), 1.0, 1.0);

@@ -35,6 +35,8 @@ class CpuBackend final : public Backend {
 
   void softmax(const Tensor& x, const Tensor& out, bool log) override;
   void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log) override;
+  void scaled_softmax(const Tensor& x, const Tensor& out, double scale, int64_t tq) override;
+  void scaled_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, double scale) override;
   bool cross_entropy_rows(const Tensor& logits, const Tensor& targets, const Tensor& loss) override;
   void sort(const Tensor& x, int64_t k, bool descending, const Tensor& values,
             const Tensor& indices) override;

@@ -146,6 +146,35 @@ void softmax_row(const double* in, double* out, int64_t n, bool log) {
   }
 }
 
+// dx = softmax'(y) dy, times scale (scaled_softmax's backward; 1 for softmax:
+// the same bits as without it).
+void softmax_backward_rows(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log, double scale) {
+  int64_t m = y.size(0), n = y.size(1);
+  for_float_dtype(y.dtype(), "softmax_backward", [&](auto tag) {
+    using T = decltype(tag);
+    using C = row_t<T>;
+    const T* yp = static_cast<const T*>(y.data_ptr());
+    const T* gp = static_cast<const T*>(dy.data_ptr());
+    T* op = static_cast<T*>(dx.data_ptr());
+    const C sc = C(scale);
+    parallel_for(m, n * 4, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const T* yr = yp + i * n;
+        const T* gr = gp + i * n;
+        T* o = op + i * n;
+        C s = 0;
+        if (log) {
+          for (int64_t j = 0; j < n; ++j) s += C(gr[j]);
+          for (int64_t j = 0; j < n; ++j) o[j] = T(C(gr[j]) - std::exp(C(yr[j])) * s);
+        } else {
+          for (int64_t j = 0; j < n; ++j) s += C(gr[j]) * C(yr[j]);
+          for (int64_t j = 0; j < n; ++j) o[j] = T(sc * C(yr[j]) * (C(gr[j]) - s));
+        }
+      }
+    });
+  });
+}
+
 }  // namespace
 
 void CpuBackend::softmax(const Tensor& x, const Tensor& out, bool log) {
@@ -169,6 +198,37 @@ void CpuBackend::softmax(const Tensor& x, const Tensor& out, bool log) {
       }
     });
   });
+}
+
+// Each row widened and scaled into an f32 (f64) buffer over its visible
+// prefix, softmax_row over it, zeros after it; the whole row NaN when the
+// prefix is empty or softmax_row gave NaN (it fills all or nothing).
+void CpuBackend::scaled_softmax(const Tensor& x, const Tensor& out, double scale, int64_t tq) {
+  const int64_t m = x.size(0), n = x.size(1);
+  for_float_dtype(x.dtype(), "scaled_softmax", [&](auto tag) {
+    using T = decltype(tag);
+    using C = row_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    T* op = static_cast<T*>(out.data_ptr());
+    const C sc = C(scale);
+    parallel_for(m, n * 4, [&](int64_t lo, int64_t hi) {
+      std::vector<C> buf(static_cast<size_t>(n));
+      for (int64_t i = lo; i < hi; ++i) {
+        const int64_t vis = tq > 0 ? std::clamp<int64_t>(i % tq + n - tq + 1, 0, n) : n;
+        const T* xr = xp + i * n;
+        T* o = op + i * n;
+        for (int64_t j = 0; j < vis; ++j) buf[size_t(j)] = C(xr[j]) * sc;
+        if (vis > 0) softmax_row(buf.data(), buf.data(), vis, false);
+        const bool nan_row = vis == 0 || std::isnan(buf[0]);
+        for (int64_t j = 0; j < n; ++j)
+          o[j] = nan_row ? T(std::numeric_limits<C>::quiet_NaN()) : j < vis ? T(buf[size_t(j)]) : T(C(0));
+      }
+    });
+  });
+}
+
+void CpuBackend::scaled_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, double scale) {
+  softmax_backward_rows(y, dy, dx, false, scale);
 }
 
 namespace {
@@ -207,30 +267,9 @@ bool CpuBackend::cross_entropy_rows(const Tensor& logits, const Tensor& targets,
 }
 
 void CpuBackend::softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log) {
-  int64_t m = y.size(0), n = y.size(1);
-  for_float_dtype(y.dtype(), "softmax_backward", [&](auto tag) {
-    using T = decltype(tag);
-    using C = row_t<T>;
-    const T* yp = static_cast<const T*>(y.data_ptr());
-    const T* gp = static_cast<const T*>(dy.data_ptr());
-    T* op = static_cast<T*>(dx.data_ptr());
-    parallel_for(m, n * 4, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) {
-        const T* yr = yp + i * n;
-        const T* gr = gp + i * n;
-        T* o = op + i * n;
-        C s = 0;
-        if (log) {
-          for (int64_t j = 0; j < n; ++j) s += C(gr[j]);
-          for (int64_t j = 0; j < n; ++j) o[j] = T(C(gr[j]) - std::exp(C(yr[j])) * s);
-        } else {
-          for (int64_t j = 0; j < n; ++j) s += C(gr[j]) * C(yr[j]);
-          for (int64_t j = 0; j < n; ++j) o[j] = T(C(yr[j]) * (C(gr[j]) - s));
-        }
-      }
-    });
-  });
+  softmax_backward_rows(y, dy, dx, log, 1.0);
 }
+
 
 void CpuBackend::layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps,
                             const Tensor& y, const Tensor& mean, const Tensor& rstd) {

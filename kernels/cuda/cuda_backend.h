@@ -27,6 +27,8 @@ class CudaBackend final : public Backend {
 
   void softmax(const Tensor& x, const Tensor& out, bool log) override;
   void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log) override;
+  void scaled_softmax(const Tensor& x, const Tensor& out, double scale, int64_t tq) override;
+  void scaled_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, double scale) override;
   bool cross_entropy_rows(const Tensor& logits, const Tensor& targets, const Tensor& loss) override;
   void sort(const Tensor& x, int64_t k, bool descending, const Tensor& values,
             const Tensor& indices) override;
@@ -42,6 +44,7 @@ class CudaBackend final : public Backend {
 
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha,
               double beta) override;
+  bool matmul_f32_out(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) override;
 
   void index_select(const Tensor& x, const Tensor& index, const Tensor& out) override;
   void index_add(const Tensor& out, const Tensor& index, const Tensor& src) override;

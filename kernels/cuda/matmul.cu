@@ -112,23 +112,23 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t t, int64_t rows, int64_t cols,
 }
 
 // cuBLASLt for f32 / bf16 / f16; false when it has no algorithm for this case.
-bool lt_matmul(DeviceContext& ctx, cudaDataType_t type, const Operand& A, const Operand& B,
-               void* out, int64_t N, int64_t M, int64_t K, int batch, size_t esize, float alpha,
-               float beta) {
+bool lt_matmul(DeviceContext& ctx, cudaDataType_t type, cudaDataType_t out_type, const Operand& A,
+               const Operand& B, void* out, int64_t N, int64_t M, int64_t K, int batch, size_t esize,
+               size_t out_esize, float alpha, float beta) {
   LtDescs d;
   ARENO_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   ARENO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &A.op, sizeof(A.op)));
   ARENO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &B.op, sizeof(B.op)));
   d.a = make_layout(type, A.rows, A.cols, A.ld, batch, A.batch_stride);
   d.b = make_layout(type, B.rows, B.cols, B.ld, batch, B.batch_stride);
-  d.c = make_layout(type, N, M, N, batch, N * M);
+  d.c = make_layout(out_type, N, M, N, batch, N * M);
 
   uint32_t align_a = alignment(A.data, {A.ld * int64_t(esize), A.batch_stride * int64_t(esize)});
   uint32_t align_b = alignment(B.data, {B.ld * int64_t(esize), B.batch_stride * int64_t(esize)});
-  uint32_t align_c = alignment(out, {N * int64_t(esize), N * M * int64_t(esize)});
+  uint32_t align_c = alignment(out, {N * int64_t(out_esize), N * M * int64_t(out_esize)});
 
   char key[256];
-  std::snprintf(key, sizeof key, "%d|%d%d|%lld,%lld,%lld|%lld,%lld|%lld,%lld|%d|%u,%u,%u|%d", int(type),
+  std::snprintf(key, sizeof key, "%d>%d|%d%d|%lld,%lld,%lld|%lld,%lld|%lld,%lld|%d|%u,%u,%u|%d", int(type), int(out_type),
                 int(A.op), int(B.op), (long long)N, (long long)M, (long long)K, (long long)A.ld,
                 (long long)B.ld, (long long)A.batch_stride, (long long)B.batch_stride, batch, align_a,
                 align_b, align_c, beta != 0.0f);
@@ -179,8 +179,10 @@ namespace areno {
 
 using namespace cuda;
 
-void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha,
-                         double beta) {
+namespace {
+
+// The checks of matmul and matmul_f32_out: shapes, one device, out contiguous.
+void check_matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   if (a.dim() != 3 || b.dim() != 3 || out.dim() != 3)
     throw std::invalid_argument("cuda matmul: expected a [B, M, K], b [B, K, N], out [B, M, N]; got " +
                                 a.str() + ", " + b.str() + ", " + out.str());
@@ -189,10 +191,18 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, do
   if (a.size(0) != Bn || a.size(1) != M || b.size(0) != Bn || b.size(1) != K || b.size(2) != N)
     throw std::invalid_argument("cuda matmul: shapes " + a.str() + " @ " + b.str() + " -> " +
                                 out.str() + " do not agree");
-  if (a.dtype() != out.dtype() || b.dtype() != out.dtype())
-    throw std::invalid_argument("cuda matmul: a, b and out must share a dtype");
   if (a.device() != out.device() || b.device() != out.device())
     throw std::invalid_argument("cuda matmul: a, b and out must be on one device");
+}
+
+}  // namespace
+
+void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha,
+                         double beta) {
+  check_matmul(a, b, out);
+  if (a.dtype() != out.dtype() || b.dtype() != out.dtype())
+    throw std::invalid_argument("cuda matmul: a, b and out must share a dtype");
+  const int64_t Bn = out.size(0), M = out.size(1), N = out.size(2), K = a.size(2);
   cudaDataType_t type = cuda_type(out.dtype());
   if (Bn * M * N == 0) return;
   Launch l(out);
@@ -216,13 +226,45 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, do
     return;
   }
   float alpha_f = float(alpha), beta_f = float(beta);
-  if (lt_matmul(l.ctx, type, A, B, out.data_ptr(), N, M, K, batch, out.element_size(), alpha_f,
-                beta_f))
+  if (lt_matmul(l.ctx, type, type, A, B, out.data_ptr(), N, M, K, batch, out.element_size(),
+                out.element_size(), alpha_f, beta_f))
     return;
   ARENO_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       l.ctx.cublas, A.op, B.op, n, m, k, &alpha_f, A.data, type, lda, A.batch_stride, B.data, type,
       ldb, B.batch_stride, &beta_f, out.data_ptr(), type, n, N * M, batch, CUBLAS_COMPUTE_32F,
       CUBLAS_GEMM_DEFAULT));
+}
+
+// bf16 (f16) operands, f32 out: cuBLASLt's C/D in f32 with f32 compute, or
+// cublasGemmStridedBatchedEx with the same types.
+bool CudaBackend::matmul_f32_out(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
+  if (out.dtype() != DType::f32 || a.dtype() != b.dtype() || (a.dtype() != DType::bf16 && a.dtype() != DType::f16))
+    return false;
+  check_matmul(a, b, out);
+  const int64_t Bn = out.size(0), M = out.size(1), N = out.size(2), K = a.size(2);
+  if (Bn * M * N == 0) return true;
+  Launch l(out);
+  if (K == 0) {
+    if (beta == 0.0) ARENO_CUDA_CHECK(cudaMemsetAsync(out.data_ptr(), 0, out.nbytes(), l.stream));
+    else unary(UnaryOp::affine, out, out, beta, 0.0);
+    return true;
+  }
+  l.ctx.ensure_blas();
+  const cudaDataType_t type = cuda_type(a.dtype());
+  Operand A = as_cublas(b, l.stream);
+  Operand B = as_cublas(a, l.stream);
+  int batch = to_int(Bn, "batch");
+  int n = to_int(N, "N"), m = to_int(M, "M"), k = to_int(K, "K");
+  int lda = to_int(A.ld, "lda"), ldb = to_int(B.ld, "ldb");
+  float alpha_f = float(alpha), beta_f = float(beta);
+  if (lt_matmul(l.ctx, type, CUDA_R_32F, A, B, out.data_ptr(), N, M, K, batch, a.element_size(),
+                out.element_size(), alpha_f, beta_f))
+    return true;
+  ARENO_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      l.ctx.cublas, A.op, B.op, n, m, k, &alpha_f, A.data, type, lda, A.batch_stride, B.data, type,
+      ldb, B.batch_stride, &beta_f, out.data_ptr(), CUDA_R_32F, n, N * M, batch, CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT));
+  return true;
 }
 
 }  // namespace areno

@@ -77,9 +77,10 @@ __global__ void softmax_kernel(const T* x, T* y, int64_t m, int64_t n, bool log)
   }
 }
 
+// dx = softmax'(y) dy, times scale (scaled_softmax's backward; 1 for softmax).
 template <typename T>
 __global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, int64_t m, int64_t n,
-                                        bool log) {
+                                        bool log, acc_t<T> scale) {
   using A = acc_t<T>;
   __shared__ A shared[32];
   for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
@@ -92,7 +93,37 @@ __global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, int64_t 
     s = block_sum(s, shared);
     for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
       A yv = load_acc(yr, k), g = load_acc(dyr, k);
-      dxr[k] = cast_value<T>(log ? g - exp(yv) * s : yv * (g - s));
+      dxr[k] = cast_value<T>(log ? g - exp(yv) * s : scale * yv * (g - s));
+    }
+  }
+}
+
+// ---- scaled (causal) softmax: attention's probabilities ----
+
+// One block per row: the visible prefix's max of scale * x, the sum of
+// exp(scale * x - max), then the probabilities (0 past the prefix); the whole
+// row NaN when the prefix is empty, its sum NaN or its max -inf (CPU: the same
+// rule in kernels/cpu/rows.cpp).
+template <typename T>
+__global__ void scaled_softmax_kernel(const T* x, T* y, int64_t m, int64_t n, acc_t<T> scale, int64_t tq) {
+  using A = acc_t<T>;
+  __shared__ A shared[32];
+  for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
+    const T* xr = x + r * n;
+    T* yr = y + r * n;
+    int64_t vis = n;
+    if (tq > 0) vis = min(n, max(int64_t(0), r % tq + n - tq + 1));
+    A mx = A(-INFINITY);
+    for (int64_t k = threadIdx.x; k < vis; k += blockDim.x) mx = fmax(mx, load_acc(xr, k) * scale);
+    mx = block_max(mx, shared);
+    A s = A(0);
+    for (int64_t k = threadIdx.x; k < vis; k += blockDim.x) s += exp(load_acc(xr, k) * scale - mx);
+    s = block_sum(s, shared);
+    const bool nan_row = vis == 0 || isnan(s) || isinf(s) || mx == A(-INFINITY);
+    const A inv = A(1) / s;
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+      A p = k < vis ? exp(load_acc(xr, k) * scale - mx) * inv : A(0);
+      yr[k] = cast_value<T>(nan_row ? A(NAN) : p);
     }
   }
 }
@@ -299,6 +330,21 @@ void norm_param_grads(const Launch& l, const Tensor& x, const acc_t<T>* mean, co
   ARENO_LAUNCH_CHECK("norm_param_final_kernel");
 }
 
+void softmax_backward_rows(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log, double scale,
+                           const char* op) {
+  Rows r = rows_of(y, op);
+  check_like(dy, y, op, "dy");
+  check_like(dx, y, op, "dx");
+  if (r.m == 0 || r.n == 0) return;
+  Launch l(dx);
+  visit_floating(y.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    softmax_backward_kernel<T><<<row_grid(r.m), row_block(r.n), 0, l.stream>>>(
+        ptr<const T>(y), ptr<const T>(dy), ptr<T>(dx), r.m, r.n, log, acc_t<T>(scale));
+    ARENO_LAUNCH_CHECK("softmax_backward_kernel");
+  });
+}
+
 template <typename T>
 const T* opt_ptr(const Tensor& t) {
   return t.defined() ? ptr<const T>(t) : nullptr;
@@ -329,6 +375,23 @@ void CudaBackend::softmax(const Tensor& x, const Tensor& out, bool log) {
   });
 }
 
+void CudaBackend::scaled_softmax(const Tensor& x, const Tensor& out, double scale, int64_t tq) {
+  Rows r = rows_of(x, "scaled_softmax");
+  check_like(out, x, "scaled_softmax", "out");
+  if (r.m == 0 || r.n == 0) return;
+  Launch l(out);
+  visit_floating(x.dtype(), "scaled_softmax", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    scaled_softmax_kernel<T><<<row_grid(r.m), row_block(r.n), 0, l.stream>>>(ptr<const T>(x), ptr<T>(out), r.m, r.n,
+                                                                             acc_t<T>(scale), tq);
+    ARENO_LAUNCH_CHECK("scaled_softmax_kernel");
+  });
+}
+
+void CudaBackend::scaled_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, double scale) {
+  softmax_backward_rows(y, dy, dx, false, scale, "scaled_softmax_backward");
+}
+
 bool CudaBackend::cross_entropy_rows(const Tensor& logits, const Tensor& targets, const Tensor& loss) {
   if (!cross_entropy_rows_layout_ok(logits, targets, loss)) return false;
   const int64_t m = logits.size(0), n = logits.size(1);
@@ -341,17 +404,7 @@ bool CudaBackend::cross_entropy_rows(const Tensor& logits, const Tensor& targets
 }
 
 void CudaBackend::softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log) {
-  Rows r = rows_of(y, "softmax_backward");
-  check_like(dy, y, "softmax_backward", "dy");
-  check_like(dx, y, "softmax_backward", "dx");
-  if (r.m == 0 || r.n == 0) return;
-  Launch l(dx);
-  visit_floating(y.dtype(), "softmax_backward", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    softmax_backward_kernel<T><<<row_grid(r.m), row_block(r.n), 0, l.stream>>>(
-        ptr<const T>(y), ptr<const T>(dy), ptr<T>(dx), r.m, r.n, log);
-    ARENO_LAUNCH_CHECK("softmax_backward_kernel");
-  });
+  softmax_backward_rows(y, dy, dx, log, 1.0, "softmax_backward");
 }
 
 void CudaBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,

@@ -582,6 +582,106 @@ DEVICE_TEST_CASE("ops/cross_entropy_rows: loss and softmax minus onehot against 
   }
 }
 
+// Backend::matmul_f32_out (CUDA: cuBLASLt with bf16 operands and f32 C/D):
+// the f64 product of the same bf16 / f16 operands, a transposed left operand
+// (the loss's d/dlogits^T h), and beta = 1 accumulating a second product, to
+// f32 rounding; the CPU has no such kernel and says so.
+DEVICE_TEST_CASE("ops/matmul_f32_out: half operands, f32 sums, accumulation") {
+  Generator g(41);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    CAPTURE(dtype_name(dt));
+    const int64_t M = 37, K = 300, N = 45;
+    const Tensor a = rand_normal({K, M}, g, 0.0, 1.0).to(dt), b = rand_normal({K, N}, g, 0.0, 1.0).to(dt);
+    const Tensor a2 = rand_normal({K, M}, g, 0.0, 1.0).to(dt);
+    Tensor out = empty({1, M, N}, TensorOptions(DType::f32, device));
+    Backend& be = backend(device);
+    if (!be.matmul_f32_out(a.to(device).t().unsqueeze(0), b.to(device).unsqueeze(0), out, 1.0, 0.0)) {
+      MESSAGE("no matmul_f32_out kernel on this device");
+      CHECK(device == Device::cpu());
+      return;
+    }
+    const Tensor want1 = matmul(a.to(DType::f64).t(), b.to(DType::f64));
+    CHECK(max_abs_diff(out.squeeze(0).to(Device::cpu()).to(DType::f64), want1) < 1e-4);
+    REQUIRE(be.matmul_f32_out(a2.to(device).t().unsqueeze(0), b.to(device).unsqueeze(0), out, 0.5, 1.0));
+    const Tensor want2 = add(want1, mul(matmul(a2.to(DType::f64).t(), b.to(DType::f64)), 0.5));
+    CHECK(max_abs_diff(out.squeeze(0).to(Device::cpu()).to(DType::f64), want2) < 1e-4);
+  }
+}
+
+// scaled_softmax (Backend::scaled_softmax and its backward: the composed
+// attention's probabilities) against the composition it replaces, in f64 on
+// the host: mul by the scale, where(future, -inf), softmax; the gradient
+// against that composition's autograd. Rows across the 8-lane and block
+// tails, causal with a history (more keys than queries), causal with fewer
+// keys than queries (the first rows see nothing: NaN rows), not causal, a
+// NaN and a -inf among the visible scores, and f32 / bf16 / f64.
+DEVICE_TEST_CASE("ops/scaled_softmax: scale, causal mask and softmax in one pass, and its backward") {
+  Generator g(31);
+  struct Case {
+    int64_t r, tq, tk;
+    bool causal;
+  };
+  for (const Case& c : {Case{3, 5, 5, true}, Case{2, 7, 37, true}, Case{1, 9, 1100, true}, Case{2, 6, 4, true},
+                        Case{2, 3, 19, false}, Case{1, 1, 1, true}, Case{4, 33, 33, true}}) {
+    for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+      CAPTURE(c.tq);
+      CAPTURE(c.tk);
+      CAPTURE(c.causal);
+      CAPTURE(dtype_name(dt));
+      const double scale = 0.37;
+      std::vector<double> xv = rand_normal({c.r, c.tq, c.tk}, g, 0.0, 3.0).to(DType::f64).to_vector<double>();
+      if (c.tk == 37) {
+        xv[size_t(3 * c.tk + 1)] = -INFINITY;                          // visible -inf: p exactly 0
+        xv[size_t((c.tq + 6) * c.tk + 2)] = std::nan("");              // visible NaN: the row is NaN
+        xv[size_t((c.tq + 1) * c.tk + c.tk - 1)] = std::nan("");      // a NaN past the mask changes nothing
+      }
+      const Tensor x64 = from_vector(xv, {c.r, c.tq, c.tk});
+      const Tensor w = rand_normal({c.r, c.tq, c.tk}, g, 0.0, 1.0).to(DType::f64);  // d loss / d p
+      // The composition in f64 on the host, from the same (rounded) inputs.
+      const Tensor xin = x64.to(dt).to(DType::f64).detach();
+      Tensor xr = xin.detach();
+      xr.set_requires_grad(true);
+      Tensor s = mul(xr, scale);
+      if (c.causal) {
+        Tensor qi = arange(c.tq, TensorOptions(DType::i64)).reshape({c.tq, 1});
+        Tensor kj = arange(c.tk, TensorOptions(DType::i64)).reshape({1, c.tk});
+        s = where(gt(kj, add(qi, double(c.tk - c.tq))), full({}, -INFINITY, TensorOptions(DType::f64)), s);
+      }
+      const Tensor want = softmax(s, -1);
+      sum(mul(where(ne(want, want), zeros_like(want), want), w)).backward();
+      const std::vector<double> wv = want.detach().to_vector<double>(), gw = xr.grad().to_vector<double>();
+
+      Tensor xd = x64.to(dt).to(device).detach();
+      xd.set_requires_grad(true);
+      const Tensor got = scaled_softmax(xd, scale, c.causal);
+      CHECK(got.dtype() == dt);
+      CHECK(got.shape() == x64.shape());
+      sum(mul(where(ne(got, got), zeros_like(got), got), w.to(dt).to(device))).backward();
+      const std::vector<double> gv = got.detach().to(Device::cpu()).to(DType::f64).to_vector<double>();
+      const std::vector<double> dv = xd.grad().to(Device::cpu()).to(DType::f64).to_vector<double>();
+      const double tol = dt == DType::bf16 ? 8e-3 : dt == DType::f32 ? 2e-6 : 1e-12;
+      int64_t nan_rows = 0;
+      for (int64_t row = 0; row < c.r * c.tq; ++row) {
+        CAPTURE(row);
+        const bool want_nan = std::isnan(wv[size_t(row * c.tk)]);
+        nan_rows += want_nan;
+        for (int64_t j = 0; j < c.tk; ++j) {
+          const size_t i = size_t(row * c.tk + j);
+          if (want_nan) {
+            CHECK(std::isnan(gv[i]));
+            continue;
+          }
+          CHECK(std::fabs(gv[i] - wv[i]) <= tol * std::max(1.0, std::fabs(wv[i])));
+          if (wv[i] == 0) CHECK(gv[i] == 0);  // masked and -inf scores: exactly 0
+          CHECK(std::fabs(dv[i] - gw[i]) <= 4 * tol * std::max(1.0, std::fabs(gw[i])));
+        }
+      }
+      if (c.tq > c.tk && c.causal) CHECK(nan_rows == c.r * (c.tq - c.tk));
+      if (c.tk == 37) CHECK(nan_rows == 1);
+    }
+  }
+}
+
 // Attention without a bias or padding mask may run a backend's fused kernel
 // (on the CPU in f32: kernels/cpu/attention.cpp, the same kernel with and
 // without grad); it must equal the composed op, which a zero bias forces, and

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands_train.h"
+#include "app/served_model.h"
 #include <httplib.h>
 
 #include "models/phi4mm/demo/demo.h"
@@ -67,6 +68,17 @@ std::vector<AgentTask> tasks(int n) {
   for (int i = 0; i < n; ++i)
     ts.push_back({json{{"prompt", fmt::format("What is {} + 3?", i + 2)}, {"answer", i + 5}}, i, 0, i + 1, {}});
   return ts;
+}
+
+// `tools` with one function, add(a, b) (tests/rl/scripts/agent_tool_add.sh sends the same).
+json add_tool() {
+  return json::array({{{"type", "function"},
+                       {"function",
+                        {{"name", "add"},
+                         {"description", "Adds two integers."},
+                         {"parameters",
+                          {{"type", "object"},
+                           {"properties", {{"a", {{"type", "integer"}}}, {"b", {{"type", "integer"}}}}}}}}}}});
 }
 
 std::string decode(const std::vector<int64_t>& ids) {
@@ -376,13 +388,7 @@ TEST_CASE("rl/agent tool calls: a sampled <|tool_call|> reply is recorded as too
   // assistant message with the tool's result, and the prompt builder's
   // re-templated history must give the sampled tokens back token for token,
   // or the trajectory would split into two rows.
-  const json tools = json::array({{{"type", "function"},
-                                   {"function",
-                                    {{"name", "add"},
-                                     {"description", "Adds two integers."},
-                                     {"parameters",
-                                      {{"type", "object"},
-                                       {"properties", {{"a", {{"type", "integer"}}}, {"b", {{"type", "integer"}}}}}}}}}}});
+  const json tools = add_tool();
   const json m1 = json::array({{{"role", "user"}, {"content", "What is 2 + 3? Use the tool."}}});
   phi4mm::ProcessorOptions po;
   po.add_generation_prompt = true;
@@ -426,6 +432,101 @@ TEST_CASE("rl/agent tool calls: a sampled <|tool_call|> reply is recorded as too
     CHECK(std::isnan(row.logp[i]) == !sampled);
   }
   CHECK(decode(std::vector<int64_t>(row.tokens.begin(), row.tokens.begin() + int64_t(c1.size()))) == reply + "<|end|>");
+}
+
+// The whole loop of a tool-using agent, end to end: the demo model is taught
+// by `areno train --algo sft` (rows with `tools`, the assistant's tool_calls
+// and the tool's result) to call add(a, b) and then to answer with the
+// result; an agent (tests/rl/scripts/agent_tool_add.sh, sh + curl) then runs
+// against the rollout's server: it gets the call as tool_calls (the server
+// parsed the sampled <|tool_call|> reply), runs the tool, sends the call and
+// the result back, and scores the final answer. The recorded trajectory is one
+// row: the sampled call trainable, the tool's result masked, the answer
+// trainable; its log-probabilities are the training forward's.
+TEST_CASE("rl/agent tool calls end to end: a model taught to call add(a, b) by SFT, an sh agent that runs the tool, one row per trajectory") {
+  testing::TempDir dir;
+  const json tools = add_tool();
+  const int pairs[4][2] = {{2, 3}, {4, 1}, {5, 2}, {3, 6}};
+  auto question = [](const int* ab) { return fmt::format("What is {} + {}? Use the tool.", ab[0], ab[1]); };
+  {
+    std::ofstream sft(dir.path / "sft.jsonl"), rl(dir.path / "tasks.jsonl");
+    for (const auto& ab : pairs) {
+      const std::string sum = std::to_string(ab[0] + ab[1]);
+      const json call = {{"id", "call_1"},
+                         {"type", "function"},
+                         {"function", {{"name", "add"}, {"arguments", json{{"a", ab[0]}, {"b", ab[1]}}.dump()}}}};
+      sft << json{{"tools", tools},
+                  {"messages",
+                   {{{"role", "user"}, {"content", question(ab)}},
+                    {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", {call}}},
+                    {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", sum}},
+                    {{"role", "assistant"}, {"content", sum}}}}}
+                 .dump()
+          << "\n";
+      rl << json{{"prompt", question(ab)}, {"answer", sum}}.dump() << "\n";
+    }
+  }
+  REQUIRE(app::cmd_train({"--dataset-path", dir.str("sft.jsonl"), "--batch-size", "4", "--mini-bs", "4",
+                          "--max-steps", "120", "--lr", "1e-2", "--min-lr", "1e-3", "--save-path", dir.str("save"),
+                          "--metrics-log-dir", dir.str("m")}) == 0);
+  {
+    const std::vector<json> l = testing::metrics_lines(dir.path / "m");
+    REQUIRE(l.size() == 120);
+    MESSAGE("SFT loss ", l.front()["train/loss"].get<double>(), " -> ", l.back()["train/loss"].get<double>());
+    CHECK(l.back()["train/loss"].get<double>() < 0.01 * l.front()["train/loss"].get<double>());
+  }
+  const app::ServedModel served = app::load_served_model(dir.str("save/step-120"), "cpu", "f32");
+
+  const std::string log = dir.str("agent.log");
+  AgentRollout ar(served.model, served.tokenizer, rollout_options(2),
+                  agent("agent_tool_add.sh", 120, "AGENT_LOG=" + log + " "));
+  std::vector<AgentTask> ts;
+  for (int i = 0; i < 4; ++i)
+    ts.push_back({json{{"prompt", question(pairs[i])}, {"answer", pairs[i][0] + pairs[i][1]}}, i, 0, i + 1, {}});
+  const RolloutBatch b = ar.run(ts);
+  {
+    std::ifstream in(log);
+    std::string line, all;
+    while (std::getline(in, line)) all += line + "\n";
+    MESSAGE("agent log (a b sum answer):\n", all);
+  }
+  REQUIRE(b.trajectories.size() == 8);
+  REQUIRE(b.samples.size() == 8);  // one row each: the second turn continued the first
+  CHECK(ar.last_stats().kv_blocks_used == 0);
+  CHECK(ar.last_stats().requests_finished == 16);  // every run made the call, so two turns each
+  std::vector<Sequence> seqs;
+  for (size_t k = 0; k < b.trajectories.size(); ++k) {
+    const RolloutBatch::Trajectory& t = b.trajectories[k];
+    const int* ab = pairs[k / 2];
+    CAPTURE(k);
+    REQUIRE(t.reward.has_value());
+    CHECK(*t.reward == 1.0);  // the call carried a and b, and the answer was their sum
+    REQUIRE(t.rows.size() == 1);
+    const RolloutSample& s = b.samples[size_t(t.rows[0])];
+    size_t a = 0;
+    while (a < s.tokens.size() && s.trainable[a]) ++a;
+    size_t c = a;
+    while (c < s.tokens.size() && !s.trainable[c]) ++c;
+    const std::string call = decode(std::vector<int64_t>(s.tokens.begin(), s.tokens.begin() + int64_t(a)));
+    CHECK(call == fmt::format(R"(<|tool_call|>[{{"name": "add", "arguments": {{"a": {}, "b": {}}}}}]<|/tool_call|><|end|>)",
+                              ab[0], ab[1]));
+    CHECK(decode(std::vector<int64_t>(s.tokens.begin() + int64_t(a), s.tokens.begin() + int64_t(c))) ==
+          fmt::format("<|tool|>{}<|end|><|assistant|>", ab[0] + ab[1]));
+    CHECK(decode(std::vector<int64_t>(s.tokens.begin() + int64_t(c), s.tokens.end())) ==
+          fmt::format("{}<|end|>", ab[0] + ab[1]));
+    for (size_t i = 0; i < s.tokens.size(); ++i) CHECK(std::isnan(s.logp[i]) == !s.trainable[i]);
+    seqs.push_back({s.prompt, s.tokens, s.trainable});
+  }
+  NoGradGuard ng;
+  const TokenLogp tl = policy_logp(*served.model, b.prompts, seqs);
+  const std::vector<float> lp = tl.logp.to_vector<float>();
+  const int64_t T = tl.logp.size(1);
+  double worst = 0;
+  for (size_t n = 0; n < b.samples.size(); ++n)
+    for (size_t t = 0; t < b.samples[n].tokens.size(); ++t)
+      if (b.samples[n].trainable[t])
+        worst = std::max(worst, std::abs(double(lp[n * size_t(T) + t]) - double(b.samples[n].logp[t])));
+  CHECK(worst < 1e-5);
 }
 
 TEST_CASE("rl/agent recorder: streamed turns are recorded; n > 1 and bad ids are refused") {
