@@ -17,6 +17,7 @@
 
 #include "areno_build_config.h"
 #include "models/phi4mm/processor/chat_processor.h"
+#include "serve/grammar.h"
 
 namespace areno::serve {
 
@@ -108,6 +109,16 @@ struct HttpServer::Impl {
 
   std::mutex metrics_mu;
   std::map<std::pair<std::string, int>, int64_t> http_counts;  // (route, status) -> count
+
+  // The tokens' bytes for constrained decoding, built at the first request that needs them.
+  std::once_flag token_bytes_once;
+  std::shared_ptr<const TokenBytes> token_bytes_table;
+  std::shared_ptr<const TokenBytes> token_bytes() {
+    std::call_once(token_bytes_once, [&] {
+      token_bytes_table = std::make_shared<const TokenBytes>(engine.tokenizer(), opts.api.vocab_size);
+    });
+    return token_bytes_table;
+  }
 
   Impl(Engine& e, ServerOptions o) : engine(e), opts(std::move(o)) {
     processor = phi4mm::processor_options_for(engine.model());
@@ -275,13 +286,29 @@ struct HttpServer::Impl {
   }
 
   // Checks the prompt length and fixes max_tokens / max_context of `r`.
-  void fit_context(Request& r, const ApiRequest& ar, const char* field) const {
+  // Checks the prompt length and fixes max_tokens / max_context of `r`; a
+  // forced tool call or a JSON object gets its grammar, and max_tokens must
+  // leave room for its shortest output.
+  void fit_context(Request& r, const ApiRequest& ar, const char* field) {
     const int64_t len = int64_t(r.prompt.size());
     check_prompt_length(len, ar, field);
     int64_t& max_tokens = r.params.max_tokens;
     if (!ar.max_tokens_given) max_tokens = std::min(max_tokens, context - len);
     r.params.min_tokens = std::min(r.params.min_tokens, max_tokens);
     r.max_context = context;
+    if (ar.forced_tools.empty() && !ar.json_object) return;
+    const char* what = ar.json_object ? "response_format" : "tool_choice";
+    try {
+      r.params.grammar = ar.json_object ? OutputGrammar::json_object(token_bytes())
+                                        : OutputGrammar::tool_call(token_bytes(), ar.forced_tools);
+    } catch (const std::invalid_argument& e) {
+      throw ApiError(400, fmt::format("'{}': {}", what, e.what()), what);
+    }
+    if (max_tokens < r.params.grammar->min_tokens())
+      throw ApiError(400,
+                     fmt::format("max_tokens is {}, but the shortest output '{}' allows takes {} tokens", max_tokens,
+                                 what, r.params.grammar->min_tokens()),
+                     "max_tokens");
   }
 
   // ---- generation --------------------------------------------------------

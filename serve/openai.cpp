@@ -245,6 +245,8 @@ ApiRequest parse_chat_request(const json& body, const ApiLimits& lim) {
         throw bad("tool_choice", fmt::format("'tool_choice' must be none, auto, required or a function (got '{}')", s));
       if (s != "none" && r.tools.is_null()) throw bad("tool_choice", fmt::format("'tool_choice' '{}' needs 'tools'", s));
       r.tool_choice = s;
+      if (s == "required")
+        for (const json& t : r.tools) r.forced_tools.push_back(t["function"]["name"].get<std::string>());
     } else if (tc.is_object() && tc.contains("function") && tc["function"].is_object() &&
                tc["function"].contains("name") && tc["function"]["name"].is_string()) {
       const std::string name = tc["function"]["name"].get<std::string>();
@@ -253,6 +255,7 @@ ApiRequest parse_chat_request(const json& body, const ApiLimits& lim) {
         for (const json& t : r.tools) known = known || t["function"]["name"] == name;
       if (!known) throw bad("tool_choice", fmt::format("'tool_choice' names function '{}', which is not in 'tools'", name));
       r.tool_choice = name;
+      r.forced_tools = {name};
     } else {
       throw bad("tool_choice", "'tool_choice' must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}");
     }
@@ -261,10 +264,15 @@ ApiRequest parse_chat_request(const json& body, const ApiLimits& lim) {
     const json& rf = body["response_format"];
     if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
       throw bad("response_format", "'response_format' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\"}");
-    if (rf["type"] != "text")
-      throw bad("response_format", fmt::format("'response_format' type '{}' is not supported (structured output is not "
-                                               "implemented; use \"text\")", rf["type"].get<std::string>()));
+    if (rf["type"] == "json_object") r.json_object = true;
+    else if (rf["type"] != "text")
+      throw bad("response_format", fmt::format("'response_format' type '{}' is not supported (JSON schemas are not "
+                                               "implemented; use \"text\" or \"json_object\")",
+                                               rf["type"].get<std::string>()));
   }
+  if (r.json_object && !r.forced_tools.empty())
+    throw bad("response_format", "'response_format' json_object and a forced tool call ('tool_choice' required or a "
+                                 "function) exclude each other");
   if (has(body, "modalities")) {
     const json& m = body["modalities"];
     if (!m.is_array()) throw bad("modalities", "'modalities' must be an array");

@@ -72,6 +72,10 @@ struct ApiRequest {
   nlohmann::json messages;
   nlohmann::json tools = nullptr;   // null when none
   std::string tool_choice = "none"; // none | auto | required | the forced function's name
+  // The tools a reply must call one of (tool_choice "required": every tool;
+  // a named function: that one); empty when the model may answer in text.
+  std::vector<std::string> forced_tools;
+  bool json_object = false;         // response_format {"type": "json_object"}
   bool add_generation_prompt = true;
   bool logprobs = false;            // chat: per-token logprobs requested
   int64_t top_logprobs = 0;

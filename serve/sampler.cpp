@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "kernels/cpu/vec_exp.h"
+#include "serve/grammar.h"
 #include "models/phi4mm/text.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 
@@ -172,6 +173,8 @@ Picked pick_token(const SamplingParams& p, const SequenceView& s, const float* r
       work[size_t(id)] -= float(p.frequency_penalty * double(c) + p.presence_penalty);
   if (s.generated < p.min_tokens)
     for (int64_t id : stop_ids) work[size_t(id)] = kNegInf;
+  if (p.grammar)
+    p.grammar->mask(s.tokens.last(size_t(s.generated)), p.max_tokens - s.generated, work.data(), V);
 
   int64_t token = 0;
   if (p.temperature == 0) {

@@ -13,6 +13,7 @@
 // of the raw model distribution (log_softmax of the logits before
 // temperature, penalties or filtering), as vLLM reports.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -21,6 +22,8 @@
 #include <vector>
 
 namespace areno::serve {
+
+class OutputGrammar;  // serve/grammar.h
 
 struct SamplingParams {
   int64_t n = 1;                 // samples sharing the prompt
@@ -42,6 +45,11 @@ struct SamplingParams {
   bool skip_special_tokens = true;      // in the decoded text
   int64_t logprobs = -1;         // -1: none; k >= 0: logprob of each token and the top k
   int64_t prompt_logprobs = -1;  // -1: none; k >= 0: logprobs of the prompt tokens (echo)
+  // Constrained decoding (a forced tool call, a JSON object): only ids that
+  // keep the output in the grammar's language and finishable within
+  // max_tokens are drawn; applied after every other rule, and it wins over
+  // them when they leave no allowed id (serve/grammar.h).
+  std::shared_ptr<const OutputGrammar> grammar;
 };
 
 // The range of one numeric parameter: [lo, hi], or (lo, hi] when lo_open.

@@ -214,6 +214,79 @@ TEST_CASE("serve/http chat, greedy, non-streaming: an OpenAI chat.completion, de
   CHECK(c.body["usage"]["completion_tokens"] == j["usage"]["completion_tokens"]);
 }
 
+// Constrained decoding through the server (serve/grammar.h): the random tiny
+// demo model never calls a tool by itself, yet `tool_choice` "required" or a
+// named function makes every reply a call of an offered tool whose arguments
+// parse as a JSON object, for greedy and sampled requests and any max_tokens
+// from the shortest call up; `response_format` json_object makes the content
+// a JSON object. A max_tokens too small for the shortest output is a 400
+// naming max_tokens; json_schema stays refused; "auto" stays free text.
+TEST_CASE("serve/http tool_choice required / a named function and response_format json_object are enforced") {
+  World& w = world();
+  const json tools = json::array(
+      {{{"type", "function"},
+        {"function", {{"name", "get_weather"}, {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}},
+       {{"type", "function"}, {"function", {{"name", "add"}}}}});
+  const json messages = {{{"role", "user"}, {"content", "What is 2 + 3?"}}};
+  int64_t shortest = 0;
+  for (const json& choice : {json("required"), json{{"type", "function"}, {"function", {{"name", "add"}}}}}) {
+    for (int64_t max_tokens : {int64_t(36), int64_t(45), int64_t(80)}) {
+      for (double temperature : {0.0, 1.0}) {
+        CAPTURE(choice.dump());
+        CAPTURE(max_tokens);
+        CAPTURE(temperature);
+        Reply r = post(w.plain->port, "/v1/chat/completions",
+                       {{"messages", messages}, {"tools", tools}, {"tool_choice", choice}, {"max_tokens", max_tokens},
+                        {"temperature", temperature}, {"seed", 5}});
+        if (r.status == 400) {  // below the shortest call: said so, naming max_tokens
+          check_error(r, 400, "shortest output", "max_tokens");
+          shortest = std::max(shortest, max_tokens + 1);
+          continue;
+        }
+        REQUIRE(r.status == 200);
+        const json& c = r.body["choices"][0];
+        CAPTURE(c.dump());
+        CHECK(c["finish_reason"] == "tool_calls");
+        REQUIRE(c["message"]["tool_calls"].is_array());
+        REQUIRE(c["message"]["tool_calls"].size() == 1);
+        const json& f = c["message"]["tool_calls"][0]["function"];
+        if (choice.is_object()) CHECK(f["name"] == "add");
+        else CHECK((f["name"] == "add" || f["name"] == "get_weather"));
+        CHECK(json::parse(f["arguments"].get<std::string>()).is_object());
+        CHECK(r.body["usage"]["completion_tokens"].get<int64_t>() <= max_tokens);
+      }
+    }
+  }
+  CHECK(shortest == 37);  // <|tool_call|>[{"name": "add", "arguments": {}}]<|/tool_call|><|end|> and no shorter
+  // A JSON object as the content.
+  for (double temperature : {0.0, 1.0}) {
+    Reply r = post(w.plain->port, "/v1/chat/completions",
+                   {{"messages", messages}, {"response_format", {{"type", "json_object"}}}, {"max_tokens", 24},
+                    {"temperature", temperature}, {"seed", 9}});
+    REQUIRE(r.status == 200);
+    const json& c = r.body["choices"][0];
+    CAPTURE(c.dump());
+    CHECK(c["finish_reason"] == "stop");
+    CHECK(json::parse(c["message"]["content"].get<std::string>()).is_object());
+  }
+  check_error(post(w.plain->port, "/v1/chat/completions",
+                   {{"messages", messages}, {"response_format", {{"type", "json_object"}}}, {"max_tokens", 2}}),
+              400, "shortest output", "max_tokens");
+  check_error(post(w.plain->port, "/v1/chat/completions",
+                   {{"messages", messages}, {"response_format", {{"type", "json_schema"}}}}),
+              400, "json_object", "response_format");
+  check_error(post(w.plain->port, "/v1/chat/completions",
+                   {{"messages", messages}, {"tools", tools}, {"tool_choice", "required"},
+                    {"response_format", {{"type", "json_object"}}}}),
+              400, "exclude each other", "response_format");
+  // "auto" leaves the random model to its text.
+  Reply a = post(w.plain->port, "/v1/chat/completions",
+                 {{"messages", messages}, {"tools", tools}, {"tool_choice", "auto"}, {"max_tokens", 8}, {"temperature", 0}});
+  REQUIRE(a.status == 200);
+  CHECK(a.body["choices"][0]["finish_reason"] != "tool_calls");
+  check_serving(w.plain->port);
+}
+
 TEST_CASE("serve/http chat streaming: role chunk, deltas, finish chunk, usage chunk, [DONE]") {
   World& w = world();
   Reply ref = post(w.plain->port, "/v1/chat/completions", hello_chat({{"max_tokens", 12}, {"ignore_eos", true}}));

@@ -130,7 +130,7 @@ TEST_CASE("serve/openai chat validation: every bad field is a 400 naming it") {
       {{{"min_tokens", 9}, {"max_tokens", 3}}, "min_tokens"},
       {{{"tools", json::array()}}, "tools"},
       {{{"tool_choice", "auto"}}, "tool_choice"},
-      {{{"response_format", {{"type", "json_object"}}}}, "response_format"},
+      {{{"response_format", {{"type", "json_schema"}}}}, "response_format"},
       {{{"model", 3}}, "model"},
       {{{"stream", "yes"}}, "stream"},
   };
@@ -286,6 +286,16 @@ TEST_CASE("serve/openai tool calls: <|tool_call|> and functools[...] become tool
 
   ApiRequest r = parse_chat_request(chat({{"tools", tools}}), ApiLimits{});
   CHECK(r.tool_choice == "auto");
+  CHECK(r.forced_tools.empty());
+  // The forced tools the grammar gets: every tool for "required", the named one.
+  std::vector<std::string> all;
+  for (const json& t : tools) all.push_back(t["function"]["name"]);
+  CHECK(parse_chat_request(chat({{"tools", tools}, {"tool_choice", "required"}}), ApiLimits{}).forced_tools == all);
+  CHECK(parse_chat_request(chat({{"tools", tools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", all.back()}}}}}}),
+                           ApiLimits{})
+            .forced_tools == std::vector<std::string>{all.back()});
+  CHECK(parse_chat_request(chat({{"tools", tools}, {"tool_choice", "none"}}), ApiLimits{}).forced_tools.empty());
+  CHECK(parse_chat_request(chat({{"response_format", {{"type", "json_object"}}}}), ApiLimits{}).json_object);
   std::vector<ChoiceOutput> choices(1);
   choices[0].text = "functools[{\"name\": \"get_weather\", \"arguments\": {}}]";
   choices[0].finish = FinishReason::stop;

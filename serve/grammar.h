@@ -1,0 +1,106 @@
+#pragma once
+// Constrained decoding: the output grammars that `tool_choice` "required" or
+// a named function, and `response_format` {"type": "json_object"}, impose on
+// a sequence (as vLLM's guided decoding does for the same requests).
+//
+// A grammar is a fixed chain of segments: special tokens (<|tool_call|>),
+// literal text, a choice among names, and a JSON object (any JSON inside,
+// nesting at most kMaxDepth deep). Before each draw the sampler asks it which
+// ids may come next: an id is allowed when the output with its bytes appended
+// is still a prefix of the grammar's language and can still be finished in
+// the tokens left (max_tokens counts the stop token). Every printable ASCII
+// character is one token, so the shortest completion of any state is known
+// and always fits: a call or object that runs long is closed, never cut.
+//
+// The state is replayed from the sequence's generated tokens at each step
+// (no state kept in the engine: preemption and re-prefill cannot break it).
+// Log-probabilities stay the raw model's (the sampler's rule), so an RL
+// trainer's forward agrees with them; the draw is from the masked
+// distribution.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "models/phi4mm/tokenizer/tokenizer.h"
+
+namespace areno::serve {
+
+// The bytes of every id below vocab_size, special (added) tokens flagged, and
+// the id of each single-byte token. Built once per tokenizer (about 0.1 s).
+class TokenBytes {
+ public:
+  TokenBytes(const tok::Tokenizer& tokenizer, int64_t vocab_size);
+  int64_t size() const { return int64_t(special_.size()); }
+  std::string_view bytes(int64_t id) const {
+    return std::string_view(data_).substr(size_t(offsets_[size_t(id)]),
+                                          size_t(offsets_[size_t(id) + 1] - offsets_[size_t(id)]));
+  }
+  bool special(int64_t id) const { return special_[size_t(id)] != 0; }
+  // The id whose bytes are exactly `c`, or -1.
+  int64_t byte_token(unsigned char c) const { return byte_token_[c]; }
+  // Not special, and no byte a JSON string reacts to (quote, backslash,
+  // control): inside a string the token only adds text.
+  bool string_safe(int64_t id) const { return string_safe_[size_t(id)] != 0; }
+
+ private:
+  std::string data_;
+  std::vector<int64_t> offsets_;
+  std::vector<uint8_t> special_, string_safe_;
+  int64_t byte_token_[256];
+};
+
+class OutputGrammar {
+ public:
+  static constexpr int kMaxDepth = 16;
+  static constexpr size_t kMaxNames = 64;
+
+  // <|tool_call|>[{"name": "NAME", "arguments": {...}}]<|/tool_call|><|end|>
+  // with NAME one of `names` (1 to kMaxNames; JSON-escaped in the output).
+  static std::shared_ptr<const OutputGrammar> tool_call(std::shared_ptr<const TokenBytes> bytes,
+                                                        const std::vector<std::string>& names);
+  // {...}<|end|>: one JSON object.
+  static std::shared_ptr<const OutputGrammar> json_object(std::shared_ptr<const TokenBytes> bytes);
+
+  // Sets work[id] to -inf for every id (of V) not allowed after `generated`,
+  // with `remaining` tokens left including this one. When no finite id is
+  // left (penalties, logit_bias or min_tokens masked every allowed one), the
+  // first token of the shortest completion gets 0 and every other -inf. A
+  // finished grammar (its last token generated) leaves work as it is.
+  // Throws std::logic_error when `generated` is not a prefix of the language.
+  void mask(std::span<const int64_t> generated, int64_t remaining, float* work, int64_t V) const;
+
+  // The output's text so far is a prefix of the language (tests; the replay).
+  bool accepts(std::span<const int64_t> generated) const;
+  // The tokens of the shortest completion after `generated` (tests).
+  std::vector<int64_t> completion(std::span<const int64_t> generated) const;
+  // The tokens the shortest complete output needs: max_tokens below it cannot
+  // give a complete output (the HTTP layer refuses such a request).
+  int64_t min_tokens() const { return tail_[0]; }
+
+  struct Segment {
+    enum Kind { special, literal, choice, json } kind;
+    int64_t id = -1;                 // special
+    std::string text;                // literal
+    std::vector<std::string> names;  // choice (escaped)
+  };
+  struct State;
+
+ private:
+  OutputGrammar(std::shared_ptr<const TokenBytes> bytes, std::vector<Segment> segments);
+  bool replay(std::span<const int64_t> generated, State& st) const;
+  bool step_token(State& st, int64_t id) const;
+  bool step_byte(State& st, unsigned char c) const;
+  template <typename F>
+  void for_completion(const State& st, F&& emit, bool current_only = false) const;
+  int64_t completion_length(const State& st) const;
+
+  std::shared_ptr<const TokenBytes> bytes_;
+  std::vector<Segment> segments_;
+  std::vector<int64_t> tail_;    // completion length of segments k.. from their start
+  int64_t max_completion_ = 0;   // no state's completion is longer
+};
+
+}  // namespace areno::serve

@@ -1,0 +1,235 @@
+// Constrained decoding (serve/grammar.h): the forced tool call's and the JSON
+// object's languages byte by byte over the Phi-4 tokenizer's real tokens,
+// the shortest completion of mid-way states, the mask's rule (an id is
+// allowed exactly when it keeps the output a prefix and finishable in the
+// tokens left), and random walks through the mask that always end in a
+// complete output the tool-call parser (or a JSON parser) accepts.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+#include "serve/grammar.h"
+#include "serve/openai.h"
+
+using namespace areno;
+using namespace areno::serve;
+using nlohmann::json;
+
+namespace {
+
+constexpr int64_t kVocab = 200064;
+
+const tok::Tokenizer& tokenizer() {
+  static const tok::Tokenizer t = [] {
+    tok::Tokenizer x = phi4mm::make_tokenizer();
+    x.set_padded_vocab_size(size_t(kVocab));
+    return x;
+  }();
+  return t;
+}
+
+std::shared_ptr<const TokenBytes> bytes() {
+  static const auto b = std::make_shared<const TokenBytes>(tokenizer(), kVocab);
+  return b;
+}
+
+// Text to ids: the control tokens by id, the rest as ordinary text.
+std::vector<int64_t> ids(const std::string& text) {
+  std::vector<int64_t> out;
+  for (const tok::Segment& s : tokenizer().split_added_tokens(text)) {
+    if (s.token >= 0) {
+      out.push_back(s.token);
+      continue;
+    }
+    for (tok::TokenId t : tokenizer().encode_ordinary(std::string_view(text).substr(s.begin, s.end - s.begin)))
+      out.push_back(t);
+  }
+  return out;
+}
+
+std::string text(const std::vector<int64_t>& v) {
+  return tokenizer().decode(std::vector<tok::TokenId>(v.begin(), v.end()), /*skip_special_tokens=*/false);
+}
+
+const std::string kCall = "<|tool_call|>[{\"name\": \"";
+
+json tools_named(const std::vector<std::string>& names) {
+  json t = json::array();
+  for (const std::string& n : names) t.push_back({{"type", "function"}, {"function", {{"name", n}}}});
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("serve/grammar the tool call: its language, shortest completions, names") {
+  const auto g = OutputGrammar::tool_call(bytes(), {"add", "add_more", "sub"});
+  const std::string shortest = kCall + "add\", \"arguments\": {}}]<|/tool_call|><|end|>";
+  CHECK(text(g->completion({})) == shortest);
+  CHECK(g->min_tokens() == int64_t(g->completion({}).size()));
+  // Whole calls, any JSON inside the arguments.
+  for (const std::string& args :
+       {std::string("{}"), std::string("{\"a\": 2, \"b\": 3}"), std::string("{ \"x\" : [true, false, null, -0.5e+3, 0, 12.25E-1] }"),
+        std::string("{\"s\": \"q\\\"\\\\ \\u00e9 \xc3\xa9\", \"o\": {\"p\": [[], {}]}}")}) {
+    for (const std::string& name : {"add", "add_more", "sub"}) {
+      const std::string call = kCall + name + "\", \"arguments\": " + args + "}]<|/tool_call|><|end|>";
+      CAPTURE(call);
+      const std::vector<int64_t> v = ids(call);
+      CHECK(g->accepts(v));
+      CHECK(g->completion(v).empty());
+      // The parser the server answers with takes it.
+      const ToolCallParse p = parse_tool_calls(text(v), tools_named({"add", "add_more", "sub"}));
+      REQUIRE(p.found);
+      CHECK(p.tool_calls[0]["function"]["name"] == name);
+      CHECK(json::parse(p.tool_calls[0]["function"]["arguments"].get<std::string>()) == json::parse(args));
+    }
+  }
+  // Prefixes outside the language.
+  for (const std::string& bad :
+       {std::string("hello"), std::string("<|end|>"), kCall + "mul", kCall + "add\", \"arguments\": [",
+        kCall + "add\", \"arguments\": {\"a\" 1", kCall + "add\", \"arguments\": {,", kCall + "add\", \"arguments\": {\"a\": 01",
+        kCall + "add\", \"arguments\": {\"a\": tru ", kCall + "add\", \"arguments\": {\"a\": 1,}",
+        kCall + "add\", \"arguments\": {\"a\": \"\x01", kCall + "add\", \"arguments\": {\"a\": \"\\x",
+        kCall + "add\", \"arguments\": {\"a\": 1.}", kCall + "add\", \"arguments\": {\"a\": -}",
+        kCall + "add\", \"arguments\": {}}]<|end|>", kCall + "add\", \"arguments\": {}}] "}) {
+    CAPTURE(bad);
+    CHECK_FALSE(g->accepts(ids(bad)));
+  }
+  // Shortest completions of states half way.
+  struct Mid {
+    std::string prefix, rest;
+  };
+  const std::string tail = "}]<|/tool_call|><|end|>";
+  for (const Mid& m : {Mid{kCall + "ad", "d\", \"arguments\": {}" + tail}, Mid{kCall + "add_", "more\", \"arguments\": {}" + tail},
+                       Mid{kCall + "add\", \"arguments\": {\"a\": \"xy", "\"}" + tail},
+                       Mid{kCall + "add\", \"arguments\": {\"k", "\":0}" + tail},
+                       Mid{kCall + "add\", \"arguments\": {\"k\"", ":0}" + tail},
+                       Mid{kCall + "add\", \"arguments\": {\"a\": 1.", "0}" + tail},
+                       Mid{kCall + "add\", \"arguments\": {\"a\": 1e+", "0}" + tail},
+                       Mid{kCall + "add\", \"arguments\": {\"a\": 17", "}" + tail},
+                       Mid{kCall + "add\", \"arguments\": {\"a\": [1, {\"b\": tr", "ue}]}" + tail},
+                       Mid{kCall + "add\", \"arguments\": {\"a\": \"\\u00", "00\"}" + tail},
+                       Mid{kCall + "add\", \"arguments\": {\"a\": [", "]}" + tail},
+                       Mid{kCall + "add\", \"arguments\": {\"a\": 1, ", "\"\":0}" + tail},
+                       Mid{kCall + "add\", \"arguments\": {\"a\": [1, ", "0]}" + tail}}) {
+    CAPTURE(m.prefix);
+    const std::vector<int64_t> v = ids(m.prefix);
+    REQUIRE(g->accepts(v));
+    const std::vector<int64_t> c = g->completion(v);
+    CHECK(text(c) == m.rest);
+    std::vector<int64_t> whole = v;
+    whole.insert(whole.end(), c.begin(), c.end());
+    CHECK(g->accepts(whole));
+    CHECK(g->completion(whole).empty());
+  }
+  // Nesting stops at kMaxDepth.
+  std::string deep = kCall + "add\", \"arguments\": ";
+  for (int i = 0; i < OutputGrammar::kMaxDepth; ++i) deep += i % 2 ? "[" : "{\"k\": ";
+  CHECK(g->accepts(ids(deep)));
+  CHECK_FALSE(g->accepts(ids(deep + "[")));
+  CHECK_THROWS_AS(OutputGrammar::tool_call(bytes(), {}), std::invalid_argument);
+  CHECK_THROWS_AS(OutputGrammar::tool_call(bytes(), std::vector<std::string>(65, "f")), std::invalid_argument);
+  // A name with a quote is written escaped.
+  const auto q = OutputGrammar::tool_call(bytes(), {"say\"hi"});
+  CHECK(text(q->completion({})) == kCall + "say\\\"hi\", \"arguments\": {}}]<|/tool_call|><|end|>");
+}
+
+TEST_CASE("serve/grammar mask: allowed exactly when the output stays a prefix that fits the tokens left") {
+  const auto g = OutputGrammar::tool_call(bytes(), {"add"});
+  const std::vector<int64_t> prefix = ids(kCall + "add\", \"arguments\": {\"a\": \"x");
+  const int64_t need = int64_t(g->completion(prefix).size());  // "}}]<|/tool_call|><|end|>: 6
+  CHECK(need == 6);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  std::vector<float> logits(static_cast<size_t>(kVocab));
+  for (float& x : logits) x = nd(rng);
+  for (int64_t remaining : {need, need + 1, need + 3, int64_t(1000)}) {
+    CAPTURE(remaining);
+    std::vector<float> w = logits;
+    g->mask(prefix, remaining, w.data(), kVocab);
+    int64_t allowed = 0, wrong = 0;
+    for (int64_t id = 0; id < kVocab; ++id) {
+      std::vector<int64_t> v = prefix;
+      v.push_back(id);
+      const bool ok = g->accepts(v) && int64_t(g->completion(v).size()) <= remaining - 1;
+      // Allowed ids keep their logit; the others are -inf.
+      wrong += ok ? w[size_t(id)] != logits[size_t(id)] : w[size_t(id)] != -std::numeric_limits<float>::infinity();
+      allowed += ok;
+    }
+    CHECK(wrong == 0);
+    // At the limit only tokens that close the string fit (the quote alone,
+    // or text and the quote: `("`, `."`): a letter does not.
+    const int64_t letter = bytes()->byte_token(uint8_t('y'));
+    if (remaining == need) {
+      CHECK(std::isfinite(w[size_t(g->completion(prefix)[0])]));
+      CHECK(!std::isfinite(w[size_t(letter)]));
+      CHECK(allowed < 1000);
+    } else {
+      CHECK(std::isfinite(w[size_t(letter)]));
+      CHECK(allowed > 1000);  // any string text
+    }
+  }
+  // Every allowed id masked away (penalties, min_tokens): the completion's first token, at 0.
+  std::vector<float> none(size_t(kVocab), -std::numeric_limits<float>::infinity());
+  g->mask(prefix, 100, none.data(), kVocab);
+  CHECK(none[size_t(g->completion(prefix)[0])] == 0.0f);
+  int64_t finite = 0;
+  for (float x : none) finite += std::isfinite(x);
+  CHECK(finite == 1);
+  // Finished: nothing is masked.
+  const std::vector<int64_t> done = ids(kCall + "add\", \"arguments\": {}}]<|/tool_call|><|end|>");
+  std::vector<float> w = logits;
+  g->mask(done, 10, w.data(), kVocab);
+  CHECK(w == logits);
+  CHECK_THROWS_AS(g->mask(ids("hello"), 10, w.data(), kVocab), std::logic_error);
+}
+
+TEST_CASE("serve/grammar random walks through the mask end in a complete call or object within max_tokens") {
+  const json tools = tools_named({"get_weather", "add"});
+  const auto call = OutputGrammar::tool_call(bytes(), {"get_weather", "add"});
+  const auto object = OutputGrammar::json_object(bytes());
+  CHECK(text(object->completion({})) == "{}<|end|>");
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  std::vector<float> logits(static_cast<size_t>(kVocab)), w;
+  int complete = 0;
+  for (int walk = 0; walk < 6; ++walk) {
+    const bool is_call = walk % 2 == 0;
+    const auto& g = is_call ? call : object;
+    const int64_t max_tokens = g->min_tokens() + int64_t(walk) * 7;
+    std::vector<int64_t> out;
+    while (int64_t(out.size()) < max_tokens && (out.empty() || out.back() != phi4mm::kEnd)) {
+      for (float& x : logits) x = 3.0f * nd(rng);
+      // Favour the characters that open structure, so walks nest.
+      for (char c : std::string("{[\"0tn,:")) logits[size_t(bytes()->byte_token(uint8_t(c)))] += 6.0f;
+      w = logits;
+      g->mask(out, max_tokens - int64_t(out.size()), w.data(), kVocab);
+      int64_t best = 0;
+      for (int64_t id = 1; id < kVocab; ++id)
+        if (w[size_t(id)] > w[size_t(best)]) best = id;
+      out.push_back(best);
+    }
+    CAPTURE(walk);
+    CAPTURE(text(out));
+    REQUIRE(out.back() == phi4mm::kEnd);
+    CHECK(int64_t(out.size()) <= max_tokens);
+    CHECK(g->completion(out).empty());
+    const std::string s = text(out);
+    if (is_call) {
+      const ToolCallParse p = parse_tool_calls(s.substr(0, s.size() - 7), tools);
+      REQUIRE(p.found);
+      CHECK(json::parse(p.tool_calls[0]["function"]["arguments"].get<std::string>()).is_object());
+    } else {
+      CHECK(json::parse(s.substr(0, s.size() - 7)).is_object());
+    }
+    ++complete;
+  }
+  CHECK(complete == 6);
+}
