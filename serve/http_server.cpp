@@ -464,6 +464,13 @@ struct HttpServer::Impl {
       Usage usage;
       ChoiceOutput recorded;            // the one choice of a recorded turn
       bool failed = false;
+      // Chat with tools: per choice, text held back while it may be a tool
+      // call (it starts as one, or could still); a call is sent as one
+      // tool_calls delta when the choice finishes, anything else as content.
+      enum class Hold { undecided, content, call };
+      std::vector<Hold> hold;
+      std::vector<std::string> held;
+      std::vector<std::vector<TokenLogprob>> held_lps;
     };
     auto st = std::make_shared<State>();
     st->ar = std::move(ar);
@@ -474,6 +481,10 @@ struct HttpServer::Impl {
     st->started.assign(st->prompt_ids.size() * n, false);
     st->text_offset.assign(st->prompt_ids.size() * n, 0);
     for (auto& p : st->prompt_ids) st->usage.prompt_tokens += int64_t(p.size());
+    const bool tool_stream = kind == ApiKind::chat && !st->ar.tools.is_null() && st->ar.tool_choice != "none";
+    st->hold.assign(st->prompt_ids.size() * n, tool_stream ? State::Hold::undecided : State::Hold::content);
+    st->held.resize(st->prompt_ids.size() * n);
+    st->held_lps.resize(st->prompt_ids.size() * n);
 
     Engine* eng = &engine;
     Impl* self = this;
@@ -520,12 +531,47 @@ struct HttpServer::Impl {
               if (!start_choice(i, c)) return false;
               st->usage.completion_tokens += int64_t(o.tokens.size());
               const bool want_lp = kind == ApiKind::chat ? ar.logprobs : ar.completion_logprobs >= 0;
-              if (!o.text.empty() || (want_lp && !o.logprobs.empty())) {
+              // What this event sends as content: its own text, or (tools)
+              // the held text once it cannot be a call, or nothing yet.
+              std::string text = o.text;
+              std::vector<TokenLogprob> lps = o.logprobs;
+              json call_delta;  // a parsed call, sent at the choice's finish
+              if (st->hold[c] != State::Hold::content) {
+                st->held[c] += o.text;
+                st->held_lps[c].insert(st->held_lps[c].end(), o.logprobs.begin(), o.logprobs.end());
+                text.clear();
+                lps.clear();
+                if (st->hold[c] == State::Hold::undecided) {
+                  const ToolCallStart start = tool_call_start(st->held[c]);
+                  if (start != ToolCallStart::maybe)
+                    st->hold[c] = start == ToolCallStart::yes ? State::Hold::call : State::Hold::content;
+                }
+                const bool flush = st->hold[c] == State::Hold::content || o.finish != FinishReason::none;
+                if (flush && st->hold[c] != State::Hold::content) {
+                  const ToolCallParse tc = parse_tool_calls(st->held[c], ar.tools);
+                  if (tc.found) {
+                    json calls = tc.tool_calls;
+                    for (size_t k = 0; k < calls.size(); ++k) calls[k]["index"] = k;
+                    call_delta = {{"tool_calls", calls}};
+                    if (tc.content.is_string()) call_delta["content"] = tc.content;
+                  }
+                }
+                if (flush) {
+                  if (call_delta.is_null()) text = std::move(st->held[c]);
+                  lps = std::move(st->held_lps[c]);
+                  st->held[c].clear();
+                  st->held_lps[c].clear();
+                }
+              }
+              if (!call_delta.is_null()) {
+                json lp = want_lp ? chat_logprobs_json(t, lps, ar.top_logprobs, ar.return_tokens_as_token_ids) : json(nullptr);
+                if (!write(sse_event(chat_chunk(st->h, int64_t(c), call_delta, lp)))) return false;
+              } else if (!text.empty() || (want_lp && !lps.empty())) {
                 json chunk;
                 if (kind == ApiKind::chat) {
-                  json lp = want_lp ? chat_logprobs_json(t, o.logprobs, ar.top_logprobs, ar.return_tokens_as_token_ids)
+                  json lp = want_lp ? chat_logprobs_json(t, lps, ar.top_logprobs, ar.return_tokens_as_token_ids)
                                     : json(nullptr);
-                  chunk = chat_chunk(st->h, int64_t(c), {{"content", o.text}}, lp);
+                  chunk = chat_chunk(st->h, int64_t(c), {{"content", text}}, lp);
                 } else {
                   json lp = want_lp ? completion_logprobs_json(t, {}, {}, o.logprobs, ar.return_tokens_as_token_ids,
                                                                st->text_offset[c])
@@ -540,7 +586,7 @@ struct HttpServer::Impl {
                 co.finish = o.finish;
                 co.stop_reason = o.stop_reason;
                 const json stop = stop_reason_json(co, ar.params);
-                const json finish = finish_reason_name(o.finish);
+                const json finish = call_delta.is_null() ? finish_reason_name(o.finish) : json("tool_calls");
                 const json chunk = kind == ApiKind::chat ? chat_chunk(st->h, int64_t(c), json::object(), nullptr, finish, stop)
                                                          : completion_chunk(st->h, int64_t(c), "", nullptr, finish, stop);
                 if (!write(sse_event(chunk))) return false;

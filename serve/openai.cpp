@@ -560,6 +560,18 @@ ToolCallParse parse_tool_calls(const std::string& text, const json& tools) {
   return r;
 }
 
+ToolCallStart tool_call_start(std::string_view text) {
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string_view::npos) return ToolCallStart::maybe;
+  const std::string_view s = text.substr(first);
+  bool maybe = false;
+  for (std::string_view marker : {std::string_view("<|tool_call|>"), std::string_view("functools[")}) {
+    if (s.substr(0, marker.size()) == marker) return ToolCallStart::yes;
+    maybe = maybe || marker.substr(0, s.size()) == s;
+  }
+  return maybe ? ToolCallStart::maybe : ToolCallStart::no;
+}
+
 // ---- whole responses ---------------------------------------------------------
 
 json chat_response(const ResponseHeader& h, const ApiRequest& req, const tok::Tokenizer& t,

@@ -149,6 +149,11 @@ struct ToolCallParse {
   nlohmann::json tool_calls = nlohmann::json::array();
 };
 ToolCallParse parse_tool_calls(const std::string& text, const nlohmann::json& tools);
+// Streaming: whether a reply whose text so far is `text` starts (after
+// whitespace) with a tool call in one of those forms: yes, no, or not known
+// yet (`text` is blank or a proper prefix of a marker).
+enum class ToolCallStart { no, maybe, yes };
+ToolCallStart tool_call_start(std::string_view text);
 
 // Non-streaming responses. `choices` for completions are prompt-major:
 // choices[i * n + j] is sample j of prompt i; `prompt_ids[i]` and

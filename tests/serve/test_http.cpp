@@ -284,6 +284,56 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
                  {{"messages", messages}, {"tools", tools}, {"tool_choice", "auto"}, {"max_tokens", 8}, {"temperature", 0}});
   REQUIRE(a.status == 200);
   CHECK(a.body["choices"][0]["finish_reason"] != "tool_calls");
+
+  // Streamed: the call arrives as one tool_calls delta (never as content
+  // text), then finish_reason tool_calls; the same call as the non-streamed
+  // greedy reply. With "auto" the text streams as content, as without tools.
+  const json forced = {{"messages", messages}, {"tools", tools}, {"max_tokens", 60}, {"temperature", 0},
+                       {"tool_choice", {{"type", "function"}, {"function", {{"name", "add"}}}}}};
+  Reply whole = post(w.plain->port, "/v1/chat/completions", forced);
+  REQUIRE(whole.status == 200);
+  json streamed = forced;
+  streamed["stream"] = true;
+  streamed["logprobs"] = true;
+  const json streamed_auto = {{"messages", messages}, {"tools", tools}, {"max_tokens", 8}, {"temperature", 0}, {"stream", true}};
+  for (const json& body : {streamed, streamed_auto}) {
+    const bool is_forced = body.contains("tool_choice");
+    CAPTURE(is_forced);
+    Reply r = post(w.plain->port, "/v1/chat/completions", body);
+    REQUIRE(r.status == 200);
+    const auto events = sse_payloads(r.raw);
+    REQUIRE(events.size() >= 3);
+    CHECK(events.back() == "[DONE]");
+    std::string content, finish;
+    json calls = json::array();
+    int64_t lp_tokens = 0;
+    for (size_t i = 0; i + 1 < events.size(); ++i) {
+      const json c = json::parse(events[i]);
+      if (c["choices"].empty()) continue;
+      const json& ch = c["choices"][0];
+      if (ch["delta"].contains("content") && ch["delta"]["content"].is_string())
+        content += ch["delta"]["content"].get<std::string>();
+      if (ch["delta"].contains("tool_calls"))
+        for (const json& t : ch["delta"]["tool_calls"]) calls.push_back(t);
+      if (ch["logprobs"].is_object()) lp_tokens += int64_t(ch["logprobs"]["content"].size());
+      if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+    }
+    if (is_forced) {
+      CHECK(content.empty());
+      REQUIRE(calls.size() == 1);
+      CHECK(calls[0]["index"] == 0);
+      CHECK(calls[0]["type"] == "function");
+      const json& want = whole.body["choices"][0]["message"]["tool_calls"][0]["function"];
+      CHECK(calls[0]["function"]["name"] == "add");
+      CHECK(calls[0]["function"]["arguments"] == want["arguments"]);
+      CHECK(finish == "tool_calls");
+      CHECK(lp_tokens == whole.body["usage"]["completion_tokens"].get<int64_t>());  // held, then sent with the call
+    } else {
+      CHECK(calls.empty());
+      CHECK(content == a.body["choices"][0]["message"]["content"]);
+      CHECK(finish == a.body["choices"][0]["finish_reason"]);
+    }
+  }
   check_serving(w.plain->port);
 }
 
