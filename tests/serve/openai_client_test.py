@@ -13,6 +13,7 @@ during a stream and checks that the stream completes and the server exits 0.
 """
 import argparse
 import base64
+import json
 import os
 import signal
 import socket
@@ -113,6 +114,37 @@ def main():
         assert sizes["image"] > 273 and sizes["audio"] > 10, sizes
         assert sizes["image+audio"] == sizes["image"] + sizes["audio"], sizes
         print("image, audio, image+audio ok", sizes)
+
+        # Forced tool calls (constrained decoding): the demo model never calls a
+        # tool by itself; "required" and a named function make it, streamed or not,
+        # and json_object makes the content one JSON object.
+        tools = [{"type": "function", "function": {"name": "add", "description": "Adds two integers.", "parameters": {
+            "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}},
+                 {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+        ask = [{"role": "user", "content": "What is 2 + 3?"}]
+        for choice in ("required", {"type": "function", "function": {"name": "add"}}):
+            r = client.chat.completions.create(model=model, messages=ask, tools=tools, tool_choice=choice,
+                                               max_tokens=64, temperature=0)
+            call = r.choices[0].message.tool_calls[0]
+            assert r.choices[0].finish_reason == "tool_calls", r
+            assert call.function.name in ("add", "get_weather"), call
+            assert isinstance(json.loads(call.function.arguments), dict), call
+            parts, finish = {}, None
+            for chunk in client.chat.completions.create(model=model, messages=ask, tools=tools, tool_choice=choice,
+                                                        max_tokens=64, temperature=0, stream=True):
+                for ch in chunk.choices:
+                    assert not ch.delta.content, ch  # the call never arrives as text
+                    for t in ch.delta.tool_calls or []:
+                        p = parts.setdefault(t.index, {"name": "", "arguments": ""})
+                        p["name"] += t.function.name or ""
+                        p["arguments"] += t.function.arguments or ""
+                    finish = ch.finish_reason or finish
+            assert finish == "tool_calls" and parts == {0: {"name": call.function.name,
+                                                            "arguments": call.function.arguments}}, (parts, call)
+        r = client.chat.completions.create(model=model, messages=ask, response_format={"type": "json_object"},
+                                           max_tokens=32, temperature=1.0, seed=4)
+        assert isinstance(json.loads(r.choices[0].message.content), dict), r
+        print("forced tool calls and json_object ok")
 
         c = client.completions.create(model=model, prompt=[24912, 2375, 13], echo=True, logprobs=1, max_tokens=0)
         assert c.choices[0].logprobs.token_logprobs[0] is None
