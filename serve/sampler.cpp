@@ -80,31 +80,40 @@ const std::vector<uint8_t>& banned_ids(int64_t V) {
 }
 
 using cpu::exp_nonpositive;
-using cpu::F16;
+using cpu::F8;
+
+// banned_ids as a list: the few ids to set to -inf.
+const std::vector<int64_t>& banned_list(int64_t V) {
+  const std::vector<uint8_t>& ban = banned_ids(V);
+  static const std::vector<int64_t> list = [&ban] {
+    std::vector<int64_t> l;
+    for (size_t id = 0; id < ban.size(); ++id)
+      if (ban[id]) l.push_back(int64_t(id));
+    return l;
+  }();
+  return list;
+}
 
 // exp_nonpositive over n entries of w (relative to mx, times inv) into pr as
-// doubles, banned entries (-inf) as 0, and the sum of pr: 16 lanes at a time,
-// the sum over 8 lanes reduced in a fixed order.
+// doubles, banned entries (-inf) as 0, and the sum of pr over 4 f64 lanes
+// reduced in a fixed order (8 float lanes at a time: see F8 below).
 double exp_row(const float* w, int64_t n, float mx, float inv, double* pr) {
-  typedef double D8 __attribute__((vector_size(64)));
-  typedef float F8 __attribute__((vector_size(32)));
-  D8 acc = {};
+  typedef double D4 __attribute__((vector_size(32)));
+  D4 acc = {};
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    F16 w16;
-    std::memcpy(&w16, w + i, sizeof w16);
-    F16 e = exp_nonpositive((w16 - mx) * inv);
-    e = w16 == kNegInf ? F16{} : e;
-    F8 lo, hi;
-    std::memcpy(&lo, &e, sizeof lo);
-    std::memcpy(&hi, reinterpret_cast<const char*>(&e) + sizeof lo, sizeof hi);
-    const D8 dlo = __builtin_convertvector(lo, D8), dhi = __builtin_convertvector(hi, D8);
+  for (; i + 8 <= n; i += 8) {
+    F8 v;
+    std::memcpy(&v, w + i, sizeof v);
+    F8 e = exp_nonpositive((v - mx) * inv);
+    e = v == kNegInf ? F8{} : e;
+    const D4 dlo = __builtin_convertvector(__builtin_shufflevector(e, e, 0, 1, 2, 3), D4),
+             dhi = __builtin_convertvector(__builtin_shufflevector(e, e, 4, 5, 6, 7), D4);
     std::memcpy(pr + i, &dlo, sizeof dlo);
-    std::memcpy(pr + i + 8, &dhi, sizeof dhi);
+    std::memcpy(pr + i + 4, &dhi, sizeof dhi);
     acc += dlo;
     acc += dhi;
   }
-  double total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  double total = (acc[0] + acc[1]) + (acc[2] + acc[3]);
   for (; i < n; ++i) {
     pr[i] = w[i] == kNegInf ? 0.0 : double(exp_nonpositive((w[i] - mx) * inv));
     total += pr[i];
@@ -112,16 +121,96 @@ double exp_row(const float* w, int64_t n, float mx, float inv, double* pr) {
   return total;
 }
 
+typedef double D4 __attribute__((vector_size(32)));
+
+// 8 lanes (F8) throughout: below AVX-512, GCC 12 lowers 16-lane selects and
+// conversions nearly lane by lane (a 16-lane exp pass over the row took 4-5
+// times as long on an AVX2 Zen 3).
+
+// The largest entry (NaN ignored, as std::max over the row).
+float row_max(const float* w, int64_t n) {
+  F8 m = F8{} + kNegInf;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    F8 v;
+    std::memcpy(&v, w + i, sizeof v);
+    m = v > m ? v : m;
+  }
+  float mx = kNegInf;
+  for (int l = 0; l < 8; ++l) mx = std::max(mx, m[l]);
+  for (; i < n; ++i) mx = std::max(mx, w[i]);
+  return mx;
+}
+
+// The 8 lanes' exp_nonpositive((w - mx) * inv), -inf entries as 0.
+inline F8 exp_lanes(const float* w, float mx, float inv) {
+  F8 v;
+  std::memcpy(&v, w, sizeof v);
+  const F8 e = exp_nonpositive((v - mx) * inv);
+  return v == kNegInf ? F8{} : e;
+}
+
+inline double exp_one(float w, float mx, float inv) {
+  return w == kNegInf ? 0.0 : double(exp_nonpositive((w - mx) * inv));
+}
+
+// The sum of exp_nonpositive((w - mx) * inv) over the row in f64 lanes (no stores).
+double exp_sum(const float* w, int64_t n, float mx, float inv) {
+  D4 lo = {}, hi = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const F8 e = exp_lanes(w + i, mx, inv);
+    lo += __builtin_convertvector(__builtin_shufflevector(e, e, 0, 1, 2, 3), D4);
+    hi += __builtin_convertvector(__builtin_shufflevector(e, e, 4, 5, 6, 7), D4);
+  }
+  const D4 d = lo + hi;
+  double total = (d[0] + d[1]) + (d[2] + d[3]);
+  for (; i < n; ++i) total += exp_one(w[i], mx, inv);
+  return total;
+}
+
+// The draw without filters: the first id whose running sum of
+// exp((w - mx) * inv) passes target = u * total, the sums taken 8 ids at a
+// time and only the group that crosses walked id by id; ids of weight 0 are
+// never drawn. -1 when rounding leaves the target past the last sum.
+int64_t draw(const float* w, int64_t n, float mx, float inv, double target) {
+  double acc = 0;
+  int64_t i = 0;
+  auto walk = [&](const float* e, int64_t base, int64_t len) -> int64_t {
+    for (int64_t l = 0; l < len; ++l) {
+      if (e[l] == 0) continue;
+      acc += double(e[l]);
+      if (target < acc) return base + l;
+    }
+    return -1;
+  };
+  for (; i + 8 <= n; i += 8) {
+    const F8 e = exp_lanes(w + i, mx, inv);
+    const D4 d = __builtin_convertvector(__builtin_shufflevector(e, e, 0, 1, 2, 3), D4) +
+                 __builtin_convertvector(__builtin_shufflevector(e, e, 4, 5, 6, 7), D4);
+    const double gs = (d[0] + d[1]) + (d[2] + d[3]);
+    if (acc + gs <= target) {
+      acc += gs;
+      continue;
+    }
+    float ev[8];
+    std::memcpy(ev, &e, sizeof ev);
+    if (const int64_t t = walk(ev, i, 8); t >= 0) return t;
+  }
+  float ev[8];
+  for (int64_t l = 0; i + l < n; ++l) ev[l] = float(exp_one(w[i + l], mx, inv));
+  return walk(ev, i, n - i);
+}
+
 }  // namespace
 
-// log-sum-exp of a row (finite entries).
+// log-sum-exp of a row (NaN entries ignored by the max): exp_nonpositive in
+// f32 lanes summed in f64, as the training forward's log-softmax rows
+// (kernels/cpu/rows.cpp) sum them.
 double log_sum_exp(const float* x, int64_t n) {
-  float mx = kNegInf;
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  const float mx = row_max(x, n);
   if (mx == kNegInf) return double(kNegInf);
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += std::exp(double(x[i]) - double(mx));
-  return double(mx) + std::log(s);
+  return double(mx) + std::log(exp_sum(x, n, mx, 1.0f));
 }
 
 namespace {
@@ -155,9 +244,9 @@ Picked pick_token(const SamplingParams& p, const SequenceView& s, const float* r
   thread_local std::vector<double> probs;
   const uint64_t seed = s.seed;
   work.resize(size_t(V));
-  // Processed logits.
-  const std::vector<uint8_t>& ban = banned_ids(V);
-  for (int64_t id = 0; id < V; ++id) work[size_t(id)] = ban[size_t(id)] ? kNegInf : row[id];
+  // Processed logits: the row with its banned ids (a short list) at -inf.
+  std::memcpy(work.data(), row, size_t(V) * sizeof(float));
+  for (int64_t id : banned_list(V)) work[size_t(id)] = kNegInf;
   for (auto& [id, bias] : p.logit_bias) work[size_t(id)] += float(bias);
   if (p.repetition_penalty != 1.0) {
     std::vector<uint8_t> seen(static_cast<size_t>(V), 0);
@@ -177,33 +266,38 @@ Picked pick_token(const SamplingParams& p, const SequenceView& s, const float* r
     p.grammar->mask(s.tokens.last(size_t(s.generated)), p.max_tokens - s.generated, work.data(), V);
 
   int64_t token = 0;
-  if (p.temperature == 0) {
-    float best = kNegInf;
-    for (int64_t id = 0; id < V; ++id)
-      if (work[size_t(id)] > best) best = work[size_t(id)], token = id;
+  const float* w = work.data();
+  const float mx = row_max(w, V);
+  // The first id holding the largest value (greedy: ties to the lowest id).
+  auto argmax = [&] {
+    if (mx == kNegInf) return int64_t(0);
+    int64_t id = 0;
+    while (w[id] != mx) ++id;
+    return id;
+  };
+  const bool filter = p.top_k > 0 || p.top_p < 1 || p.min_p > 0;
+  if (p.temperature == 0 || mx == kNegInf) {
+    token = argmax();
+  } else if (!filter) {
+    // A draw from softmax(w / T): target = u * sum, no probability array.
+    const float inv_tf = float(1.0 / p.temperature);
+    const double total = exp_sum(w, V, mx, inv_tf);
+    const double u = uniform01(seed, s.sample, s.generated);
+    token = draw(w, V, mx, inv_tf, u * total);
+    if (token < 0) {  // rounding: the last id of non-zero weight
+      token = V - 1;
+      while (token > 0 && w[token] == kNegInf) --token;
+    }
   } else {
-    float mx = kNegInf;
-    for (float x : work) mx = std::max(mx, x);
     const double inv_t = 1.0 / p.temperature;
     std::vector<double>& prob = probs;
     prob.resize(size_t(V));
     const float inv_tf = float(inv_t);
-    const float* w = work.data();
     double* pr = prob.data();
     const double total = exp_row(w, V, mx, inv_tf, pr);
     for (double& x : prob) x /= total;
     const double u = uniform01(seed, s.sample, s.generated);
-    const bool filter = p.top_k > 0 || p.top_p < 1 || p.min_p > 0;
-    if (!filter) {
-      double acc = 0;
-      token = -1;
-      for (int64_t id = 0; id < V; ++id) {
-        if (prob[size_t(id)] == 0) continue;
-        acc += prob[size_t(id)];
-        token = id;
-        if (u < acc) break;
-      }
-    } else {
+    {
       // Candidates best first; keep top_k, then the smallest prefix reaching top_p, then min_p.
       auto better = [&](int64_t a, int64_t b) {
         return prob[size_t(a)] > prob[size_t(b)] || (prob[size_t(a)] == prob[size_t(b)] && a < b);

@@ -12,6 +12,8 @@
 #include <functional>
 #include <iterator>
 #include <limits>
+#include <map>
+#include <unordered_map>
 #include <omp.h>
 #include <unistd.h>
 #include <thread>
@@ -23,6 +25,7 @@
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "serve/media_fetch.h"
 #include "serve/openai.h"
+#include "serve/sampler.h"
 #include "tests/test_util.h"
 
 using namespace areno;
@@ -100,6 +103,61 @@ TEST_CASE("serve/media_fetch remote URLs with --allow-remote-media: bytes, size 
   CHECK(error_of([&] { fetch("/a.bin"); }) == std::string("m.image_url.url: ") + serve::kMediaFetchFailed);
   srv.stop();
   th.join();
+}
+
+// pick_token's passes over the 200064 logits (8 lanes at a time,
+// serve/sampler.cpp): greedy takes the first of tied maxima; a draw never lands on a -inf or banned id whatever u is; the
+// draw's frequencies follow softmax(l / T) over a few finite logits; its
+// log-probability is log_softmax of the raw row (f64 reference).
+TEST_CASE("sampler: greedy ties to the lowest id, draws only finite ids at the softmax's frequencies") {
+  using namespace serve;
+  const int64_t V = 200064;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  std::vector<float> row(static_cast<size_t>(V), ninf);
+  std::vector<int64_t> toks = {1};
+  std::unordered_map<int64_t, int64_t> counts;
+  const int64_t stop[] = {phi4mm::kEnd};
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  for (int64_t first : {int64_t(3), int64_t(13), int64_t(170001)}) {
+    std::fill(row.begin(), row.end(), 0.5f);
+    row[size_t(first)] = 2.0f;
+    row[size_t(180000)] = 2.0f;
+    CHECK(pick_token(greedy, {toks, &counts, 0, 0, 1}, row.data(), V, stop).token == first);
+  }
+  // Finite logits at 4 ids; a banned id (a media placeholder) with the
+  // largest logit is never drawn.
+  std::fill(row.begin(), row.end(), ninf);
+  const std::vector<int64_t> ids = {7, 1000, 150000, V - 40};
+  const std::vector<float> logit = {0.0f, 1.0f, 2.0f, 0.5f};
+  for (size_t k = 0; k < ids.size(); ++k) row[size_t(ids[k])] = logit[k];
+  row[size_t(phi4mm::kImageTokenId)] = 50.0f;
+  SamplingParams p;
+  p.temperature = 0.7;
+  p.logprobs = 0;
+  std::map<int64_t, int> seen;
+  const int draws = 4000;
+  for (int i = 0; i < draws; ++i) {
+    p.seed = uint64_t(i);
+    const Picked got = pick_token(p, {toks, &counts, 0, 0, uint64_t(i)}, row.data(), V, stop);
+    ++seen[got.token];
+    REQUIRE(got.logprob.has_value());
+    // The raw row's log-softmax (the banned id's 50 included, as the model gave it).
+    double z = 0;
+    for (size_t k = 0; k < ids.size(); ++k) z += std::exp(double(logit[k]) - 50.0);
+    z = 50.0 + std::log(z + 1.0);
+    CHECK(std::fabs(double(got.logprob->logprob) - (double(row[size_t(got.token)]) - z)) < 1e-5);
+  }
+  double norm = 0;
+  for (float l : logit) norm += std::exp(double(l) / 0.7);
+  int total = 0;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    CAPTURE(ids[k]);
+    const double want = std::exp(double(logit[k]) / 0.7) / norm;
+    CHECK(std::fabs(double(seen[ids[k]]) / draws - want) < 4 * std::sqrt(want * (1 - want) / draws) + 1e-3);
+    total += seen[ids[k]];
+  }
+  CHECK(total == draws);  // nothing else, the banned id neither
 }
 
 TEST_CASE("sampler: one bounds table read by the HTTP parser, the CLI flags and the engine") {
