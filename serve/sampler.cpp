@@ -204,13 +204,12 @@ int64_t draw(const float* w, int64_t n, float mx, float inv, double target) {
 
 }  // namespace
 
-// log-sum-exp of a row (NaN entries ignored by the max): exp_nonpositive in
-// f32 lanes summed in f64, as the training forward's log-softmax rows
-// (kernels/cpu/rows.cpp) sum them.
+// log-sum-exp of a row: the training forward's log-softmax reductions
+// (cpu::row_exp_sum), so rollout and training log-probabilities sum alike.
 double log_sum_exp(const float* x, int64_t n) {
-  const float mx = row_max(x, n);
+  const auto [mx, sum] = cpu::row_exp_sum(x, n);
   if (mx == kNegInf) return double(kNegInf);
-  return double(mx) + std::log(exp_sum(x, n, mx, 1.0f));
+  return double(mx) + std::log(sum);
 }
 
 namespace {

@@ -53,17 +53,10 @@ void for_float_dtype(DType t, const char* op, F&& f) {
 
 typedef double D4 __attribute__((vector_size(32)));
 
-// The two reductions of a softmax row over 8-lane vectors: the largest value
-// (NaN ignored) and the sum of exp(x - max) (exp_nonpositive, summed in f64
-// lanes: in f32 the lane holding the largest term (~1) drops the tail's terms
-// below its rounding step, so a confident row over a 200064-entry vocabulary
-// lost about 1 % of its tail mass, log-probabilities too high by ~6e-5).
-// Unaligned loads from the row's start: the same sums whatever the buffer's
-// alignment.
-struct RowExpSum {
-  float max;
-  double sum;
-};
+}  // namespace
+
+// (vec_exp.h) Unaligned loads from the row's start: the same sums whatever
+// the buffer's alignment.
 RowExpSum row_exp_sum(const float* x, int64_t n) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   F8 mx8 = F8{} + kNegInf;
@@ -91,6 +84,8 @@ RowExpSum row_exp_sum(const float* x, int64_t n) {
   for (int64_t i = j; i < n; ++i) sum += double(exp_nonpositive(x[i] - mx));
   return {mx, sum};
 }
+
+namespace {
 
 // exp(x - mx) * inv over the row into out (which may be x), -inf giving 0 exactly.
 void write_exp_scaled(const float* x, float* out, int64_t n, float mx, float inv) {

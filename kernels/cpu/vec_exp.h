@@ -65,4 +65,17 @@ __attribute__((always_inline)) inline V exp_nonpositive(V x) {
   return p * pow2_of(r);
 }
 
+// The two reductions of a softmax row over 8-lane vectors (kernels/cpu/rows.cpp):
+// the largest value (NaN ignored) and the sum of exp(x - max) (exp_nonpositive,
+// summed in f64 lanes: in f32 the lane holding the largest term (~1) drops the
+// tail's terms below its rounding step, so a confident row over a 200064-entry
+// vocabulary lost about 1 % of its tail mass, log-probabilities too high by
+// ~6e-5). The log-softmax of training and the sampler's log-probabilities
+// both take it.
+struct RowExpSum {
+  float max;
+  double sum;
+};
+RowExpSum row_exp_sum(const float* x, int64_t n);
+
 }  // namespace areno::cpu
