@@ -101,9 +101,7 @@ OutputGrammar::OutputGrammar(std::shared_ptr<const TokenBytes> bytes, std::vecto
   for (size_t k = segments_.size(); k-- > 0;) {
     State st;
     enter(segments_, st, k);
-    int64_t n = 0;
-    for_completion(st, [&](int64_t) { ++n; }, /*current_only=*/true);
-    tail_[k] = tail_[k + 1] + n;
+    tail_[k] = tail_[k + 1] + current_length(st);
   }
   // No state's completion is longer: the whole chain's, plus a string's
   // escape and key (":0 and 5 more), every container's closer, a literal word.
@@ -117,7 +115,9 @@ std::shared_ptr<const OutputGrammar> OutputGrammar::tool_call(std::shared_ptr<co
                                             names.size()));
   Segment choice{Segment::choice, -1, "", {}};
   for (const std::string& n : names) {
-    if (n.empty()) throw std::invalid_argument("a tool's name is empty");
+    if (n.empty() || n.size() > kMaxNameBytes)
+      throw std::invalid_argument(fmt::format("a forced tool's name must have 1 to {} bytes (got {})", kMaxNameBytes,
+                                              n.size()));
     const std::string quoted = nlohmann::json(n).dump();  // escaped, with its quotes
     choice.names.push_back(quoted.substr(1, quoted.size() - 2));
   }
@@ -315,7 +315,7 @@ bool OutputGrammar::replay(std::span<const int64_t> generated, State& st) const 
 
 // Calls emit(id) for each token of the shortest completion of `st`.
 template <typename F>
-void OutputGrammar::for_completion(const State& st, F&& emit, bool current_only) const {
+void OutputGrammar::for_completion(const State& st, F&& emit) const {
   auto text = [&](std::string_view s) {
     for (unsigned char c : s) emit(bytes_->byte_token(c));
   };
@@ -326,8 +326,7 @@ void OutputGrammar::for_completion(const State& st, F&& emit, bool current_only)
         best = &s.names[i];
     if (best) text(std::string_view(*best).substr(pos));
   };
-  for (size_t k = st.seg; k < (current_only ? std::min<size_t>(st.seg + 1u, segments_.size()) : segments_.size());
-       ++k) {
+  for (size_t k = st.seg; k < segments_.size(); ++k) {
     const Segment& s = segments_[k];
     const bool here = k == st.seg;
     switch (s.kind) {
@@ -361,11 +360,42 @@ void OutputGrammar::for_completion(const State& st, F&& emit, bool current_only)
   }
 }
 
+// The current segment's part of the shortest completion, counted (the
+// tokens for_completion would emit for it) in O(names + depth), whatever the
+// lengths of the literals and names: the mask asks it for every candidate.
+int64_t OutputGrammar::current_length(const State& st) const {
+  if (st.seg >= segments_.size()) return 0;
+  const Segment& s = segments_[st.seg];
+  switch (s.kind) {
+    case Segment::special: return 1;
+    case Segment::literal: return int64_t(s.text.size()) - st.pos;
+    case Segment::choice: {
+      int64_t best = std::numeric_limits<int64_t>::max();
+      for (size_t i = 0; i < s.names.size(); ++i)
+        if (st.names >> i & 1) best = std::min(best, int64_t(s.names[i].size()) - st.pos);
+      return best;
+    }
+    case Segment::json: break;
+  }
+  int64_t n = 0;
+  switch (st.mode) {
+    case kTop: return 2;
+    case kObjKey: n = 4; break;
+    case kColon: n = 2; break;
+    case kValue: n = 1; break;
+    case kStr: n = st.key ? 3 : 1; break;
+    case kEsc: n = st.key ? 4 : 2; break;
+    case kUni: n = st.sub + (st.key ? 3 : 1); break;
+    case kNum: n = num_endable(st.sub) ? 0 : 1; break;
+    case kLit: n = int64_t(kWords[st.sub].size()) - st.pos; break;
+    default: break;  // kObjOpen, kArrOpen, kAfter: only the closers
+  }
+  return n + st.depth;
+}
+
 int64_t OutputGrammar::completion_length(const State& st) const {
   if (st.seg >= segments_.size()) return 0;
-  int64_t n = tail_[st.seg + 1u];
-  for_completion(st, [&](int64_t) { ++n; }, /*current_only=*/true);
-  return n;
+  return current_length(st) + tail_[st.seg + 1u];
 }
 
 bool OutputGrammar::accepts(std::span<const int64_t> generated) const {

@@ -56,9 +56,11 @@ class OutputGrammar {
  public:
   static constexpr int kMaxDepth = 16;
   static constexpr size_t kMaxNames = 64;
+  static constexpr size_t kMaxNameBytes = 256;  // OpenAI allows 64 characters
 
   // <|tool_call|>[{"name": "NAME", "arguments": {...}}]<|/tool_call|><|end|>
-  // with NAME one of `names` (1 to kMaxNames; JSON-escaped in the output).
+  // with NAME one of `names` (1 to kMaxNames of 1 to kMaxNameBytes bytes;
+  // JSON-escaped in the output).
   static std::shared_ptr<const OutputGrammar> tool_call(std::shared_ptr<const TokenBytes> bytes,
                                                         const std::vector<std::string>& names);
   // {...}<|end|>: one JSON object.
@@ -94,8 +96,9 @@ class OutputGrammar {
   bool step_token(State& st, int64_t id) const;
   bool step_byte(State& st, unsigned char c) const;
   template <typename F>
-  void for_completion(const State& st, F&& emit, bool current_only = false) const;
+  void for_completion(const State& st, F&& emit) const;
   int64_t completion_length(const State& st) const;
+  int64_t current_length(const State& st) const;
 
   std::shared_ptr<const TokenBytes> bytes_;
   std::vector<Segment> segments_;

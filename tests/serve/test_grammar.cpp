@@ -136,6 +136,8 @@ TEST_CASE("serve/grammar the tool call: its language, shortest completions, name
   CHECK_FALSE(g->accepts(ids(deep + "[")));
   CHECK_THROWS_AS(OutputGrammar::tool_call(bytes(), {}), std::invalid_argument);
   CHECK_THROWS_AS(OutputGrammar::tool_call(bytes(), std::vector<std::string>(65, "f")), std::invalid_argument);
+  CHECK_THROWS_AS(OutputGrammar::tool_call(bytes(), {std::string(257, 'f')}), std::invalid_argument);
+  CHECK(OutputGrammar::tool_call(bytes(), {std::string(256, 'f')})->min_tokens() == 37 - 3 + 256);
   // A name with a quote is written escaped.
   const auto q = OutputGrammar::tool_call(bytes(), {"say\"hi"});
   CHECK(text(q->completion({})) == kCall + "say\\\"hi\", \"arguments\": {}}]<|/tool_call|><|end|>");
