@@ -464,12 +464,12 @@ struct HttpServer::Impl {
       Usage usage;
       ChoiceOutput recorded;            // the one choice of a recorded turn
       bool failed = false;
-      // Chat with tools: per choice, text held back while it may be a tool
-      // call (it starts as one, or could still); a call is sent as one
-      // tool_calls delta when the choice finishes, anything else as content.
-      enum class Hold { undecided, content, call };
-      std::vector<Hold> hold;
-      std::vector<std::string> held;
+      // Chat with tools: per choice, the content sent as it is known not to
+      // be a call, a call held and sent as one tool_calls delta when the
+      // choice finishes (ToolCallStreamer); the held tokens' log-probabilities
+      // go with the next chunk sent.
+      bool tools = false;
+      std::vector<ToolCallStreamer> streamer;
       std::vector<std::vector<TokenLogprob>> held_lps;
     };
     auto st = std::make_shared<State>();
@@ -481,9 +481,8 @@ struct HttpServer::Impl {
     st->started.assign(st->prompt_ids.size() * n, false);
     st->text_offset.assign(st->prompt_ids.size() * n, 0);
     for (auto& p : st->prompt_ids) st->usage.prompt_tokens += int64_t(p.size());
-    const bool tool_stream = kind == ApiKind::chat && !st->ar.tools.is_null() && st->ar.tool_choice != "none";
-    st->hold.assign(st->prompt_ids.size() * n, tool_stream ? State::Hold::undecided : State::Hold::content);
-    st->held.resize(st->prompt_ids.size() * n);
+    st->tools = kind == ApiKind::chat && !st->ar.tools.is_null() && st->ar.tool_choice != "none";
+    st->streamer.resize(st->prompt_ids.size() * n);
     st->held_lps.resize(st->prompt_ids.size() * n);
 
     Engine* eng = &engine;
@@ -532,36 +531,34 @@ struct HttpServer::Impl {
               st->usage.completion_tokens += int64_t(o.tokens.size());
               const bool want_lp = kind == ApiKind::chat ? ar.logprobs : ar.completion_logprobs >= 0;
               // What this event sends as content: its own text, or (tools)
-              // the held text once it cannot be a call, or nothing yet.
+              // what the streamer releases; a parsed call at the finish.
               std::string text = o.text;
               std::vector<TokenLogprob> lps = o.logprobs;
-              json call_delta;  // a parsed call, sent at the choice's finish
-              if (st->hold[c] != State::Hold::content) {
-                st->held[c] += o.text;
-                st->held_lps[c].insert(st->held_lps[c].end(), o.logprobs.begin(), o.logprobs.end());
-                text.clear();
-                lps.clear();
-                if (st->hold[c] == State::Hold::undecided) {
-                  const ToolCallStart start = tool_call_start(st->held[c]);
-                  if (start != ToolCallStart::maybe)
-                    st->hold[c] = start == ToolCallStart::yes ? State::Hold::call : State::Hold::content;
-                }
-                const bool flush = st->hold[c] == State::Hold::content || o.finish != FinishReason::none;
-                if (flush && st->hold[c] != State::Hold::content) {
-                  const ToolCallParse tc = parse_tool_calls(st->held[c], ar.tools);
+              json call_delta;
+              if (st->tools) {
+                std::vector<TokenLogprob>& held = st->held_lps[c];
+                held.insert(held.end(), o.logprobs.begin(), o.logprobs.end());
+                text = st->streamer[c].push(o.text);
+                if (o.finish != FinishReason::none) {
+                  const ToolCallParse tc = st->streamer[c].finish(ar.tools);
                   if (tc.found) {
                     json calls = tc.tool_calls;
                     for (size_t k = 0; k < calls.size(); ++k) calls[k]["index"] = k;
                     call_delta = {{"tool_calls", calls}};
                     if (tc.content.is_string()) call_delta["content"] = tc.content;
+                  } else if (tc.content.is_string()) {
+                    text += tc.content.get<std::string>();
                   }
                 }
-                if (flush) {
-                  if (call_delta.is_null()) text = std::move(st->held[c]);
-                  lps = std::move(st->held_lps[c]);
-                  st->held[c].clear();
-                  st->held_lps[c].clear();
+                lps.clear();
+                if (!text.empty() || !call_delta.is_null() || o.finish != FinishReason::none) {
+                  lps = std::move(held);
+                  held.clear();
                 }
+              }
+              if (!call_delta.is_null() && !text.empty()) {  // the content before the call, then the call
+                if (!write(sse_event(chat_chunk(st->h, int64_t(c), {{"content", text}}, nullptr)))) return false;
+                text.clear();
               }
               if (!call_delta.is_null()) {
                 json lp = want_lp ? chat_logprobs_json(t, lps, ar.top_logprobs, ar.return_tokens_as_token_ids) : json(nullptr);

@@ -560,16 +560,41 @@ ToolCallParse parse_tool_calls(const std::string& text, const json& tools) {
   return r;
 }
 
-ToolCallStart tool_call_start(std::string_view text) {
-  const size_t first = text.find_first_not_of(" \t\r\n");
-  if (first == std::string_view::npos) return ToolCallStart::maybe;
-  const std::string_view s = text.substr(first);
-  bool maybe = false;
-  for (std::string_view marker : {std::string_view("<|tool_call|>"), std::string_view("functools[")}) {
-    if (s.substr(0, marker.size()) == marker) return ToolCallStart::yes;
-    maybe = maybe || marker.substr(0, s.size()) == s;
+std::string ToolCallStreamer::push(std::string_view text) {
+  held_ += text;
+  if (in_call_) return "";
+  static constexpr std::string_view kMarkers[] = {"<|tool_call|>", "functools["};
+  size_t at = std::string::npos;
+  for (std::string_view m : kMarkers) at = std::min(at, held_.find(m));
+  // Held back: from a call's marker, or else from the longest end that could
+  // begin one; with the whitespace before either (content keeps it only if
+  // no call follows, as parse_tool_calls trims it).
+  size_t keep = 0;
+  if (at != std::string::npos) {
+    keep = held_.size() - at;
+    in_call_ = true;
+  } else {
+    for (std::string_view m : kMarkers)
+      for (size_t k = std::min(m.size() - 1, held_.size()); k > keep; --k)
+        if (std::string_view(held_).substr(held_.size() - k) == m.substr(0, k)) {
+          keep = k;
+          break;
+        }
   }
-  return maybe ? ToolCallStart::maybe : ToolCallStart::no;
+  size_t cut = held_.size() - keep;
+  while (cut > 0 && std::string_view(" \t\r\n").find(held_[cut - 1]) != std::string_view::npos) --cut;
+  std::string out = held_.substr(0, cut);
+  held_.erase(0, cut);
+  return out;
+}
+
+ToolCallParse ToolCallStreamer::finish(const json& tools) {
+  ToolCallParse r;
+  if (in_call_) r = parse_tool_calls(held_, tools);
+  if (!r.found) r.content = held_.empty() ? json(nullptr) : json(held_);
+  held_.clear();
+  in_call_ = false;
+  return r;
 }
 
 // ---- whole responses ---------------------------------------------------------

@@ -149,11 +149,24 @@ struct ToolCallParse {
   nlohmann::json tool_calls = nlohmann::json::array();
 };
 ToolCallParse parse_tool_calls(const std::string& text, const nlohmann::json& tools);
-// Streaming: whether a reply whose text so far is `text` starts (after
-// whitespace) with a tool call in one of those forms: yes, no, or not known
-// yet (`text` is blank or a proper prefix of a marker).
-enum class ToolCallStart { no, maybe, yes };
-ToolCallStart tool_call_start(std::string_view text);
+// Streaming with tools: one choice's text as it arrives, split into content
+// to send now and a tool call (either form above, anywhere in the reply)
+// held until the choice ends. Text that could still begin a call (a proper
+// prefix of a marker) and the whitespace before it are held back until the
+// next piece decides; the content before a call is sent right-trimmed, as
+// parse_tool_calls trims it.
+class ToolCallStreamer {
+ public:
+  // The content to send now, after appending `text`.
+  std::string push(std::string_view text);
+  // At the choice's end: the held text parsed. found: the calls, and the text
+  // after them as content (or null); else everything held as content.
+  ToolCallParse finish(const nlohmann::json& tools);
+
+ private:
+  std::string held_;
+  bool in_call_ = false;
+};
 
 // Non-streaming responses. `choices` for completions are prompt-major:
 // choices[i * n + j] is sample j of prompt i; `prompt_ids[i]` and

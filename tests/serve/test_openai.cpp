@@ -284,6 +284,43 @@ TEST_CASE("serve/openai tool calls: <|tool_call|> and functools[...] become tool
   CHECK_FALSE(parse_tool_calls("just text", tools).found);
   CHECK(parse_tool_calls("just text", tools).content == "just text");
 
+  // Streaming (ToolCallStreamer): content is released as soon as it cannot
+  // begin a call, a call anywhere in the reply is held and parsed at the end,
+  // and text without a call comes out whole under any chunking.
+  {
+    ToolCallStreamer ts;
+    std::string content;
+    for (const char* piece : {"Let me ", "check. <|tool", "_call|>[{\"name\": \"get_weather\", \"arguments\": {}}]",
+                              "<|/tool_call|>"})
+      content += ts.push(piece);
+    CHECK(content == "Let me check.");
+    const ToolCallParse end = ts.finish(tools);
+    REQUIRE(end.found);
+    CHECK(end.tool_calls[0]["function"]["name"] == "get_weather");
+    CHECK(end.content.is_null());
+    ToolCallStreamer f;
+    CHECK(f.push("functools") == "");  // could still be the marker
+    CHECK(f.push("[{\"name\": \"get_weather\", \"arguments\": {}}] done") == "");
+    const ToolCallParse fe = f.finish(tools);
+    REQUIRE(fe.found);
+    CHECK(fe.content == "done");
+  }
+  for (const std::string text : {std::string("a < b and <|x|> then functools"), std::string("  spaced \n out  "),
+                                 std::string("<|tool_call|>[{\"name\": \"nope\"}]<|/tool_call|> tail"),
+                                 std::string("hi \n<|tool_call|>[{bad")}) {
+    for (size_t step : {size_t(1), size_t(2), size_t(5), size_t(64)}) {
+      CAPTURE(text);
+      CAPTURE(step);
+      ToolCallStreamer ts;
+      std::string out;
+      for (size_t i = 0; i < text.size(); i += step) out += ts.push(std::string_view(text).substr(i, step));
+      const ToolCallParse end = ts.finish(tools);
+      CHECK_FALSE(end.found);
+      if (end.content.is_string()) out += end.content.get<std::string>();
+      CHECK(out == text);  // no call: the text comes out as it went in
+    }
+  }
+
   ApiRequest r = parse_chat_request(chat({{"tools", tools}}), ApiLimits{});
   CHECK(r.tool_choice == "auto");
   CHECK(r.forced_tools.empty());
