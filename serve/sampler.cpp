@@ -94,33 +94,6 @@ const std::vector<int64_t>& banned_list(int64_t V) {
   return list;
 }
 
-// exp_nonpositive over n entries of w (relative to mx, times inv) into pr as
-// doubles, banned entries (-inf) as 0, and the sum of pr over 4 f64 lanes
-// reduced in a fixed order (8 float lanes at a time: see F8 below).
-double exp_row(const float* w, int64_t n, float mx, float inv, double* pr) {
-  typedef double D4 __attribute__((vector_size(32)));
-  D4 acc = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    F8 v;
-    std::memcpy(&v, w + i, sizeof v);
-    F8 e = exp_nonpositive((v - mx) * inv);
-    e = v == kNegInf ? F8{} : e;
-    const D4 dlo = __builtin_convertvector(__builtin_shufflevector(e, e, 0, 1, 2, 3), D4),
-             dhi = __builtin_convertvector(__builtin_shufflevector(e, e, 4, 5, 6, 7), D4);
-    std::memcpy(pr + i, &dlo, sizeof dlo);
-    std::memcpy(pr + i + 4, &dhi, sizeof dhi);
-    acc += dlo;
-    acc += dhi;
-  }
-  double total = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-  for (; i < n; ++i) {
-    pr[i] = w[i] == kNegInf ? 0.0 : double(exp_nonpositive((w[i] - mx) * inv));
-    total += pr[i];
-  }
-  return total;
-}
-
 typedef double D4 __attribute__((vector_size(32)));
 
 // 8 lanes (F8) throughout: below AVX-512, GCC 12 lowers 16-lane selects and
@@ -154,18 +127,29 @@ inline double exp_one(float w, float mx, float inv) {
   return w == kNegInf ? 0.0 : double(exp_nonpositive((w - mx) * inv));
 }
 
-// The sum of exp_nonpositive((w - mx) * inv) over the row in f64 lanes (no stores).
-double exp_sum(const float* w, int64_t n, float mx, float inv) {
-  D4 lo = {}, hi = {};
+// exp_nonpositive((w - mx) * inv) over the row, banned entries (-inf) as 0,
+// into pr as doubles when pr is given (the filtered draw sorts them), and
+// their sum over 4 f64 lanes reduced in a fixed order.
+double exp_row(const float* w, int64_t n, float mx, float inv, double* pr) {
+  D4 acc = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const F8 e = exp_lanes(w + i, mx, inv);
-    lo += __builtin_convertvector(__builtin_shufflevector(e, e, 0, 1, 2, 3), D4);
-    hi += __builtin_convertvector(__builtin_shufflevector(e, e, 4, 5, 6, 7), D4);
+    const D4 lo = __builtin_convertvector(__builtin_shufflevector(e, e, 0, 1, 2, 3), D4),
+             hi = __builtin_convertvector(__builtin_shufflevector(e, e, 4, 5, 6, 7), D4);
+    if (pr) {
+      std::memcpy(pr + i, &lo, sizeof lo);
+      std::memcpy(pr + i + 4, &hi, sizeof hi);
+    }
+    acc += lo;
+    acc += hi;
   }
-  const D4 d = lo + hi;
-  double total = (d[0] + d[1]) + (d[2] + d[3]);
-  for (; i < n; ++i) total += exp_one(w[i], mx, inv);
+  double total = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  for (; i < n; ++i) {
+    const double e = exp_one(w[i], mx, inv);
+    if (pr) pr[i] = e;
+    total += e;
+  }
   return total;
 }
 
@@ -280,7 +264,7 @@ Picked pick_token(const SamplingParams& p, const SequenceView& s, const float* r
   } else if (!filter) {
     // A draw from softmax(w / T): target = u * sum, no probability array.
     const float inv_tf = float(1.0 / p.temperature);
-    const double total = exp_sum(w, V, mx, inv_tf);
+    const double total = exp_row(w, V, mx, inv_tf, nullptr);
     const double u = uniform01(seed, s.sample, s.generated);
     token = draw(w, V, mx, inv_tf, u * total);
     if (token < 0) {  // rounding: the last id of non-zero weight

@@ -195,23 +195,19 @@ void check_matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
     throw std::invalid_argument("cuda matmul: a, b and out must be on one device");
 }
 
-}  // namespace
-
-void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha,
-                         double beta) {
-  check_matmul(a, b, out);
-  if (a.dtype() != out.dtype() || b.dtype() != out.dtype())
-    throw std::invalid_argument("cuda matmul: a, b and out must share a dtype");
+// The product of matmul and matmul_f32_out (checked): a and b of one
+// dtype, out of theirs or (bf16 / f16 operands) f32; cuBLASLt, else cuBLAS.
+void run_gemm(CudaBackend& be, const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
   const int64_t Bn = out.size(0), M = out.size(1), N = out.size(2), K = a.size(2);
-  cudaDataType_t type = cuda_type(out.dtype());
   if (Bn * M * N == 0) return;
   Launch l(out);
   if (K == 0) {  // empty sum: out = beta * out
     if (beta == 0.0) ARENO_CUDA_CHECK(cudaMemsetAsync(out.data_ptr(), 0, out.nbytes(), l.stream));
-    else unary(UnaryOp::affine, out, out, beta, 0.0);
+    else be.unary(UnaryOp::affine, out, out, beta, 0.0);
     return;
   }
   l.ctx.ensure_blas();
+  const cudaDataType_t type = cuda_type(a.dtype()), out_type = cuda_type(out.dtype());
   Operand A = as_cublas(b, l.stream);  // cuBLAS's A: our b, N x K after op
   Operand B = as_cublas(a, l.stream);  // cuBLAS's B: our a, K x M after op
   int batch = to_int(Bn, "batch");
@@ -226,13 +222,24 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, do
     return;
   }
   float alpha_f = float(alpha), beta_f = float(beta);
-  if (lt_matmul(l.ctx, type, type, A, B, out.data_ptr(), N, M, K, batch, out.element_size(),
+  if (lt_matmul(l.ctx, type, out_type, A, B, out.data_ptr(), N, M, K, batch, a.element_size(),
                 out.element_size(), alpha_f, beta_f))
     return;
   ARENO_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       l.ctx.cublas, A.op, B.op, n, m, k, &alpha_f, A.data, type, lda, A.batch_stride, B.data, type,
-      ldb, B.batch_stride, &beta_f, out.data_ptr(), type, n, N * M, batch, CUBLAS_COMPUTE_32F,
+      ldb, B.batch_stride, &beta_f, out.data_ptr(), out_type, n, N * M, batch, CUBLAS_COMPUTE_32F,
       CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace
+
+void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha,
+                         double beta) {
+  check_matmul(a, b, out);
+  if (a.dtype() != out.dtype() || b.dtype() != out.dtype())
+    throw std::invalid_argument("cuda matmul: a, b and out must share a dtype");
+  cuda_type(out.dtype());  // refuses other dtypes
+  run_gemm(*this, a, b, out, alpha, beta);
 }
 
 // bf16 (f16) operands, f32 out: cuBLASLt's C/D in f32 with f32 compute, or
@@ -241,29 +248,7 @@ bool CudaBackend::matmul_f32_out(const Tensor& a, const Tensor& b, const Tensor&
   if (out.dtype() != DType::f32 || a.dtype() != b.dtype() || (a.dtype() != DType::bf16 && a.dtype() != DType::f16))
     return false;
   check_matmul(a, b, out);
-  const int64_t Bn = out.size(0), M = out.size(1), N = out.size(2), K = a.size(2);
-  if (Bn * M * N == 0) return true;
-  Launch l(out);
-  if (K == 0) {
-    if (beta == 0.0) ARENO_CUDA_CHECK(cudaMemsetAsync(out.data_ptr(), 0, out.nbytes(), l.stream));
-    else unary(UnaryOp::affine, out, out, beta, 0.0);
-    return true;
-  }
-  l.ctx.ensure_blas();
-  const cudaDataType_t type = cuda_type(a.dtype());
-  Operand A = as_cublas(b, l.stream);
-  Operand B = as_cublas(a, l.stream);
-  int batch = to_int(Bn, "batch");
-  int n = to_int(N, "N"), m = to_int(M, "M"), k = to_int(K, "K");
-  int lda = to_int(A.ld, "lda"), ldb = to_int(B.ld, "ldb");
-  float alpha_f = float(alpha), beta_f = float(beta);
-  if (lt_matmul(l.ctx, type, CUDA_R_32F, A, B, out.data_ptr(), N, M, K, batch, a.element_size(),
-                out.element_size(), alpha_f, beta_f))
-    return true;
-  ARENO_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      l.ctx.cublas, A.op, B.op, n, m, k, &alpha_f, A.data, type, lda, A.batch_stride, B.data, type,
-      ldb, B.batch_stride, &beta_f, out.data_ptr(), CUDA_R_32F, n, N * M, batch, CUBLAS_COMPUTE_32F,
-      CUBLAS_GEMM_DEFAULT));
+  run_gemm(*this, a, b, out, alpha, beta);
   return true;
 }
 
