@@ -1,11 +1,13 @@
 #pragma once
 // Constrained decoding: the output grammars that `tool_choice` "required" or
-// a named function, and `response_format` {"type": "json_object"}, impose on
-// a sequence (as vLLM's guided decoding does for the same requests).
+// a named function, and `response_format` json_object or json_schema, impose
+// on a sequence (as vLLM's guided decoding does for the same requests).
 //
 // A grammar is a fixed chain of segments: special tokens (<|tool_call|>),
-// literal text, a choice among names, and a JSON object (any JSON inside,
-// nesting at most kMaxDepth deep). Before each draw the sampler asks it which
+// literal text, a choice among names, and a JSON value that a JsonSchema
+// (serve/json_schema.h) describes: any object, a response_format schema, or
+// the chosen tool's `parameters` (one schema per name of the choice before
+// it). Containers nest at most kMaxDepth deep. Before each draw the sampler asks it which
 // ids may come next: an id is allowed when the output with its bytes appended
 // is still a prefix of the grammar's language and can still be finished in
 // the tokens left (max_tokens counts the stop token). Every printable ASCII
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "models/phi4mm/tokenizer/tokenizer.h"
+#include "serve/json_schema.h"
 
 namespace areno::serve {
 
@@ -44,27 +47,35 @@ class TokenBytes {
   // Not special, and no byte a JSON string reacts to (quote, backslash,
   // control): inside a string the token only adds text.
   bool string_safe(int64_t id) const { return string_safe_[size_t(id)] != 0; }
+  // UTF-8 code points (lead bytes) of its bytes.
+  int64_t code_points(int64_t id) const { return code_points_[size_t(id)]; }
 
  private:
   std::string data_;
   std::vector<int64_t> offsets_;
   std::vector<uint8_t> special_, string_safe_;
+  std::vector<uint16_t> code_points_;
   int64_t byte_token_[256];
 };
 
 class OutputGrammar {
  public:
-  static constexpr int kMaxDepth = 16;
+  static constexpr int kMaxDepth = JsonSchema::kMaxDepth;
   static constexpr size_t kMaxNames = 64;
   static constexpr size_t kMaxNameBytes = 256;  // OpenAI allows 64 characters
 
   // <|tool_call|>[{"name": "NAME", "arguments": {...}}]<|/tool_call|><|end|>
   // with NAME one of `names` (1 to kMaxNames of 1 to kMaxNameBytes bytes;
-  // JSON-escaped in the output).
-  static std::shared_ptr<const OutputGrammar> tool_call(std::shared_ptr<const TokenBytes> bytes,
-                                                        const std::vector<std::string>& names);
+  // JSON-escaped in the output) and the arguments an instance of that name's
+  // schema (`schemas` parallel to `names`; empty, or a null entry: any object).
+  static std::shared_ptr<const OutputGrammar> tool_call(
+      std::shared_ptr<const TokenBytes> bytes, const std::vector<std::string>& names,
+      const std::vector<std::shared_ptr<const JsonSchema>>& schemas = {});
   // {...}<|end|>: one JSON object.
   static std::shared_ptr<const OutputGrammar> json_object(std::shared_ptr<const TokenBytes> bytes);
+  // {...}<|end|>: one instance of `schema`.
+  static std::shared_ptr<const OutputGrammar> json_schema(std::shared_ptr<const TokenBytes> bytes,
+                                                          std::shared_ptr<const JsonSchema> schema);
 
   // Sets work[id] to -inf for every id (of V) not allowed after `generated`,
   // with `remaining` tokens left including this one. When no finite id is
@@ -78,15 +89,19 @@ class OutputGrammar {
   bool accepts(std::span<const int64_t> generated) const;
   // The tokens of the shortest completion after `generated` (tests).
   std::vector<int64_t> completion(std::span<const int64_t> generated) const;
+  // Its length as the mask counts it, from tables (tests: equal to the above).
+  int64_t completion_length(std::span<const int64_t> generated) const;
   // The tokens the shortest complete output needs: max_tokens below it cannot
   // give a complete output (the HTTP layer refuses such a request).
-  int64_t min_tokens() const { return tail_[0]; }
+  int64_t min_tokens() const { return tail_min_[0]; }
 
   struct Segment {
     enum Kind { special, literal, choice, json } kind;
     int64_t id = -1;                 // special
     std::string text;                // literal
     std::vector<std::string> names;  // choice (escaped)
+    // json: one schema, or one per name of the choice segment before it.
+    std::vector<std::shared_ptr<const JsonSchema>> schemas;
   };
   struct State;
 
@@ -95,15 +110,21 @@ class OutputGrammar {
   bool replay(std::span<const int64_t> generated, State& st) const;
   bool step_token(State& st, int64_t id) const;
   bool step_byte(State& st, unsigned char c) const;
+  bool step_json(State& st, unsigned char c) const;
   template <typename F>
   void for_completion(const State& st, F&& emit) const;
   int64_t completion_length(const State& st) const;
-  int64_t current_length(const State& st) const;
+  int64_t json_length(const State& st) const;
+  const JsonSchema& schema(const State& st) const;
+  int64_t tail(size_t k, uint8_t chosen) const;
 
   std::shared_ptr<const TokenBytes> bytes_;
   std::vector<Segment> segments_;
-  std::vector<int64_t> tail_;    // completion length of segments k.. from their start
-  int64_t max_completion_ = 0;   // no state's completion is longer
+  size_t choice_seg_ = size_t(-1);       // the choice segment, if any
+  // Completion length of segments k.. from their start: per chosen name
+  // (one row without a choice), and the least over the names.
+  std::vector<std::vector<int64_t>> tails_;
+  std::vector<int64_t> tail_min_;
 };
 
 }  // namespace areno::serve

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -30,24 +32,34 @@ json error_body(const ApiError& e) {
   return {{"error", err}};
 }
 
-json parse_json_bounded(const std::string& text, int max_depth) {
+namespace {
+
+template <typename J>
+J parse_bounded(const std::string& text, int max_depth) {
   // The callback sees every container as it opens; throwing stops the parser
   // before it descends further (nlohmann's parser itself is iterative).
   struct TooDeep {};
-  json::parser_callback_t cb = [max_depth](int depth, json::parse_event_t event, json&) {
-    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
-        depth >= max_depth)
+  typename J::parser_callback_t cb = [max_depth](int depth, typename J::parse_event_t event, J&) {
+    if ((event == J::parse_event_t::object_start || event == J::parse_event_t::array_start) && depth >= max_depth)
       throw TooDeep{};
     return true;
   };
   try {
-    return json::parse(text, cb);
+    return J::parse(text, cb);
   } catch (const TooDeep&) {
     throw ApiError(400, fmt::format("the JSON body nests arrays and objects more than {} levels deep "
                                     "(the server's --max-json-depth)", max_depth));
-  } catch (const json::parse_error& e) {
+  } catch (const typename J::parse_error& e) {
     throw ApiError(400, fmt::format("malformed JSON body: {}", e.what()));
   }
+}
+
+}  // namespace
+
+json parse_json_bounded(const std::string& text, int max_depth) { return parse_bounded<json>(text, max_depth); }
+
+nlohmann::ordered_json parse_ordered_json_bounded(const std::string& text, int max_depth) {
+  return parse_bounded<nlohmann::ordered_json>(text, max_depth);
 }
 
 std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -264,15 +276,35 @@ ApiRequest parse_chat_request(const json& body, const ApiLimits& lim) {
     const json& rf = body["response_format"];
     if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
       throw bad("response_format", "'response_format' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\"}");
-    if (rf["type"] == "json_object") r.json_object = true;
-    else if (rf["type"] != "text")
-      throw bad("response_format", fmt::format("'response_format' type '{}' is not supported (JSON schemas are not "
-                                               "implemented; use \"text\" or \"json_object\")",
-                                               rf["type"].get<std::string>()));
+    const std::string type = rf["type"].get<std::string>();
+    if (type == "json_object") {
+      r.json_object = true;
+    } else if (type == "json_schema") {
+      const json* js = rf.contains("json_schema") ? &rf["json_schema"] : nullptr;
+      if (!js || !js->is_object())
+        throw bad("response_format.json_schema",
+                  "'response_format' json_schema needs 'json_schema': {\"name\": ..., \"schema\": {...}}");
+      const json* name = js->contains("name") ? &(*js)["name"] : nullptr;
+      if (!name || !name->is_string() || name->get<std::string>().empty() || name->get<std::string>().size() > 64 ||
+          !std::all_of(name->get_ref<const std::string&>().begin(), name->get_ref<const std::string&>().end(),
+                       [](char c) { return std::isalnum(uint8_t(c)) || c == '_' || c == '-'; }))
+        throw bad("response_format.json_schema.name",
+                  "'response_format.json_schema.name' must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -");
+      if (!js->contains("schema") || !(*js)["schema"].is_object())
+        throw bad("response_format.json_schema.schema", "'response_format.json_schema.schema' must be a JSON schema object");
+      if (js->contains("strict") && !(*js)["strict"].is_boolean() && !(*js)["strict"].is_null())
+        throw bad("response_format.json_schema.strict", "'response_format.json_schema.strict' must be a boolean");
+      r.json_schema = true;
+    } else if (type != "text") {
+      throw bad("response_format", fmt::format("'response_format' type '{}' is not supported (use \"text\", "
+                                               "\"json_object\" or \"json_schema\")",
+                                               type));
+    }
   }
-  if (r.json_object && !r.forced_tools.empty())
-    throw bad("response_format", "'response_format' json_object and a forced tool call ('tool_choice' required or a "
-                                 "function) exclude each other");
+  if ((r.json_object || r.json_schema) && !r.forced_tools.empty())
+    throw bad("response_format", fmt::format("'response_format' {} and a forced tool call ('tool_choice' required or a "
+                                             "function) exclude each other",
+                                             r.json_object ? "json_object" : "json_schema"));
   if (has(body, "modalities")) {
     const json& m = body["modalities"];
     if (!m.is_array()) throw bad("modalities", "'modalities' must be an array");
@@ -281,6 +313,34 @@ ApiRequest parse_chat_request(const json& body, const ApiLimits& lim) {
   }
   r.add_generation_prompt = get_bool(body, "add_generation_prompt", true);
   return r;
+}
+
+void compile_output_schemas(const nlohmann::ordered_json& body, ApiRequest& r) {
+  using ojson = nlohmann::ordered_json;
+  if (r.json_schema) {
+    try {
+      r.output_schema = JsonSchema::compile(body.at("response_format").at("json_schema").at("schema"));
+    } catch (const std::invalid_argument& e) {
+      throw bad("response_format.json_schema.schema", fmt::format("'response_format.json_schema.schema': {}", e.what()));
+    }
+  }
+  r.forced_schemas.clear();
+  if (r.forced_tools.empty()) return;
+  const ojson& tools = body.at("tools");
+  for (const std::string& name : r.forced_tools) {
+    size_t i = 0;
+    while (i < tools.size() && tools[i]["function"]["name"] != name) ++i;
+    if (i == tools.size()) throw std::logic_error("compile_output_schemas: a forced tool is not in 'tools'");
+    const ojson& f = tools[i]["function"];
+    const std::string field = fmt::format("tools[{}].function.parameters", i);
+    try {
+      static const ojson none = {{"type", "object"}, {"properties", ojson::object()}};
+      r.forced_schemas.push_back(
+          JsonSchema::compile(f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"] : none));
+    } catch (const std::invalid_argument& e) {
+      throw bad(field, fmt::format("'{}' (tool '{}', forced by 'tool_choice'): {}", field, name, e.what()));
+    }
+  }
 }
 
 ApiRequest parse_completion_request(const json& body, const ApiLimits& lim) {

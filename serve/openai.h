@@ -18,6 +18,7 @@
 
 #include "models/phi4mm/tokenizer/tokenizer.h"
 #include "serve/engine.h"
+#include "serve/json_schema.h"
 
 namespace areno::serve {
 
@@ -46,6 +47,9 @@ inline constexpr int kDefaultMaxJsonDepth = 64;
 // recurses deeper than that. Throws ApiError 400 for malformed JSON and for
 // nesting past the limit.
 nlohmann::json parse_json_bounded(const std::string& text, int max_depth);
+// The same, keeping objects' keys in the order they were written (the JSON
+// schemas of structured output: properties are written in that order).
+nlohmann::ordered_json parse_ordered_json_bounded(const std::string& text, int max_depth);
 
 enum class ApiKind { chat, completion };
 
@@ -76,6 +80,11 @@ struct ApiRequest {
   // a named function: that one); empty when the model may answer in text.
   std::vector<std::string> forced_tools;
   bool json_object = false;         // response_format {"type": "json_object"}
+  bool json_schema = false;         // response_format {"type": "json_schema", ...}
+  // Compiled by compile_output_schemas: the response_format schema, and each
+  // forced tool's `parameters` (parallel to forced_tools).
+  std::shared_ptr<const JsonSchema> output_schema;
+  std::vector<std::shared_ptr<const JsonSchema>> forced_schemas;
   bool add_generation_prompt = true;
   bool logprobs = false;            // chat: per-token logprobs requested
   int64_t top_logprobs = 0;
@@ -90,6 +99,12 @@ struct ApiRequest {
 // ApiError (400) naming the field.
 ApiRequest parse_chat_request(const nlohmann::json& body, const ApiLimits& limits);
 ApiRequest parse_completion_request(const nlohmann::json& body, const ApiLimits& limits);
+// After parse_chat_request, for a request with a json_schema response format
+// or a forced tool call: compiles the schemas from the body read in key
+// order (a tool without `parameters` takes none: its arguments are {}).
+// Throws ApiError 400 naming the field, with the schema path and keyword it
+// refuses.
+void compile_output_schemas(const nlohmann::ordered_json& body, ApiRequest& r);
 
 // The token ids of each completion prompt: strings are encoded with added
 // tokens matched (as vLLM does), id lists are range-checked. Throws ApiError.

@@ -122,6 +122,7 @@ float exp_split_row(float* s, int64_t n, float sc, BFloat16* hi, BFloat16* lo) {
   });
 }
 
+#if ARENO_WIDE_ISA
 // vcvtneps2bf16 for the two roundings (nearest even; an e or remainder below
 // 2^-126, nothing next to the row's largest e of 1, counts as zero), for the
 // avx512bf16 level and up.
@@ -151,6 +152,11 @@ float exp_split_row_bf16(float* s, int64_t n, float sc, BFloat16* hi, BFloat16* 
   return sum + exp_split_tail(s, i, n, mx, hi, lo);
 }
 #pragma GCC pop_options
+#else
+float exp_split_row_bf16(float* s, int64_t n, float sc, BFloat16* hi, BFloat16* lo) {
+  return exp_split_row(s, n, sc, hi, lo);  // never reached: cpu_isa() stops at avx2 here
+}
+#endif  // ARENO_WIDE_ISA
 
 // lse (f32 only; may be null): per query row [B, HQ, TQ], the log of the sum of
 // exp(scaled score) over its visible keys, for the backward

@@ -24,7 +24,9 @@
 // are prefetched a few at a time between the tile products, so the weight
 // stream from DRAM overlaps the arithmetic. The finished C tiles are
 // transposed in registers into the rows of out.
+#include <cpuid.h>
 #include <immintrin.h>
+
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -42,14 +44,18 @@
 namespace areno::cpu {
 
 bool amx_usable() {
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) return false;
+  if (!ARENO_WIDE_ISA) return false;
+  // CPUID leaf 7: EDX bit 24 AMX-TILE, bit 22 AMX-BF16 (clang 14's
+  // __builtin_cpu_supports knows no AMX names).
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 24 & 1) || !(d >> 22 & 1)) return false;
   // Linux hands out the tile data state only on request (arch_prctl
   // ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA), once per process.
   constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
   return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
 }
 
+#if ARENO_WIDE_ISA
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx2,fma")
 // GCC 12 flags the self-initialised `__Y` inside its own AVX-512 intrinsics
@@ -418,6 +424,13 @@ void gemm_amx_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t l
 
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
+#else
+template <typename O>
+void gemm_amx_bf16(int64_t, int64_t, int64_t, const BFloat16*, int64_t, const BFloat16*, int64_t, O*, int64_t, float,
+                   float, const BFloat16*) {
+  throw std::logic_error("gemm_amx_bf16: this build has no AMX code (amx_usable() is false)");
+}
+#endif  // ARENO_WIDE_ISA
 
 template void gemm_amx_bf16<float>(int64_t, int64_t, int64_t, const BFloat16*, int64_t, const BFloat16*, int64_t,
                                    float*, int64_t, float, float, const BFloat16*);

@@ -89,6 +89,7 @@ struct V {
 }  // namespace avx2
 #pragma GCC pop_options
 
+#if ARENO_WIDE_ISA
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
 namespace avx512 {
@@ -142,9 +143,11 @@ struct V {
 #include "kernels/cpu/gemm_skinny_tile.inc"
 }  // namespace avx512bf16
 #pragma GCC pop_options
+#endif  // ARENO_WIDE_ISA
 
 CpuIsa detect() {
   __builtin_cpu_init();
+  if (!ARENO_WIDE_ISA) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? CpuIsa::avx2 : CpuIsa::generic;
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl");
   if (avx512 && __builtin_cpu_supports("avx512bf16")) return amx_usable() ? CpuIsa::amx : CpuIsa::avx512_bf16;
@@ -214,11 +217,20 @@ void run(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const W* w, i
   auto body = [&](int64_t g0, int64_t g1) {
     const int64_t n0 = g0 * G, n1 = std::min(N, g1 * G);
     if constexpr (std::is_same_v<X, BFloat16>) {
+#if ARENO_WIDE_ISA
       return avx512bf16::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
+#else
+      throw std::logic_error("skinny GEMM: bf16 rows need the avx512bf16 level, which this build leaves out");
+#endif
     } else switch (isa) {
       case CpuIsa::amx:
       case CpuIsa::avx512_bf16:
-      case CpuIsa::avx512: return avx512::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
+      case CpuIsa::avx512:
+#if ARENO_WIDE_ISA
+        return avx512::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
+#else
+        [[fallthrough]];
+#endif
       case CpuIsa::avx2: return avx2::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
       case CpuIsa::generic: return generic::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
     }

@@ -27,6 +27,16 @@ namespace areno::cpu {
 
 enum class CpuIsa : int { generic = 0, avx2 = 1, avx512 = 2, avx512_bf16 = 3, amx = 4 };
 
+// GCC builds the AVX-512 and AMX code (GCC target pragmas) on any -march.
+// Clang ignores those pragmas, so below an AVX-512 -march it cannot build that
+// code (the fuzzing build, scripts/fuzz.sh, on such a machine): there it is
+// left out and the levels stop at AVX2.
+#if !defined(__clang__) || defined(__AVX512F__)
+#define ARENO_WIDE_ISA 1
+#else
+#define ARENO_WIDE_ISA 0
+#endif
+
 // The highest level this CPU runs.
 CpuIsa cpu_isa_supported();
 // The level in use: cpu_isa_supported(), lowered by ARENO_CPU_ISA (read on

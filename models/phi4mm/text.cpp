@@ -474,8 +474,9 @@ Tensor Phi4MMForCausalLM::decoder(const PackedBatch& b) const {
       continue;
     }
     // Only the layer's input is kept; backward runs the layer again.
-    h = checkpoint([layer, cos, sin, cu = b.cu_seqlens, rows](const std::vector<Tensor>& in) {
-      return layer->forward(in[0], cos, sin, cu, rows, nullptr);
+    // (copies of the bindings: clang 14 cannot capture structured bindings)
+    h = checkpoint([layer, c = cos, s = sin, cu = b.cu_seqlens, rows](const std::vector<Tensor>& in) {
+      return layer->forward(in[0], c, s, cu, rows, nullptr);
     }, {h});
   }
   return h;

@@ -146,6 +146,32 @@ def main():
         assert isinstance(json.loads(r.choices[0].message.content), dict), r
         print("forced tool calls and json_object ok")
 
+        # Structured output as the client library does it: a Pydantic model
+        # becomes a strict json_schema (enum, list, Optional as anyOf with
+        # null, every field required, no additional properties), and the
+        # reply parses back into the model. Forced calls follow the tool's
+        # parameters: `add` takes integers a and b, in that order.
+        from typing import Literal, Optional
+        from pydantic import BaseModel
+
+        class Answer(BaseModel):
+            verdict: Literal["yes", "no"]
+            numbers: list[int]
+            note: Optional[str]
+
+        parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+        for temperature in (0.0, 1.0):
+            r = parse(model=model, messages=ask, response_format=Answer, max_tokens=96, temperature=temperature, seed=2)
+            assert r.choices[0].finish_reason == "stop", r
+            assert isinstance(r.choices[0].message.parsed, Answer), r
+            assert list(json.loads(r.choices[0].message.content)) == ["verdict", "numbers", "note"], r
+        r = client.chat.completions.create(model=model, messages=ask, tools=tools, max_tokens=64, temperature=1.0,
+                                           seed=3, tool_choice={"type": "function", "function": {"name": "add"}})
+        args = json.loads(r.choices[0].message.tool_calls[0].function.arguments)
+        assert set(args) <= {"a", "b"} and all(isinstance(v, int) for v in args.values()), args
+        assert list(args) == sorted(args), args  # a before b: the schema's order
+        print("json_schema (Pydantic) and tool parameters ok")
+
         c = client.completions.create(model=model, prompt=[24912, 2375, 13], echo=True, logprobs=1, max_tokens=0)
         assert c.choices[0].logprobs.token_logprobs[0] is None
         assert len(c.choices[0].logprobs.token_logprobs) == 3

@@ -18,46 +18,14 @@
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "serve/grammar.h"
 #include "serve/openai.h"
+#include "tests/serve/grammar_tokens.h"
 
 using namespace areno;
 using namespace areno::serve;
+using namespace areno::serve::testing;
 using nlohmann::json;
 
 namespace {
-
-constexpr int64_t kVocab = 200064;
-
-const tok::Tokenizer& tokenizer() {
-  static const tok::Tokenizer t = [] {
-    tok::Tokenizer x = phi4mm::make_tokenizer();
-    x.set_padded_vocab_size(size_t(kVocab));
-    return x;
-  }();
-  return t;
-}
-
-std::shared_ptr<const TokenBytes> bytes() {
-  static const auto b = std::make_shared<const TokenBytes>(tokenizer(), kVocab);
-  return b;
-}
-
-// Text to ids: the control tokens by id, the rest as ordinary text.
-std::vector<int64_t> ids(const std::string& text) {
-  std::vector<int64_t> out;
-  for (const tok::Segment& s : tokenizer().split_added_tokens(text)) {
-    if (s.token >= 0) {
-      out.push_back(s.token);
-      continue;
-    }
-    for (tok::TokenId t : tokenizer().encode_ordinary(std::string_view(text).substr(s.begin, s.end - s.begin)))
-      out.push_back(t);
-  }
-  return out;
-}
-
-std::string text(const std::vector<int64_t>& v) {
-  return tokenizer().decode(std::vector<tok::TokenId>(v.begin(), v.end()), /*skip_special_tokens=*/false);
-}
 
 const std::string kCall = "<|tool_call|>[{\"name\": \"";
 
@@ -78,7 +46,7 @@ TEST_CASE("serve/grammar the tool call: its language, shortest completions, name
   for (const std::string& args :
        {std::string("{}"), std::string("{\"a\": 2, \"b\": 3}"), std::string("{ \"x\" : [true, false, null, -0.5e+3, 0, 12.25E-1] }"),
         std::string("{\"s\": \"q\\\"\\\\ \\u00e9 \xc3\xa9\", \"o\": {\"p\": [[], {}]}}")}) {
-    for (const std::string& name : {"add", "add_more", "sub"}) {
+    for (const std::string name : {"add", "add_more", "sub"}) {
       const std::string call = kCall + name + "\", \"arguments\": " + args + "}]<|/tool_call|><|end|>";
       CAPTURE(call);
       const std::vector<int64_t> v = ids(call);
@@ -154,17 +122,8 @@ TEST_CASE("serve/grammar mask: allowed exactly when the output stays a prefix th
   for (float& x : logits) x = nd(rng);
   for (int64_t remaining : {need, need + 1, need + 3, int64_t(1000)}) {
     CAPTURE(remaining);
-    std::vector<float> w = logits;
-    g->mask(prefix, remaining, w.data(), kVocab);
-    int64_t allowed = 0, wrong = 0;
-    for (int64_t id = 0; id < kVocab; ++id) {
-      std::vector<int64_t> v = prefix;
-      v.push_back(id);
-      const bool ok = g->accepts(v) && int64_t(g->completion(v).size()) <= remaining - 1;
-      // Allowed ids keep their logit; the others are -inf.
-      wrong += ok ? w[size_t(id)] != logits[size_t(id)] : w[size_t(id)] != -std::numeric_limits<float>::infinity();
-      allowed += ok;
-    }
+    std::vector<float> w;
+    const auto [allowed, wrong] = check_mask(*g, prefix, remaining, logits, w);
     CHECK(wrong == 0);
     // At the limit only tokens that close the string fit (the quote alone,
     // or text and the quote: `("`, `."`): a letter does not.
@@ -199,25 +158,13 @@ TEST_CASE("serve/grammar random walks through the mask end in a complete call or
   const auto object = OutputGrammar::json_object(bytes());
   CHECK(text(object->completion({})) == "{}<|end|>");
   std::mt19937 rng(7);
-  std::normal_distribution<float> nd;
-  std::vector<float> logits(static_cast<size_t>(kVocab)), w;
   int complete = 0;
   for (int walk = 0; walk < 6; ++walk) {
     const bool is_call = walk % 2 == 0;
     const auto& g = is_call ? call : object;
     const int64_t max_tokens = g->min_tokens() + int64_t(walk) * 7;
-    std::vector<int64_t> out;
-    while (int64_t(out.size()) < max_tokens && (out.empty() || out.back() != phi4mm::kEnd)) {
-      for (float& x : logits) x = 3.0f * nd(rng);
-      // Favour the characters that open structure, so walks nest.
-      for (char c : std::string("{[\"0tn,:")) logits[size_t(bytes()->byte_token(uint8_t(c)))] += 6.0f;
-      w = logits;
-      g->mask(out, max_tokens - int64_t(out.size()), w.data(), kVocab);
-      int64_t best = 0;
-      for (int64_t id = 1; id < kVocab; ++id)
-        if (w[size_t(id)] > w[size_t(best)]) best = id;
-      out.push_back(best);
-    }
+    // Favour the characters that open structure, so walks nest.
+    const std::vector<int64_t> out = masked_walk(*g, max_tokens, rng, "{[\"0tn,:", "", [](const std::vector<int64_t>&) {});
     CAPTURE(walk);
     CAPTURE(text(out));
     REQUIRE(out.back() == phi4mm::kEnd);

@@ -219,9 +219,12 @@ TEST_CASE("serve/http chat, greedy, non-streaming: an OpenAI chat.completion, de
 // named function makes every reply a call of an offered tool whose arguments
 // parse as a JSON object, for greedy and sampled requests and any max_tokens
 // from the shortest call up; `response_format` json_object makes the content
-// a JSON object. A max_tokens too small for the shortest output is a 400
-// naming max_tokens; json_schema stays refused; "auto" stays free text.
-TEST_CASE("serve/http tool_choice required / a named function and response_format json_object are enforced") {
+// a JSON object, and json_schema an instance of its schema, properties in
+// the schema's order. A forced call's arguments follow the tool's
+// `parameters` (none: {}). A max_tokens too small for the shortest output is
+// a 400 naming max_tokens, an unsupported schema keyword a 400 naming the
+// schema's field; "auto" stays free text.
+TEST_CASE("serve/http tool_choice required / a named function and response_format json_object / json_schema are enforced") {
   World& w = world();
   const json tools = json::array(
       {{{"type", "function"},
@@ -252,7 +255,13 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
         const json& f = c["message"]["tool_calls"][0]["function"];
         if (choice.is_object()) CHECK(f["name"] == "add");
         else CHECK((f["name"] == "add" || f["name"] == "get_weather"));
-        CHECK(json::parse(f["arguments"].get<std::string>()).is_object());
+        const json args = json::parse(f["arguments"].get<std::string>());
+        REQUIRE(args.is_object());
+        if (f["name"] == "add") CHECK(args.empty());  // no parameters: no arguments
+        for (auto it = args.begin(); it != args.end(); ++it) {  // get_weather: at most a string city
+          CHECK(it.key() == "city");
+          CHECK(it.value().is_string());
+        }
         CHECK(r.body["usage"]["completion_tokens"].get<int64_t>() <= max_tokens);
       }
     }
@@ -272,9 +281,43 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
   check_error(post(w.plain->port, "/v1/chat/completions",
                    {{"messages", messages}, {"response_format", {{"type", "json_object"}}}, {"max_tokens", 2}}),
               400, "shortest output", "max_tokens");
+  // A JSON schema: properties in the written order (the raw body, not the
+  // sorted parse), an enum, a bounded array of integers, a bounded string.
+  const std::string schema_text =
+      R"({"type": "object", "properties": {"zeta": {"enum": ["up", "down"]}, "alpha": {"type": "array", "items": {"type": "integer"},
+          "minItems": 2, "maxItems": 3}, "name": {"type": "string", "maxLength": 5}}, "required": ["zeta", "alpha", "name"],
+          "additionalProperties": false})";
+  for (double temperature : {0.0, 1.0}) {
+    const std::string raw = R"({"messages": [{"role": "user", "content": "What is 2 + 3?"}], "max_tokens": 60, "seed": 4,
+        "temperature": )" + fmt::format("{}", temperature) + R"(, "response_format": {"type": "json_schema",
+        "json_schema": {"name": "answer", "strict": true, "schema": )" + schema_text + "}}}";
+    Reply r = send(w.plain->port, "POST", "/v1/chat/completions", raw);
+    REQUIRE(r.status == 200);
+    const json& c = r.body["choices"][0];
+    CAPTURE(c.dump());
+    CHECK(c["finish_reason"] == "stop");
+    const std::string content = c["message"]["content"].get<std::string>();
+    const nlohmann::ordered_json v = nlohmann::ordered_json::parse(content);
+    REQUIRE(v.size() == 3);
+    CHECK(v.begin().key() == "zeta");
+    CHECK((v["zeta"] == "up" || v["zeta"] == "down"));
+    REQUIRE(v["alpha"].is_array());
+    CHECK(v["alpha"].size() >= 2);
+    CHECK(v["alpha"].size() <= 3);
+    for (const auto& x : v["alpha"]) CHECK(x.is_number_integer());
+    CHECK(v["name"].is_string());
+  }
   check_error(post(w.plain->port, "/v1/chat/completions",
-                   {{"messages", messages}, {"response_format", {{"type", "json_schema"}}}}),
-              400, "json_object", "response_format");
+                   {{"messages", messages},
+                    {"response_format",
+                     {{"type", "json_schema"},
+                      {"json_schema",
+                       {{"name", "x"}, {"schema", {{"type", "object"}, {"properties", {{"p", {{"type", "string"}, {"format", "date"}}}}}}}}}}}}),
+              400, "'format'", "response_format.json_schema.schema");
+  check_error(post(w.plain->port, "/v1/chat/completions",
+                   {{"messages", messages}, {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}}}}}}},
+                    {"max_tokens", 1}}),
+              400, "shortest output", "max_tokens");
   check_error(post(w.plain->port, "/v1/chat/completions",
                    {{"messages", messages}, {"tools", tools}, {"tool_choice", "required"},
                     {"response_format", {{"type", "json_object"}}}}),

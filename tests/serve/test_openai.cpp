@@ -130,7 +130,8 @@ TEST_CASE("serve/openai chat validation: every bad field is a 400 naming it") {
       {{{"min_tokens", 9}, {"max_tokens", 3}}, "min_tokens"},
       {{{"tools", json::array()}}, "tools"},
       {{{"tool_choice", "auto"}}, "tool_choice"},
-      {{{"response_format", {{"type", "json_schema"}}}}, "response_format"},
+      {{{"response_format", {{"type", "json_schema"}}}}, "response_format.json_schema"},
+      {{{"response_format", {{"type", "yaml"}}}}, "response_format"},
       {{{"model", 3}}, "model"},
       {{{"stream", "yes"}}, "stream"},
   };

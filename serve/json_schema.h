@@ -1,0 +1,98 @@
+#pragma once
+// JSON Schema for constrained decoding: a request's `response_format`
+// json_schema, or a forced tool call's `parameters`, compiled into a graph of
+// value nodes that OutputGrammar (serve/grammar.h) walks byte by byte.
+//
+// The subset (what structured-output clients send: OpenAI strict schemas,
+// Pydantic's output), with xgrammar's strict-mode rules, which vLLM uses:
+// - `type` (one name or a list), `enum`, `const`, `anyOf` / `oneOf`, `allOf`
+//   of one schema, `$ref` to "#" or a JSON pointer below it (`$defs`,
+//   `definitions`; recursive schemas allowed);
+// - object: `properties` (written in the schema's order; a property not in
+//   `required` may be left out), `required`, `additionalProperties` (false or
+//   absent: only the listed properties; true or a schema with no
+//   `properties`: any keys, each value of that schema);
+// - array: `items`, `minItems`, `maxItems`; string: `minLength`, `maxLength`
+//   (code points); integer: no fraction or exponent;
+// - annotations (title, description, default, examples, ...) are ignored.
+// Anything else (pattern, format, minimum, prefixItems, ...) is refused by
+// name with the path where it stands, never ignored: a constraint the output
+// would not keep must not be accepted silently. The alternatives of a union
+// must differ in their first character (string | null, object | array, ...).
+// The schema is read as an ordered_json so that properties keep the order
+// the client wrote them in. The root must be an object. Compiling walks the schema with an explicit
+// work list (no recursion on client data) and bounds every count.
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace areno::serve {
+
+class JsonSchema {
+ public:
+  static constexpr uint32_t kNone = 0xffffffffu;
+  static constexpr int kMaxDepth = 16;                // nested containers of an output
+  static constexpr size_t kMaxNodes = 4096;
+  static constexpr size_t kMaxProperties = 1024;      // one object
+  static constexpr size_t kMaxOptionalRun = 63;       // optional properties in a row
+  static constexpr size_t kMaxEnum = 1024;            // values of one enum
+  static constexpr size_t kMaxEnumTotal = 16384;      // values of all enums
+  static constexpr size_t kMaxKeyBytes = 256;         // a property name, escaped
+  static constexpr size_t kMaxEnumBytes = 1024;       // one enum value's JSON text
+  static constexpr uint32_t kMaxCount = 65535;        // minItems, maxItems, minLength, maxLength
+  static constexpr size_t kMaxMinimalBytes = 1 << 20; // all nodes' shortest instances together
+
+  struct Node {
+    enum Kind : uint8_t { object, map, array, string, number, integer, enumeration, union_ } kind = object;
+    // object: the properties in order (names escaped, without quotes), each
+    // one's value node and whether it is required. map: values[0] is every
+    // value's node. array: values[0] is the items' node. union: values are
+    // the alternatives (none of them a union).
+    std::vector<std::string> keys;
+    std::vector<uint32_t> values;
+    std::vector<uint8_t> required;
+    uint32_t min_count = 0, max_count = kMaxCount;  // array items; string code points
+    bool limited = false;                           // string: a length bound applies
+    std::vector<std::string> texts;                 // enumeration: JSON texts, sorted
+    std::array<uint32_t, 256> first{};              // union: the alternative a byte starts
+    // Derived: the shortest instance (its text, so its length in tokens: every
+    // byte of it is one token) and the containers it nests.
+    std::string minimal;
+    int32_t min_depth = 0;
+    // object, per index i (size keys + 1): of the required properties at i
+    // and after, the bytes of `"key":value` (shortest values, no commas),
+    // their count, the deepest nesting one needs, and the first one's index
+    // (keys.size() when none).
+    std::vector<int64_t> req_bytes;
+    std::vector<int32_t> req_count, req_depth;
+    std::vector<uint32_t> next_required;
+    // enumeration: a sparse table of the texts' lengths for range minima.
+    std::vector<std::vector<uint32_t>> shortest;
+    uint32_t shortest_in(uint32_t lo, uint32_t hi) const;  // index of a shortest text in [lo, hi)
+  };
+
+  // Throws std::invalid_argument naming the path and keyword it refuses.
+  static std::shared_ptr<const JsonSchema> compile(const nlohmann::ordered_json& schema);
+  // Any JSON object (response_format json_object).
+  static std::shared_ptr<const JsonSchema> any_object();
+
+  const Node& node(uint32_t i) const { return nodes_[i]; }
+  uint32_t root() const { return root_; }
+  size_t size() const { return nodes_.size(); }
+  // The longest of: escaped keys, enum texts (completion-length bounds).
+  size_t longest_text() const { return longest_text_; }
+  int64_t longest_minimal() const { return longest_minimal_; }
+
+ private:
+  std::vector<Node> nodes_;
+  uint32_t root_ = 0;
+  size_t longest_text_ = 0;
+  int64_t longest_minimal_ = 0;
+  friend class SchemaCompiler;
+};
+
+}  // namespace areno::serve

@@ -1,0 +1,421 @@
+// JSON Schema constrained decoding (serve/json_schema.h, serve/grammar.h):
+// the compiler's refusals (each names the path and keyword), the language of
+// a schema byte by byte over the real tokenizer, the shortest completion of
+// mid-way states and its length from the tables, the mask's exact rule at a
+// schema state, and random walks through the mask that always end within
+// max_tokens in an instance a validator written here from the JSON Schema
+// rules accepts, with the properties in the schema's order.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+#include "serve/grammar.h"
+#include "serve/json_schema.h"
+#include "serve/openai.h"
+#include "tests/serve/grammar_tokens.h"
+
+using namespace areno;
+using namespace areno::serve;
+using namespace areno::serve::testing;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+// One byte per token: every prefix of the text is a state.
+std::vector<int64_t> byte_ids(const std::string& s) {
+  std::vector<int64_t> out;
+  for (unsigned char c : s) out.push_back(bytes()->byte_token(c));
+  return out;
+}
+
+size_t code_points(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// A validator for the subset, written from the JSON Schema rules (recursive:
+// test code on fixed schemas). Also checks that an object's keys come in the
+// schema's order.
+bool valid(const ojson& v, const ojson& s, const ojson& root, std::string& why, const std::string& at = "$") {
+  auto fail = [&](const std::string& w) {
+    why = at + ": " + w;
+    return false;
+  };
+  if (s.is_boolean()) return s.get<bool>() || fail("false schema");
+  if (s.contains("$ref")) return valid(v, root.at(ojson::json_pointer(s["$ref"].get<std::string>().substr(1))), root, why, at);
+  if (s.contains("allOf")) return valid(v, s["allOf"][0], root, why, at);
+  for (const char* k : {"anyOf", "oneOf"})
+    if (s.contains(k)) {
+      int matches = 0;
+      std::string w;
+      for (const ojson& a : s[k]) matches += valid(v, a, root, w, at);
+      return matches == 1 || fail(fmt::format("{} of {} match", matches, k));
+    }
+  if (s.contains("const")) return v == s["const"] || fail("not the const");
+  if (s.contains("enum")) {
+    for (const ojson& e : s["enum"])
+      if (e == v) return true;
+    return fail("not in the enum");
+  }
+  if (s.contains("type") && s["type"].is_array()) {
+    for (const ojson& t : s["type"]) {
+      ojson one = s;
+      one["type"] = t;
+      std::string w;
+      if (valid(v, one, root, w, at)) return true;
+    }
+    return fail("no type of the list");
+  }
+  std::string type = s.value("type", "");
+  if (type.empty()) {
+    if (s.contains("properties") || s.contains("additionalProperties")) type = "object";
+    else if (s.contains("items")) type = "array";
+    else return true;
+  }
+  if (type == "null") return v.is_null() || fail("not null");
+  if (type == "boolean") return v.is_boolean() || fail("not a boolean");
+  if (type == "number") return v.is_number() || fail("not a number");
+  if (type == "integer") return v.is_number_integer() || fail("not an integer");
+  if (type == "string") {
+    if (!v.is_string()) return fail("not a string");
+    const size_t n = code_points(v.get<std::string>());
+    if (s.contains("minLength") && n < s["minLength"].get<size_t>()) return fail("too short");
+    if (s.contains("maxLength") && n > s["maxLength"].get<size_t>()) return fail("too long");
+    return true;
+  }
+  if (type == "array") {
+    if (!v.is_array()) return fail("not an array");
+    if (s.contains("minItems") && v.size() < s["minItems"].get<size_t>()) return fail("too few items");
+    if (s.contains("maxItems") && v.size() > s["maxItems"].get<size_t>()) return fail("too many items");
+    for (size_t i = 0; i < v.size(); ++i)
+      if (s.contains("items") && !valid(v[i], s["items"], root, why, fmt::format("{}[{}]", at, i))) return false;
+    return true;
+  }
+  if (!v.is_object()) return fail("not an object");
+  const ojson props = s.value("properties", ojson::object());
+  for (const ojson& r : s.value("required", ojson::array()))
+    if (!v.contains(r.get<std::string>())) return fail("missing " + r.get<std::string>());
+  std::vector<std::string> order;
+  for (auto it = props.begin(); it != props.end(); ++it) order.push_back(it.key());
+  size_t last = 0;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    const auto p = std::find(order.begin(), order.end(), it.key());
+    if (p != order.end()) {
+      if (size_t(p - order.begin()) < last) return fail("keys out of the schema's order");
+      last = size_t(p - order.begin()) + 1;
+      if (!valid(it.value(), props[it.key()], root, why, at + "." + it.key())) return false;
+    } else if (s.contains("additionalProperties") && !(s["additionalProperties"].is_boolean())) {
+      if (!valid(it.value(), s["additionalProperties"], root, why, at + "." + it.key())) return false;
+    } else if (!props.empty() || (s.contains("additionalProperties") && s["additionalProperties"] == false)) {
+      return fail("unexpected key " + it.key());
+    }
+  }
+  return true;
+}
+
+// A Pydantic-like schema: $defs and $ref, an enum, Optional (anyOf with
+// null), arrays with bounds, bounded strings, integer, number, boolean, a map.
+const ojson& person_schema() {
+  static const ojson s = ojson::parse(R"({
+    "title": "Person",
+    "type": "object",
+    "properties": {
+      "name": {"type": "string", "minLength": 2, "maxLength": 8, "description": "first name"},
+      "age": {"type": "integer"},
+      "mood": {"enum": ["happy", "sad", 3, null]},
+      "email": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": null},
+      "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "minItems": 1, "maxItems": 3},
+      "address": {"$ref": "#/$defs/Address"},
+      "score": {"type": ["number", "null"]},
+      "extra": {"type": "object", "additionalProperties": {"type": "boolean"}}
+    },
+    "required": ["name", "age", "tags", "address"],
+    "additionalProperties": false,
+    "$defs": {
+      "Address": {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "integer"}},
+                  "required": ["city"]}
+    }
+  })");
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("serve/json_schema compile: what it refuses, by path and keyword") {
+  struct Bad {
+    const char* schema;
+    const char* says;
+  };
+  for (const Bad& b : {
+           Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}})", "'pattern'"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "string", "format": "email"}}})", "#/properties/a"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}})", "'minimum'"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "array", "prefixItems": []}}})", "'prefixItems'"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "string", "properties": {}}}})", "does not apply"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "strin"}}})", "unknown type"},
+           Bad{R"({"type": "object", "properties": {"a": {"$ref": "http://x/y.json"}}})", "only references inside"},
+           Bad{R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/none"}}})", "does not resolve"},
+           Bad{R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/b"}}, "$defs": {"b": {"$ref": "#/$defs/b"}}})",
+               "refers to itself"},
+           Bad{R"({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"enum": ["x"]}]}}})",
+               "begin with '\"'"},
+           Bad{R"({"type": "object", "properties": {"a": {"anyOf": [{"type": "object"}, {"type": "object"}]}}})",
+               "first character"},
+           Bad{R"({"type": "array"})", "root must be an object"},
+           Bad{R"({"anyOf": [{"type": "object"}, {"type": "null"}]})", "root must be an object"},
+           Bad{R"({"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]})", "no finite instance"},
+           Bad{R"({"type": "object", "properties": {"a": {}}, "additionalProperties": true})", "beside 'properties'"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "string", "minLength": 3, "maxLength": 2}}})",
+               "exceeds"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "array", "maxItems": 70000}}})", "0 to 65535"},
+           Bad{R"({"type": "object", "properties": {"a": false}})", "no instance"},
+           Bad{R"({"type": "object", "required": ["a"]})", "not in 'properties'"},
+           Bad{R"({"type": "object", "properties": {"a": {"allOf": [{}, {}]}}})", "exactly one"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "string", "anyOf": [{}]}}})", "beside 'anyOf'"},
+           Bad{R"({"type": "object", "properties": {"a": 3}})", "must be an object or a boolean"},
+       }) {
+    CAPTURE(b.schema);
+    try {
+      JsonSchema::compile(ojson::parse(b.schema));
+      FAIL("compiled");
+    } catch (const std::invalid_argument& e) {
+      CHECK_MESSAGE(std::string(e.what()).find(b.says) != std::string::npos, e.what());
+    }
+  }
+  // 63 optional properties in a row are the most; a required one resets the run.
+  ojson many = {{"type", "object"}, {"properties", ojson::object()}};
+  for (int i = 0; i < 64; ++i) many["properties"][fmt::format("p{}", i)] = {{"type", "integer"}};
+  CHECK_THROWS_WITH_AS(JsonSchema::compile(many), doctest::Contains("optional properties in a row"), std::invalid_argument);
+  many["required"] = {"p40"};
+  CHECK_NOTHROW(JsonSchema::compile(many));
+  // Deep required nesting past kMaxDepth has no output.
+  ojson deep = {{"type", "object"}};
+  for (int i = 0; i < JsonSchema::kMaxDepth; ++i)
+    deep = {{"type", "object"}, {"properties", {{"a", deep}}}, {"required", {"a"}}};
+  CHECK_THROWS_WITH_AS(JsonSchema::compile(deep), doctest::Contains("deeper than"), std::invalid_argument);
+  // Annotations are ignored; `{}` and `true` are any value; a type list is a union.
+  const auto s = JsonSchema::compile(ojson::parse(
+      R"({"type": "object", "title": "t", "$schema": "x", "properties": {"a": {}, "b": true, "c": {"type": ["integer", "number", "string"]}}})"));
+  CHECK(s->node(s->root()).keys.size() == 3);
+}
+
+TEST_CASE("serve/json_schema the language of a schema, byte by byte") {
+  const auto g = OutputGrammar::json_schema(bytes(), JsonSchema::compile(person_schema()));
+  CHECK(text(g->completion({})) == R"({"name":"aa","age":0,"tags":[""],"address":{"city":""}}<|end|>)");
+  CHECK(g->min_tokens() == int64_t(g->completion({}).size()));
+  for (const std::string& good : std::vector<std::string>{
+           R"({"name": "Al", "age": 3, "tags": ["a"], "address": {"city": "Oslo"}})",
+           R"({"name":"Émile","age":-12,"mood":"happy","email":null,"tags":["x","yz","ẞ"],"address":{"city":"","zip":7},"score":1.5e3,"extra":{"a":true,"b":false}})",
+           R"({ "name" : "\u00e9\"x" , "age" : 0, "mood": 3, "email": "a@b", "tags": ["\n"], "address": {"city": "x"}, "score": null, "extra": {} })",
+           R"({"name":"12345678","age":1,"mood":null,"tags":["a","b","c"],"address":{"city":"c"}})",
+           // Pretty-printed: newlines then indentation; 16 digits.
+           "{\n  \"name\": \"Al\",\n\n\t\"age\": 1234567890123456,\n  \"tags\": [\n    \"a\"\n  ],"
+           "\n  \"address\": {\"city\": \"x\"}, \"score\": -0.1234567890123456e-99\n}",
+       }) {
+    CAPTURE(good);
+    std::string why;
+    REQUIRE(valid(ojson::parse(good), person_schema(), person_schema(), why));
+    const std::vector<int64_t> v = ids(good + "<|end|>");
+    CHECK(g->accepts(v));
+    CHECK(g->completion(v).empty());
+  }
+  for (const std::string& bad : std::vector<std::string>{
+           R"({"age": 3)",                                  // a required property skipped
+           R"({"name": "Al"})",                             // closed before the required ones
+           R"({"name": "Al", "age": 3, "tags": ["a"], "address": {})",
+           R"({})",
+           R"({"name": "A")",                               // minLength 2
+           R"({"name": "123456789)",                        // maxLength 8
+           R"({"name": "Al", "age": 3.5)",                  // integer
+           R"({"name": "Al", "age": 3e2)",
+           R"({"name": "Al", "age": 3, "mood": "hap ")",    // not in the enum
+           R"({"name": "Al", "age": 3, "mood": 4)",
+           R"({"name": "Al", "age": 3, "tags": [])",        // minItems 1
+           R"({"name": "Al", "age": 3, "tags": ["a", "b", "c", )",  // maxItems 3
+           R"({"name": "Al", "age": 3, "tags": ["abcd)",   // items' maxLength 3
+           R"({"name": "Al", "tags": )",                    // age is required before tags
+           R"({"age": 3, "name": )",                        // out of the schema's order
+           R"({"name": "Al", "age": 3, "tags": ["a"], "address": {"city": "x"}, "zzz)",  // no additional ones
+           R"({"name": "Al", "age": 3, "tags": ["a"], "address": {"zip": 1)",           // city required
+           R"({"name": "Al", "age": 3, "tags": ["a"], "address": {"city": "x"}, "extra": {"a": 1)",  // map of booleans
+           R"({"name": "Al", "age": 3, "tags": ["a"], "address": {"city": "x"}, "score": "1")",
+           R"({"name": "Al", "age": 3, "tags": ["a"], "address": {"city": "x"}})",  // then only <|end|>
+           // Whitespace is bounded: one space, or up to two newlines then up to 20 spaces or tabs.
+           R"({"name":  )", "{\"name\":\n\n\n", "{\"name\": \n", "{\"name\":\n \n", "{\"name\":\r",
+           "{\"name\":\t", "{\"name\":\n" + std::string(21, ' '),
+           // Digits are bounded: 16 before and after the point, 2 in the exponent.
+           R"({"name": "Al", "age": 12345678901234567)", R"({"name": "Al", "age": 3, "tags": ["a"], "address": {"city": "x"}, "score": 1e100)",
+           R"({"name": "Al", "age": 3, "tags": ["a"], "address": {"city": "x"}, "score": 0.12345678901234567)",
+           // Strings are well-formed UTF-8 with no lone surrogate escapes.
+           "{\"name\": \"a\xff", "{\"name\": \"a\xc0\x80", "{\"name\": \"a\xed\xa0\x80", R"({"name": "\ud800)",
+           R"({"name": "Al", "age": 3, "tags": ["a"], "address": {"city": "x"}})",
+       }) {
+    CAPTURE(bad);
+    CHECK_FALSE(g->accepts(byte_ids(bad + (bad.back() == '}' ? std::string(" ") : std::string()))));
+  }
+  // Shortest completions half way, and their lengths from the tables.
+  struct Mid {
+    std::string prefix, rest;
+  };
+  for (const Mid& m : {
+           Mid{R"({"na)", R"(me":"aa","age":0,"tags":[""],"address":{"city":""}})"},
+           Mid{R"({"name": "Al", )", R"("age":0,"tags":[""],"address":{"city":""}})"},
+           Mid{R"({"name": "Al", "age": 3, )", R"("tags":[""],"address":{"city":""}})"},
+           Mid{R"({"name": "Al", "age": 3, "m)", R"(ood":3,"tags":[""],"address":{"city":""}})"},
+           Mid{R"({"name": "Al", "age": 3, "mood": "h)", R"(appy","tags":[""],"address":{"city":""}})"},
+           Mid{R"({"name": "Al", "age": 3, "e)", R"(mail":"","tags":[""],"address":{"city":""}})"},
+           Mid{R"({"name": "Al", "age": 3, "tags": ["a", )", R"(""],"address":{"city":""}})"},
+           Mid{R"({"name": "Al", "age": 3, "tags": ["a"], "address": {"city": "x", )", R"("zip":0}})"},
+           Mid{R"({"name": "Al", "age": 3, "tags": ["a"], "address": {"city": "x"}, "extra": {"k)", R"(":true}})"},
+           Mid{R"({"name": "Al", "age": 3, "tags": ["a"], "address": {"city": "x"}, "extra": {)", R"(}})"},
+           Mid{R"({"name": "A)", R"(a","age":0,"tags":[""],"address":{"city":""}})"},
+           Mid{R"({"name": "\u00)", R"(00a","age":0,"tags":[""],"address":{"city":""}})"},
+       }) {
+    CAPTURE(m.prefix);
+    const std::vector<int64_t> v = ids(m.prefix);
+    REQUIRE(g->accepts(v));
+    const std::vector<int64_t> c = g->completion(v);
+    CHECK(text(c) == m.rest + "<|end|>");
+    CHECK(g->completion_length(v) == int64_t(c.size()));
+    std::vector<int64_t> whole = v;
+    whole.insert(whole.end(), c.begin(), c.end());
+    CHECK(g->accepts(whole));
+    CHECK(g->completion(whole).empty());
+  }
+  // Every byte prefix of a long instance: the tables' length is the completion's.
+  const std::string inst =
+      R"({"name":"Zoë \"Z\"","age":41,"mood":"sad","email":"z@x","tags":["a","\t"],"address":{"city":"Rome","zip":1},"score":-0.5,"extra":{"on":true}})";
+  const std::vector<int64_t> all = byte_ids(inst);
+  for (size_t i = 0; i <= all.size(); ++i) {
+    const std::span<const int64_t> p(all.data(), i);
+    CAPTURE(inst.substr(0, i));
+    REQUIRE(g->accepts(p));
+    CHECK(g->completion_length(p) == int64_t(g->completion(p).size()));
+  }
+}
+
+TEST_CASE("serve/json_schema mask: allowed exactly when the output stays an instance's prefix that fits") {
+  const auto g = OutputGrammar::json_schema(bytes(), JsonSchema::compile(person_schema()));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  std::vector<float> logits(static_cast<size_t>(kVocab));
+  for (float& x : logits) x = nd(rng);
+  for (const std::string& prefix : {std::string(R"({"name": "Al", "age": 3, )"), std::string(R"({"name": "A)"),
+                                   std::string(R"({"name": "Al", "age": 3, "mood": )")}) {
+    const std::vector<int64_t> p = ids(prefix);
+    const int64_t need = g->completion_length(p);
+    for (int64_t remaining : {need + 1, need + 6}) {
+      CAPTURE(prefix);
+      CAPTURE(remaining);
+      std::vector<float> w;
+      const MaskCheck m = check_mask(*g, p, remaining, logits, w);
+      CHECK(m.wrong == 0);
+      CHECK(m.allowed > 0);
+    }
+  }
+}
+
+TEST_CASE("serve/json_schema random walks end in an instance within max_tokens") {
+  const ojson tree = ojson::parse(R"({
+    "type": "object",
+    "properties": {"label": {"type": "string", "maxLength": 4}, "kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2},
+                   "n": {"type": "integer"}, "kind": {"enum": ["leaf", "node", {"x": [1, 2]}]}},
+    "required": ["label", "kind"]
+  })");
+  std::mt19937 rng(11);
+  int walks = 0;
+  for (const ojson* schema : {&person_schema(), &tree}) {
+    const auto g = OutputGrammar::json_schema(bytes(), JsonSchema::compile(*schema));
+    for (int walk = 0; walk < 5; ++walk) {
+      const int64_t max_tokens = g->min_tokens() + int64_t(walk) * 15;
+      // Favour structure, so walks nest and take optional parts; odd walks also try to close early.
+      const std::vector<int64_t> out =
+          masked_walk(*g, max_tokens, rng, "{[\",:0tnlk", walk % 2 ? "}]" : "", [&](const std::vector<int64_t>& o) {
+            CHECK(g->completion_length(o) <= max_tokens - int64_t(o.size()));
+          });
+      const std::string s = text(out);
+      CAPTURE(s);
+      REQUIRE(out.back() == phi4mm::kEnd);
+      CHECK(int64_t(out.size()) <= max_tokens);
+      std::string why;
+      CHECK_MESSAGE(valid(ojson::parse(s.substr(0, s.size() - 7)), *schema, *schema, why), why);
+      ++walks;
+    }
+  }
+  CHECK(walks == 10);
+}
+
+TEST_CASE("serve/json_schema a forced call's arguments follow the chosen tool's parameters") {
+  const auto add = JsonSchema::compile(ojson::parse(
+      R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]})"));
+  const auto none = JsonSchema::compile(ojson::parse(R"({"type": "object", "properties": {}})"));
+  const auto g = OutputGrammar::tool_call(bytes(), {"add", "now_please"}, {add, none});
+  const std::string call = "<|tool_call|>[{\"name\": \"";
+  const std::string end = "}]<|/tool_call|><|end|>";
+  // The shortest call weighs the name with its arguments: the longer name wins.
+  CHECK(text(g->completion({})) == call + "now_please\", \"arguments\": {}" + end);
+  CHECK(g->accepts(ids(call + "add\", \"arguments\": {\"a\": 2, \"b\": -3}" + end)));
+  CHECK_FALSE(g->accepts(ids(call + "add\", \"arguments\": {}")));
+  CHECK_FALSE(g->accepts(ids(call + "add\", \"arguments\": {\"a\": 2.5")));
+  CHECK_FALSE(g->accepts(ids(call + "now_please\", \"arguments\": {\"")));
+  CHECK(text(g->completion(ids(call + "add\", \"arguments\": {\"a\": 2"))) == ",\"b\":0}" + end);
+  CHECK(g->completion_length(ids(call + "a")) == int64_t(g->completion(ids(call + "a")).size()));
+}
+
+TEST_CASE("serve/json_schema the API: response_format json_schema and forced tools' parameters") {
+  using nlohmann::json;
+  const std::string body = R"({"messages": [{"role": "user", "content": "hi"}],
+    "response_format": {"type": "json_schema", "json_schema": {"name": "r", "strict": true,
+      "schema": {"type": "object", "properties": {"z": {"type": "integer"}, "a": {"type": "string"}}, "required": ["z", "a"]}}}})";
+  ApiRequest r = parse_chat_request(json::parse(body), ApiLimits{});
+  CHECK(r.json_schema);
+  compile_output_schemas(parse_ordered_json_bounded(body, 64), r);
+  REQUIRE(r.output_schema);
+  // Written order, not sorted order.
+  CHECK(r.output_schema->node(r.output_schema->root()).minimal == R"({"z":0,"a":""})");
+  auto refused = [](const std::string& b, const std::string& param, const std::string& says) {
+    CAPTURE(b);
+    try {
+      ApiRequest x = parse_chat_request(json::parse(b), ApiLimits{});
+      compile_output_schemas(parse_ordered_json_bounded(b, 64), x);
+      FAIL("accepted");
+    } catch (const ApiError& e) {
+      CHECK(e.status == 400);
+      CHECK(e.param == param);
+      CHECK_MESSAGE(std::string(e.what()).find(says) != std::string::npos, e.what());
+    }
+  };
+  const std::string msgs = R"("messages": [{"role": "user", "content": "hi"}])";
+  refused("{" + msgs + R"(, "response_format": {"type": "json_schema"}})", "response_format.json_schema", "needs");
+  refused("{" + msgs + R"(, "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}})",
+          "response_format.json_schema.name", "1 to 64");
+  refused("{" + msgs + R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})",
+          "response_format.json_schema.schema", "must be a JSON schema");
+  refused("{" + msgs +
+              R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"p": {"type": "string", "pattern": "a"}}}}}})",
+          "response_format.json_schema.schema", "'pattern'");
+  refused("{" + msgs + R"(, "response_format": {"type": "xml"}})", "response_format", "not supported");
+  const std::string tools =
+      R"("tools": [{"type": "function", "function": {"name": "f"}},
+                   {"type": "function", "function": {"name": "g", "parameters": {"type": "object", "properties": {"x": {"type": "number", "maximum": 3}}}}}])";
+  refused("{" + msgs + ", " + tools + R"(, "tool_choice": "required"})", "tools[1].function.parameters", "'maximum'");
+  // Named: only that tool's schema is compiled; no parameters means no arguments.
+  const std::string named = "{" + msgs + ", " + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}}})";
+  ApiRequest n = parse_chat_request(json::parse(named), ApiLimits{});
+  compile_output_schemas(parse_ordered_json_bounded(named, 64), n);
+  REQUIRE(n.forced_schemas.size() == 1);
+  CHECK(n.forced_schemas[0]->node(n.forced_schemas[0]->root()).minimal == "{}");
+  CHECK(n.forced_schemas[0]->node(n.forced_schemas[0]->root()).kind == JsonSchema::Node::object);
+  refused("{" + msgs + ", " + tools +
+              R"(, "tool_choice": "required", "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}})",
+          "response_format", "exclude each other");
+}
