@@ -259,6 +259,19 @@ std::shared_ptr<const OutputGrammar> OutputGrammar::tool_call(std::shared_ptr<co
   return std::shared_ptr<const OutputGrammar>(new OutputGrammar(std::move(bytes), std::move(segs)));
 }
 
+std::shared_ptr<const OutputGrammar> OutputGrammar::choice(std::shared_ptr<const TokenBytes> bytes,
+                                                           const std::vector<std::string>& options) {
+  if (options.empty() || options.size() > kMaxNames)
+    throw std::invalid_argument(fmt::format("a choice is among 1 to {} strings (got {})", kMaxNames, options.size()));
+  for (const std::string& o : options)
+    if (o.empty() || o.size() > kMaxNameBytes)
+      throw std::invalid_argument(fmt::format("a choice's strings must have 1 to {} bytes (got {})", kMaxNameBytes, o.size()));
+  std::vector<Segment> segs;
+  segs.push_back({Segment::choice, -1, "", options, {}});
+  segs.push_back({Segment::special, phi4mm::kEnd, "", {}, {}});
+  return std::shared_ptr<const OutputGrammar>(new OutputGrammar(std::move(bytes), std::move(segs)));
+}
+
 std::shared_ptr<const OutputGrammar> OutputGrammar::json_object(std::shared_ptr<const TokenBytes> bytes) {
   return json_schema(std::move(bytes), JsonSchema::any_object());
 }
@@ -566,6 +579,16 @@ bool OutputGrammar::step_json(State& st, unsigned char c) const {
 bool OutputGrammar::step_token(State& st, int64_t id) const {
   if (id < 0 || id >= bytes_->size()) return false;
   if (bytes_->special(id)) {
+    // A choice whose name is complete ends at a special token too.
+    if (st.seg < segments_.size() && segments_[st.seg].kind == Segment::choice) {
+      const Segment& c = segments_[st.seg];
+      int complete = -1;
+      for (size_t i = 0; i < c.names.size(); ++i)
+        if ((st.names >> i & 1) && c.names[i].size() == st.pos) complete = int(i);
+      if (complete < 0) return false;
+      st.chosen = uint8_t(complete);
+      enter(segments_, st, st.seg + 1u);
+    }
     if (st.seg >= segments_.size() || segments_[st.seg].kind != Segment::special || segments_[st.seg].id != id)
       return false;
     enter(segments_, st, st.seg + 1u);

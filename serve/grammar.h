@@ -73,6 +73,10 @@ class OutputGrammar {
       const std::vector<std::shared_ptr<const JsonSchema>>& schemas = {});
   // {...}<|end|>: one JSON object.
   static std::shared_ptr<const OutputGrammar> json_object(std::shared_ptr<const TokenBytes> bytes);
+  // CHOICE<|end|>: one of `options` (1 to kMaxNames of 1 to kMaxNameBytes
+  // bytes, as written: vLLM's guided_choice).
+  static std::shared_ptr<const OutputGrammar> choice(std::shared_ptr<const TokenBytes> bytes,
+                                                     const std::vector<std::string>& options);
   // {...}<|end|>: one instance of `schema`.
   static std::shared_ptr<const OutputGrammar> json_schema(std::shared_ptr<const TokenBytes> bytes,
                                                           std::shared_ptr<const JsonSchema> schema);

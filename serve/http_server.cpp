@@ -286,8 +286,8 @@ struct HttpServer::Impl {
   }
 
   // Checks the prompt length and fixes max_tokens / max_context of `r`; a
-  // forced tool call, a JSON object or a JSON schema gets its grammar, and
-  // max_tokens must leave room for its shortest output.
+  // forced tool call, a JSON object, a JSON schema or a choice gets its
+  // grammar, and max_tokens must leave room for its shortest output.
   void fit_context(Request& r, const ApiRequest& ar, const char* field) {
     const int64_t len = int64_t(r.prompt.size());
     check_prompt_length(len, ar, field);
@@ -295,12 +295,13 @@ struct HttpServer::Impl {
     if (!ar.max_tokens_given) max_tokens = std::min(max_tokens, context - len);
     r.params.min_tokens = std::min(r.params.min_tokens, max_tokens);
     r.max_context = context;
-    if (ar.forced_tools.empty() && !ar.json_object && !ar.json_schema) return;
-    const char* what = ar.forced_tools.empty() ? "response_format" : "tool_choice";
+    if (ar.constraint_field.empty()) return;
+    const char* what = ar.constraint_field.c_str();
     try {
-      r.params.grammar = ar.json_object   ? OutputGrammar::json_object(token_bytes())
-                         : ar.json_schema ? OutputGrammar::json_schema(token_bytes(), ar.output_schema)
-                                          : OutputGrammar::tool_call(token_bytes(), ar.forced_tools, ar.forced_schemas);
+      r.params.grammar = !ar.forced_tools.empty() ? OutputGrammar::tool_call(token_bytes(), ar.forced_tools, ar.forced_schemas)
+                         : !ar.choices.empty()    ? OutputGrammar::choice(token_bytes(), ar.choices)
+                         : ar.output_schema       ? OutputGrammar::json_schema(token_bytes(), ar.output_schema)
+                                                  : OutputGrammar::json_object(token_bytes());
     } catch (const std::invalid_argument& e) {
       throw ApiError(400, fmt::format("'{}': {}", what, e.what()), what);
     }
@@ -321,7 +322,7 @@ struct HttpServer::Impl {
       ApiRequest ar = kind == ApiKind::chat ? parse_chat_request(body, opts.api) : parse_completion_request(body, opts.api);
       check_model(ar.model);
       // Schemas are read from the body again in key order (the parse above sorts keys).
-      if (ar.json_schema || !ar.forced_tools.empty())
+      if (!ar.schema_field.empty() || !ar.forced_tools.empty())
         compile_output_schemas(parse_ordered_json_bounded(hreq.body, opts.max_json_depth), ar);
       // A recorded trajectory turn: one sample of one prompt, its log-probabilities always computed.
       std::shared_ptr<TrajectoryTurn> turn;

@@ -9,6 +9,8 @@
 #include <limits>
 #include <random>
 
+#include "serve/grammar.h"
+
 namespace areno::serve {
 
 using nlohmann::json;
@@ -122,6 +124,69 @@ int64_t token_id(const json& v, const std::string& field, int64_t vocab) {
 }
 
 // Fields both endpoints share.
+// One constrained output per request: a second field asking for one is a 400.
+void set_constraint(ApiRequest& r, const std::string& field) {
+  if (!r.constraint_field.empty() && r.constraint_field != field)
+    throw bad(field, fmt::format("'{}' and '{}' both constrain the output; give one", r.constraint_field, field));
+  r.constraint_field = field;
+}
+
+void parse_choices(const json& v, const std::string& field, ApiRequest& r) {
+  if (!v.is_array() || v.empty() || v.size() > OutputGrammar::kMaxNames)
+    throw bad(field, fmt::format("'{}' must be an array of 1 to {} strings", field, OutputGrammar::kMaxNames));
+  for (const json& c : v) {
+    if (!c.is_string() || c.get_ref<const std::string&>().empty() ||
+        c.get_ref<const std::string&>().size() > OutputGrammar::kMaxNameBytes)
+      throw bad(field, fmt::format("'{}' must hold strings of 1 to {} bytes", field, OutputGrammar::kMaxNameBytes));
+    r.choices.push_back(c.get<std::string>());
+  }
+}
+
+// vLLM's guided decoding fields and their newer form, structured_outputs:
+// JSON schemas and choices are enforced; regular expressions and grammars
+// are refused by name, never ignored.
+void parse_guided(const json& body, ApiRequest& r) {
+  for (const char* k : {"guided_regex", "guided_grammar", "guided_whitespace_pattern"})
+    if (has(body, k))
+      throw bad(k, fmt::format("'{}' is not supported (supported: guided_json, guided_choice, response_format "
+                               "json_object and json_schema)",
+                               k));
+  if (has(body, "guided_json")) {
+    const json& g = body["guided_json"];
+    if (!g.is_object() && !g.is_string()) throw bad("guided_json", "'guided_json' must be a JSON schema (an object or its JSON text)");
+    set_constraint(r, "guided_json");
+    r.schema_field = "guided_json";
+  }
+  if (has(body, "guided_choice")) {
+    set_constraint(r, "guided_choice");
+    parse_choices(body["guided_choice"], "guided_choice", r);
+  }
+  if (has(body, "structured_outputs")) {
+    const json& so = body["structured_outputs"];
+    if (!so.is_object()) throw bad("structured_outputs", "'structured_outputs' must be an object");
+    for (auto it = so.begin(); it != so.end(); ++it) {
+      const std::string field = "structured_outputs." + it.key();
+      if (it.value().is_null()) continue;
+      if (it.key() == "json") {
+        if (!it.value().is_object() && !it.value().is_string())
+          throw bad(field, "'structured_outputs.json' must be a JSON schema (an object or its JSON text)");
+        set_constraint(r, "structured_outputs");
+        r.schema_field = field;
+      } else if (it.key() == "choice") {
+        set_constraint(r, "structured_outputs");
+        parse_choices(it.value(), field, r);
+      } else if (it.key() == "json_object") {
+        if (!it.value().is_boolean()) throw bad(field, "'structured_outputs.json_object' must be a boolean");
+        if (it.value().get<bool>()) set_constraint(r, "structured_outputs"), r.json_object = true;
+      } else {
+        throw bad(field, fmt::format("'{}' is not supported (supported: json, choice, json_object)", field));
+      }
+    }
+    if (int(!r.schema_field.empty()) + int(!r.choices.empty()) + int(r.json_object) > 1)
+      throw bad("structured_outputs", "'structured_outputs' must hold one of json, choice and json_object");
+  }
+}
+
 void parse_common(const json& body, const ApiLimits& lim, ApiRequest& r) {
   if (!body.is_object()) throw ApiError(400, fmt::format("the request body must be a JSON object (got {})", body.type_name()));
   if (has(body, "model")) {
@@ -200,6 +265,7 @@ void parse_common(const json& body, const ApiLimits& lim, ApiRequest& r) {
     if (!r.stream) throw bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
     r.include_usage = get_bool(so, "include_usage", false);
   }
+  parse_guided(body, r);
 }
 
 void parse_min_tokens(const json& body, ApiRequest& r) {
@@ -277,6 +343,7 @@ ApiRequest parse_chat_request(const json& body, const ApiLimits& lim) {
     if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
       throw bad("response_format", "'response_format' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\"}");
     const std::string type = rf["type"].get<std::string>();
+    if (type == "json_object" || type == "json_schema") set_constraint(r, "response_format");
     if (type == "json_object") {
       r.json_object = true;
     } else if (type == "json_schema") {
@@ -294,17 +361,14 @@ ApiRequest parse_chat_request(const json& body, const ApiLimits& lim) {
         throw bad("response_format.json_schema.schema", "'response_format.json_schema.schema' must be a JSON schema object");
       if (js->contains("strict") && !(*js)["strict"].is_boolean() && !(*js)["strict"].is_null())
         throw bad("response_format.json_schema.strict", "'response_format.json_schema.strict' must be a boolean");
-      r.json_schema = true;
+      r.schema_field = "response_format.json_schema.schema";
     } else if (type != "text") {
       throw bad("response_format", fmt::format("'response_format' type '{}' is not supported (use \"text\", "
                                                "\"json_object\" or \"json_schema\")",
                                                type));
     }
   }
-  if ((r.json_object || r.json_schema) && !r.forced_tools.empty())
-    throw bad("response_format", fmt::format("'response_format' {} and a forced tool call ('tool_choice' required or a "
-                                             "function) exclude each other",
-                                             r.json_object ? "json_object" : "json_schema"));
+  if (!r.forced_tools.empty()) set_constraint(r, "tool_choice");
   if (has(body, "modalities")) {
     const json& m = body["modalities"];
     if (!m.is_array()) throw bad("modalities", "'modalities' must be an array");
@@ -317,11 +381,22 @@ ApiRequest parse_chat_request(const json& body, const ApiLimits& lim) {
 
 void compile_output_schemas(const nlohmann::ordered_json& body, ApiRequest& r) {
   using ojson = nlohmann::ordered_json;
-  if (r.json_schema) {
+  if (!r.schema_field.empty()) {
+    const ojson* at = &body;
+    for (size_t i = 0; i <= r.schema_field.size();) {
+      const size_t dot = std::min(r.schema_field.find('.', i), r.schema_field.size());
+      at = &at->at(r.schema_field.substr(i, dot - i));
+      i = dot + 1;
+    }
     try {
-      r.output_schema = JsonSchema::compile(body.at("response_format").at("json_schema").at("schema"));
+      // A string holds the schema's JSON (vLLM's guided_json takes either).
+      r.output_schema = at->is_string()
+                            ? JsonSchema::compile(parse_ordered_json_bounded(at->get<std::string>(), kDefaultMaxJsonDepth))
+                            : JsonSchema::compile(*at);
     } catch (const std::invalid_argument& e) {
-      throw bad("response_format.json_schema.schema", fmt::format("'response_format.json_schema.schema': {}", e.what()));
+      throw bad(r.schema_field, fmt::format("'{}': {}", r.schema_field, e.what()));
+    } catch (const ApiError& e) {
+      throw bad(r.schema_field, fmt::format("'{}': {}", r.schema_field, e.what()));
     }
   }
   r.forced_schemas.clear();

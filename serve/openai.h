@@ -6,8 +6,10 @@
 //
 // Field semantics follow OpenAI, with vLLM's extensions (top_k, min_p,
 // repetition_penalty, min_tokens, ignore_eos, stop_token_ids,
-// skip_special_tokens, include_stop_str_in_output, return_tokens_as_token_ids).
-// Unknown fields are ignored, as vLLM does.
+// skip_special_tokens, include_stop_str_in_output, return_tokens_as_token_ids,
+// guided_json, guided_choice, structured_outputs). Unknown fields are
+// ignored, as vLLM does, except vLLM's guided-decoding fields this server
+// does not enforce (guided_regex, guided_grammar, ...): those are refused.
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -79,10 +81,18 @@ struct ApiRequest {
   // The tools a reply must call one of (tool_choice "required": every tool;
   // a named function: that one); empty when the model may answer in text.
   std::vector<std::string> forced_tools;
-  bool json_object = false;         // response_format {"type": "json_object"}
-  bool json_schema = false;         // response_format {"type": "json_schema", ...}
-  // Compiled by compile_output_schemas: the response_format schema, and each
-  // forced tool's `parameters` (parallel to forced_tools).
+  bool json_object = false;         // response_format json_object, structured_outputs.json_object
+  // Where the output's JSON schema stands in the body, dotted
+  // ("response_format.json_schema.schema", "guided_json",
+  // "structured_outputs.json"); empty: none. The value is a schema object,
+  // or (guided_json, structured_outputs.json) a string of its JSON.
+  std::string schema_field;
+  // guided_choice / structured_outputs.choice: the output is one of these.
+  std::vector<std::string> choices;
+  // The field that asked for a constrained output (errors name it); empty: none.
+  std::string constraint_field;
+  // Compiled by compile_output_schemas: the output schema, and each forced
+  // tool's `parameters` (parallel to forced_tools).
   std::shared_ptr<const JsonSchema> output_schema;
   std::vector<std::shared_ptr<const JsonSchema>> forced_schemas;
   bool add_generation_prompt = true;
@@ -99,9 +109,10 @@ struct ApiRequest {
 // ApiError (400) naming the field.
 ApiRequest parse_chat_request(const nlohmann::json& body, const ApiLimits& limits);
 ApiRequest parse_completion_request(const nlohmann::json& body, const ApiLimits& limits);
-// After parse_chat_request, for a request with a json_schema response format
-// or a forced tool call: compiles the schemas from the body read in key
-// order (a tool without `parameters` takes none: its arguments are {}).
+// After parse_chat_request / parse_completion_request, for a request with an
+// output schema (schema_field) or a forced tool call: compiles the schemas
+// from the body read in key order (a tool without `parameters` takes none:
+// its arguments are {}).
 // Throws ApiError 400 naming the field, with the schema path and keyword it
 // refuses.
 void compile_output_schemas(const nlohmann::ordered_json& body, ApiRequest& r);

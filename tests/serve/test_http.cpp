@@ -307,6 +307,30 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
     for (const auto& x : v["alpha"]) CHECK(x.is_number_integer());
     CHECK(v["name"].is_string());
   }
+  // vLLM's fields on both endpoints: guided_choice on /v1/completions (the
+  // text is one of the strings), guided_json as JSON text on chat.
+  for (double temperature : {0.0, 1.0}) {
+    Reply r = post(w.plain->port, "/v1/completions",
+                   {{"prompt", "The answer is"}, {"max_tokens", 8}, {"temperature", temperature}, {"seed", 3},
+                    {"guided_choice", {"positive", "negative", "neutral"}}});
+    REQUIRE(r.status == 200);
+    const std::string t = r.body["choices"][0]["text"];
+    CAPTURE(t);
+    CHECK((t == "positive" || t == "negative" || t == "neutral"));
+    CHECK(r.body["choices"][0]["finish_reason"] == "stop");
+  }
+  {
+    Reply r = post(w.plain->port, "/v1/chat/completions",
+                   {{"messages", messages}, {"max_tokens", 40}, {"temperature", 1.0}, {"seed", 8},
+                    {"guided_json", R"({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]})"}});
+    REQUIRE(r.status == 200);
+    const json v = json::parse(r.body["choices"][0]["message"]["content"].get<std::string>());
+    CAPTURE(v.dump());
+    CHECK(v.size() == 1);
+    CHECK(v["ok"].is_boolean());
+  }
+  check_error(post(w.plain->port, "/v1/completions", {{"prompt", "x"}, {"guided_regex", "a+"}}), 400, "not supported",
+              "guided_regex");
   check_error(post(w.plain->port, "/v1/chat/completions",
                    {{"messages", messages},
                     {"response_format",
@@ -321,7 +345,7 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
   check_error(post(w.plain->port, "/v1/chat/completions",
                    {{"messages", messages}, {"tools", tools}, {"tool_choice", "required"},
                     {"response_format", {{"type", "json_object"}}}}),
-              400, "exclude each other", "response_format");
+              400, "both constrain the output", "tool_choice");
   // "auto" leaves the random model to its text.
   Reply a = post(w.plain->port, "/v1/chat/completions",
                  {{"messages", messages}, {"tools", tools}, {"tool_choice", "auto"}, {"max_tokens", 8}, {"temperature", 0}});

@@ -377,7 +377,8 @@ TEST_CASE("serve/json_schema the API: response_format json_schema and forced too
     "response_format": {"type": "json_schema", "json_schema": {"name": "r", "strict": true,
       "schema": {"type": "object", "properties": {"z": {"type": "integer"}, "a": {"type": "string"}}, "required": ["z", "a"]}}}})";
   ApiRequest r = parse_chat_request(json::parse(body), ApiLimits{});
-  CHECK(r.json_schema);
+  CHECK(r.schema_field == "response_format.json_schema.schema");
+  CHECK(r.constraint_field == "response_format");
   compile_output_schemas(parse_ordered_json_bounded(body, 64), r);
   REQUIRE(r.output_schema);
   // Written order, not sorted order.
@@ -417,5 +418,52 @@ TEST_CASE("serve/json_schema the API: response_format json_schema and forced too
   CHECK(n.forced_schemas[0]->node(n.forced_schemas[0]->root()).kind == JsonSchema::Node::object);
   refused("{" + msgs + ", " + tools +
               R"(, "tool_choice": "required", "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}})",
-          "response_format", "exclude each other");
+          "tool_choice", "both constrain the output");
+  // vLLM's fields: guided_json (an object or its JSON text), guided_choice,
+  // structured_outputs; regular expressions and grammars refused by name.
+  const std::string guided = "{" + msgs + R"(, "guided_json": "{\"type\": \"object\", \"properties\": {\"b\": {\"type\": \"integer\"}, \"a\": {\"type\": \"null\"}}, \"required\": [\"b\", \"a\"]}"})";
+  ApiRequest gj = parse_chat_request(json::parse(guided), ApiLimits{});
+  compile_output_schemas(parse_ordered_json_bounded(guided, 64), gj);
+  CHECK(gj.constraint_field == "guided_json");
+  CHECK(gj.output_schema->node(gj.output_schema->root()).minimal == R"({"b":0,"a":null})");
+  const std::string so = R"({"prompt": "x", "structured_outputs": {"choice": ["yes", "no"]}})";
+  ApiRequest sc = parse_completion_request(json::parse(so), ApiLimits{});
+  CHECK(sc.choices == std::vector<std::string>{"yes", "no"});
+  CHECK(sc.constraint_field == "structured_outputs");
+  refused("{" + msgs + R"(, "guided_regex": "a+"})", "guided_regex", "not supported");
+  refused("{" + msgs + R"(, "structured_outputs": {"regex": "a+"}})", "structured_outputs.regex", "not supported");
+  refused("{" + msgs + R"(, "guided_choice": []})", "guided_choice", "1 to 64 strings");
+  refused("{" + msgs + R"(, "guided_choice": ["a", ""]})", "guided_choice", "1 to 256 bytes");
+  refused("{" + msgs + R"(, "guided_json": "{\"type\": \"object\", \"properties\": {\"p\": {\"format\": \"x\"}}}"})", "guided_json", "'format'");
+  refused("{" + msgs + R"(, "guided_json": "{not json"})", "guided_json", "malformed JSON");
+  refused("{" + msgs + R"(, "guided_json": {"type": "object"}, "guided_choice": ["a"]})", "guided_choice", "both constrain");
+  refused("{" + msgs + R"(, "guided_choice": ["a"], "response_format": {"type": "json_object"}})", "response_format", "both constrain");
+  refused("{" + msgs + R"(, "structured_outputs": {"json": {"type": "object"}, "choice": ["a"]}})", "structured_outputs", "one of");
+}
+
+TEST_CASE("serve/json_schema a choice among strings (guided_choice)") {
+  const auto g = OutputGrammar::choice(bytes(), {"yes", "yes!", "no way", "é"});
+  CHECK(text(g->completion({})) == "é<|end|>");  // two bytes, the shortest
+  for (const std::string& ok : {"yes", "yes!", "no way", "é"}) {
+    CAPTURE(ok);
+    CHECK(g->accepts(ids(ok + "<|end|>")));
+    CHECK(g->completion(ids(ok + "<|end|>")).empty());
+  }
+  CHECK(text(g->completion(ids("yes"))) == "<|end|>");
+  CHECK(text(g->completion(ids("no"))) == " way<|end|>");
+  CHECK(g->completion_length(ids("no")) == int64_t(g->completion(ids("no")).size()));
+  for (const std::string& bad : {"ye<|end|>", "yes!!", "maybe", "no way<|end|>x", "<|end|>"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(g->accepts(ids(bad)));
+  }
+  CHECK_THROWS_AS(OutputGrammar::choice(bytes(), {}), std::invalid_argument);
+  CHECK_THROWS_AS(OutputGrammar::choice(bytes(), {""}), std::invalid_argument);
+  // Walks end in one of the strings.
+  std::mt19937 rng(2);
+  for (int walk = 0; walk < 4; ++walk) {
+    const std::vector<int64_t> out = masked_walk(*g, g->min_tokens() + walk, rng, "yn", "", [](const std::vector<int64_t>&) {});
+    const std::string s = text(out);
+    CAPTURE(s);
+    CHECK((s == "yes<|end|>" || s == "yes!<|end|>" || s == "no way<|end|>" || s == "é<|end|>"));
+  }
 }
