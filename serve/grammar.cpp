@@ -381,7 +381,7 @@ bool OutputGrammar::step_json(State& st, unsigned char c) const {
   auto start_value = [&](uint32_t v) -> bool {
     const Node* n = &S.node(v);
     if (n->kind == Node::union_) {
-      v = n->first[c];
+      v = S.first(*n, c);
       if (v == JsonSchema::kNone) return false;
       n = &S.node(v);
     }

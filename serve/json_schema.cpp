@@ -390,7 +390,9 @@ class SchemaCompiler {
                      leaves.end());
       Node& u = nodes[i];
       u.values = leaves;
-      u.first.fill(JsonSchema::kNone);
+      u.first_table = uint32_t(out_.firsts_.size());
+      std::array<uint32_t, 256>& first = out_.firsts_.emplace_back();
+      first.fill(JsonSchema::kNone);
       for (size_t j = 0; j < leaves.size(); ++j) {
         const Node& a = nodes[leaves[j]];
         std::string firsts;
@@ -407,12 +409,12 @@ class SchemaCompiler {
           case Node::union_: break;
         }
         for (unsigned char c : firsts) {
-          if (u.first[c] != JsonSchema::kNone && u.first[c] != leaves[j])
+          if (first[c] != JsonSchema::kNone && first[c] != leaves[j])
             throw std::invalid_argument(fmt::format(
                 "the schema: two alternatives of a union ('anyOf', 'oneOf' or a 'type' list) can both begin with '{}'; "
                 "the alternatives must differ in their first character (different types)",
                 char(c)));
-          u.first[c] = leaves[j];
+          first[c] = leaves[j];
         }
       }
     }

@@ -45,6 +45,9 @@ class JsonSchema {
   static constexpr size_t kMaxEnumBytes = 1024;       // one enum value's JSON text
   static constexpr uint32_t kMaxCount = 65535;        // minItems, maxItems, minLength, maxLength
   static constexpr size_t kMaxMinimalBytes = 1 << 20; // all nodes' shortest instances together
+  // All the schemas of one request together (the forced tools' parameters):
+  // bounds the memory a request can make the server build.
+  static constexpr size_t kMaxRequestNodes = 16384;
 
   struct Node {
     enum Kind : uint8_t { object, map, array, string, number, integer, enumeration, union_ } kind = object;
@@ -58,7 +61,7 @@ class JsonSchema {
     uint32_t min_count = 0, max_count = kMaxCount;  // array items; string code points
     bool limited = false;                           // string: a length bound applies
     std::vector<std::string> texts;                 // enumeration: JSON texts, sorted
-    std::array<uint32_t, 256> first{};              // union: the alternative a byte starts
+    uint32_t first_table = kNone;                   // union: its row of JsonSchema::first
     // Derived: the shortest instance (its text, so its length in tokens: every
     // byte of it is one token) and the containers it nests.
     std::string minimal;
@@ -81,6 +84,8 @@ class JsonSchema {
   static std::shared_ptr<const JsonSchema> any_object();
 
   const Node& node(uint32_t i) const { return nodes_[i]; }
+  // A union's alternative that byte c begins, or kNone.
+  uint32_t first(const Node& u, unsigned char c) const { return firsts_[u.first_table][c]; }
   uint32_t root() const { return root_; }
   size_t size() const { return nodes_.size(); }
   // The longest of: escaped keys, enum texts (completion-length bounds).
@@ -89,6 +94,7 @@ class JsonSchema {
 
  private:
   std::vector<Node> nodes_;
+  std::vector<std::array<uint32_t, 256>> firsts_;  // one row per union
   uint32_t root_ = 0;
   size_t longest_text_ = 0;
   int64_t longest_minimal_ = 0;

@@ -401,6 +401,7 @@ void compile_output_schemas(const nlohmann::ordered_json& body, ApiRequest& r) {
   }
   r.forced_schemas.clear();
   if (r.forced_tools.empty()) return;
+  size_t nodes = 0;
   const ojson& tools = body.at("tools");
   for (const std::string& name : r.forced_tools) {
     size_t i = 0;
@@ -412,6 +413,10 @@ void compile_output_schemas(const nlohmann::ordered_json& body, ApiRequest& r) {
       static const ojson none = {{"type", "object"}, {"properties", ojson::object()}};
       r.forced_schemas.push_back(
           JsonSchema::compile(f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"] : none));
+      nodes += r.forced_schemas.back()->size();
+      if (nodes > JsonSchema::kMaxRequestNodes)
+        throw std::invalid_argument(fmt::format("the forced tools' schemas need more than {} nodes together",
+                                                JsonSchema::kMaxRequestNodes));
     } catch (const std::invalid_argument& e) {
       throw bad(field, fmt::format("'{}' (tool '{}', forced by 'tool_choice'): {}", field, name, e.what()));
     }

@@ -419,6 +419,22 @@ TEST_CASE("serve/json_schema the API: response_format json_schema and forced too
   refused("{" + msgs + ", " + tools +
               R"(, "tool_choice": "required", "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}})",
           "tool_choice", "both constrain the output");
+  // A request's forced tools together compile at most kMaxRequestNodes nodes.
+  {
+    json big = {{"type", "object"}, {"properties", json::object()}, {"required", json::array()}};
+    for (int i = 0; i < 1000; ++i) {
+      big["properties"][fmt::format("p{}", i)] = {{"type", "integer"}};
+      big["required"].push_back(fmt::format("p{}", i));
+    }
+    json body = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"tool_choice", "required"}, {"tools", json::array()}};
+    for (int t = 0; t < 17; ++t)
+      body["tools"].push_back({{"type", "function"}, {"function", {{"name", fmt::format("f{}", t)}, {"parameters", big}}}});
+    refused(body.dump(), "tools[16].function.parameters", "more than 16384 nodes together");
+    body["tools"].erase(16);
+    ApiRequest ok = parse_chat_request(body, ApiLimits{});
+    compile_output_schemas(parse_ordered_json_bounded(body.dump(), 64), ok);
+    CHECK(ok.forced_schemas.size() == 16);
+  }
   // vLLM's fields: guided_json (an object or its JSON text), guided_choice,
   // structured_outputs; regular expressions and grammars refused by name.
   const std::string guided = "{" + msgs + R"(, "guided_json": "{\"type\": \"object\", \"properties\": {\"b\": {\"type\": \"integer\"}, \"a\": {\"type\": \"null\"}}, \"required\": [\"b\", \"a\"]}"})";
@@ -444,7 +460,7 @@ TEST_CASE("serve/json_schema the API: response_format json_schema and forced too
 TEST_CASE("serve/json_schema a choice among strings (guided_choice)") {
   const auto g = OutputGrammar::choice(bytes(), {"yes", "yes!", "no way", "é"});
   CHECK(text(g->completion({})) == "é<|end|>");  // two bytes, the shortest
-  for (const std::string& ok : {"yes", "yes!", "no way", "é"}) {
+  for (const std::string ok : {"yes", "yes!", "no way", "é"}) {
     CAPTURE(ok);
     CHECK(g->accepts(ids(ok + "<|end|>")));
     CHECK(g->completion(ids(ok + "<|end|>")).empty());
@@ -452,7 +468,7 @@ TEST_CASE("serve/json_schema a choice among strings (guided_choice)") {
   CHECK(text(g->completion(ids("yes"))) == "<|end|>");
   CHECK(text(g->completion(ids("no"))) == " way<|end|>");
   CHECK(g->completion_length(ids("no")) == int64_t(g->completion(ids("no")).size()));
-  for (const std::string& bad : {"ye<|end|>", "yes!!", "maybe", "no way<|end|>x", "<|end|>"}) {
+  for (const std::string bad : {"ye<|end|>", "yes!!", "maybe", "no way<|end|>x", "<|end|>"}) {
     CAPTURE(bad);
     CHECK_FALSE(g->accepts(ids(bad)));
   }

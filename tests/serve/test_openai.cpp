@@ -306,7 +306,7 @@ TEST_CASE("serve/openai tool calls: <|tool_call|> and functools[...] become tool
     REQUIRE(fe.found);
     CHECK(fe.content == "done");
   }
-  for (const std::string text : {std::string("a < b and <|x|> then functools"), std::string("  spaced \n out  "),
+  for (const std::string& text : {std::string("a < b and <|x|> then functools"), std::string("  spaced \n out  "),
                                  std::string("<|tool_call|>[{\"name\": \"nope\"}]<|/tool_call|> tail"),
                                  std::string("hi \n<|tool_call|>[{bad")}) {
     for (size_t step : {size_t(1), size_t(2), size_t(5), size_t(64)}) {
