@@ -75,10 +75,15 @@ std::vector<int64_t> ids_of(int64_t n, int64_t vocab, uint64_t seed) {
   return ids;
 }
 
+// A comma-separated list of sizes; 0 (or nothing) leaves the measure out.
 std::vector<int64_t> list_of(const std::string& s) {
   std::vector<int64_t> v;
   std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) v.push_back(std::stoll(item));
+  for (std::string item; std::getline(in, item, ',');) {
+    const int64_t x = std::stoll(item);
+    if (x < 0) throw std::invalid_argument(fmt::format("'{}': sizes must not be negative", s));
+    if (x > 0) v.push_back(x);
+  }
   return v;
 }
 

@@ -1,0 +1,102 @@
+// Constrained decoding's cost per token: OutputGrammar::mask over the Phi-4
+// vocabulary (200064 ids) at typical states of a forced tool call, a JSON
+// object and a JSON schema (serve/grammar.h). Each state's mask runs --reps
+// times on one thread over fixed random logits; prints one JSON line per
+// state with the best and median milliseconds and how many ids stay allowed.
+//
+// usage: bench_grammar [--reps N]
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+#include "serve/grammar.h"
+#include "serve/json_schema.h"
+
+using namespace areno;
+using namespace areno::serve;
+
+int main(int argc, char** argv) {
+  int reps = 20;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    else {
+      fmt::print(stderr, "usage: bench_grammar [--reps N]\n");
+      return 2;
+    }
+  }
+  constexpr int64_t kVocab = 200064;
+  tok::Tokenizer tokenizer = phi4mm::make_tokenizer();
+  tokenizer.set_padded_vocab_size(size_t(kVocab));
+  const auto bytes = std::make_shared<const TokenBytes>(tokenizer, kVocab);
+  const auto schema = JsonSchema::compile(nlohmann::ordered_json::parse(R"({"type": "object", "properties": {
+      "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"},
+      "mood": {"enum": ["happy", "sad", "neutral"]}, "tags": {"type": "array", "items": {"type": "string"}},
+      "meta": {"type": "object"}}, "required": ["name", "age"]})"));
+  const auto person = OutputGrammar::json_schema(bytes, schema);
+  const auto object = OutputGrammar::json_object(bytes);
+  const auto add = OutputGrammar::tool_call(
+      bytes, {"add", "get_weather"},
+      {JsonSchema::compile(nlohmann::ordered_json::parse(
+           R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]})")),
+       nullptr});
+  auto ids = [&](const std::string& text) {
+    std::vector<int64_t> out;
+    for (const tok::Segment& s : tokenizer.split_added_tokens(text)) {
+      if (s.token >= 0) {
+        out.push_back(s.token);
+        continue;
+      }
+      for (tok::TokenId t : tokenizer.encode_ordinary(std::string_view(text).substr(s.begin, s.end - s.begin)))
+        out.push_back(t);
+    }
+    return out;
+  };
+  struct Case {
+    const char* name;
+    const OutputGrammar* g;
+    std::string prefix;
+  };
+  const std::string call = "<|tool_call|>[{\"name\": \"";
+  const std::vector<Case> cases = {
+      {"schema: start", person.get(), ""},
+      {"schema: after a comma (key)", person.get(), R"({"name": "x", )"},
+      {"schema: value", person.get(), R"({"name": )"},
+      {"schema: bounded string", person.get(), R"({"name": "ab)"},
+      {"schema: integer", person.get(), R"({"name": "ab", "age": 1)"},
+      {"schema: free string in a map", person.get(), R"({"name": "ab", "age": 1, "meta": {"k": "v)"},
+      {"json_object: string", object.get(), R"({"k": "v)"},
+      {"json_object: value", object.get(), R"({"k": )"},
+      {"tool call: name", add.get(), call},
+      {"tool call: argument value", add.get(), call + R"(add", "arguments": {"a": )"},
+  };
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd;
+  std::vector<float> logits(static_cast<size_t>(kVocab)), w;
+  for (float& x : logits) x = nd(rng);
+  for (const Case& c : cases) {
+    const std::vector<int64_t> prefix = ids(c.prefix);
+    std::vector<double> ms;
+    for (int r = 0; r < reps; ++r) {
+      w = logits;
+      const auto t0 = std::chrono::steady_clock::now();
+      c.g->mask(prefix, 1000, w.data(), kVocab);
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    int64_t allowed = 0;
+    for (float x : w) allowed += std::isfinite(x);
+    fmt::print("{{\"state\": \"{}\", \"best_ms\": {:.3f}, \"median_ms\": {:.3f}, \"allowed\": {}}}\n", c.name, ms.front(),
+               ms[ms.size() / 2], allowed);
+  }
+  return 0;
+}
