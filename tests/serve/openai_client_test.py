@@ -170,7 +170,19 @@ def main():
         args = json.loads(r.choices[0].message.tool_calls[0].function.arguments)
         assert set(args) <= {"a", "b"} and all(isinstance(v, int) for v in args.values()), args
         assert list(args) == sorted(args), args  # a before b: the schema's order
-        print("json_schema (Pydantic) and tool parameters ok")
+        # vLLM's own fields through the client's extra_body, as vLLM users send them.
+        c = client.completions.create(model=model, prompt="The answer is", max_tokens=16, temperature=1.0, seed=5,
+                                      extra_body={"guided_choice": ["positive", "negative"]})
+        assert c.choices[0].text in ("positive", "negative"), c
+        r = client.chat.completions.create(model=model, messages=ask, max_tokens=40, temperature=1.0, seed=6,
+                                           extra_body={"guided_json": Answer.model_json_schema()})
+        Answer.model_validate_json(r.choices[0].message.content)
+        try:
+            client.chat.completions.create(model=model, messages=ask, max_tokens=4, extra_body={"guided_regex": "a+"})
+            raise AssertionError("guided_regex was accepted")
+        except openai.BadRequestError as e:
+            assert e.body["param"] == "guided_regex", e.body
+        print("json_schema (Pydantic), tool parameters and vLLM's guided fields ok")
 
         c = client.completions.create(model=model, prompt=[24912, 2375, 13], echo=True, logprobs=1, max_tokens=0)
         assert c.choices[0].logprobs.token_logprobs[0] is None
