@@ -409,17 +409,21 @@ void compile_output_schemas(const nlohmann::ordered_json& body, ApiRequest& r) {
     if (i == tools.size()) throw std::logic_error("compile_output_schemas: a forced tool is not in 'tools'");
     const ojson& f = tools[i]["function"];
     const std::string field = fmt::format("tools[{}].function.parameters", i);
+    const bool strict = f.contains("strict") && f["strict"].is_boolean() && f["strict"].get<bool>();
+    std::shared_ptr<const JsonSchema> schema;
     try {
       static const ojson none = {{"type", "object"}, {"properties", ojson::object()}};
-      r.forced_schemas.push_back(
-          JsonSchema::compile(f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"] : none));
-      nodes += r.forced_schemas.back()->size();
-      if (nodes > JsonSchema::kMaxRequestNodes)
-        throw std::invalid_argument(fmt::format("the forced tools' schemas need more than {} nodes together",
-                                                JsonSchema::kMaxRequestNodes));
+      schema = JsonSchema::compile(f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"] : none);
     } catch (const std::invalid_argument& e) {
-      throw bad(field, fmt::format("'{}' (tool '{}', forced by 'tool_choice'): {}", field, name, e.what()));
+      // As OpenAI: a function's parameters bind its arguments when it is
+      // `strict`; otherwise a schema outside the subset leaves them any JSON
+      // object (what a forced call gave before schemas were enforced).
+      if (strict) throw bad(field, fmt::format("'{}' (tool '{}', strict, forced by 'tool_choice'): {}", field, name, e.what()));
     }
+    if (schema && (nodes += schema->size()) > JsonSchema::kMaxRequestNodes)
+      throw bad(field, fmt::format("'{}': the forced tools' schemas need more than {} nodes together", field,
+                                   JsonSchema::kMaxRequestNodes));
+    r.forced_schemas.push_back(std::move(schema));
   }
 }
 

@@ -112,7 +112,8 @@ ApiRequest parse_completion_request(const nlohmann::json& body, const ApiLimits&
 // After parse_chat_request / parse_completion_request, for a request with an
 // output schema (schema_field) or a forced tool call: compiles the schemas
 // from the body read in key order (a tool without `parameters` takes none:
-// its arguments are {}).
+// its arguments are {}; a tool whose parameters fall outside the subset gets
+// a null schema, any object, unless it is `strict`, which is a 400).
 // Throws ApiError 400 naming the field, with the schema path and keyword it
 // refuses.
 void compile_output_schemas(const nlohmann::ordered_json& body, ApiRequest& r);

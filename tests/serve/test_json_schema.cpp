@@ -408,7 +408,17 @@ TEST_CASE("serve/json_schema the API: response_format json_schema and forced too
   const std::string tools =
       R"("tools": [{"type": "function", "function": {"name": "f"}},
                    {"type": "function", "function": {"name": "g", "parameters": {"type": "object", "properties": {"x": {"type": "number", "maximum": 3}}}}}])";
-  refused("{" + msgs + ", " + tools + R"(, "tool_choice": "required"})", "tools[1].function.parameters", "'maximum'");
+  // A schema outside the subset: a 400 for a strict function, any object otherwise.
+  const std::string strict_tools =
+      R"("tools": [{"type": "function", "function": {"name": "f"}},
+                   {"type": "function", "function": {"name": "g", "strict": true, "parameters": {"type": "object", "properties": {"x": {"type": "number", "maximum": 3}}}}}])";
+  refused("{" + msgs + ", " + strict_tools + R"(, "tool_choice": "required"})", "tools[1].function.parameters", "'maximum'");
+  const std::string loose = "{" + msgs + ", " + tools + R"(, "tool_choice": "required"})";
+  ApiRequest l = parse_chat_request(json::parse(loose), ApiLimits{});
+  compile_output_schemas(parse_ordered_json_bounded(loose, 64), l);
+  REQUIRE(l.forced_schemas.size() == 2);
+  CHECK(l.forced_schemas[0] != nullptr);
+  CHECK(l.forced_schemas[1] == nullptr);
   // Named: only that tool's schema is compiled; no parameters means no arguments.
   const std::string named = "{" + msgs + ", " + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "f"}}})";
   ApiRequest n = parse_chat_request(json::parse(named), ApiLimits{});
