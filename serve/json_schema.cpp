@@ -511,7 +511,6 @@ class SchemaCompiler {
               n.req_depth[k] = std::max(n.req_depth[k], nodes[n.values[k]].min_depth);
               n.next_required[k] = uint32_t(k);
             }
-            out_.longest_text_ = std::max(out_.longest_text_, n.keys[k].size());
           }
           break;
         }
@@ -539,7 +538,6 @@ class SchemaCompiler {
             n.shortest.push_back(std::move(next));
           }
           m = n.texts[n.shortest_in(0, T)];
-          for (const std::string& t : n.texts) out_.longest_text_ = std::max(out_.longest_text_, t.size());
           break;
         }
         case Node::union_: {
@@ -551,7 +549,6 @@ class SchemaCompiler {
           break;
         }
       }
-      out_.longest_minimal_ = std::max(out_.longest_minimal_, int64_t(m.size()));
       if (int64_t(m.size()) != len[i]) throw std::logic_error("json schema: a shortest text's length is off");
     }
     if (nodes[out_.root_].min_depth > JsonSchema::kMaxDepth)

@@ -88,16 +88,11 @@ class JsonSchema {
   uint32_t first(const Node& u, unsigned char c) const { return firsts_[u.first_table][c]; }
   uint32_t root() const { return root_; }
   size_t size() const { return nodes_.size(); }
-  // The longest of: escaped keys, enum texts (completion-length bounds).
-  size_t longest_text() const { return longest_text_; }
-  int64_t longest_minimal() const { return longest_minimal_; }
 
  private:
   std::vector<Node> nodes_;
   std::vector<std::array<uint32_t, 256>> firsts_;  // one row per union
   uint32_t root_ = 0;
-  size_t longest_text_ = 0;
-  int64_t longest_minimal_ = 0;
   friend class SchemaCompiler;
 };
 
