@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -78,6 +79,38 @@ TokenBytes::TokenBytes(const tok::Tokenizer& tokenizer, int64_t vocab_size) {
     }
     offsets_.push_back(int64_t(data_.size()));
   }
+  for (int64_t id = 0; id < vocab_size; ++id)
+    if (!special_[size_t(id)] && !bytes(id).empty()) sorted_.push_back(int32_t(id));
+  std::stable_sort(sorted_.begin(), sorted_.end(), [&](int32_t a, int32_t b) { return bytes(a) < bytes(b); });
+  sorted_.erase(std::unique(sorted_.begin(), sorted_.end(), [&](int32_t a, int32_t b) { return bytes(a) == bytes(b); }),
+                sorted_.end());
+}
+
+int64_t TokenBytes::spell(std::string_view text, std::vector<int64_t>* out) const {
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::max() / 4;
+  const size_t L = text.size();
+  // best[i]: the fewest tokens spelling text[i, L); pick[i] / len[i]: the first of them.
+  std::vector<int64_t> best(L + 1, 0);
+  std::vector<int32_t> pick(L, -1);
+  std::vector<uint32_t> len(L, 0);
+  for (size_t i = L; i-- > 0;) {
+    best[i] = kNone;
+    auto lo = sorted_.begin(), hi = sorted_.end();
+    for (size_t l = 1; i + l <= L; ++l) {
+      // [lo, hi): the ids whose bytes begin with text[i, i + l - 1), sorted,
+      // so the one that is exactly that (one at most) comes first.
+      if (lo != hi && bytes(*lo).size() == l - 1) ++lo;
+      const unsigned char c = uint8_t(text[i + l - 1]);
+      lo = std::partition_point(lo, hi, [&](int32_t id) { return uint8_t(bytes(id)[l - 1]) < c; });
+      hi = std::partition_point(lo, hi, [&](int32_t id) { return uint8_t(bytes(id)[l - 1]) == c; });
+      if (lo == hi) break;
+      if (bytes(*lo).size() == l && best[i + l] < kNone && 1 + best[i + l] <= best[i])
+        best[i] = 1 + best[i + l], pick[i] = *lo, len[i] = uint32_t(l);
+    }
+  }
+  if (out && best[0] < kNone)
+    for (size_t i = 0; i < L; i += len[i]) out->push_back(pick[i]);
+  return best[0];
 }
 
 // The replayed position in the chain. In the JSON segment `mode` says what
@@ -117,6 +150,9 @@ using Node = JsonSchema::Node;
 enum Mode : uint8_t { kTop, kObjOpen, kObjKey, kKey, kColon, kValue, kArrOpen, kAfter, kStr, kEsc, kUni, kNum, kEnum };
 enum Num : uint8_t { kSign, kZero, kInt, kFracStart, kFrac, kExpStart, kExpSign, kExp };
 constexpr int64_t kInf = int64_t(1) << 50;
+// The longest completion (bytes and special tokens) counted in its fewest
+// tokens; a longer one counts one token per byte.
+constexpr int64_t kSpellMaxBytes = 4096;
 constexpr uint8_t kMaxIndent = 20;
 constexpr uint32_t kMaxDigits = 16, kMaxExpDigits = 2;
 
@@ -226,6 +262,9 @@ OutputGrammar::OutputGrammar(std::shared_ptr<const TokenBytes> bytes, std::vecto
   tail_min_.assign(segments_.size() + 1, kInf);
   for (size_t k = 0; k <= segments_.size(); ++k)
     for (size_t c = 0; c < names; ++c) tail_min_[k] = std::min(tail_min_[k], tails_[c][k]);
+  State st;
+  enter(segments_, st, 0);
+  min_tokens_ = completion_tokens(st, nullptr);
 }
 
 std::shared_ptr<const OutputGrammar> OutputGrammar::tool_call(std::shared_ptr<const TokenBytes> bytes,
@@ -679,7 +718,7 @@ int64_t OutputGrammar::json_length(const State& st) const {
   return n;
 }
 
-int64_t OutputGrammar::completion_length(const State& st) const {
+int64_t OutputGrammar::completion_bytes(const State& st) const {
   if (st.seg >= segments_.size()) return 0;
   const Segment& s = segments_[st.seg];
   switch (s.kind) {
@@ -700,10 +739,11 @@ int64_t OutputGrammar::completion_length(const State& st) const {
   return kInf;
 }
 
-// Calls emit(id) for each token of the shortest completion of `st`: the
-// same choices json_length counts.
+// Calls emit(id) for each byte (as its one-byte token) and special token of
+// the shortest completion of `st`: the same choices json_length counts; with
+// `force`, that name of the choice segment (one of the candidates left).
 template <typename F>
-void OutputGrammar::for_completion(const State& st0, F&& emit) const {
+void OutputGrammar::for_completion(const State& st0, F&& emit, int force) const {
   State st = st0;
   auto text = [&](std::string_view s) {
     for (unsigned char c : s) emit(bytes_->byte_token(c));
@@ -752,6 +792,7 @@ void OutputGrammar::for_completion(const State& st0, F&& emit) const {
           const int64_t l = int64_t(s.names[i].size() - pos) + tails_[i][k + 1];
           if (l < best_len) best = i, best_len = l;
         }
+        if (force >= 0) best = size_t(force);
         text(std::string_view(s.names[best]).substr(pos));
         st.chosen = uint8_t(best);
         break;
@@ -832,6 +873,91 @@ void OutputGrammar::for_completion(const State& st0, F&& emit) const {
   }
 }
 
+// Memo of the mask's token counts by completion text: many candidates (the
+// digits of a number, the words of a free string) leave the same completion.
+struct OutputGrammar::SpellCache {
+  std::unordered_map<std::string, int64_t> tokens;
+  std::unordered_map<int64_t, int64_t> in_string;  // by the code points a bounded string still lacked
+};
+
+// The completion's token count: for each name the choice segment may still
+// take (one candidate without a choice, or past it), the shortest completion
+// with that name in the fewest tokens; the least of those (ties: fewer bytes,
+// then the earlier name). Its bytes are a special token's id between 0xFF
+// marks (never a byte of UTF-8 text) and the text around them spelled. A
+// completion over kSpellMaxBytes counts a token per byte instead (spelling
+// it would cost the request's thread O(its bytes) per candidate); that keeps
+// the rule that the first token takes one off the count, as the rest, once
+// short enough, is spelled.
+int64_t OutputGrammar::completion_tokens(const State& st, std::vector<int64_t>* out, SpellCache* cache) const {
+  if (st.seg >= segments_.size()) return 0;
+  uint64_t cand = 0;
+  if (choice_seg_ != size_t(-1) && st.seg <= choice_seg_)
+    cand = st.seg == choice_seg_ ? st.names : all_names(segments_[choice_seg_].names.size());
+  const auto push = [&](int64_t id) { out->push_back(id); };
+  if (!cand) {
+    const int64_t b = completion_bytes(st);
+    if (b >= kInf) return kInf;
+    if (b > kSpellMaxBytes) {
+      if (out) for_completion(st, push);
+      return b;
+    }
+  }
+  auto count = [&](std::string_view k, std::vector<int64_t>* o) {
+    int64_t n = 0;
+    for (size_t i = 0; i < k.size();) {
+      size_t j = std::min(k.find('\xff', i), k.size());
+      if (j > i) n += bytes_->spell(k.substr(i, j - i), o);
+      if (j < k.size()) {
+        const size_t e = k.find('\xff', j + 1);
+        const int64_t id = std::stoll(std::string(k.substr(j + 1, e - j - 1)));
+        if (o) o->push_back(id);
+        ++n, j = e + 1;
+      }
+      i = j;
+    }
+    return n;
+  };
+  std::string key;
+  int64_t units = 0;  // bytes and special tokens
+  auto materialize = [&](int name) {
+    key.clear();
+    units = 0;
+    for_completion(
+        st,
+        [&](int64_t id) {
+          if (++units > kSpellMaxBytes) return;  // counted by its bytes: no key
+          if (bytes_->special(id)) key += fmt::format("\xff{}\xff", id);
+          else key += bytes_->bytes(id);
+        },
+        name);
+  };
+  int64_t best = kInf, best_units = 0;
+  int best_name = -1;
+  for (int i = cand ? 0 : -1; i < (cand ? 64 : 0); ++i) {
+    if (i >= 0 && !(cand >> i & 1)) continue;
+    materialize(i);
+    int64_t n = units;
+    if (units <= kSpellMaxBytes) {
+      if (!cache) {
+        n = count(key, nullptr);
+      } else if (auto it = cache->tokens.find(key); it != cache->tokens.end()) {
+        n = it->second;
+      } else {
+        n = count(key, nullptr);
+        cache->tokens.emplace(key, n);
+      }
+    }
+    if (n < best || (n == best && units < best_units)) best = n, best_units = units, best_name = i;
+  }
+  if (out) {
+    materialize(best_name);
+    if (units <= kSpellMaxBytes) count(key, out);
+    else for_completion(st, push, best_name);
+  }
+  return best;
+}
+
 bool OutputGrammar::accepts(std::span<const int64_t> generated) const {
   State st;
   return replay(generated, st);
@@ -841,14 +967,14 @@ std::vector<int64_t> OutputGrammar::completion(std::span<const int64_t> generate
   State st;
   if (!replay(generated, st)) throw std::logic_error("grammar: the output is not a prefix of the language");
   std::vector<int64_t> out;
-  for_completion(st, [&](int64_t id) { out.push_back(id); });
+  if (completion_bytes(st) < kInf) completion_tokens(st, &out);
   return out;
 }
 
 int64_t OutputGrammar::completion_length(std::span<const int64_t> generated) const {
   State st;
   if (!replay(generated, st)) throw std::logic_error("grammar: the output is not a prefix of the language");
-  return completion_length(st);
+  return completion_bytes(st) < kInf ? completion_tokens(st, nullptr) : kInf;
 }
 
 void OutputGrammar::mask(std::span<const int64_t> generated, int64_t remaining, float* work, int64_t V) const {
@@ -858,6 +984,13 @@ void OutputGrammar::mask(std::span<const int64_t> generated, int64_t remaining, 
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t budget = remaining - 1;  // tokens after this one
   const int64_t n = std::min(V, bytes_->size());
+  SpellCache cache;
+  // A state fits when its completion's bytes do (each byte is a token), else
+  // when their fewest tokens do: spelled only where the bytes are too many.
+  auto fits = [&](const State& s) {
+    const int64_t b = completion_bytes(s);
+    return b < kInf && (b <= budget || completion_tokens(s, nullptr, &cache) <= budget);
+  };
   // Inside a JSON string a token of whole code points with no quote,
   // backslash or control byte only adds text: in O(1), allowed when a
   // bounded string keeps its maximum and the completion (shorter by the code
@@ -865,9 +998,23 @@ void OutputGrammar::mask(std::span<const int64_t> generated, int64_t remaining, 
   const bool in_string = segments_[st.seg].kind == Segment::json && st.mode == kStr && st.sub == 0;
   const Node* sn = in_string && !st.key ? &schema(st).node(st.vnode) : nullptr;
   const bool limited = sn && sn->limited;
-  const int64_t base = in_string ? completion_length(st) : 0;
+  const int64_t base = in_string ? completion_bytes(st) : 0;
   const int64_t lacking = limited ? std::max<int64_t>(int64_t(sn->min_count) - st.chars, 0) : 0;
   const int64_t room = limited ? int64_t(sn->max_count) - st.chars : kInf;
+  // Past its bytes, such a token's completion depends only on the code
+  // points it fills of those lacking: its token count is kept by them.
+  auto string_fits = [&](int64_t id, int64_t cp) {
+    const int64_t filled = std::min(cp, lacking);
+    if (base >= kInf) return false;
+    if (base - filled <= budget) return true;
+    auto it = cache.in_string.find(filled);
+    if (it == cache.in_string.end()) {
+      State s = st;
+      step_token(s, id);
+      it = cache.in_string.emplace(filled, completion_tokens(s, nullptr, &cache)).first;
+    }
+    return it->second <= budget;
+  };
   // The bytes the state accepts first: a token starting with another is out;
   // then, per first byte as it is met, the second bytes that may follow it.
   bool first_ok[256];
@@ -901,7 +1048,7 @@ void OutputGrammar::mask(std::span<const int64_t> generated, int64_t remaining, 
       }
       if (in_string && bytes_->string_safe(id)) {
         const int64_t cp = bytes_->code_points(id);
-        if (!std::isnan(work[id]) && cp <= room && base - std::min(cp, lacking) <= budget) any = true;
+        if (!std::isnan(work[id]) && cp <= room && string_fits(id, cp)) any = true;
         else work[id] = kNegInf;
         continue;
       }
@@ -911,17 +1058,15 @@ void OutputGrammar::mask(std::span<const int64_t> generated, int64_t remaining, 
       }
     }
     State s = st;
-    if (std::isnan(work[id]) || !step_token(s, id) || completion_length(s) > budget) work[id] = kNegInf;
+    if (std::isnan(work[id]) || !step_token(s, id) || !fits(s)) work[id] = kNegInf;
     else any = true;
   }
   std::fill(work + n, work + V, kNegInf);
   if (any) return;
-  int64_t first = -1;
-  for_completion(st, [&](int64_t id) {
-    if (first < 0) first = id;
-  });
+  std::vector<int64_t> c;
+  completion_tokens(st, &c);
   std::fill(work, work + V, kNegInf);
-  work[first] = 0.0f;
+  work[c.at(0)] = 0.0f;
 }
 
 }  // namespace areno::serve

@@ -10,9 +10,13 @@
 // it). Containers nest at most kMaxDepth deep. Before each draw the sampler asks it which
 // ids may come next: an id is allowed when the output with its bytes appended
 // is still a prefix of the grammar's language and can still be finished in
-// the tokens left (max_tokens counts the stop token). Every printable ASCII
-// character is one token, so the shortest completion of any state is known
-// and always fits: a call or object that runs long is closed, never cut.
+// the tokens left (max_tokens counts the stop token). A state's completion is
+// its shortest in bytes (for each name of a choice not yet made), spelled in
+// the fewest tokens (TokenBytes::spell); taking the first of those tokens
+// leaves the rest as the next state's completion, one token shorter, so an
+// output the mask lets through always fits: a call or object that runs long
+// is closed, never cut. (A completion over 4096 bytes counts a token per
+// byte, which keeps that rule, until it is short enough to spell.)
 //
 // The state is replayed from the sequence's generated tokens at each step
 // (no state kept in the engine: preemption and re-prefill cannot break it).
@@ -49,10 +53,17 @@ class TokenBytes {
   bool string_safe(int64_t id) const { return string_safe_[size_t(id)] != 0; }
   // UTF-8 code points (lead bytes) of its bytes.
   int64_t code_points(int64_t id) const { return code_points_[size_t(id)]; }
+  // The fewest ordinary (not special) tokens whose bytes spell `text` in
+  // order: at most text.size(), every byte being one. With `out`, those ids
+  // are appended to it (of several equally short spellings, the one whose
+  // first token is longest, then likewise from there on). O(text.size() x
+  // the longest token matched x log vocabulary), no allocation but the DP's.
+  int64_t spell(std::string_view text, std::vector<int64_t>* out = nullptr) const;
 
  private:
   std::string data_;
   std::vector<int64_t> offsets_;
+  std::vector<int32_t> sorted_;  // the ordinary ids by their bytes (one id per distinct bytes)
   std::vector<uint8_t> special_, string_safe_;
   std::vector<uint16_t> code_points_;
   int64_t byte_token_[256];
@@ -91,13 +102,16 @@ class OutputGrammar {
 
   // The output's text so far is a prefix of the language (tests; the replay).
   bool accepts(std::span<const int64_t> generated) const;
-  // The tokens of the shortest completion after `generated` (tests).
+  // The tokens of the completion after `generated` as the mask counts it
+  // (tests): its bytes the shortest completion of the name it ends with,
+  // among the names still possible, spelled in the fewest tokens.
   std::vector<int64_t> completion(std::span<const int64_t> generated) const;
-  // Its length as the mask counts it, from tables (tests: equal to the above).
+  // Its length (tests: equal to the above's size).
   int64_t completion_length(std::span<const int64_t> generated) const;
-  // The tokens the shortest complete output needs: max_tokens below it cannot
-  // give a complete output (the HTTP layer refuses such a request).
-  int64_t min_tokens() const { return tail_min_[0]; }
+  // The tokens the shortest complete output needs, counted as the mask
+  // counts: max_tokens below it cannot give a complete output (the HTTP
+  // layer refuses such a request).
+  int64_t min_tokens() const { return min_tokens_; }
 
   struct Segment {
     enum Kind { special, literal, choice, json } kind;
@@ -116,8 +130,10 @@ class OutputGrammar {
   bool step_byte(State& st, unsigned char c) const;
   bool step_json(State& st, unsigned char c) const;
   template <typename F>
-  void for_completion(const State& st, F&& emit) const;
-  int64_t completion_length(const State& st) const;
+  void for_completion(const State& st, F&& emit, int force = -1) const;
+  int64_t completion_bytes(const State& st) const;
+  struct SpellCache;
+  int64_t completion_tokens(const State& st, std::vector<int64_t>* out, SpellCache* cache = nullptr) const;
   int64_t json_length(const State& st) const;
   const JsonSchema& schema(const State& st) const;
   int64_t tail(size_t k, uint8_t chosen) const;
@@ -129,6 +145,7 @@ class OutputGrammar {
   // (one row without a choice), and the least over the names.
   std::vector<std::vector<int64_t>> tails_;
   std::vector<int64_t> tail_min_;
+  int64_t min_tokens_ = 0;
 };
 
 }  // namespace areno::serve

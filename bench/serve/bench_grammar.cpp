@@ -1,8 +1,11 @@
 // Constrained decoding's cost per token: OutputGrammar::mask over the Phi-4
 // vocabulary (200064 ids) at typical states of a forced tool call, a JSON
 // object and a JSON schema (serve/grammar.h). Each state's mask runs --reps
-// times on one thread over fixed random logits; prints one JSON line per
-// state with the best and median milliseconds and how many ids stay allowed.
+// times on one thread over fixed random logits, with 1000 tokens left or
+// (the "tight" states) exactly the completion's count, where candidates
+// whose completion has more bytes than tokens left are spelled in tokens;
+// prints one JSON line per state with the best and median milliseconds and
+// how many ids stay allowed.
 //
 // usage: bench_grammar [--reps N]
 #include <fmt/format.h>
@@ -65,6 +68,7 @@ int main(int argc, char** argv) {
     const char* name;
     const OutputGrammar* g;
     std::string prefix;
+    bool tight = false;
   };
   const std::string call = "<|tool_call|>[{\"name\": \"";
   const std::vector<Case> cases = {
@@ -78,6 +82,10 @@ int main(int argc, char** argv) {
       {"json_object: value", object.get(), R"({"k": )"},
       {"tool call: name", add.get(), call},
       {"tool call: argument value", add.get(), call + R"(add", "arguments": {"a": )"},
+      {"tight: schema: bounded string", person.get(), R"({"name": "ab)", true},
+      {"tight: schema: integer", person.get(), R"({"name": "ab", "age": 1)", true},
+      {"tight: json_object: string", object.get(), R"({"k": "v)", true},
+      {"tight: tool call: name", add.get(), call, true},
   };
   std::mt19937 rng(1);
   std::normal_distribution<float> nd;
@@ -85,11 +93,12 @@ int main(int argc, char** argv) {
   for (float& x : logits) x = nd(rng);
   for (const Case& c : cases) {
     const std::vector<int64_t> prefix = ids(c.prefix);
+    const int64_t remaining = c.tight ? c.g->completion_length(prefix) : 1000;
     std::vector<double> ms;
     for (int r = 0; r < reps; ++r) {
       w = logits;
       const auto t0 = std::chrono::steady_clock::now();
-      c.g->mask(prefix, 1000, w.data(), kVocab);
+      c.g->mask(prefix, remaining, w.data(), kVocab);
       ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
     std::sort(ms.begin(), ms.end());

@@ -2,9 +2,10 @@
 // parameters): bounded ordered parsing, the schema compiler, then a short
 // greedy walk through the grammar's mask over logits drawn from the input.
 // Findings beyond crashes: a logic_error (the compiler's or the grammar's
-// own consistency checks), a shortest completion whose length differs from
-// the tables' count, a walk that does not end in <|end|> within max_tokens,
-// or an output that does not parse as JSON.
+// own consistency checks), a completion whose token count differs from its
+// spelled tokens or no longer fits the tokens left (max_tokens is the
+// shortest output's count plus 0 to 3), a walk that does not end in <|end|>
+// within max_tokens, or an output that does not parse as JSON.
 #include <cstdlib>
 #include <memory>
 #include <stdexcept>
@@ -49,7 +50,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   };
   std::vector<float> logits(size_t(kVocab), 0.0f);
   std::vector<int64_t> out;
-  const int64_t max_tokens = g->min_tokens() + 12;
+  const int64_t max_tokens = g->min_tokens() + int64_t(size % 4);
   while (int64_t(out.size()) < max_tokens && (out.empty() || out.back() != phi4mm::kEnd)) {
     for (float& l : logits) l = next();
     for (char c : std::string("{}[]\",:0-tfn \n")) logits[size_t(bytes->byte_token(uint8_t(c)))] += 2.0f * next();
@@ -58,7 +59,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int64_t id = 1; id < kVocab; ++id)
       if (logits[size_t(id)] > logits[size_t(best)]) best = id;
     out.push_back(best);
-    if (g->completion_length(out) != int64_t(g->completion(out).size())) std::abort();
+    const int64_t left = g->completion_length(out);
+    if (left != int64_t(g->completion(out).size()) || left > max_tokens - int64_t(out.size())) std::abort();
   }
   if (out.back() != phi4mm::kEnd) std::abort();
   std::string json_text;

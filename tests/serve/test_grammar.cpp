@@ -11,6 +11,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -105,7 +106,13 @@ TEST_CASE("serve/grammar the tool call: its language, shortest completions, name
   CHECK_THROWS_AS(OutputGrammar::tool_call(bytes(), {}), std::invalid_argument);
   CHECK_THROWS_AS(OutputGrammar::tool_call(bytes(), std::vector<std::string>(65, "f")), std::invalid_argument);
   CHECK_THROWS_AS(OutputGrammar::tool_call(bytes(), {std::string(257, 'f')}), std::invalid_argument);
-  CHECK(OutputGrammar::tool_call(bytes(), {std::string(256, 'f')})->min_tokens() == 37 - 3 + 256);
+  // max_tokens counts tokens: the 256-byte name costs its fewest tokens, not 256.
+  const auto longname = OutputGrammar::tool_call(bytes(), {std::string(256, 'f')});
+  CHECK(text(longname->completion({})) == kCall + std::string(256, 'f') + "\", \"arguments\": {}}]<|/tool_call|><|end|>");
+  CHECK(longname->min_tokens() == int64_t(longname->completion({}).size()));
+  CHECK(longname->min_tokens() ==
+        3 + bytes()->spell("[{\"name\": \"" + std::string(256, 'f') + "\", \"arguments\": {}}]"));
+  CHECK(longname->min_tokens() < 60);  // 37 - 3 + 256 bytes
   // A name with a quote is written escaped.
   const auto q = OutputGrammar::tool_call(bytes(), {"say\"hi"});
   CHECK(text(q->completion({})) == kCall + "say\\\"hi\", \"arguments\": {}}]<|/tool_call|><|end|>");
@@ -114,8 +121,10 @@ TEST_CASE("serve/grammar the tool call: its language, shortest completions, name
 TEST_CASE("serve/grammar mask: allowed exactly when the output stays a prefix that fits the tokens left") {
   const auto g = OutputGrammar::tool_call(bytes(), {"add"});
   const std::vector<int64_t> prefix = ids(kCall + "add\", \"arguments\": {\"a\": \"x");
-  const int64_t need = int64_t(g->completion(prefix).size());  // "}}]<|/tool_call|><|end|>: 6
-  CHECK(need == 6);
+  const int64_t need = int64_t(g->completion(prefix).size());
+  CHECK(text(g->completion(prefix)) == "\"}}]<|/tool_call|><|end|>");
+  CHECK(need == 2 + bytes()->spell("\"}}]"));
+  CHECK(need < 6);  // its bytes
   std::mt19937 rng(3);
   std::normal_distribution<float> nd;
   std::vector<float> logits(static_cast<size_t>(kVocab));
@@ -181,4 +190,148 @@ TEST_CASE("serve/grammar random walks through the mask end in a complete call or
     ++complete;
   }
   CHECK(complete == 6);
+}
+
+namespace {
+
+// The fewest tokens spelling `t`, by brute force over every substring.
+int64_t brute_spell(const std::string& t) {
+  static const std::unordered_set<std::string> vocab = [] {
+    std::unordered_set<std::string> v;
+    for (int64_t id = 0; id < bytes()->size(); ++id)
+      if (!bytes()->special(id) && !bytes()->bytes(id).empty()) v.insert(std::string(bytes()->bytes(id)));
+    return v;
+  }();
+  std::vector<int64_t> best(t.size() + 1, std::numeric_limits<int64_t>::max() / 4);
+  best[t.size()] = 0;
+  for (size_t i = t.size(); i-- > 0;)
+    for (size_t j = i + 1; j <= t.size(); ++j)
+      if (vocab.count(t.substr(i, j - i))) best[i] = std::min(best[i], 1 + best[j]);
+  return best[0];
+}
+
+}  // namespace
+
+TEST_CASE("serve/grammar TokenBytes::spell: the fewest tokens, as a brute-force count finds") {
+  std::mt19937 rng(4);
+  std::string random_text;
+  for (int i = 0; i < 80; ++i) random_text += char(0x20 + rng() % 95);
+  for (const std::string& t :
+       {std::string("\"}}]"), std::string(R"({"name":"aa","age":0,"tags":[""]})"), std::string(256, 'f'),
+        std::string("positive"), std::string("\xc3\xa9"), std::string(" way"), std::string("Zo\xc3\xab \\\"Z\\\" \xe6\x97\xa5\xe6\x9c\xac"),
+        std::string("\n\n\t\t  "), random_text, std::string("a")}) {
+    CAPTURE(t);
+    std::vector<int64_t> out;
+    const int64_t n = bytes()->spell(t, &out);
+    CHECK(n == brute_spell(t));
+    CHECK(int64_t(out.size()) == n);
+    std::string back;
+    for (int64_t id : out) {
+      CHECK_FALSE(bytes()->special(id));
+      back += bytes()->bytes(id);
+    }
+    CHECK(back == t);
+  }
+  CHECK(bytes()->spell("") == 0);
+  CHECK(bytes()->spell(std::string(256, 'f')) < 40);
+}
+
+TEST_CASE("serve/grammar every token of a completion takes one off its count, so a tight max_tokens still finishes") {
+  // Options whose fewest tokens do not follow their bytes: the shortest
+  // output in tokens is the longer word.
+  const std::string word = "international", odd = "qzxv";
+  REQUIRE(bytes()->spell(word) == 1);
+  REQUIRE(bytes()->spell(odd) >= 2);
+  const auto choice = OutputGrammar::choice(bytes(), {odd, word, odd + odd});
+  CHECK(choice->min_tokens() == 2);
+  CHECK(text(choice->completion({})) == "international<|end|>");
+  // A vLLM-style classification: max_tokens 2 is enough for one-token labels.
+  const auto labels = OutputGrammar::choice(bytes(), {"positive", "negative", "neutral"});
+  const int64_t label_tokens =
+      1 + std::min({bytes()->spell("positive"), bytes()->spell("negative"), bytes()->spell("neutral")});
+  CHECK(labels->min_tokens() == label_tokens);
+  CHECK(label_tokens < 8);  // the bytes of the shortest
+  const auto call = OutputGrammar::tool_call(bytes(), {"get_weather", "add"});
+  const auto object = OutputGrammar::json_object(bytes());
+  // Along each completion, every prefix's count is the rest's length.
+  struct At {
+    const OutputGrammar* g;
+    std::string prefix;
+  };
+  for (const At& at : {At{call.get(), ""}, At{call.get(), kCall + "get"}, At{call.get(), kCall + "add\", \"arguments\": {\"k"},
+                       At{call.get(), kCall + "get_weather\", \"arguments\": {\"a\": [1, {\"b\": tr"},
+                       At{object.get(), "{\"x\": \"abc"}, At{choice.get(), ""}, At{choice.get(), "q"}, At{labels.get(), "neg"}}) {
+    CAPTURE(at.prefix);
+    const std::vector<int64_t> v = ids(at.prefix);
+    REQUIRE(at.g->accepts(v));
+    const std::vector<int64_t> c = at.g->completion(v);
+    std::vector<int64_t> w = v;
+    for (size_t k = 0; k <= c.size(); ++k) {
+      CHECK(at.g->completion_length(w) == int64_t(c.size() - k));
+      if (k < c.size()) w.push_back(c[k]);
+    }
+    CHECK(at.g->accepts(w));
+  }
+  // Walks with max_tokens at the minimum and just above it always finish.
+  std::mt19937 rng(9);
+  int walks = 0;
+  for (const OutputGrammar* g : {choice.get(), labels.get(), call.get(), object.get()})
+    for (int extra = 0; extra < 3; ++extra) {
+      const int64_t max_tokens = g->min_tokens() + extra;
+      const std::vector<int64_t> out = masked_walk(*g, max_tokens, rng, "{[\"0tn,:pq", "", [&](const std::vector<int64_t>& o) {
+        CHECK(g->completion_length(o) <= max_tokens - int64_t(o.size()));
+      });
+      CAPTURE(text(out));
+      REQUIRE(out.back() == phi4mm::kEnd);
+      CHECK(int64_t(out.size()) <= max_tokens);
+      CHECK(g->completion(out).empty());
+      ++walks;
+    }
+  CHECK(walks == 12);
+  // The mask at the tightest budget lets exactly the fitting ids through.
+  std::vector<float> logits(static_cast<size_t>(kVocab));
+  std::normal_distribution<float> nd;
+  for (float& x : logits) x = nd(rng);
+  for (const At& at : {At{labels.get(), ""}, At{labels.get(), "pos"}, At{object.get(), "{\"x\": \"abc"},
+                       At{call.get(), kCall + "add\", \"arguments\": {\"k\": 12"}}) {
+    CAPTURE(at.prefix);
+    const std::vector<int64_t> v = ids(at.prefix);
+    const int64_t need = at.g->completion_length(v);
+    for (int64_t remaining : {need, need + 1}) {
+      CAPTURE(remaining);
+      std::vector<float> w;
+      const MaskCheck m = check_mask(*at.g, v, remaining, logits, w);
+      CHECK(m.wrong == 0);
+      CHECK(m.allowed > 0);
+    }
+  }
+}
+
+TEST_CASE("serve/grammar a completion over 4096 bytes counts a token per byte until it is short enough to spell") {
+  const auto g = OutputGrammar::json_schema(
+      bytes(), JsonSchema::compile(nlohmann::ordered_json::parse(
+                   R"({"type": "object", "properties": {"s": {"type": "string", "minLength": 4200}}, "required": ["s"]})")));
+  CHECK(g->min_tokens() == 4209);  // {"s":" 4200 a "} <|end|>
+  std::vector<int64_t> v;
+  for (char c : std::string("{\"s\":\"")) v.push_back(bytes()->byte_token(uint8_t(c)));
+  const std::vector<int64_t> c = g->completion(v);
+  CHECK(c.size() == 4203);
+  CHECK(c[0] == bytes()->byte_token('a'));
+  // Each completion's first token: the count falls by one per token while
+  // counted in bytes, and to the spelled count once at most 4096 are left.
+  int64_t left = g->completion_length(v);
+  CHECK(left == 4203);
+  int64_t as = 0;
+  for (int k = 0; k < 120; ++k) {
+    const std::vector<int64_t> ck = g->completion(v);
+    CHECK(int64_t(ck.size()) == left);
+    v.push_back(ck[0]);
+    as += int64_t(bytes()->bytes(ck[0]).size());
+    const int64_t now = g->completion_length(v);
+    if (k != 106) CHECK(now == left - 1);
+    else CHECK(now < left - 1000);  // 4096 units left: spelled
+    left = now;
+  }
+  CHECK(as > 120);
+  CHECK(text(g->completion(v)) == std::string(size_t(4200 - as), 'a') + "\"}<|end|>");
 }

@@ -22,6 +22,7 @@
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "serve/engine.h"
 #include "serve/http_server.h"
+#include "tests/serve/grammar_tokens.h"
 #include "tests/serve/http_fixture.h"
 #include "serve/media_fetch.h"
 #include "models/phi4mm/processor/chat_processor.h"
@@ -231,9 +232,12 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
         {"function", {{"name", "get_weather"}, {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}},
        {{"type", "function"}, {"function", {{"name", "add"}}}}});
   const json messages = {{{"role", "user"}, {"content", "What is 2 + 3?"}}};
+  // The shortest call, in tokens as the grammar spells it (fewer than its 37 bytes).
+  const int64_t fewest = OutputGrammar::tool_call(testing::bytes(), {"add"})->min_tokens();
+  CHECK(fewest < 37);
   int64_t shortest = 0;
   for (const json& choice : {json("required"), json{{"type", "function"}, {"function", {{"name", "add"}}}}}) {
-    for (int64_t max_tokens : {int64_t(36), int64_t(45), int64_t(80)}) {
+    for (int64_t max_tokens : {fewest - 1, fewest, fewest + 8, int64_t(80)}) {
       for (double temperature : {0.0, 1.0}) {
         CAPTURE(choice.dump());
         CAPTURE(max_tokens);
@@ -266,7 +270,7 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
       }
     }
   }
-  CHECK(shortest == 37);  // <|tool_call|>[{"name": "add", "arguments": {}}]<|/tool_call|><|end|> and no shorter
+  CHECK(shortest == fewest);  // <|tool_call|>[{"name": "add", "arguments": {}}]<|/tool_call|><|end|> and no shorter
   // A JSON object as the content.
   for (double temperature : {0.0, 1.0}) {
     Reply r = post(w.plain->port, "/v1/chat/completions",
@@ -279,7 +283,7 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
     CHECK(json::parse(c["message"]["content"].get<std::string>()).is_object());
   }
   check_error(post(w.plain->port, "/v1/chat/completions",
-                   {{"messages", messages}, {"response_format", {{"type", "json_object"}}}, {"max_tokens", 2}}),
+                   {{"messages", messages}, {"response_format", {{"type", "json_object"}}}, {"max_tokens", 1}}),
               400, "shortest output", "max_tokens");
   // A JSON schema: properties in the written order (the raw body, not the
   // sorted parse), an enum, a bounded array of integers, a bounded string.
@@ -308,10 +312,18 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
     CHECK(v["name"].is_string());
   }
   // vLLM's fields on both endpoints: guided_choice on /v1/completions (the
-  // text is one of the strings), guided_json as JSON text on chat.
-  for (double temperature : {0.0, 1.0}) {
+  // text is one of the strings, also with max_tokens at the fewest tokens
+  // that spell one of them and the end), guided_json as JSON text on chat.
+  const int64_t label_tokens = OutputGrammar::choice(testing::bytes(), {"positive", "negative", "neutral"})->min_tokens();
+  CHECK(label_tokens < 9);  // the bytes of "negative" and the end
+  check_error(post(w.plain->port, "/v1/completions",
+                   {{"prompt", "x"}, {"max_tokens", label_tokens - 1}, {"guided_choice", {"positive", "negative", "neutral"}}}),
+              400, "shortest output", "max_tokens");
+  for (const auto& [max_tokens, temperature] : {std::pair{label_tokens, 0.0}, std::pair{label_tokens, 1.0},
+                                                std::pair{int64_t(8), 0.0}, std::pair{int64_t(8), 1.0}}) {
+    CAPTURE(max_tokens);
     Reply r = post(w.plain->port, "/v1/completions",
-                   {{"prompt", "The answer is"}, {"max_tokens", 8}, {"temperature", temperature}, {"seed", 3},
+                   {{"prompt", "The answer is"}, {"max_tokens", max_tokens}, {"temperature", temperature}, {"seed", 3},
                     {"guided_choice", {"positive", "negative", "neutral"}}});
     REQUIRE(r.status == 200);
     const std::string t = r.body["choices"][0]["text"];
