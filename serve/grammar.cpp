@@ -255,6 +255,7 @@ OutputGrammar::OutputGrammar(std::shared_ptr<const TokenBytes> bytes, std::vecto
           own = text_len(sc, sc.root());
           break;
         }
+        case Segment::regex: own = s.automaton->distance(s.automaton->start()); break;
       }
       tails_[c][k] = tails_[c][k + 1] + own;
     }
@@ -275,8 +276,8 @@ std::shared_ptr<const OutputGrammar> OutputGrammar::tool_call(std::shared_ptr<co
                                             names.size()));
   if (!schemas.empty() && schemas.size() != names.size())
     throw std::logic_error("grammar: one schema per tool name");
-  Segment choice{Segment::choice, -1, "", {}, {}};
-  Segment args{Segment::json, -1, "", {}, {}};
+  Segment choice{Segment::choice, -1, "", {}, {}, {}};
+  Segment args{Segment::json, -1, "", {}, {}, {}};
   for (size_t i = 0; i < names.size(); ++i) {
     const std::string& n = names[i];
     if (n.empty() || n.size() > kMaxNameBytes)
@@ -287,14 +288,14 @@ std::shared_ptr<const OutputGrammar> OutputGrammar::tool_call(std::shared_ptr<co
     args.schemas.push_back(schemas.empty() || !schemas[i] ? JsonSchema::any_object() : schemas[i]);
   }
   std::vector<Segment> segs;
-  segs.push_back({Segment::special, phi4mm::kToolCall, "", {}, {}});
-  segs.push_back({Segment::literal, -1, "[{\"name\": \"", {}, {}});
+  segs.push_back({Segment::special, phi4mm::kToolCall, "", {}, {}, {}});
+  segs.push_back({Segment::literal, -1, "[{\"name\": \"", {}, {}, {}});
   segs.push_back(std::move(choice));
-  segs.push_back({Segment::literal, -1, "\", \"arguments\": ", {}, {}});
+  segs.push_back({Segment::literal, -1, "\", \"arguments\": ", {}, {}, {}});
   segs.push_back(std::move(args));
-  segs.push_back({Segment::literal, -1, "}]", {}, {}});
-  segs.push_back({Segment::special, phi4mm::kToolCallEnd, "", {}, {}});
-  segs.push_back({Segment::special, phi4mm::kEnd, "", {}, {}});
+  segs.push_back({Segment::literal, -1, "}]", {}, {}, {}});
+  segs.push_back({Segment::special, phi4mm::kToolCallEnd, "", {}, {}, {}});
+  segs.push_back({Segment::special, phi4mm::kEnd, "", {}, {}, {}});
   return std::shared_ptr<const OutputGrammar>(new OutputGrammar(std::move(bytes), std::move(segs)));
 }
 
@@ -306,8 +307,8 @@ std::shared_ptr<const OutputGrammar> OutputGrammar::choice(std::shared_ptr<const
     if (o.empty() || o.size() > kMaxNameBytes)
       throw std::invalid_argument(fmt::format("a choice's strings must have 1 to {} bytes (got {})", kMaxNameBytes, o.size()));
   std::vector<Segment> segs;
-  segs.push_back({Segment::choice, -1, "", options, {}});
-  segs.push_back({Segment::special, phi4mm::kEnd, "", {}, {}});
+  segs.push_back({Segment::choice, -1, "", options, {}, {}});
+  segs.push_back({Segment::special, phi4mm::kEnd, "", {}, {}, {}});
   return std::shared_ptr<const OutputGrammar>(new OutputGrammar(std::move(bytes), std::move(segs)));
 }
 
@@ -318,8 +319,20 @@ std::shared_ptr<const OutputGrammar> OutputGrammar::json_object(std::shared_ptr<
 std::shared_ptr<const OutputGrammar> OutputGrammar::json_schema(std::shared_ptr<const TokenBytes> bytes,
                                                                 std::shared_ptr<const JsonSchema> schema) {
   std::vector<Segment> segs;
-  segs.push_back({Segment::json, -1, "", {}, {std::move(schema)}});
-  segs.push_back({Segment::special, phi4mm::kEnd, "", {}, {}});
+  segs.push_back({Segment::json, -1, "", {}, {std::move(schema)}, {}});
+  segs.push_back({Segment::special, phi4mm::kEnd, "", {}, {}, {}});
+  return std::shared_ptr<const OutputGrammar>(new OutputGrammar(std::move(bytes), std::move(segs)));
+}
+
+std::shared_ptr<const OutputGrammar> OutputGrammar::regex(std::shared_ptr<const TokenBytes> bytes,
+                                                          std::shared_ptr<const Regex> regex) {
+  // A completion may write any byte a match can hold: each must be a token.
+  for (int c = 0; c < 256; ++c)
+    if (bytes->byte_token(uint8_t(c)) < 0)
+      throw std::invalid_argument(fmt::format("the vocabulary has no token of the byte 0x{:02x}", c));
+  std::vector<Segment> segs;
+  segs.push_back({Segment::regex, -1, "", {}, {}, std::move(regex)});
+  segs.push_back({Segment::special, phi4mm::kEnd, "", {}, {}, {}});
   return std::shared_ptr<const OutputGrammar>(new OutputGrammar(std::move(bytes), std::move(segs)));
 }
 
@@ -361,6 +374,16 @@ bool OutputGrammar::step_byte(State& st, unsigned char c) const {
       return step_byte(st, c);  // at most once: the next segment is a literal
     }
     case Segment::json: return step_json(st, c);
+    case Segment::regex: {
+      const int32_t next = seg.automaton->next(int32_t(st.vnode), c);
+      if (next != Regex::kDead) {
+        st.vnode = uint32_t(next);
+        return true;
+      }
+      if (!seg.automaton->accepting(int32_t(st.vnode))) return false;
+      enter(segments_, st, st.seg + 1u);
+      return step_byte(st, c);  // at most once: a regex is followed by a special token
+    }
   }
   return false;
 }
@@ -628,6 +651,11 @@ bool OutputGrammar::step_token(State& st, int64_t id) const {
       st.chosen = uint8_t(complete);
       enter(segments_, st, st.seg + 1u);
     }
+    // So does a regex's text once it matches.
+    if (st.seg < segments_.size() && segments_[st.seg].kind == Segment::regex) {
+      if (!segments_[st.seg].automaton->accepting(int32_t(st.vnode))) return false;
+      enter(segments_, st, st.seg + 1u);
+    }
     if (st.seg >= segments_.size() || segments_[st.seg].kind != Segment::special || segments_[st.seg].id != id)
       return false;
     enter(segments_, st, st.seg + 1u);
@@ -735,6 +763,7 @@ int64_t OutputGrammar::completion_bytes(const State& st) const {
       const int64_t j = json_length(st);
       return j >= kInf ? kInf : j + tail(st.seg + 1u, st.chosen);
     }
+    case Segment::regex: return s.automaton->distance(int32_t(st.vnode)) + tail(st.seg + 1u, st.chosen);
   }
   return kInf;
 }
@@ -797,6 +826,7 @@ void OutputGrammar::for_completion(const State& st0, F&& emit, int force) const 
         st.chosen = uint8_t(best);
         break;
       }
+      case Segment::regex: text(s.automaton->shortest(here ? int32_t(st.vnode) : s.automaton->start())); break;
       case Segment::json: {
         const JsonSchema& S = *s.schemas[s.schemas.size() == 1 ? 0 : st.chosen];
         if (!here || st.mode == kTop) {
@@ -878,6 +908,7 @@ void OutputGrammar::for_completion(const State& st0, F&& emit, int force) const 
 struct OutputGrammar::SpellCache {
   std::unordered_map<std::string, int64_t> tokens;
   std::unordered_map<int64_t, int64_t> in_string;  // by the code points a bounded string still lacked
+  std::unordered_map<uint32_t, int64_t> regex;      // by the automaton's state: its completion
 };
 
 // The completion's token count: for each name the choice segment may still
@@ -989,7 +1020,16 @@ void OutputGrammar::mask(std::span<const int64_t> generated, int64_t remaining, 
   // when their fewest tokens do: spelled only where the bytes are too many.
   auto fits = [&](const State& s) {
     const int64_t b = completion_bytes(s);
-    return b < kInf && (b <= budget || completion_tokens(s, nullptr, &cache) <= budget);
+    if (b >= kInf) return false;
+    if (b <= budget) return true;
+    // In a regex the completion is the automaton state's: counted once per
+    // state, not materialized per candidate (`.` lets every id through).
+    if (s.seg < segments_.size() && segments_[s.seg].kind == Segment::regex) {
+      auto it = cache.regex.find(s.vnode);
+      if (it == cache.regex.end()) it = cache.regex.emplace(s.vnode, completion_tokens(s, nullptr, &cache)).first;
+      return it->second <= budget;
+    }
+    return completion_tokens(s, nullptr, &cache) <= budget;
   };
   // Inside a JSON string a token of whole code points with no quote,
   // backslash or control byte only adds text: in O(1), allowed when a
@@ -1012,6 +1052,20 @@ void OutputGrammar::mask(std::span<const int64_t> generated, int64_t remaining, 
       State s = st;
       step_token(s, id);
       it = cache.in_string.emplace(filled, completion_tokens(s, nullptr, &cache)).first;
+    }
+    return it->second <= budget;
+  };
+  // In a regex a token's bytes walk the automaton from its state (no State
+  // copied per id); the completion is counted per state reached.
+  const Regex* rx = segments_[st.seg].kind == Segment::regex ? segments_[st.seg].automaton.get() : nullptr;
+  const int64_t rx_tail = rx ? tail(st.seg + 1u, st.chosen) : 0;
+  auto regex_fits = [&](int32_t t) {
+    if (rx->distance(t) + rx_tail <= budget) return true;
+    auto it = cache.regex.find(uint32_t(t));
+    if (it == cache.regex.end()) {
+      State s = st;
+      s.vnode = uint32_t(t);
+      it = cache.regex.emplace(uint32_t(t), completion_tokens(s, nullptr, &cache)).first;
     }
     return it->second <= budget;
   };
@@ -1044,6 +1098,14 @@ void OutputGrammar::mask(std::span<const int64_t> generated, int64_t remaining, 
       const std::string_view b = bytes_->bytes(id);
       if (b.empty() || !first_ok[uint8_t(b[0])]) {
         work[id] = kNegInf;
+        continue;
+      }
+      if (rx) {
+        int32_t t = int32_t(st.vnode);
+        for (unsigned char c : b)
+          if ((t = rx->next(t, c)) == Regex::kDead) break;
+        if (t != Regex::kDead && !std::isnan(work[id]) && regex_fits(t)) any = true;
+        else work[id] = kNegInf;
         continue;
       }
       if (in_string && bytes_->string_safe(id)) {

@@ -4,10 +4,10 @@
 // on a sequence (as vLLM's guided decoding does for the same requests).
 //
 // A grammar is a fixed chain of segments: special tokens (<|tool_call|>),
-// literal text, a choice among names, and a JSON value that a JsonSchema
-// (serve/json_schema.h) describes: any object, a response_format schema, or
-// the chosen tool's `parameters` (one schema per name of the choice before
-// it). Containers nest at most kMaxDepth deep. Before each draw the sampler asks it which
+// literal text, a choice among names, a JSON value that a JsonSchema
+// (serve/json_schema.h) describes (any object, a response_format schema, or
+// the chosen tool's `parameters`: one schema per name of the choice before
+// it), and text that a regular expression (serve/regex.h) matches whole. Containers nest at most kMaxDepth deep. Before each draw the sampler asks it which
 // ids may come next: an id is allowed when the output with its bytes appended
 // is still a prefix of the grammar's language and can still be finished in
 // the tokens left (max_tokens counts the stop token). A state's completion is
@@ -32,6 +32,7 @@
 
 #include "models/phi4mm/tokenizer/tokenizer.h"
 #include "serve/json_schema.h"
+#include "serve/regex.h"
 
 namespace areno::serve {
 
@@ -91,6 +92,9 @@ class OutputGrammar {
   // {...}<|end|>: one instance of `schema`.
   static std::shared_ptr<const OutputGrammar> json_schema(std::shared_ptr<const TokenBytes> bytes,
                                                           std::shared_ptr<const JsonSchema> schema);
+  // TEXT<|end|>: a whole match of `regex` (vLLM's guided_regex).
+  static std::shared_ptr<const OutputGrammar> regex(std::shared_ptr<const TokenBytes> bytes,
+                                                    std::shared_ptr<const Regex> regex);
 
   // Sets work[id] to -inf for every id (of V) not allowed after `generated`,
   // with `remaining` tokens left including this one. When no finite id is
@@ -114,12 +118,13 @@ class OutputGrammar {
   int64_t min_tokens() const { return min_tokens_; }
 
   struct Segment {
-    enum Kind { special, literal, choice, json } kind;
+    enum Kind { special, literal, choice, json, regex } kind;
     int64_t id = -1;                 // special
     std::string text;                // literal
     std::vector<std::string> names;  // choice (escaped)
     // json: one schema, or one per name of the choice segment before it.
     std::vector<std::shared_ptr<const JsonSchema>> schemas;
+    std::shared_ptr<const Regex> automaton;  // regex: its automaton (the state in State::vnode)
   };
   struct State;
 

@@ -286,7 +286,7 @@ struct HttpServer::Impl {
   }
 
   // Checks the prompt length and fixes max_tokens / max_context of `r`; a
-  // forced tool call, a JSON object, a JSON schema or a choice gets its
+  // forced tool call, a JSON object, a JSON schema, a choice or a regex gets its
   // grammar, and max_tokens must leave room for its shortest output.
   void fit_context(Request& r, const ApiRequest& ar, const char* field) {
     const int64_t len = int64_t(r.prompt.size());
@@ -300,6 +300,7 @@ struct HttpServer::Impl {
     try {
       r.params.grammar = !ar.forced_tools.empty() ? OutputGrammar::tool_call(token_bytes(), ar.forced_tools, ar.forced_schemas)
                          : !ar.choices.empty()    ? OutputGrammar::choice(token_bytes(), ar.choices)
+                         : ar.has_regex           ? OutputGrammar::regex(token_bytes(), Regex::compile(ar.regex))
                          : ar.output_schema       ? OutputGrammar::json_schema(token_bytes(), ar.output_schema)
                                                   : OutputGrammar::json_object(token_bytes());
     } catch (const std::invalid_argument& e) {

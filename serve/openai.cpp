@@ -142,15 +142,27 @@ void parse_choices(const json& v, const std::string& field, ApiRequest& r) {
   }
 }
 
+void parse_regex(const json& v, const std::string& field, ApiRequest& r) {
+  if (!v.is_string()) throw bad(field, fmt::format("'{}' must be a string (a regular expression)", field));
+  if (v.get_ref<const std::string&>().size() > Regex::kMaxPatternBytes)
+    throw bad(field, fmt::format("'{}' must have at most {} bytes", field, Regex::kMaxPatternBytes));
+  r.regex = v.get<std::string>();
+  r.has_regex = true;
+}
+
 // vLLM's guided decoding fields and their newer form, structured_outputs:
-// JSON schemas and choices are enforced; regular expressions and grammars
-// are refused by name, never ignored.
+// JSON schemas, choices and regular expressions are enforced; grammars are
+// refused by name, never ignored.
 void parse_guided(const json& body, ApiRequest& r) {
-  for (const char* k : {"guided_regex", "guided_grammar", "guided_whitespace_pattern"})
+  for (const char* k : {"guided_grammar", "guided_whitespace_pattern"})
     if (has(body, k))
-      throw bad(k, fmt::format("'{}' is not supported (supported: guided_json, guided_choice, response_format "
-                               "json_object and json_schema)",
+      throw bad(k, fmt::format("'{}' is not supported (supported: guided_json, guided_choice, guided_regex, "
+                               "response_format json_object and json_schema)",
                                k));
+  if (has(body, "guided_regex")) {
+    set_constraint(r, "guided_regex");
+    parse_regex(body["guided_regex"], "guided_regex", r);
+  }
   if (has(body, "guided_json")) {
     const json& g = body["guided_json"];
     if (!g.is_object() && !g.is_string()) throw bad("guided_json", "'guided_json' must be a JSON schema (an object or its JSON text)");
@@ -175,15 +187,18 @@ void parse_guided(const json& body, ApiRequest& r) {
       } else if (it.key() == "choice") {
         set_constraint(r, "structured_outputs");
         parse_choices(it.value(), field, r);
+      } else if (it.key() == "regex") {
+        set_constraint(r, "structured_outputs");
+        parse_regex(it.value(), field, r);
       } else if (it.key() == "json_object") {
         if (!it.value().is_boolean()) throw bad(field, "'structured_outputs.json_object' must be a boolean");
         if (it.value().get<bool>()) set_constraint(r, "structured_outputs"), r.json_object = true;
       } else {
-        throw bad(field, fmt::format("'{}' is not supported (supported: json, choice, json_object)", field));
+        throw bad(field, fmt::format("'{}' is not supported (supported: json, choice, regex, json_object)", field));
       }
     }
-    if (int(!r.schema_field.empty()) + int(!r.choices.empty()) + int(r.json_object) > 1)
-      throw bad("structured_outputs", "'structured_outputs' must hold one of json, choice and json_object");
+    if (int(!r.schema_field.empty()) + int(!r.choices.empty()) + int(r.json_object) + int(r.has_regex) > 1)
+      throw bad("structured_outputs", "'structured_outputs' must hold one of json, choice, regex and json_object");
   }
 }
 

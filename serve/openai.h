@@ -89,6 +89,10 @@ struct ApiRequest {
   std::string schema_field;
   // guided_choice / structured_outputs.choice: the output is one of these.
   std::vector<std::string> choices;
+  // guided_regex / structured_outputs.regex: the output matches it whole
+  // (serve/regex.h); `has_regex` because the empty pattern is one.
+  std::string regex;
+  bool has_regex = false;
   // The field that asked for a constrained output (errors name it); empty: none.
   std::string constraint_field;
   // Compiled by compile_output_schemas: the output schema, and each forced

@@ -23,6 +23,7 @@
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "serve/grammar.h"
 #include "serve/json_schema.h"
+#include "serve/regex.h"
 
 using namespace areno;
 using namespace areno::serve;
@@ -52,6 +53,8 @@ int main(int argc, char** argv) {
       {JsonSchema::compile(nlohmann::ordered_json::parse(
            R"({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]})")),
        nullptr});
+  const auto phone = OutputGrammar::regex(bytes, Regex::compile("\\(\\d{3}\\) \\d{3}-\\d{4}"));
+  const auto line = OutputGrammar::regex(bytes, Regex::compile("[A-Z][^\\n]{0,200}\\."));
   auto ids = [&](const std::string& text) {
     std::vector<int64_t> out;
     for (const tok::Segment& s : tokenizer.split_added_tokens(text)) {
@@ -86,6 +89,9 @@ int main(int argc, char** argv) {
       {"tight: schema: integer", person.get(), R"({"name": "ab", "age": 1)", true},
       {"tight: json_object: string", object.get(), R"({"k": "v)", true},
       {"tight: tool call: name", add.get(), call, true},
+      {"regex: digits", phone.get(), "(55", false},
+      {"regex: free text (any but newline)", line.get(), "Hello, wor", false},
+      {"tight: regex: free text", line.get(), "Hello, wor", true},
   };
   std::mt19937 rng(1);
   std::normal_distribution<float> nd;

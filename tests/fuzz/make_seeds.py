@@ -136,6 +136,13 @@ def main():
           "model": {"type": "BPE", "dropout": None, "unk_token": None, "byte_fallback": False, "ignore_merges": False,
                     "vocab": vocab, "merges": ["a b", "ab c"]}}
     put("tokenizer_json", "tiny.json", json.dumps(tj, ensure_ascii=False))
+    # regular expressions (guided_regex)
+    patterns = [r"\d{3}-\d{4}", r"(yes|no|maybe)", r"[A-Z][a-z]{2,8}( [A-Z][a-z]{2,8}){0,3}\.", r".{5,40}",
+                r'\{"a": \d+, "b": "[^"]*"\}', "(日本|中国)語?", r"^(?P<y>19|20)\d\d-(0[1-9]|1[0-2])$",
+                r"[\u0400-\u04FF]+ [^\x00-\x7F]{2}", r"(a|b)*a(a|b){5}", r"a+?b*+c{2,}[]x-][^]a]", r"(?=a)b",
+                r"[[:alpha:]]", r"a{1001}", r"(.{0,50}){20}", r"\w+@\w+\.(com|org)", ""]
+    for i, p in enumerate(patterns):
+        put("regex", "seed_%02d" % i, p)
 
 
 if __name__ == "__main__":

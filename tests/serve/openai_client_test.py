@@ -15,6 +15,7 @@ import argparse
 import base64
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -177,11 +178,19 @@ def main():
         r = client.chat.completions.create(model=model, messages=ask, max_tokens=40, temperature=1.0, seed=6,
                                            extra_body={"guided_json": Answer.model_json_schema()})
         Answer.model_validate_json(r.choices[0].message.content)
+        c = client.completions.create(model=model, prompt="Call", max_tokens=30, temperature=1.0, seed=7,
+                                      extra_body={"guided_regex": r"\(\d{3}\) \d{3}-\d{4}"})
+        assert re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", c.choices[0].text), c
         try:
-            client.chat.completions.create(model=model, messages=ask, max_tokens=4, extra_body={"guided_regex": "a+"})
-            raise AssertionError("guided_regex was accepted")
+            client.chat.completions.create(model=model, messages=ask, max_tokens=4, extra_body={"guided_regex": "(?=a)b"})
+            raise AssertionError("a lookahead in guided_regex was accepted")
         except openai.BadRequestError as e:
             assert e.body["param"] == "guided_regex", e.body
+        try:
+            client.chat.completions.create(model=model, messages=ask, max_tokens=4, extra_body={"guided_grammar": "root ::= x"})
+            raise AssertionError("guided_grammar was accepted")
+        except openai.BadRequestError as e:
+            assert e.body["param"] == "guided_grammar", e.body
         print("json_schema (Pydantic), tool parameters and vLLM's guided fields ok")
 
         c = client.completions.create(model=model, prompt=[24912, 2375, 13], echo=True, logprobs=1, max_tokens=0)

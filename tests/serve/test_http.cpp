@@ -341,8 +341,29 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
     CHECK(v.size() == 1);
     CHECK(v["ok"].is_boolean());
   }
-  check_error(post(w.plain->port, "/v1/completions", {{"prompt", "x"}, {"guided_regex", "a+"}}), 400, "not supported",
+  // guided_regex: the text matches whole, at its minimum max_tokens too; a
+  // pattern outside the syntax is a 400 naming the field and the construct.
+  const auto phone = Regex::compile("\\(\\d{3}\\) \\d{3}-\\d{4}");
+  const int64_t phone_tokens = OutputGrammar::regex(testing::bytes(), phone)->min_tokens();
+  for (const auto& [max_tokens, temperature] : {std::pair{phone_tokens, 1.0}, std::pair{int64_t(30), 0.0}, std::pair{int64_t(30), 1.0}}) {
+    CAPTURE(max_tokens);
+    Reply r = post(w.plain->port, "/v1/completions",
+                   {{"prompt", "Call"}, {"max_tokens", max_tokens}, {"temperature", temperature}, {"seed", 2},
+                    {"guided_regex", "\\(\\d{3}\\) \\d{3}-\\d{4}"}});
+    REQUIRE(r.status == 200);
+    const std::string t = r.body["choices"][0]["text"];
+    CAPTURE(t);
+    CHECK(phone->matches(t));
+    CHECK(r.body["choices"][0]["finish_reason"] == "stop");
+  }
+  check_error(post(w.plain->port, "/v1/completions", {{"prompt", "x"}, {"max_tokens", phone_tokens - 1}, {"guided_regex", "\\(\\d{3}\\) \\d{3}-\\d{4}"}}),
+              400, "shortest output", "max_tokens");
+  check_error(post(w.plain->port, "/v1/completions", {{"prompt", "x"}, {"guided_regex", "(?=a)b"}}), 400, "lookahead",
               "guided_regex");
+  check_error(post(w.plain->port, "/v1/chat/completions", {{"messages", messages}, {"structured_outputs", {{"regex", "(a"}}}}),
+              400, "missing ')'", "structured_outputs");
+  check_error(post(w.plain->port, "/v1/completions", {{"prompt", "x"}, {"guided_grammar", "root ::= x"}}), 400,
+              "not supported", "guided_grammar");
   check_error(post(w.plain->port, "/v1/chat/completions",
                    {{"messages", messages},
                     {"response_format",
