@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <unordered_map>
@@ -453,7 +454,7 @@ bool OutputGrammar::step_json(State& st, unsigned char c) const {
       case Node::array: return c == '[' && push(v, kArrOpen);
       case Node::string:
         if (c != '"') return false;
-        st.mode = kStr, st.key = false, st.vnode = v, st.chars = 0, st.sub = 0;
+        st.mode = kStr, st.key = false, st.vnode = v, st.chars = 0, st.sub = 0, st.lo = 0;  // lo: a pattern's state
         return true;
       case Node::number:
       case Node::integer:
@@ -557,6 +558,17 @@ bool OutputGrammar::step_json(State& st, unsigned char c) const {
         return true;
       }
       const Node* n = st.key ? nullptr : &S.node(st.vnode);
+      if (n && n->pattern) {  // its automaton (which never takes '"', '\\' or a control) until it matches
+        if (c == '"') {
+          if (!n->pattern->accepting(int32_t(st.lo))) return false;
+          st.mode = kAfter;
+          return true;
+        }
+        const int32_t t = n->pattern->next(int32_t(st.lo), c);
+        if (t == Regex::kDead) return false;
+        st.lo = uint32_t(t);
+        return true;
+      }
       const bool limited = n && n->limited;
       if (c == '"') {
         if (st.key) {  // a map's key: its value follows
@@ -725,7 +737,9 @@ int64_t OutputGrammar::json_length(const State& st) const {
         need = S.node(v).min_depth;
       } else {
         const Node& sn = S.node(st.vnode);
-        n += 1 + (sn.limited ? std::max<int64_t>(int64_t(sn.min_count) - st.chars, 0) : 0);
+        n += 1 + (sn.pattern   ? sn.pattern->distance(int32_t(st.lo))
+                  : sn.limited ? std::max<int64_t>(int64_t(sn.min_count) - st.chars, 0)
+                               : 0);
       }
       break;
     }
@@ -880,6 +894,7 @@ void OutputGrammar::for_completion(const State& st0, F&& emit, int force) const 
               text(S.node(fn.values[0]).minimal);
             } else {
               const Node& sn = S.node(st.vnode);
+              if (sn.pattern) text(sn.pattern->shortest(int32_t(st.lo)));
               if (sn.limited)
                 for (uint32_t i = st.chars; i < sn.min_count; ++i) text("a");
               text("\"");
@@ -909,6 +924,7 @@ struct OutputGrammar::SpellCache {
   std::unordered_map<std::string, int64_t> tokens;
   std::unordered_map<int64_t, int64_t> in_string;  // by the code points a bounded string still lacked
   std::unordered_map<uint32_t, int64_t> regex;      // by the automaton's state: its completion
+  std::unordered_map<uint32_t, int64_t> pattern;    // in the state's JSON string with a pattern: by its state
 };
 
 // The completion's token count: for each name the choice segment may still
@@ -1018,10 +1034,21 @@ void OutputGrammar::mask(std::span<const int64_t> generated, int64_t remaining, 
   SpellCache cache;
   // A state fits when its completion's bytes do (each byte is a token), else
   // when their fewest tokens do: spelled only where the bytes are too many.
+  // Inside a JSON string with a pattern, a token that keeps to the string
+  // leaves a completion that depends only on the pattern's state (the
+  // containers around are the same): counted once per state.
+  const bool in_pattern = segments_[st.seg].kind == Segment::json && st.mode == kStr && !st.key &&
+                          schema(st).node(st.vnode).pattern;
   auto fits = [&](const State& s) {
     const int64_t b = completion_bytes(s);
     if (b >= kInf) return false;
     if (b <= budget) return true;
+    if (in_pattern && s.mode == kStr && s.seg == st.seg && s.depth == st.depth && s.vnode == st.vnode &&
+        std::memcmp(s.stack, st.stack, sizeof(State::Frame) * st.depth) == 0) {  // still the same string
+      auto it = cache.pattern.find(s.lo);
+      if (it == cache.pattern.end()) it = cache.pattern.emplace(s.lo, completion_tokens(s, nullptr, &cache)).first;
+      return it->second <= budget;
+    }
     // In a regex the completion is the automaton state's: counted once per
     // state, not materialized per candidate (`.` lets every id through).
     if (s.seg < segments_.size() && segments_[s.seg].kind == Segment::regex) {
@@ -1035,7 +1062,8 @@ void OutputGrammar::mask(std::span<const int64_t> generated, int64_t remaining, 
   // backslash or control byte only adds text: in O(1), allowed when a
   // bounded string keeps its maximum and the completion (shorter by the code
   // points the string still lacked) fits.
-  const bool in_string = segments_[st.seg].kind == Segment::json && st.mode == kStr && st.sub == 0;
+  const bool in_string = segments_[st.seg].kind == Segment::json && st.mode == kStr && st.sub == 0 &&
+                         (st.key || !schema(st).node(st.vnode).pattern);  // a pattern's text walks its automaton
   const Node* sn = in_string && !st.key ? &schema(st).node(st.vnode) : nullptr;
   const bool limited = sn && sn->limited;
   const int64_t base = in_string ? completion_bytes(st) : 0;

@@ -1,6 +1,9 @@
 #include "serve/json_schema.h"
 
+#include "serve/regex.h"
+
 #include <algorithm>
+#include <map>
 #include <limits>
 #include <numeric>
 #include <stdexcept>
@@ -10,6 +13,8 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "serve/regex.h"
 
 namespace areno::serve {
 
@@ -30,7 +35,7 @@ bool annotation(std::string_view k) {
 std::string_view keyword_type(std::string_view k) {
   if (k == "properties" || k == "required" || k == "additionalProperties") return "object";
   if (k == "items" || k == "minItems" || k == "maxItems") return "array";
-  if (k == "minLength" || k == "maxLength") return "string";
+  if (k == "minLength" || k == "maxLength" || k == "pattern" || k == "format") return "string";
   if (k == "type" || k == "enum" || k == "const" || k == "anyOf" || k == "oneOf" || k == "allOf" || k == "$ref")
     return "";
   return "?";
@@ -160,7 +165,7 @@ class SchemaCompiler {
       if (keyword_type(k) == "?")
         refuse(path, fmt::format("the keyword '{}' is not supported (supported: type, enum, const, anyOf, oneOf, allOf, "
                                  "$ref, properties, required, additionalProperties, items, minItems, maxItems, "
-                                 "minLength, maxLength)",
+                                 "minLength, maxLength, pattern, format)",
                                  k));
       structural.push_back(k);
     }
@@ -288,6 +293,7 @@ class SchemaCompiler {
       n.max_count = count("maxLength", JsonSchema::kMaxCount);
       n.limited = s.contains("minLength") || s.contains("maxLength");
       if (n.min_count > n.max_count) refuse(path, "'minLength' exceeds 'maxLength'");
+      if (s.contains("pattern") || s.contains("format")) string_pattern(s, path, n);
     } else if (type == "array") {
       const uint32_t lo = count("minItems", 0), hi = count("maxItems", JsonSchema::kMaxCount);
       if (lo > hi) refuse(path, "'minItems' exceeds 'maxItems'");
@@ -445,7 +451,7 @@ class SchemaCompiler {
           case Node::array:
             l = n.min_count == 0 ? 2 : sat(2 + int64_t(n.min_count) * len[n.values[0]] + n.min_count - 1);
             break;
-          case Node::string: l = 2 + n.min_count; break;
+          case Node::string: l = 2 + (n.pattern ? n.pattern->distance(n.pattern->start()) : n.min_count); break;
           case Node::number:
           case Node::integer: l = 1; break;
           case Node::enumeration:
@@ -521,7 +527,9 @@ class SchemaCompiler {
           m += ']';
           n.min_depth = 1 + (n.min_count ? nodes[n.values[0]].min_depth : 0);
           break;
-        case Node::string: m = '"' + std::string(n.min_count, 'a') + '"'; break;
+        case Node::string:
+          m = '"' + (n.pattern ? n.pattern->shortest(n.pattern->start()) : std::string(n.min_count, 'a')) + '"';
+          break;
         case Node::number:
         case Node::integer: m = "0"; break;
         case Node::enumeration: {
@@ -557,6 +565,63 @@ class SchemaCompiler {
   }
 
   const json& root_json_;
+  // A string's `pattern` or `format` as its automaton (serve/regex.h), each
+  // distinct text compiled once, all bounded together in work and states.
+  void string_pattern(const json& s, const std::string& path, Node& n) {
+    if (s.contains("pattern") && s.contains("format")) refuse(path, "'pattern' and 'format' together are not supported");
+    if (n.limited)
+      refuse(path, "'minLength' / 'maxLength' beside 'pattern' or 'format' are not supported (bound the length in the "
+                   "pattern)");
+    const bool is_pattern = s.contains("pattern");
+    const json& v = s[is_pattern ? "pattern" : "format"];
+    const char* kw = is_pattern ? "pattern" : "format";
+    if (!v.is_string()) refuse(path, fmt::format("'{}' must be a string", kw));
+    const std::string& text = v.get_ref<const std::string&>();
+    // The formats OpenAI's strict mode lists that a pattern can say exactly
+    // enough (RFC 3339 dates and times, with 'T' and 'Z' upper case).
+    static const std::map<std::string, std::string, std::less<>> kFormats = {
+        {"date", "^\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])$"},
+        {"time", "^([01]\\d|2[0-3]):[0-5]\\d:([0-5]\\d|60)(\\.\\d{1,9})?(Z|[+-]([01]\\d|2[0-3]):[0-5]\\d)$"},
+        {"date-time", "^\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])T([01]\\d|2[0-3]):[0-5]\\d:([0-5]\\d|60)"
+                      "(\\.\\d{1,9})?(Z|[+-]([01]\\d|2[0-3]):[0-5]\\d)$"},
+        {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
+        {"email", "^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\\.[A-Za-z0-9-]{1,63})*\\.[A-Za-z]{2,24}$"},
+        {"ipv4", "^((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.){3}(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)$"},
+        {"hostname", "^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"},
+    };
+    std::string key = std::string(kw) + ":" + text;
+    if (auto it = patterns_.find(key); it != patterns_.end()) {
+      n.pattern = it->second;
+      return;
+    }
+    std::string source = text;
+    if (!is_pattern) {
+      const auto f = kFormats.find(text);
+      if (f == kFormats.end())
+        refuse(path, fmt::format("'format' '{}' is not supported (supported: date, time, date-time, uuid, email, ipv4, "
+                                 "hostname)",
+                                 text));
+      source = f->second;
+    }
+    Regex::Options o;
+    o.json_string = true;
+    o.search = is_pattern;
+    o.work_left = &pattern_work_;
+    try {
+      n.pattern = Regex::compile(source, o);
+    } catch (const std::invalid_argument& e) {
+      refuse(path, fmt::format("'{}': {}", kw, e.what()));
+    }
+    pattern_states_ += n.pattern->states();
+    if (pattern_states_ > JsonSchema::kMaxPatternStates)
+      refuse(path, fmt::format("the schema's patterns need more than {} automaton states together",
+                               JsonSchema::kMaxPatternStates));
+    patterns_.emplace(std::move(key), n.pattern);
+  }
+
+  std::map<std::string, std::shared_ptr<const Regex>> patterns_;
+  int64_t pattern_work_ = Regex::kMaxBuildWork;
+  size_t pattern_states_ = 0;
   JsonSchema out_;
   std::vector<Work> work_;
   std::vector<uint32_t> alias_;

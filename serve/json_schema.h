@@ -13,9 +13,12 @@
 //   absent: only the listed properties; true or a schema with no
 //   `properties`: any keys, each value of that schema);
 // - array: `items`, `minItems`, `maxItems`; string: `minLength`, `maxLength`
-//   (code points); integer: no fraction or exponent;
+//   (code points), or `pattern` (serve/regex.h's syntax, read as JSON Schema
+//   reads it: a match anywhere unless '^' / '$' anchor it) or `format`
+//   (date, time, date-time, uuid, email, ipv4, hostname: each a pattern
+//   here), written without escapes; integer: no fraction or exponent;
 // - annotations (title, description, default, examples, ...) are ignored.
-// Anything else (pattern, format, minimum, prefixItems, ...) is refused by
+// Anything else (minimum, prefixItems, other formats, ...) is refused by
 // name with the path where it stands, never ignored: a constraint the output
 // would not keep must not be accepted silently. The alternatives of a union
 // must differ in their first character (string | null, object | array, ...).
@@ -31,6 +34,8 @@
 #include <nlohmann/json_fwd.hpp>
 
 namespace areno::serve {
+
+class Regex;
 
 class JsonSchema {
  public:
@@ -48,6 +53,8 @@ class JsonSchema {
   // All the schemas of one request together (the forced tools' parameters):
   // bounds the memory a request can make the server build.
   static constexpr size_t kMaxRequestNodes = 16384;
+  // Patterns and formats of one schema: their automata's states together.
+  static constexpr size_t kMaxPatternStates = 65536;
 
   struct Node {
     enum Kind : uint8_t { object, map, array, string, number, integer, enumeration, union_ } kind = object;
@@ -60,6 +67,9 @@ class JsonSchema {
     std::vector<uint8_t> required;
     uint32_t min_count = 0, max_count = kMaxCount;  // array items; string code points
     bool limited = false;                           // string: a length bound applies
+    // string: its `pattern` or `format` (the automaton's state is the
+    // grammar's State::lo while the string is written).
+    std::shared_ptr<const Regex> pattern;
     std::vector<std::string> texts;                 // enumeration: JSON texts, sorted
     uint32_t first_table = kNone;                   // union: its row of JsonSchema::first
     // Derived: the shortest instance (its text, so its length in tokens: every

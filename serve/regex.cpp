@@ -127,7 +127,7 @@ struct Frag {
 
 class Parser {
  public:
-  Parser(std::string_view pattern, bool json_string) : json_string_(json_string) {
+  Parser(std::string_view pattern, bool json_string, bool search) : json_string_(json_string), search_(search) {
     if (pattern.size() > Regex::kMaxPatternBytes)
       throw std::invalid_argument(
           fmt::format("the pattern has {} bytes, over the limit of {}", pattern.size(), Regex::kMaxPatternBytes));
@@ -167,10 +167,12 @@ class Parser {
       const uint32_t c = cps_[i];
       std::vector<Frag>& seq = stack.back().alts.back();
       if (c == '^') {
-        if (i != 0) fail(i, "'^' is supported only at the start (the whole output is matched)");
+        if (i != 0) fail(i, "'^' is supported only at the start");
+        anchored_start_ = true;
         ++i;
       } else if (c == '$') {
-        if (i + 1 != n) fail(i, "'$' is supported only at the end (the whole output is matched)");
+        if (i + 1 != n) fail(i, "'$' is supported only at the end");
+        anchored_end_ = true;
         ++i;
       } else if (c == '(') {
         size_t j = i + 1;
@@ -205,6 +207,7 @@ class Parser {
         stack.back().alts.back().push_back(f);
         ++i;
       } else if (c == '|') {
+        if (stack.size() == 1) top_alternation_ = true;
         stack.back().alts.emplace_back();
         ++i;
       } else if (uint32_t lo, hi; quantifier(i, lo, hi)) {
@@ -228,7 +231,23 @@ class Parser {
       }
     }
     if (stack.size() > 1) fail(stack.back().open, "missing ')'");
-    return close(stack.back());
+    Frag f = close(stack.back());
+    if (!search_) return f;
+    if ((anchored_start_ || anchored_end_) && top_alternation_)
+      fail(0, "'^' or '$' beside a top-level '|' anchors one alternative only: group the alternatives, as '^(a|b)$'");
+    // A search: any text before and after the match, unless anchored.
+    auto any_text = [&] { return repeat(set({{0, kMaxCp}}), 0, kInfinite, 0); };
+    if (!anchored_start_) {
+      const Frag pre = any_text();
+      link(pre.end, f.start);
+      f.start = pre.start;
+    }
+    if (!anchored_end_) {
+      const Frag post = any_text();
+      link(f.end, post.start);
+      f.end = post.end;
+    }
+    return f;
   }
 
   std::vector<NState> st_;
@@ -507,15 +526,18 @@ class Parser {
 
   static bool needs_escape(uint32_t cp) { return cp < 0x20 || cp == '"' || cp == '\\'; }
 
-  bool json_string_;
+  bool json_string_, search_;
+  bool anchored_start_ = false, anchored_end_ = false, top_alternation_ = false;
   std::vector<uint32_t> cps_;
   std::vector<size_t> offs_;
 };
 
 }  // namespace
 
-std::shared_ptr<const Regex> Regex::compile(std::string_view pattern, bool json_string) {
-  Parser p(pattern, json_string);
+std::shared_ptr<const Regex> Regex::compile(std::string_view pattern, const Options& options) {
+  const bool json_string = options.json_string;
+  const int64_t work_limit = options.work_left ? std::min(kMaxBuildWork, *options.work_left) : kMaxBuildWork;
+  Parser p(pattern, json_string, options.search);
   const Frag f = p.parse();
   const std::vector<NState>& st = p.st_;
   const int32_t accept = f.end;
@@ -546,7 +568,10 @@ std::shared_ptr<const Regex> Regex::compile(std::string_view pattern, bool json_
         if (mark[size_t(t)] != stamp) mark[size_t(t)] = stamp, todo.push_back(t);
     }
     work += int64_t(out.size());
-    if (work > kMaxBuildWork) throw std::invalid_argument("the pattern is too complex to compile (its automaton's work bound)");
+    if (work > work_limit)
+      throw std::invalid_argument(work_limit < kMaxBuildWork
+                                      ? "the patterns are too complex to compile together (their automata's work bound)"
+                                      : "the pattern is too complex to compile (its automaton's work bound)");
     std::sort(out.begin(), out.end());
     return out;
   };
@@ -631,6 +656,7 @@ std::shared_ptr<const Regex> Regex::compile(std::string_view pattern, bool json_
       }
     }
   }
+  if (options.work_left) *options.work_left -= work;
   return re;
 }
 

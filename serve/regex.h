@@ -38,12 +38,23 @@ class Regex {
   static constexpr int64_t kMaxBuildWork = int64_t(1) << 24;  // NFA states visited while building
   static constexpr int32_t kDead = -1;
 
+  struct Options {
+    // The text is a JSON string's inside as written: no character that JSON
+    // must escape (controls, '"', '\\') is matched, so the written text is
+    // the value (a JSON Schema `pattern` or `format`).
+    bool json_string = false;
+    // As a JSON Schema `pattern` (ECMAScript search): a match anywhere in
+    // the text, unless '^' / '$' anchor it (refused beside a top-level '|',
+    // where they would anchor one alternative only).
+    bool search = false;
+    // Construction work left across the patterns of one request (null:
+    // each pattern alone is bounded by kMaxBuildWork).
+    int64_t* work_left = nullptr;
+  };
   // Throws std::invalid_argument (what is wrong, and where) for a pattern
-  // outside the syntax or the bounds, or one that matches no string. With
-  // `json_string`, the text is a JSON string's inside as written: no
-  // character that JSON must escape (controls, '"', '\\') is matched, so
-  // the written text is the value (a JSON Schema `pattern`).
-  static std::shared_ptr<const Regex> compile(std::string_view pattern, bool json_string = false);
+  // outside the syntax or the bounds, or one that matches no string.
+  static std::shared_ptr<const Regex> compile(std::string_view pattern, const Options& options);
+  static std::shared_ptr<const Regex> compile(std::string_view pattern) { return compile(pattern, Options{}); }
 
   int32_t start() const { return 0; }
   // The state after byte c, or kDead where no match can follow.

@@ -25,7 +25,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string pattern(reinterpret_cast<const char*>(data), size);
   std::shared_ptr<const serve::Regex> re;
   try {
-    re = serve::Regex::compile(pattern, size % 2 == 1);  // odd sizes: as a JSON Schema `pattern`
+    serve::Regex::Options o;  // odd sizes: as a JSON Schema `pattern`
+    o.json_string = o.search = size % 2 == 1;
+    re = serve::Regex::compile(pattern, o);
   } catch (const std::invalid_argument&) {
     return 0;
   }

@@ -166,6 +166,20 @@ def main():
             assert r.choices[0].finish_reason == "stop", r
             assert isinstance(r.choices[0].message.parsed, Answer), r
             assert list(json.loads(r.choices[0].message.content)) == ["verdict", "numbers", "note"], r
+        # Pydantic's `pattern` and the `format` of date, datetime and UUID fields.
+        import datetime, uuid
+        from pydantic import Field
+
+        class Ticket(BaseModel):
+            code: str = Field(pattern=r"^[A-Z]{2}-\d{3}$")
+            day: datetime.date
+            at: datetime.datetime
+            id: uuid.UUID
+
+        r = parse(model=model, messages=ask, response_format=Ticket, max_tokens=120, temperature=1.0, seed=4)
+        assert r.choices[0].finish_reason == "stop", r
+        t = r.choices[0].message.parsed
+        assert isinstance(t, Ticket) and re.fullmatch(r"[A-Z]{2}-\d{3}", t.code), r
         r = client.chat.completions.create(model=model, messages=ask, tools=tools, max_tokens=64, temperature=1.0,
                                            seed=3, tool_choice={"type": "function", "function": {"name": "add"}})
         args = json.loads(r.choices[0].message.tool_calls[0].function.arguments)
@@ -191,7 +205,7 @@ def main():
             raise AssertionError("guided_grammar was accepted")
         except openai.BadRequestError as e:
             assert e.body["param"] == "guided_grammar", e.body
-        print("json_schema (Pydantic), tool parameters and vLLM's guided fields ok")
+        print("json_schema (Pydantic, patterns and formats too), tool parameters and vLLM's guided fields ok")
 
         c = client.completions.create(model=model, prompt=[24912, 2375, 13], echo=True, logprobs=1, max_tokens=0)
         assert c.choices[0].logprobs.token_logprobs[0] is None

@@ -369,7 +369,7 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
                     {"response_format",
                      {{"type", "json_schema"},
                       {"json_schema",
-                       {{"name", "x"}, {"schema", {{"type", "object"}, {"properties", {{"p", {{"type", "string"}, {"format", "date"}}}}}}}}}}}}),
+                       {{"name", "x"}, {"schema", {{"type", "object"}, {"properties", {{"p", {{"type", "string"}, {"format", "uri"}}}}}}}}}}}}),
               400, "'format'", "response_format.json_schema.schema");
   check_error(post(w.plain->port, "/v1/chat/completions",
                    {{"messages", messages}, {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}}}}}}},

@@ -8,9 +8,12 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <random>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -90,6 +93,27 @@ bool valid(const ojson& v, const ojson& s, const ojson& root, std::string& why, 
     const size_t n = code_points(v.get<std::string>());
     if (s.contains("minLength") && n < s["minLength"].get<size_t>()) return fail("too short");
     if (s.contains("maxLength") && n > s["maxLength"].get<size_t>()) return fail("too long");
+    const std::string& t = v.get_ref<const std::string&>();
+    if (s.contains("pattern") && !std::regex_search(t, std::regex(s["pattern"].get<std::string>(), std::regex::ECMAScript)))
+      return fail("no match of the pattern");
+    if (s.contains("format")) {
+      const std::string f = s["format"];
+      int y, mo, d;
+      unsigned a[4];
+      char tail;
+      if (f == "date" && !(std::sscanf(t.c_str(), "%4d-%2d-%2d%c", &y, &mo, &d, &tail) == 3 && t.size() == 10 && mo >= 1 &&
+                           mo <= 12 && d >= 1 && d <= 31))
+        return fail("not a date");
+      if (f == "uuid" && !(t.size() == 36 && t[8] == '-' && t[13] == '-' && t[18] == '-' && t[23] == '-' &&
+                           std::count_if(t.begin(), t.end(), [](char c) { return std::isxdigit(uint8_t(c)); }) == 32))
+        return fail("not a uuid");
+      if (f == "email" && !(t.find('@') != std::string::npos && t.find('@') > 0 && t.find('.', t.find('@')) != std::string::npos &&
+                            t.back() != '.'))
+        return fail("not an email address");
+      if (f == "ipv4" && !(std::sscanf(t.c_str(), "%u.%u.%u.%u%c", &a[0], &a[1], &a[2], &a[3], &tail) == 4 &&
+                           *std::max_element(a, a + 4) <= 255))
+        return fail("not an IPv4 address");
+    }
     return true;
   }
   if (type == "array") {
@@ -148,6 +172,24 @@ const ojson& person_schema() {
   return s;
 }
 
+// The mask's rule (check_mask) after each prefix, with the completion's
+// token count plus each of `extra` tokens left: exact, and something allowed.
+void check_masks(const OutputGrammar& g, const std::vector<std::string>& prefixes, std::initializer_list<int64_t> extra,
+                 const std::vector<float>& logits) {
+  for (const std::string& prefix : prefixes) {
+    const std::vector<int64_t> p = ids(prefix);
+    const int64_t need = g.completion_length(p);
+    for (int64_t e : extra) {
+      CAPTURE(prefix);
+      CAPTURE(need + e);
+      std::vector<float> w;
+      const MaskCheck m = check_mask(g, p, need + e, logits, w);
+      CHECK(m.wrong == 0);
+      CHECK(m.allowed > 0);
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("serve/json_schema compile: what it refuses, by path and keyword") {
@@ -156,8 +198,13 @@ TEST_CASE("serve/json_schema compile: what it refuses, by path and keyword") {
     const char* says;
   };
   for (const Bad& b : {
-           Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}})", "'pattern'"},
-           Bad{R"({"type": "object", "properties": {"a": {"type": "string", "format": "email"}}})", "#/properties/a"},
+           Bad{R"J({"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=x)"}}})J", "'pattern': lookahead"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "string", "format": "uri"}}})", "#/properties/a: 'format' 'uri' is not supported"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "^a|b$"}}})", "top-level '|'"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "^a\"$"}}})", "JSON escapes"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "x", "maxLength": 3}}})", "beside 'pattern'"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "x", "format": "date"}}})", "together"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": 5}}})", "must be a string"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}})", "'minimum'"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "array", "prefixItems": []}}})", "'prefixItems'"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "string", "properties": {}}}})", "does not apply"},
@@ -309,19 +356,9 @@ TEST_CASE("serve/json_schema mask: allowed exactly when the output stays an inst
   std::normal_distribution<float> nd;
   std::vector<float> logits(static_cast<size_t>(kVocab));
   for (float& x : logits) x = nd(rng);
-  for (const std::string& prefix : {std::string(R"({"name": "Al", "age": 3, )"), std::string(R"({"name": "A)"),
-                                   std::string(R"({"name": "Al", "age": 3, "mood": )"), std::string(R"({"name": "Al)")}) {
-    const std::vector<int64_t> p = ids(prefix);
-    const int64_t need = g->completion_length(p);
-    for (int64_t remaining : {need, need + 6}) {
-      CAPTURE(prefix);
-      CAPTURE(remaining);
-      std::vector<float> w;
-      const MaskCheck m = check_mask(*g, p, remaining, logits, w);
-      CHECK(m.wrong == 0);
-      CHECK(m.allowed > 0);
-    }
-  }
+  check_masks(*g,
+              {R"({"name": "Al", "age": 3, )", R"({"name": "A)", R"({"name": "Al", "age": 3, "mood": )", R"({"name": "Al)"},
+              {0, 6}, logits);
 }
 
 TEST_CASE("serve/json_schema random walks end in an instance within max_tokens") {
@@ -402,7 +439,7 @@ TEST_CASE("serve/json_schema the API: response_format json_schema and forced too
   refused("{" + msgs + R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})",
           "response_format.json_schema.schema", "must be a JSON schema");
   refused("{" + msgs +
-              R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"p": {"type": "string", "pattern": "a"}}}}}})",
+              R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"p": {"type": "string", "pattern": "a{,2}"}}}}}})",
           "response_format.json_schema.schema", "'pattern'");
   refused("{" + msgs + R"(, "response_format": {"type": "xml"}})", "response_format", "not supported");
   const std::string tools =
@@ -501,5 +538,83 @@ TEST_CASE("serve/json_schema a choice among strings (guided_choice)") {
     const std::string s = text(out);
     CAPTURE(s);
     CHECK((s == "yes<|end|>" || s == "yes!<|end|>" || s == "no way<|end|>" || s == "é<|end|>"));
+  }
+}
+
+TEST_CASE("serve/json_schema pattern and format: strings a regular expression describes, written unescaped") {
+  const ojson schema = ojson::parse(R"({"type": "object", "properties": {
+      "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"},
+      "tag": {"type": "string", "pattern": "x\\d"},
+      "day": {"type": "string", "format": "date"},
+      "id": {"type": "string", "format": "uuid"},
+      "mail": {"type": "string", "format": "email"},
+      "ip": {"anyOf": [{"type": "string", "format": "ipv4"}, {"type": "null"}]},
+      "when": {"type": "string", "format": "date-time"}},
+    "required": ["code", "tag", "day", "id", "mail", "ip"]})");
+  const auto g = OutputGrammar::json_schema(bytes(), JsonSchema::compile(schema));
+  CHECK(text(g->completion({})) ==
+        R"({"code":"AA-000","tag":"x0","day":"0000-01-01","id":"aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa","mail":"a@a.aa","ip":null}<|end|>)");
+  CHECK(g->min_tokens() == int64_t(g->completion({}).size()));
+  const std::string good =
+      R"({"code": "AB-123", "tag": "see x1 here", "day": "2026-12-05", "id": "123e4567-E89B-12d3-a456-426614174000", "mail": "ada.l+x@example.co.uk", "ip": "192.168.0.255", "when": "2026-12-05T03:04:05.25+01:00"})";
+  CHECK(g->accepts(ids(good + "<|end|>")));
+  for (const std::string& bad :
+       {std::string(R"({"code": "ab)"), std::string(R"({"code": "AB-1234)"), std::string(R"({"code": "AB-123", "tag": "abc")"),
+        std::string(R"({"code": "AB-123", "tag": "x1\n)"), std::string(R"({"code": "AB-123", "tag": "x1", "day": "2026-13)"),
+        std::string(R"({"code": "AB-123", "tag": "x1", "day": "2026-12-05", "id": "123e4567-")"),
+        std::string(R"({"code": "AB-123", "tag": "x1", "day": "2026-12-05", "id": "123e4567-e89b-12d3-a456-426614174000", "mail": "a@b")"),
+        std::string(R"({"code": "AB-123", "tag": "x1", "day": "2026-12-05", "id": "123e4567-e89b-12d3-a456-426614174000", "mail": "a@b.cc", "ip": "256)")}) {
+    CAPTURE(bad);
+    CHECK_FALSE(g->accepts(ids(bad)));
+  }
+  // Half-way states: the rest of the pattern's shortest match, then the rest.
+  CHECK(text(g->completion(ids(R"({"code": "A)"))) ==
+        R"(A-000","tag":"x0","day":"0000-01-01","id":"aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa","mail":"a@a.aa","ip":null}<|end|>)");
+  CHECK(text(g->completion(ids(R"({"code": "AB-123", "tag": "yy)"))).substr(0, 4) == R"(x0",)");
+  // The mask at the tightest budget inside a pattern, and walks that end in
+  // instances a validator with std::regex accepts.
+  std::mt19937 rng(21);
+  std::vector<float> logits(static_cast<size_t>(kVocab));
+  std::normal_distribution<float> nd;
+  for (float& x : logits) x = nd(rng);
+  check_masks(*g, {R"({"code": "A)", R"({"code": "AB-123", "tag": "x1", "day": "2026-1)"}, {0}, logits);
+  for (int walk = 0; walk < 4; ++walk) {
+    const int64_t max_tokens = g->min_tokens() + int64_t(walk) * 12;
+    const std::vector<int64_t> out = masked_walk(*g, max_tokens, rng, "0123456789-.@\"", "", [&](const std::vector<int64_t>& o) {
+      CHECK(g->completion_length(o) <= max_tokens - int64_t(o.size()));
+    });
+    const std::string s = text(out);
+    CAPTURE(s);
+    REQUIRE(out.back() == phi4mm::kEnd);
+    std::string why;
+    CHECK_MESSAGE(valid(ojson::parse(s.substr(0, s.size() - 7)), schema, schema, why), why);
+  }
+  // Strings of one pattern node side by side (array items): a token that
+  // closes one and opens the next is not the same string's state.
+  const ojson items = ojson::parse(R"({"type": "object", "properties": {"xs": {"type": "array",
+      "items": {"type": "string", "pattern": "^a{1,3}$"}, "minItems": 3}}, "required": ["xs"]})");
+  const auto gi = OutputGrammar::json_schema(bytes(), JsonSchema::compile(items));
+  CHECK(text(gi->completion({})) == R"({"xs":["a","a","a"]}<|end|>)");
+  check_masks(*gi, {R"({"xs": ["a)", R"({"xs": ["aa", "a)"}, {0}, logits);
+  for (int walk = 0; walk < 3; ++walk) {
+    const int64_t max_tokens = gi->min_tokens() + walk;
+    const std::vector<int64_t> out = masked_walk(*gi, max_tokens, rng, "a\",", "", [](const std::vector<int64_t>&) {});
+    const std::string s = text(out);
+    CAPTURE(s);
+    REQUIRE(out.back() == phi4mm::kEnd);
+    std::string why;
+    CHECK_MESSAGE(valid(ojson::parse(s.substr(0, s.size() - 7)), items, items, why), why);
+  }
+  // Each distinct pattern compiles once; all of one schema share a work bound.
+  ojson many = ojson::parse(R"({"type": "object", "properties": {}})");
+  // (About half the work bound each: 10251 automaton states.)
+  for (int i = 0; i < 40; ++i) many["properties"][fmt::format("p{}", i)] = {{"type", "string"}, {"pattern", "^\\w{0,200}(\\d{0,50})$"}};
+  CHECK_NOTHROW(JsonSchema::compile(many));  // one pattern, forty times
+  for (int i = 0; i < 40; ++i) many["properties"][fmt::format("p{}", i)]["pattern"] = fmt::format("^\\w{{0,200}}(\\d{{0,50}}){}$", i);
+  try {
+    JsonSchema::compile(many);
+    FAIL("forty costly patterns compiled");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()).find("too complex") != std::string::npos);
   }
 }

@@ -45,14 +45,16 @@ std::string random_pattern(std::mt19937& rng, int depth) {
   return out;
 }
 
-std::string refusal(const std::string& pattern) {
+std::string refusal_with(const std::string& pattern, const Regex::Options& o) {
   try {
-    Regex::compile(pattern);
+    Regex::compile(pattern, o);
   } catch (const std::invalid_argument& e) {
     return e.what();
   }
   return "(compiled)";
 }
+
+std::string refusal(const std::string& pattern) { return refusal_with(pattern, Regex::Options{}); }
 
 }  // namespace
 
@@ -231,4 +233,40 @@ TEST_CASE("serve/regex the output grammar: a whole match, then <|end|>, within m
     }
   }
   CHECK(walks == 21);
+}
+
+TEST_CASE("serve/regex as a JSON Schema pattern: a search unless anchored, over text JSON need not escape") {
+  Regex::Options o;
+  o.json_string = o.search = true;
+  const auto x = Regex::compile("x\\d", o);
+  CHECK(x->matches("see x1 here"));
+  CHECK(x->matches("x9"));
+  CHECK_FALSE(x->matches("x"));
+  CHECK_FALSE(x->matches("see xa"));
+  CHECK(x->shortest(x->start()) == "x0");
+  const auto anchored = Regex::compile("^[A-Z]{2}-\\d{3}$", o);
+  CHECK(anchored->matches("AB-123"));
+  CHECK_FALSE(anchored->matches(" AB-123"));
+  CHECK_FALSE(anchored->matches("AB-1234"));
+  const auto head = Regex::compile("^ab", o);
+  CHECK(head->matches("abc"));
+  CHECK_FALSE(head->matches("cab"));
+  // No character JSON escapes: not '"', '\' or a control, even where the
+  // pattern would take it.
+  const auto any = Regex::compile("^[^x]+$", o);
+  CHECK(any->matches("ab \xc3\xa9"));
+  for (const std::string& bad : {std::string("a\"b"), std::string("a\\b"), std::string("a\nb"), std::string("a\0b", 3), std::string("a\x1f")}) {
+    CAPTURE(bad);
+    CHECK_FALSE(any->matches(bad));
+  }
+  CHECK(refusal_with("^a\"$", o).find("JSON escapes") != std::string::npos);
+  CHECK(refusal_with("^a|b$", o).find("top-level '|'") != std::string::npos);
+  CHECK(refusal_with("^(a|b)$", o) == "(compiled)");
+  // A shared work bound: the second costly pattern finds it spent.
+  int64_t left = Regex::kMaxBuildWork;
+  o.work_left = &left;
+  CHECK_NOTHROW(Regex::compile("^\\w{0,200}(\\d{0,50})$", o));
+  CHECK(left < Regex::kMaxBuildWork * 5 / 8);  // about half of it
+  CHECK(refusal_with("^\\w{0,200}(\\d{0,50})b$", o).find("together") != std::string::npos);
+  CHECK(refusal_with("^a+$", o) == "(compiled)");  // a cheap one still fits
 }
