@@ -36,8 +36,9 @@
 
 namespace areno::serve {
 
-// The bytes of every id below vocab_size, special (added) tokens flagged, and
-// the id of each single-byte token. Built once per tokenizer (about 0.1 s).
+// The bytes of every id below vocab_size, special (added) tokens flagged, the
+// id of each single-byte token, and the ordinary ids sorted by their bytes
+// (for spell). Built once per tokenizer (about 0.1 s).
 class TokenBytes {
  public:
   TokenBytes(const tok::Tokenizer& tokenizer, int64_t vocab_size);

@@ -308,7 +308,7 @@ struct HttpServer::Impl {
     }
     if (max_tokens < r.params.grammar->min_tokens())
       throw ApiError(400,
-                     fmt::format("max_tokens is {}, but the shortest output '{}' allows takes {} tokens", max_tokens,
+                     fmt::format("max_tokens is {}, but the shortest output that '{}' allows takes {} tokens", max_tokens,
                                  what, r.params.grammar->min_tokens()),
                      "max_tokens");
   }

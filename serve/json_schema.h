@@ -72,8 +72,8 @@ class JsonSchema {
     std::shared_ptr<const Regex> pattern;
     std::vector<std::string> texts;                 // enumeration: JSON texts, sorted
     uint32_t first_table = kNone;                   // union: its row of JsonSchema::first
-    // Derived: the shortest instance (its text, so its length in tokens: every
-    // byte of it is one token) and the containers it nests.
+    // Derived: the shortest instance (its text; the grammar counts it in the
+    // fewest tokens that spell it) and the containers it nests.
     std::string minimal;
     int32_t min_depth = 0;
     // object, per index i (size keys + 1): of the required properties at i

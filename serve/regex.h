@@ -34,7 +34,7 @@ class Regex {
   static constexpr size_t kMaxPatternBytes = 4096;
   static constexpr uint32_t kMaxRepeat = 1000;         // n and m in {n,m}
   static constexpr size_t kMaxNfaStates = 1 << 15;     // after repeats are expanded
-  static constexpr size_t kMaxDfaStates = 32767;   // `.{0,1000}` needs about 19000
+  static constexpr size_t kMaxDfaStates = 32767;   // `.{0,1000}` needs 8001
   static constexpr int64_t kMaxBuildWork = int64_t(1) << 24;  // NFA states visited while building
   static constexpr int32_t kDead = -1;
 
