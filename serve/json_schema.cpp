@@ -3,6 +3,7 @@
 #include "serve/regex.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <limits>
 #include <numeric>
@@ -36,6 +37,7 @@ std::string_view keyword_type(std::string_view k) {
   if (k == "properties" || k == "required" || k == "additionalProperties") return "object";
   if (k == "items" || k == "minItems" || k == "maxItems") return "array";
   if (k == "minLength" || k == "maxLength" || k == "pattern" || k == "format") return "string";
+  if (k == "minimum" || k == "maximum" || k == "exclusiveMinimum" || k == "exclusiveMaximum") return "integer";
   if (k == "type" || k == "enum" || k == "const" || k == "anyOf" || k == "oneOf" || k == "allOf" || k == "$ref")
     return "";
   return "?";
@@ -271,6 +273,10 @@ class SchemaCompiler {
     // one, skipped for the other types of a list.
     for (std::string_view k : structural) {
       const std::string_view kt = keyword_type(k);
+      if (kt == "integer" && type == "number" && !listed)
+        refuse(path, fmt::format("'{}' is supported on integers only (a bounded integer is written as one of its "
+                                 "values), not on numbers",
+                                 k));
       if (!kt.empty() && kt != type && !listed)
         refuse(path, fmt::format("'{}' does not apply to type '{}'", k, type));
     }
@@ -287,6 +293,7 @@ class SchemaCompiler {
       n.texts = type == "null" ? std::vector<std::string>{"null"} : std::vector<std::string>{"false", "true"};
     } else if (type == "number" || type == "integer") {
       n.kind = type == "number" ? Node::number : Node::integer;
+      if (type == "integer") integer_range(s, path, n);
     } else if (type == "string") {
       n.kind = Node::string;
       n.min_count = count("minLength", 0);
@@ -617,6 +624,41 @@ class SchemaCompiler {
       refuse(path, fmt::format("the schema's patterns need more than {} automaton states together",
                                JsonSchema::kMaxPatternStates));
     patterns_.emplace(std::move(key), n.pattern);
+  }
+
+  // An integer with `minimum` / `maximum` (or their exclusive forms): an
+  // enumeration of its values, so it needs both bounds within kMaxEnum values.
+  void integer_range(const json& s, const std::string& path, Node& n) {
+    bool any = false;
+    double lo = -std::numeric_limits<double>::infinity(), hi = std::numeric_limits<double>::infinity();
+    for (const char* k : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}) {
+      if (!s.contains(k)) continue;
+      any = true;
+      const json& v = s[k];
+      if (!v.is_number() || !std::isfinite(v.get<double>()) || std::fabs(v.get<double>()) > 1e15)
+        refuse(path, fmt::format("'{}' must be a number of magnitude up to 1e15", k));
+      const double x = v.get<double>();
+      const std::string_view kk = k;
+      if (kk == "minimum") lo = std::max(lo, std::ceil(x));
+      if (kk == "exclusiveMinimum") lo = std::max(lo, std::floor(x) + 1);
+      if (kk == "maximum") hi = std::min(hi, std::floor(x));
+      if (kk == "exclusiveMaximum") hi = std::min(hi, std::ceil(x) - 1);
+    }
+    if (!any) return;
+    if (!std::isfinite(lo) || !std::isfinite(hi) || hi - lo + 1 > double(JsonSchema::kMaxEnum))
+      refuse(path, fmt::format("an integer range is supported with both bounds and at most {} values (it is written as "
+                               "one of them)",
+                               JsonSchema::kMaxEnum));
+    if (hi < lo) refuse(path, "the integer range holds no value");
+    std::vector<std::string> texts;
+    for (int64_t v = int64_t(lo); v <= int64_t(hi); ++v) texts.push_back(std::to_string(v));
+    enum_values_ += texts.size();
+    if (enum_values_ > JsonSchema::kMaxEnumTotal)
+      refuse(path, fmt::format("the schema's enums and integer ranges hold more than {} values together",
+                               JsonSchema::kMaxEnumTotal));
+    std::sort(texts.begin(), texts.end());
+    n.kind = Node::enumeration;
+    n.texts = std::move(texts);
   }
 
   std::map<std::string, std::shared_ptr<const Regex>> patterns_;

@@ -16,9 +16,11 @@
 //   (code points), or `pattern` (serve/regex.h's syntax, read as JSON Schema
 //   reads it: a match anywhere unless '^' / '$' anchor it) or `format`
 //   (date, time, date-time, uuid, email, ipv4, hostname: each a pattern
-//   here), written without escapes; integer: no fraction or exponent;
+//   here), written without escapes; integer: no fraction or exponent, and
+//   `minimum` / `maximum` (exclusive forms too) when both bound a range of
+//   at most kMaxEnum values (it becomes an enumeration of them);
 // - annotations (title, description, default, examples, ...) are ignored.
-// Anything else (minimum, prefixItems, other formats, ...) is refused by
+// Anything else (multipleOf, prefixItems, other formats, ...) is refused by
 // name with the path where it stands, never ignored: a constraint the output
 // would not keep must not be accepted silently. The alternatives of a union
 // must differ in their first character (string | null, object | array, ...).

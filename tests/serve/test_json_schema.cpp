@@ -87,7 +87,15 @@ bool valid(const ojson& v, const ojson& s, const ojson& root, std::string& why, 
   if (type == "null") return v.is_null() || fail("not null");
   if (type == "boolean") return v.is_boolean() || fail("not a boolean");
   if (type == "number") return v.is_number() || fail("not a number");
-  if (type == "integer") return v.is_number_integer() || fail("not an integer");
+  if (type == "integer") {
+    if (!v.is_number_integer()) return fail("not an integer");
+    const double x = v.get<double>();
+    if ((s.contains("minimum") && x < s["minimum"].get<double>()) || (s.contains("maximum") && x > s["maximum"].get<double>()) ||
+        (s.contains("exclusiveMinimum") && x <= s["exclusiveMinimum"].get<double>()) ||
+        (s.contains("exclusiveMaximum") && x >= s["exclusiveMaximum"].get<double>()))
+      return fail("out of range");
+    return true;
+  }
   if (type == "string") {
     if (!v.is_string()) return fail("not a string");
     const size_t n = code_points(v.get<std::string>());
@@ -205,7 +213,11 @@ TEST_CASE("serve/json_schema compile: what it refuses, by path and keyword") {
            Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "x", "maxLength": 3}}})", "beside 'pattern'"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "x", "format": "date"}}})", "together"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": 5}}})", "must be a string"},
-           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}})", "'minimum'"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}})", "both bounds"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "number", "maximum": 3}}})", "integers only"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 5000}}})", "at most 1024"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 4}}})", "holds no value"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": "0", "maximum": 4}}})", "must be a number"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "array", "prefixItems": []}}})", "'prefixItems'"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "string", "properties": {}}}})", "does not apply"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "strin"}}})", "unknown type"},
@@ -616,5 +628,32 @@ TEST_CASE("serve/json_schema pattern and format: strings a regular expression de
     FAIL("forty costly patterns compiled");
   } catch (const std::invalid_argument& e) {
     CHECK(std::string(e.what()).find("too complex") != std::string::npos);
+  }
+}
+
+TEST_CASE("serve/json_schema integer ranges: minimum / maximum and their exclusive forms, written as one of the values") {
+  const ojson schema = ojson::parse(R"({"type": "object", "properties": {
+      "age": {"type": "integer", "minimum": 0, "maximum": 120},
+      "score": {"type": "integer", "exclusiveMinimum": -3, "exclusiveMaximum": 3},
+      "level": {"type": ["integer", "null"], "minimum": 10.5, "maximum": 12}},
+    "required": ["age", "score", "level"]})");
+  const auto g = OutputGrammar::json_schema(bytes(), JsonSchema::compile(schema));
+  CHECK(text(g->completion({})) == R"({"age":0,"score":0,"level":11}<|end|>)");  // 11 is shorter than null
+  CHECK(g->accepts(ids(R"({"age": 120, "score": -2, "level": 11})" + std::string("<|end|>"))));
+  for (const std::string& bad : {std::string(R"({"age": 121)"), std::string(R"({"age": -1)"), std::string(R"({"age": 1.5)"),
+                                 std::string(R"({"age": 7, "score": 3)"), std::string(R"({"age": 7, "score": -3)"),
+                                 std::string(R"({"age": 7, "score": 0, "level": 10,)"), std::string(R"({"age": 7, "score": 0, "level": 13)")}) {
+    CAPTURE(bad);
+    CHECK_FALSE(g->accepts(ids(bad)));
+  }
+  std::mt19937 rng(31);
+  for (int walk = 0; walk < 4; ++walk) {
+    const int64_t max_tokens = g->min_tokens() + int64_t(walk) * 6;
+    const std::vector<int64_t> out = masked_walk(*g, max_tokens, rng, "0123456789-", "", [](const std::vector<int64_t>&) {});
+    const std::string t = text(out);
+    CAPTURE(t);
+    REQUIRE(out.back() == phi4mm::kEnd);
+    std::string why;
+    CHECK_MESSAGE(valid(ojson::parse(t.substr(0, t.size() - 7)), schema, schema, why), why);
   }
 }
