@@ -198,6 +198,26 @@ void check_masks(const OutputGrammar& g, const std::vector<std::string>& prefixe
   }
 }
 
+// `walks` masked walks with max_tokens the shortest output's count plus
+// `step` more each time (the characters of `favoured` raised): each ends in
+// <|end|> within max_tokens, every step's completion fits the tokens left,
+// and the output is an instance of `schema` by the validator above.
+void walks_valid(const OutputGrammar& g, const ojson& schema, int walks, int64_t step, std::mt19937& rng,
+                 const std::string& favoured) {
+  for (int walk = 0; walk < walks; ++walk) {
+    const int64_t max_tokens = g.min_tokens() + int64_t(walk) * step;
+    const std::vector<int64_t> out = masked_walk(g, max_tokens, rng, favoured, "", [&](const std::vector<int64_t>& o) {
+      CHECK(g.completion_length(o) <= max_tokens - int64_t(o.size()));
+    });
+    const std::string t = text(out);
+    CAPTURE(t);
+    REQUIRE(out.back() == phi4mm::kEnd);
+    CHECK(int64_t(out.size()) <= max_tokens);
+    std::string why;
+    CHECK_MESSAGE(valid(ojson::parse(t.substr(0, t.size() - 7)), schema, schema, why), why);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("serve/json_schema compile: what it refuses, by path and keyword") {
@@ -590,17 +610,7 @@ TEST_CASE("serve/json_schema pattern and format: strings a regular expression de
   std::normal_distribution<float> nd;
   for (float& x : logits) x = nd(rng);
   check_masks(*g, {R"({"code": "A)", R"({"code": "AB-123", "tag": "x1", "day": "2026-1)"}, {0}, logits);
-  for (int walk = 0; walk < 4; ++walk) {
-    const int64_t max_tokens = g->min_tokens() + int64_t(walk) * 12;
-    const std::vector<int64_t> out = masked_walk(*g, max_tokens, rng, "0123456789-.@\"", "", [&](const std::vector<int64_t>& o) {
-      CHECK(g->completion_length(o) <= max_tokens - int64_t(o.size()));
-    });
-    const std::string s = text(out);
-    CAPTURE(s);
-    REQUIRE(out.back() == phi4mm::kEnd);
-    std::string why;
-    CHECK_MESSAGE(valid(ojson::parse(s.substr(0, s.size() - 7)), schema, schema, why), why);
-  }
+  walks_valid(*g, schema, 4, 12, rng, "0123456789-.@\"");
   // Strings of one pattern node side by side (array items): a token that
   // closes one and opens the next is not the same string's state.
   const ojson items = ojson::parse(R"({"type": "object", "properties": {"xs": {"type": "array",
@@ -608,15 +618,7 @@ TEST_CASE("serve/json_schema pattern and format: strings a regular expression de
   const auto gi = OutputGrammar::json_schema(bytes(), JsonSchema::compile(items));
   CHECK(text(gi->completion({})) == R"({"xs":["a","a","a"]}<|end|>)");
   check_masks(*gi, {R"({"xs": ["a)", R"({"xs": ["aa", "a)"}, {0}, logits);
-  for (int walk = 0; walk < 3; ++walk) {
-    const int64_t max_tokens = gi->min_tokens() + walk;
-    const std::vector<int64_t> out = masked_walk(*gi, max_tokens, rng, "a\",", "", [](const std::vector<int64_t>&) {});
-    const std::string s = text(out);
-    CAPTURE(s);
-    REQUIRE(out.back() == phi4mm::kEnd);
-    std::string why;
-    CHECK_MESSAGE(valid(ojson::parse(s.substr(0, s.size() - 7)), items, items, why), why);
-  }
+  walks_valid(*gi, items, 3, 1, rng, "a\",");
   // Each distinct pattern compiles once; all of one schema share a work bound.
   ojson many = ojson::parse(R"({"type": "object", "properties": {}})");
   // (About half the work bound each: 10251 automaton states.)
@@ -647,13 +649,5 @@ TEST_CASE("serve/json_schema integer ranges: minimum / maximum and their exclusi
     CHECK_FALSE(g->accepts(ids(bad)));
   }
   std::mt19937 rng(31);
-  for (int walk = 0; walk < 4; ++walk) {
-    const int64_t max_tokens = g->min_tokens() + int64_t(walk) * 6;
-    const std::vector<int64_t> out = masked_walk(*g, max_tokens, rng, "0123456789-", "", [](const std::vector<int64_t>&) {});
-    const std::string t = text(out);
-    CAPTURE(t);
-    REQUIRE(out.back() == phi4mm::kEnd);
-    std::string why;
-    CHECK_MESSAGE(valid(ojson::parse(t.substr(0, t.size() - 7)), schema, schema, why), why);
-  }
+  walks_valid(*g, schema, 4, 6, rng, "0123456789-");
 }
