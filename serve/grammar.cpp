@@ -458,6 +458,7 @@ bool OutputGrammar::step_json(State& st, unsigned char c) const {
         return true;
       case Node::number:
       case Node::integer:
+        if ((c == '-' && n->lower >= 1) || (c == '0' && n->lower == 2)) return false;  // at least 0; at least 1
         st.vnode = v, st.mode = kNum, st.chars = 1;
         if (c == '-') st.sub = kSign, st.chars = 0;
         else if (c == '0') st.sub = kZero;

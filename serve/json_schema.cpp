@@ -414,8 +414,8 @@ class SchemaCompiler {
           case Node::map: firsts = "{"; break;
           case Node::array: firsts = "["; break;
           case Node::string: firsts = "\""; break;
-          case Node::number:
-          case Node::integer: firsts = "-0123456789"; break;
+          case Node::number: firsts = "-0123456789"; break;
+          case Node::integer: firsts = a.lower == 2 ? "123456789" : a.lower == 1 ? "0123456789" : "-0123456789"; break;
           case Node::enumeration:
             for (const std::string& t : a.texts) firsts += t[0];
             break;
@@ -538,7 +538,7 @@ class SchemaCompiler {
           m = '"' + (n.pattern ? n.pattern->shortest(n.pattern->start()) : std::string(n.min_count, 'a')) + '"';
           break;
         case Node::number:
-        case Node::integer: m = "0"; break;
+        case Node::integer: m = n.lower == 2 ? "1" : "0"; break;
         case Node::enumeration: {
           const uint32_t T = uint32_t(n.texts.size());
           n.shortest.assign(1, std::vector<uint32_t>(T));
@@ -645,9 +645,13 @@ class SchemaCompiler {
       if (kk == "exclusiveMaximum") hi = std::min(hi, std::ceil(x) - 1);
     }
     if (!any) return;
+    if (!std::isfinite(hi) && (lo == 0 || lo == 1)) {  // NonNegativeInt, PositiveInt: no sign; no lone 0
+      n.lower = lo == 0 ? 1 : 2;
+      return;
+    }
     if (!std::isfinite(lo) || !std::isfinite(hi) || hi - lo + 1 > double(JsonSchema::kMaxEnum))
       refuse(path, fmt::format("an integer range is supported with both bounds and at most {} values (it is written as "
-                               "one of them)",
+                               "one of them), or as a lower bound of 0 or 1 alone",
                                JsonSchema::kMaxEnum));
     if (hi < lo) refuse(path, "the integer range holds no value");
     std::vector<std::string> texts;

@@ -18,7 +18,8 @@
 //   (date, time, date-time, uuid, email, ipv4, hostname: each a pattern
 //   here), written without escapes; integer: no fraction or exponent, and
 //   `minimum` / `maximum` (exclusive forms too) when both bound a range of
-//   at most kMaxEnum values (it becomes an enumeration of them);
+//   at most kMaxEnum values (it becomes an enumeration of them), or a lower
+//   bound of 0 or 1 alone (no '-'; no 0);
 // - annotations (title, description, default, examples, ...) are ignored.
 // Anything else (multipleOf, prefixItems, other formats, ...) is refused by
 // name with the path where it stands, never ignored: a constraint the output
@@ -69,6 +70,7 @@ class JsonSchema {
     std::vector<uint8_t> required;
     uint32_t min_count = 0, max_count = kMaxCount;  // array items; string code points
     bool limited = false;                           // string: a length bound applies
+    uint8_t lower = 0;                              // integer: 0 any, 1 at least 0, 2 at least 1
     // string: its `pattern` or `format` (the automaton's state is the
     // grammar's State::lo while the string is written).
     std::shared_ptr<const Regex> pattern;

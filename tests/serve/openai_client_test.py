@@ -176,11 +176,12 @@ def main():
             at: datetime.datetime
             id: uuid.UUID
             priority: int = Field(ge=1, le=5)
+            seen: int = Field(ge=0)
 
         r = parse(model=model, messages=ask, response_format=Ticket, max_tokens=120, temperature=1.0, seed=4)
         assert r.choices[0].finish_reason == "stop", r
         t = r.choices[0].message.parsed
-        assert isinstance(t, Ticket) and re.fullmatch(r"[A-Z]{2}-\d{3}", t.code) and 1 <= t.priority <= 5, r
+        assert isinstance(t, Ticket) and re.fullmatch(r"[A-Z]{2}-\d{3}", t.code) and 1 <= t.priority <= 5 and t.seen >= 0, r
         r = client.chat.completions.create(model=model, messages=ask, tools=tools, max_tokens=64, temperature=1.0,
                                            seed=3, tool_choice={"type": "function", "function": {"name": "add"}})
         args = json.loads(r.choices[0].message.tool_calls[0].function.arguments)

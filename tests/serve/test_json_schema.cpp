@@ -233,7 +233,8 @@ TEST_CASE("serve/json_schema compile: what it refuses, by path and keyword") {
            Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "x", "maxLength": 3}}})", "beside 'pattern'"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "x", "format": "date"}}})", "together"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": 5}}})", "must be a string"},
-           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}})", "both bounds"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 5}}})", "both bounds"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "maximum": 5}}})", "both bounds"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "number", "maximum": 3}}})", "integers only"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 5000}}})", "at most 1024"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 4}}})", "holds no value"},
@@ -633,18 +634,24 @@ TEST_CASE("serve/json_schema pattern and format: strings a regular expression de
   }
 }
 
-TEST_CASE("serve/json_schema integer ranges: minimum / maximum and their exclusive forms, written as one of the values") {
+TEST_CASE("serve/json_schema integer ranges: minimum / maximum and their exclusive forms, written as one of the values; at least 0 or 1 alone") {
   const ojson schema = ojson::parse(R"({"type": "object", "properties": {
       "age": {"type": "integer", "minimum": 0, "maximum": 120},
       "score": {"type": "integer", "exclusiveMinimum": -3, "exclusiveMaximum": 3},
-      "level": {"type": ["integer", "null"], "minimum": 10.5, "maximum": 12}},
-    "required": ["age", "score", "level"]})");
+      "level": {"type": ["integer", "null"], "minimum": 10.5, "maximum": 12},
+      "count": {"type": "integer", "minimum": 0},
+      "rank": {"anyOf": [{"type": "integer", "exclusiveMinimum": 0}, {"type": "null"}]}},
+    "required": ["age", "score", "level", "count", "rank"]})");
   const auto g = OutputGrammar::json_schema(bytes(), JsonSchema::compile(schema));
-  CHECK(text(g->completion({})) == R"({"age":0,"score":0,"level":11}<|end|>)");  // 11 is shorter than null
-  CHECK(g->accepts(ids(R"({"age": 120, "score": -2, "level": 11})" + std::string("<|end|>"))));
+  CHECK(text(g->completion({})) == R"({"age":0,"score":0,"level":11,"count":0,"rank":1}<|end|>)");  // 11 is shorter than null
+  CHECK(g->accepts(ids(R"({"age": 120, "score": -2, "level": 11, "count": 0, "rank": 10})" + std::string("<|end|>"))));
+  CHECK(g->accepts(ids(R"({"age": 120, "score": -2, "level": 11, "count": 123456, "rank": null})" + std::string("<|end|>"))));
   for (const std::string& bad : {std::string(R"({"age": 121)"), std::string(R"({"age": -1)"), std::string(R"({"age": 1.5)"),
                                  std::string(R"({"age": 7, "score": 3)"), std::string(R"({"age": 7, "score": -3)"),
-                                 std::string(R"({"age": 7, "score": 0, "level": 10,)"), std::string(R"({"age": 7, "score": 0, "level": 13)")}) {
+                                 std::string(R"({"age": 7, "score": 0, "level": 10,)"), std::string(R"({"age": 7, "score": 0, "level": 13)"),
+                                 std::string(R"({"age": 7, "score": 0, "level": 12, "count": -)"),
+                                 std::string(R"({"age": 7, "score": 0, "level": 12, "count": 1, "rank": 0)"),
+                                 std::string(R"({"age": 7, "score": 0, "level": 12, "count": 1, "rank": -)")}) {
     CAPTURE(bad);
     CHECK_FALSE(g->accepts(ids(bad)));
   }
