@@ -1040,23 +1040,19 @@ void OutputGrammar::mask(std::span<const int64_t> generated, int64_t remaining, 
   // containers around are the same): counted once per state.
   const bool in_pattern = segments_[st.seg].kind == Segment::json && st.mode == kStr && !st.key &&
                           schema(st).node(st.vnode).pattern;
+  // The token count of state s's completion, kept in `memo` under `key`.
+  auto counted = [&](auto& memo, auto key, const State& s) {
+    auto it = memo.find(key);
+    if (it == memo.end()) it = memo.emplace(key, completion_tokens(s, nullptr, &cache)).first;
+    return it->second;
+  };
   auto fits = [&](const State& s) {
     const int64_t b = completion_bytes(s);
     if (b >= kInf) return false;
     if (b <= budget) return true;
     if (in_pattern && s.mode == kStr && s.seg == st.seg && s.depth == st.depth && s.vnode == st.vnode &&
-        std::memcmp(s.stack, st.stack, sizeof(State::Frame) * st.depth) == 0) {  // still the same string
-      auto it = cache.pattern.find(s.lo);
-      if (it == cache.pattern.end()) it = cache.pattern.emplace(s.lo, completion_tokens(s, nullptr, &cache)).first;
-      return it->second <= budget;
-    }
-    // In a regex the completion is the automaton state's: counted once per
-    // state, not materialized per candidate (`.` lets every id through).
-    if (s.seg < segments_.size() && segments_[s.seg].kind == Segment::regex) {
-      auto it = cache.regex.find(s.vnode);
-      if (it == cache.regex.end()) it = cache.regex.emplace(s.vnode, completion_tokens(s, nullptr, &cache)).first;
-      return it->second <= budget;
-    }
+        std::memcmp(s.stack, st.stack, sizeof(State::Frame) * st.depth) == 0)  // still the same string
+      return counted(cache.pattern, s.lo, s) <= budget;
     return completion_tokens(s, nullptr, &cache) <= budget;
   };
   // Inside a JSON string a token of whole code points with no quote,
@@ -1076,27 +1072,22 @@ void OutputGrammar::mask(std::span<const int64_t> generated, int64_t remaining, 
     const int64_t filled = std::min(cp, lacking);
     if (base >= kInf) return false;
     if (base - filled <= budget) return true;
-    auto it = cache.in_string.find(filled);
-    if (it == cache.in_string.end()) {
-      State s = st;
-      step_token(s, id);
-      it = cache.in_string.emplace(filled, completion_tokens(s, nullptr, &cache)).first;
-    }
-    return it->second <= budget;
+    if (auto it = cache.in_string.find(filled); it != cache.in_string.end()) return it->second <= budget;
+    State s = st;
+    step_token(s, id);
+    return counted(cache.in_string, filled, s) <= budget;
   };
   // In a regex a token's bytes walk the automaton from its state (no State
-  // copied per id); the completion is counted per state reached.
+  // copied per id); the completion is counted once per state reached (`.`
+  // lets every id through).
   const Regex* rx = segments_[st.seg].kind == Segment::regex ? segments_[st.seg].automaton.get() : nullptr;
   const int64_t rx_tail = rx ? tail(st.seg + 1u, st.chosen) : 0;
   auto regex_fits = [&](int32_t t) {
     if (rx->distance(t) + rx_tail <= budget) return true;
-    auto it = cache.regex.find(uint32_t(t));
-    if (it == cache.regex.end()) {
-      State s = st;
-      s.vnode = uint32_t(t);
-      it = cache.regex.emplace(uint32_t(t), completion_tokens(s, nullptr, &cache)).first;
-    }
-    return it->second <= budget;
+    if (auto it = cache.regex.find(uint32_t(t)); it != cache.regex.end()) return it->second <= budget;
+    State s = st;
+    s.vnode = uint32_t(t);
+    return counted(cache.regex, uint32_t(t), s) <= budget;
   };
   // The bytes the state accepts first: a token starting with another is out;
   // then, per first byte as it is met, the second bytes that may follow it.
