@@ -133,6 +133,19 @@ class Backend {
                         const Tensor& rstd) = 0;
   virtual void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
                                  const Tensor& dy, const Tensor& dx, const Tensor& dweight) = 0;
+  // SwiGLU of a packed gate | up input (Phi-3's MLP, vLLM's SiluAndMul): x
+  // [m, 2n] with unit stride along its rows (row stride x.stride(0)), out [m, n]
+  // contig: out = up * silu(gate), silu rounded to the dtype before the
+  // product, so the bits are those of mul(up, silu(gate)) on this backend.
+  virtual void silu_and_mul(const Tensor& x, const Tensor& out) = 0;
+  // Rotary embedding over the first r = cos.size(1) dims of every head: x [t,
+  // h, d] with each token's h x d values contiguous (row stride x.stride(0)),
+  // cos, sin [t, r] contig in x's dtype (r even, <= d), out [t, h, d] contig.
+  // Forward: out[:r] = x[:r] * cos + rotate_half(x[:r]) * sin, rotate_half(v)
+  // = [-v2, v1], each product and the sum rounded to the dtype (the composed
+  // op's bits), out[r:] = x[r:]. transpose: the adjoint map (dy to dx),
+  // dx1 = dy1 cos1 + dy2 sin2, dx2 = dy2 cos2 - dy1 sin1, dx[r:] = dy[r:].
+  virtual void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& out, bool transpose) = 0;
 
   // ---- matmul: a [B, M, K], b [B, K, N], out [B, M, N] contig, one dtype ----
   // For a and b the last two dims are row-major (stride 1 on the last dim) or

@@ -51,6 +51,10 @@ Tensor sigmoid(const Tensor& x);
 Tensor tanh(const Tensor& x);
 Tensor gelu(const Tensor& x);       // exact (erf)
 Tensor gelu_tanh(const Tensor& x);  // tanh approximation
+// SwiGLU of a packed gate | up last dim (Phi-3's MLP, vLLM's SiluAndMul):
+// x [..., 2n] -> up * silu(gate) [..., n], silu rounded to x's dtype before
+// the product (the rounding points of mul(up, silu(gate))), in one pass.
+Tensor silu_and_mul(const Tensor& x);
 Tensor cast(const Tensor& x, DType dtype);
 
 // ---- reductions (dims may be negative; empty dims = all) ----
@@ -128,6 +132,12 @@ Tensor avg_pool2d(const Tensor& x, std::pair<int64_t, int64_t> kernel,
                   std::pair<int64_t, int64_t> padding = {0, 0});
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
+// Rotary position embedding in one pass: x [T, H, D], cos and sin [T, R] or
+// [T, 1, R] (R even, <= D; rotated per head over the first R dims, the rest
+// kept): x*cos + rotate_half(x)*sin with rotate_half(v) = [-v2, v1], each
+// product and the sum rounded to x's dtype (the composed ops' rounding
+// points). Differentiable in x; cos and sin are tables (no gradient).
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin);
 // logits: [N, C], target: [N] int; mean over targets != ignore_index.
 // Computed and returned in f32 for f32/bf16/f16 logits (f64 for f64): unlike
 // torch, a 16-bit model's loss is not rounded to 16 bits.

@@ -282,6 +282,32 @@ Tensor silu(const Tensor& x) {
   return unary_with_grad(UnaryOp::silu, x, "silu",
                          [](const Tensor& x, auto&, const Tensor& g) { return act_backward(BinaryOp::silu_backward, x, g); });
 }
+Tensor silu_and_mul(const Tensor& x) {
+  check_floating(x, "silu_and_mul");
+  if (x.dim() < 1 || x.size(-1) % 2 != 0)
+    throw std::invalid_argument("silu_and_mul: the last dim must be even (gate | up), got " + x.str());
+  const int64_t n = x.size(-1) / 2;
+  // Rows of unit stride a fixed distance apart (a packed linear output, or a
+  // slice of one) go in as they are; anything else is made dense first.
+  Tensor rows = x.detach();
+  if (!(rows.dim() == 2 && rows.stride(1) == 1)) rows = rows.contiguous().reshape({-1, 2 * n});
+  Tensor y = empty({rows.size(0), n}, TensorOptions(x.dtype(), x.device()));
+  if (y.numel()) backend(x.device()).silu_and_mul(rows, y);
+  Shape shape = x.shape();
+  shape.back() = n;
+  Tensor out = y.reshape(shape);
+  if (needs_grad({x})) {
+    record(out, "silu_and_mul", {x}, [rows, n, shape = x.shape()](const Tensor& g) {
+      // d gate = silu'(gate) * (dy * up), d up = dy * silu(gate): the
+      // gradients of mul(up, silu(gate)), with the same rounding points.
+      Tensor gate = rows.narrow(1, 0, n), up = rows.narrow(1, n, n);
+      Tensor dy = g.reshape({-1, n});
+      Tensor dgate = act_backward(BinaryOp::silu_backward, gate, mul(dy, up));
+      return std::vector<Tensor>{cat({dgate, mul(dy, silu(gate))}, 1).reshape(shape)};
+    });
+  }
+  return out;
+}
 Tensor sigmoid(const Tensor& x) {
   return unary_with_grad(UnaryOp::sigmoid, x, "sigmoid",
                          [](auto&, const Tensor& y, const Tensor& g) { return act_backward(BinaryOp::sigmoid_backward, y, g); });

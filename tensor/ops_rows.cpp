@@ -126,6 +126,55 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   return out;
 }
 
+namespace {
+
+// The composed rotary (what the fused kernel equals): training through cos
+// and sin, which the kernel does not differentiate.
+Tensor rotary_composed(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const int64_t d = x.size(-1), r = cos.size(-1);
+  Tensor x_rot = r == d ? x : x.narrow(-1, 0, r);
+  Tensor rotated = cat({neg(x_rot.narrow(-1, r / 2, r / 2)), x_rot.narrow(-1, 0, r / 2)}, -1);
+  Tensor out = add(mul(x_rot, cos), mul(rotated, sin));
+  return r == d ? out : cat({out, x.narrow(-1, r, d - r)}, -1);
+}
+
+// x [T, H, D] as the kernel takes it: each token's H x D values contiguous.
+Tensor rotary_rows(const Tensor& x) {
+  const int64_t h = x.size(1), d = x.size(2);
+  return x.stride(2) == 1 && (h == 1 || x.stride(1) == d) ? x : x.contiguous();
+}
+
+Tensor rotary_run(const Tensor& x, const Tensor& c, const Tensor& s, bool transpose) {
+  Tensor out = empty(x.shape(), TensorOptions(x.dtype(), x.device()));
+  if (out.numel()) backend(x.device()).rotary(rotary_rows(x), c, s, out, transpose);
+  return out;
+}
+
+}  // namespace
+
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  check_floating(x, "rotary_embedding");
+  if (x.dim() != 3)
+    throw std::invalid_argument("rotary_embedding: x must be [T, H, D], got " + x.str());
+  const int64_t t = x.size(0), d = x.size(2), r = cos.size(-1);
+  auto table_ok = [&](const Tensor& c) {
+    return c.dtype() == x.dtype() && c.device() == x.device() && c.numel() == t * r &&
+           (c.shape() == Shape{t, r} || c.shape() == Shape{t, 1, r});
+  };
+  if (r % 2 != 0 || r > d || !table_ok(cos) || !table_ok(sin))
+    throw std::invalid_argument(fmt::format(
+        "rotary_embedding: cos and sin must be [{}, R] or [{}, 1, R] in x's dtype and device with R even and <= "
+        "{}, got {} and {} for x {}", t, t, d, cos.str(), sin.str(), x.str()));
+  if (cos.requires_grad() || sin.requires_grad()) return rotary_composed(x, cos, sin);
+  Tensor c = cos.detach().contiguous().reshape({t, r}), s = sin.detach().contiguous().reshape({t, r});
+  Tensor out = rotary_run(x.detach(), c, s, false);
+  if (needs_grad({x}))
+    record(out, "rotary_embedding", {x}, [c, s](const Tensor& g) {
+      return std::vector<Tensor>{rotary_run(g.detach(), c, s, true)};
+    });
+  return out;
+}
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                      const std::string& reduction) {
   if (logits.dim() != 2) throw std::invalid_argument("cross_entropy: logits must be [N, C], got " + logits.str());

@@ -127,8 +127,8 @@ class ProfilingBackend final : public Backend {
     return timed("allocate", device, [&] { return inner_.allocate(nbytes, device); });
   }
   void copy(const Tensor& src, const Tensor& dst) override {
-    const std::string key = fmt::format("copy {}->{} {}->{}", src.device().str(), dst.device().str(),
-                                        dtype_name(src.dtype()), dtype_name(dst.dtype()));
+    const std::string key = fmt::format("copy {}->{} {}->{} N{}", src.device().str(), dst.device().str(),
+                                        dtype_name(src.dtype()), dtype_name(dst.dtype()), size_class(dst.numel()));
     timed(key, src.device().is_cuda() ? src.device() : dst.device(), [&] { inner_.copy(src, dst); });
   }
   void fill(const Tensor& dst, double value) override {
@@ -190,6 +190,13 @@ class ProfilingBackend final : public Backend {
   void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd, const Tensor& dy,
                          const Tensor& dx, const Tensor& dweight) override {
     timed(key("rms_norm_backward", x), x.device(), [&] { inner_.rms_norm_backward(x, weight, rstd, dy, dx, dweight); });
+  }
+  void silu_and_mul(const Tensor& x, const Tensor& out) override {
+    timed(key("silu_and_mul", x), x.device(), [&] { inner_.silu_and_mul(x, out); });
+  }
+  void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& out, bool transpose) override {
+    timed(key(transpose ? "rotary_transpose" : "rotary", x), x.device(),
+          [&] { inner_.rotary(x, cos, sin, out, transpose); });
   }
   bool matmul_f32_out(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) override {
     const std::string k = fmt::format("matmul {}->f32 B{} M{} N{} K{}", dtype_name(a.dtype()), size_class(out.size(0)),

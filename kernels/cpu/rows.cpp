@@ -416,4 +416,44 @@ void CpuBackend::rms_norm_backward(const Tensor& x, const Tensor& w, const Tenso
   });
 }
 
+// No fused multiply-adds: the composed ops round each product before the sum.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+void CpuBackend::rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& out,
+                        bool transpose) {
+  const int64_t t = x.size(0), h = x.size(1), d = x.size(2), r = cos.size(1), f = r / 2, ld = x.stride(0);
+  for_float_dtype(x.dtype(), "rotary", [&](auto tag) {
+    using T = decltype(tag);
+    using C = row_t<T>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    const T* cp = static_cast<const T*>(cos.data_ptr());
+    const T* sp = static_cast<const T*>(sin.data_ptr());
+    T* op = static_cast<T*>(out.data_ptr());
+    // A product or sum rounded to T, as the composed ops round each result.
+    auto rd = [](C v) { return C(T(v)); };
+    parallel_for(t, h * d * 4, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const T* c = cp + i * r;
+        const T* s = sp + i * r;
+        for (int64_t k = 0; k < h; ++k) {
+          const T* v = xp + i * ld + k * d;
+          T* o = op + (i * h + k) * d;
+          for (int64_t j = 0; j < f; ++j) {
+            const C v1 = C(v[j]), v2 = C(v[j + f]);
+            if (!transpose) {
+              o[j] = T(rd(v1 * C(c[j])) + rd(-v2 * C(s[j])));
+              o[j + f] = T(rd(v2 * C(c[j + f])) + rd(v1 * C(s[j + f])));
+            } else {
+              o[j] = T(rd(v1 * C(c[j])) + rd(v2 * C(s[j + f])));
+              o[j + f] = T(rd(v2 * C(c[j + f])) - rd(v1 * C(s[j])));
+            }
+          }
+          if (r < d) std::memcpy(o + r, v + r, size_t(d - r) * sizeof(T));
+        }
+      }
+    });
+  });
+}
+#pragma GCC pop_options
+
 }  // namespace areno::cpu

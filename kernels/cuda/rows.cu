@@ -356,6 +356,57 @@ T* opt_mut_ptr(const Tensor& t) {
 }
 
 }  // namespace
+// ---- SwiGLU and rotary (elementwise, one thread per output value) ----
+
+namespace {
+
+template <typename T>
+__global__ void silu_and_mul_kernel(const T* x, T* out, int64_t m, int64_t n, int64_t ld) {
+  using A = acc_t<T>;
+  ARENO_GRID_STRIDE_LOOP(i, m * n) {
+    const int64_t r = i / n, j = i % n;
+    const A g = load_acc(x, r * ld + j), u = load_acc(x, r * ld + n + j);
+    // silu rounded to T before the product, as mul(up, silu(gate)).
+    const A s = cast_value<A>(cast_value<T>(g * (A(1) / (A(1) + exp(-g)))));
+    out[i] = cast_value<T>(u * s);
+  }
+}
+
+template <typename T>
+__global__ void rotary_kernel(const T* x, const T* c, const T* s, T* out, int64_t t, int64_t h, int64_t d,
+                              int64_t r, int64_t ld, bool transpose) {
+  using A = acc_t<T>;
+  // Each product rounded to T before the sum, with no fused multiply-add
+  // (the composed ops' rounding points).
+  auto rd = [](A v) { return cast_value<A>(cast_value<T>(v)); };
+  auto mul = [](A a, A b) {
+    if constexpr (std::is_same_v<A, double>) return __dmul_rn(a, b);
+    else return __fmul_rn(a, b);
+  };
+  const int64_t f = r / 2;
+  ARENO_GRID_STRIDE_LOOP(i, t * h * d) {
+    const int64_t tok = i / (h * d), k = (i / d) % h, j = i % d;
+    const T* v = x + tok * ld + k * d;
+    if (j >= r) {
+      out[i] = v[j];
+      continue;
+    }
+    const T* cr = c + tok * r;
+    const T* sr = s + tok * r;
+    const int64_t jj = j < f ? j + f : j - f;  // the partner in rotate_half
+    const A a = load_acc(v, j), b = load_acc(v, jj);
+    A y;
+    const A ac = rd(mul(a, load_acc(cr, j)));
+    if (!transpose)
+      y = j < f ? ac + rd(mul(-b, load_acc(sr, j))) : ac + rd(mul(b, load_acc(sr, j)));
+    else
+      y = j < f ? ac + rd(mul(b, load_acc(sr, jj))) : ac - rd(mul(b, load_acc(sr, jj)));
+    out[i] = cast_value<T>(y);
+  }
+}
+
+}  // namespace
+
 }  // namespace areno::cuda
 
 namespace areno {
@@ -491,6 +542,35 @@ void CudaBackend::rms_norm_backward(const Tensor& x, const Tensor& weight, const
       ARENO_LAUNCH_CHECK("norm_backward_dx_kernel");
     }
     norm_param_grads<T>(l, x, nullptr, ptr<const A>(rstd), dy, r.m, r.n, dweight, Tensor());
+  });
+}
+
+
+void CudaBackend::silu_and_mul(const Tensor& x, const Tensor& out) {
+  require_contiguous(out, "silu_and_mul", "out");
+  const int64_t m = out.size(0), n = out.size(1);
+  if (m * n == 0) return;
+  Launch l(out);
+  visit_floating(x.dtype(), "silu_and_mul", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    silu_and_mul_kernel<T><<<grid_for(m * n), kBlock, 0, l.stream>>>(ptr<const T>(x), ptr<T>(out), m, n,
+                                                                      x.stride(0));
+    ARENO_LAUNCH_CHECK("silu_and_mul_kernel");
+  });
+}
+
+void CudaBackend::rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& out, bool transpose) {
+  require_contiguous(out, "rotary", "out");
+  require_contiguous(cos, "rotary", "cos");
+  require_contiguous(sin, "rotary", "sin");
+  const int64_t t = x.size(0), h = x.size(1), d = x.size(2), r = cos.size(1);
+  if (t * h * d == 0) return;
+  Launch l(out);
+  visit_floating(x.dtype(), "rotary", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    rotary_kernel<T><<<grid_for(t * h * d), kBlock, 0, l.stream>>>(
+        ptr<const T>(x), ptr<const T>(cos), ptr<const T>(sin), ptr<T>(out), t, h, d, r, x.stride(0), transpose);
+    ARENO_LAUNCH_CHECK("rotary_kernel");
   });
 }
 

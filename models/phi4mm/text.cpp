@@ -126,14 +126,9 @@ Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
 // ---- rotary and attention cores ----
 
 Tensor apply_rotary(const Tensor& x, const Tensor& cos, const Tensor& sin) {
-  const int64_t d = x.size(-1), r = cos.size(-1);
-  Tensor x_rot = r == d ? x : x.narrow(-1, 0, r);
-  Tensor x1 = x_rot.narrow(-1, 0, r / 2), x2 = x_rot.narrow(-1, r / 2, r / 2);
-  Tensor rotated = cat({neg(x2), x1}, -1);
-  // Same op order as the reference: (x·cos) + (rotate_half(x)·sin), each rounded.
-  Tensor out = add(mul(x_rot, cos), mul(rotated, sin));
-  if (r == d) return out;
-  return cat({out, x.narrow(-1, r, d - r)}, -1);
+  // Same op order as the reference: (x·cos) + (rotate_half(x)·sin), each
+  // rounded, in one pass (rotary_embedding).
+  return rotary_embedding(x, cos, sin);
 }
 
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -161,8 +156,10 @@ Tensor Attention::forward(const Tensor& x, const Tensor& cos, const Tensor& sin,
   const int64_t T = x.size(0), hd = cfg_.head_dim();
   const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads;
   Tensor qkv = qkv_proj->forward(x, rows);  // [T, q + 2 kv]: Q rows, then K, then V
-  Tensor q = apply_rotary(qkv.narrow(1, 0, nq * hd).reshape({T, nq, hd}), cos, sin);
-  Tensor k = apply_rotary(qkv.narrow(1, nq * hd, nkv * hd).reshape({T, nkv, hd}), cos, sin);
+  // Q and K heads sit side by side in qkv and share the token's angles: one
+  // rotary pass over both.
+  Tensor qk = rotary_embedding(qkv.narrow(1, 0, (nq + nkv) * hd).reshape({T, nq + nkv, hd}), cos, sin);
+  Tensor q = qk.narrow(1, 0, nq), k = qk.narrow(1, nq, nkv);
   Tensor v = qkv.narrow(1, (nq + nkv) * hd, nkv * hd).reshape({T, nkv, hd});
   // One causal attention per sequence: rows of different sequences never see
   // each other. With a KV step, a sequence's keys are its cached history
@@ -198,8 +195,7 @@ Mlp::Mlp(const Config& c, TensorOptions opts) : Module("Mlp"), intermediate_(c.t
 
 Tensor Mlp::forward(const Tensor& x, const AdapterRows& rows) const {
   Tensor gu = gate_up_proj->forward(x, rows);  // [T, 2I]
-  Tensor gate = gu.narrow(1, 0, intermediate_), up = gu.narrow(1, intermediate_, intermediate_);
-  return down_proj->forward(mul(up, silu(gate)), rows);
+  return down_proj->forward(silu_and_mul(gu), rows);  // up * silu(gate), gu = [gate | up]
 }
 
 // ---- DecoderLayer ----

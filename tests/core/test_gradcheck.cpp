@@ -77,6 +77,8 @@ std::vector<GradCase> grad_table() {
       {"tanh", {In({12})}, F(tanh(x[0]))},
       {"gelu", {In({12})}, F(gelu(x[0]))},
       {"gelu_tanh", {In({12})}, F(gelu_tanh(x[0]))},
+      {"silu_and_mul", {In({3, 10})}, F(silu_and_mul(x[0]))},
+      {"silu_and_mul_slice", {In({2, 9})}, F(silu_and_mul(x[0].narrow(1, 1, 8)))},
 
       // ---- reductions and rows ----
       {"sum_dims", {In({2, 3, 4})}, F(sum(x[0], {0, 2}))},
@@ -151,6 +153,12 @@ std::vector<GradCase> grad_table() {
       {"layer_norm", {In({3, 5}), In({5}), In({5})}, F(layer_norm(x[0], x[1], x[2], 1e-5))},
       {"layer_norm_no_bias", {In({2, 2, 4}), In({4})}, F(layer_norm(x[0], x[1], Tensor(), 1e-5))},
       {"rms_norm", {In({3, 5}), In({5})}, F(rms_norm(x[0], x[1], 1e-6))},
+      {"rotary_embedding", {In({3, 2, 6})},
+       [](const std::vector<Tensor>& x) {
+         Generator g(3);
+         return rotary_embedding(x[0], rand_normal({3, 1, 4}, g, 0.0, 1.0, TensorOptions(DType::f64)),
+                                 rand_normal({3, 1, 4}, g, 0.0, 1.0, TensorOptions(DType::f64)));
+       }},
       {"cross_entropy", {In({5, 4}), idx({5}, 4)}, F(cross_entropy(x[0], x[1]))},
       {"cross_entropy_ignore_index", {In({6, 3}), idx({6}, 3)}, F(cross_entropy(x[0], x[1], 1))},
       {"cross_entropy_sum", {In({6, 3}), idx({6}, 3)}, F(cross_entropy(x[0], x[1], 1, "sum"))},

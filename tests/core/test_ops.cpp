@@ -336,6 +336,10 @@ std::vector<OpCase> op_table() {
         {{In({7, 33}), In({33}), In({33})}, {In({2, 3, 1031}), In({1031}), In({1031})},
          {tr({16, 5}), In({5}), In({5})}, {In({1, 1}), In({1}), In({1})}},
         F(layer_norm(x[0], x[1], x[2], 1e-5))),
+      C("silu_and_mul", FL, {{In({7, 66})}, {In({1, 2062})}, {step2({3, 8})}}, F(silu_and_mul(x[0])), 2.0),
+      C("rotary_embedding", FL,
+        {{In({5, 3, 16}), In({5, 1, 12}), In({5, 1, 12})}, {In({2, 4, 6}), In({2, 6}), In({2, 6})}},
+        F(rotary_embedding(x[0], x[1], x[2])), 2.0),
       C("layer_norm_no_bias", FL, {{In({7, 33}), In({33})}}, F(layer_norm(x[0], x[1], Tensor(), 1e-5))),
       C("rms_norm", FL,
         {{In({7, 33}), In({33})}, {In({2, 3, 1031}), In({1031})}, {tr({16, 5}), In({5})}, {step2({3, 8}), In({8})}},
@@ -606,6 +610,77 @@ DEVICE_TEST_CASE("ops/matmul_f32_out: half operands, f32 sums, accumulation") {
     const Tensor want2 = add(want1, mul(matmul(a2.to(DType::f64).t(), b.to(DType::f64)), 0.5));
     CHECK(max_abs_diff(out.squeeze(0).to(Device::cpu()).to(DType::f64), want2) < 1e-4);
   }
+}
+
+// The decoder's two fused elementwise passes against the ops they replace,
+// on every device: silu_and_mul against mul(up, silu(gate)) and
+// rotary_embedding against x*cos + rotate_half(x)*sin (the reference's op
+// order), values and the gradient of x. Inputs: a packed [T, 2n] row and a
+// slice of a wider one (the qkv layout: rows a stride apart), odd widths
+// (tails of every vector width), the partial rotary of the checkpoint (R =
+// 3/4 D) and a full one, cos as [T, 1, R] and [T, R].
+DEVICE_TEST_CASE("ops/silu_and_mul and rotary_embedding equal the composed ops, values and gradients") {
+  Generator g(53);
+  auto composed_rotary = [](const Tensor& x, const Tensor& c, const Tensor& s) {
+    const int64_t d = x.size(-1), r = c.size(-1);
+    Tensor xr = x.narrow(-1, 0, r);
+    Tensor rot = cat({neg(xr.narrow(-1, r / 2, r / 2)), xr.narrow(-1, 0, r / 2)}, -1);
+    Tensor out = add(mul(xr, c.reshape({c.size(0), 1, r})), mul(rot, s.reshape({s.size(0), 1, r})));
+    return r == d ? out : cat({out, x.narrow(-1, r, d - r)}, -1);
+  };
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    if (dt == DType::f64 && !device.is_cpu()) continue;
+    CAPTURE(dtype_name(dt));
+    // The bound: the silu's f32 exp differs between vector and scalar code by
+    // an ulp or so, which one rounding to bf16 can turn into one bf16 ulp.
+    const double tol = dt == DType::bf16 ? 1.0 / 64 : dt == DType::f32 ? 1e-6 : 0.0;
+    for (auto [rows, n, extra] : {std::tuple<int64_t, int64_t, int64_t>{1, 768, 0}, {5, 37, 0}, {3, 1029, 11}}) {
+      CAPTURE(rows);
+      CAPTURE(n);
+      CAPTURE(extra);
+      Tensor wide = rand_normal({rows, 2 * n + extra}, g, 0.0, 2.0).to(dt).to(device);
+      Tensor x = wide.narrow(1, 0, 2 * n);
+      Tensor got = silu_and_mul(x);
+      Tensor want = mul(x.narrow(1, n, n), silu(x.narrow(1, 0, n)));
+      REQUIRE(got.shape() == want.shape());
+      CHECK(max_abs_diff(got.to(Device::cpu()).to(DType::f64), want.to(Device::cpu()).to(DType::f64)) <= tol * 8);
+      // gradient of x through a weighted sum
+      Tensor w = rand_normal({rows, n}, g).to(dt).to(device);
+      Tensor xa = x.detach().contiguous().set_requires_grad(true), xb = x.detach().contiguous().set_requires_grad(true);
+      sum(mul(silu_and_mul(xa), w)).backward();
+      sum(mul(mul(xb.narrow(1, n, n), silu(xb.narrow(1, 0, n))), w)).backward();
+      CHECK(max_abs_diff(xa.grad().to(Device::cpu()).to(DType::f64), xb.grad().to(Device::cpu()).to(DType::f64)) <=
+            tol * 16);
+    }
+    for (auto [t, nh, d, r, flat] : {std::tuple<int64_t, int64_t, int64_t, int64_t, bool>{1, 10, 64, 48, false},
+                                     {7, 3, 8, 6, true}, {4, 2, 6, 6, false}, {9, 5, 34, 22, true}}) {
+      CAPTURE(t);
+      CAPTURE(nh);
+      CAPTURE(d);
+      CAPTURE(r);
+      // x: the first nh heads of a packed [t, (nh + 2) * d] row (as Q and K of qkv)
+      Tensor packed = rand_normal({t, (nh + 2) * d}, g).to(dt).to(device);
+      Tensor x = packed.narrow(1, 0, nh * d).reshape({t, nh, d});
+      Tensor c = rand_normal(flat ? Shape{t, r} : Shape{t, 1, r}, g).to(dt).to(device);
+      Tensor s = rand_normal(flat ? Shape{t, r} : Shape{t, 1, r}, g).to(dt).to(device);
+      Tensor got = rotary_embedding(x, c, s), want = composed_rotary(x, c, s);
+      REQUIRE(got.shape() == want.shape());
+      // the same products and sums, rounded at the same points: the same bits
+      CHECK(max_abs_diff(got.to(Device::cpu()).to(DType::f64), want.to(Device::cpu()).to(DType::f64)) == 0.0);
+      Tensor w = rand_normal({t, nh, d}, g).to(dt).to(device);
+      Tensor xa = x.detach().contiguous().set_requires_grad(true), xb = x.detach().contiguous().set_requires_grad(true);
+      sum(mul(rotary_embedding(xa, c, s), w)).backward();
+      sum(mul(composed_rotary(xb, c, s), w)).backward();
+      CHECK(max_abs_diff(xa.grad().to(Device::cpu()).to(DType::f64), xb.grad().to(Device::cpu()).to(DType::f64)) <=
+            (dt == DType::bf16 ? 1.0 / 16 : 1e-5));
+    }
+  }
+  // Bad tables are refused by name.
+  Tensor x = zeros({2, 3, 8}, TensorOptions(DType::f32, device));
+  CHECK_THROWS_WITH_AS(rotary_embedding(x, zeros({2, 7}, TensorOptions(DType::f32, device)),
+                                        zeros({2, 7}, TensorOptions(DType::f32, device))),
+                       doctest::Contains("R even"), std::invalid_argument);
+  CHECK_THROWS_AS(silu_and_mul(zeros({2, 5}, TensorOptions(DType::f32, device))), std::invalid_argument);
 }
 
 // scaled_softmax (Backend::scaled_softmax and its backward: the composed
