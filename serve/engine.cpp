@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include <fmt/format.h>
+#include <omp.h>
 
 #include "models/phi4mm/model.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
@@ -139,8 +140,13 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
       NoGradGuard ng;
       q->media_rows = phi4mm::media_rows(*model_, r.media);
     } catch (const std::exception& e) {
+      omp_pause_resource_all(omp_pause_hard);
       throw std::runtime_error(fmt::format("media encoding failed: {}", e.what()));
     }
+    // The towers' OpenMP team of this (HTTP) thread is freed: parked teams
+    // beside the engine thread's make libgomp throttle every team's
+    // spin-wait (see cmd_serve.cpp), and an idle HTTP thread needs none.
+    omp_pause_resource_all(omp_pause_hard);
     if (q->media_rows.dim() != 2 || q->media_rows.size(0) != n_media || q->media_rows.size(1) != H)
       throw std::runtime_error(fmt::format("media encoding failed: media rows {} do not match the prompt's {} "
                                            "placeholders", shape_str(q->media_rows.shape()), n_media));
