@@ -165,7 +165,8 @@ Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin) {
     throw std::invalid_argument(fmt::format(
         "rotary_embedding: cos and sin must be [{}, R] or [{}, 1, R] in x's dtype and device with R even and <= "
         "{}, got {} and {} for x {}", t, t, d, cos.str(), sin.str(), x.str()));
-  if (cos.requires_grad() || sin.requires_grad()) return rotary_composed(x, cos, sin);
+  if (cos.requires_grad() || sin.requires_grad())
+    return rotary_composed(x, cos.reshape({t, 1, r}), sin.reshape({t, 1, r}));
   Tensor c = cos.detach().contiguous().reshape({t, r}), s = sin.detach().contiguous().reshape({t, r});
   Tensor out = rotary_run(x.detach(), c, s, false);
   if (needs_grad({x}))
