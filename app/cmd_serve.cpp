@@ -1,6 +1,5 @@
 // `areno serve`: the OpenAI-compatible server (serve/http_server.h) on the engine.
 #include <fmt/format.h>
-#include <omp.h>
 
 #include <atomic>
 #include <chrono>
@@ -17,6 +16,7 @@
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "serve/engine.h"
 #include "serve/http_server.h"
+#include "tensor/backend.h"
 
 namespace areno::app {
 
@@ -191,12 +191,7 @@ int cmd_serve(const Args& args) {
   std::signal(SIGPIPE, SIG_IGN);
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
-  // This thread's OpenMP team (from the load) would stay parked beside the
-  // engine thread's: more managed threads than cores makes libgomp throttle
-  // its spin-wait, so every parallel region of a decode step slept and woke
-  // its workers (a context switch per op). Freed here; this thread runs no
-  // more ops.
-  omp_pause_resource_all(omp_pause_hard);
+  release_cpu_threads();  // the load's workers; this thread runs no more ops
   engine.start();
   std::atomic<bool> listening{true};
   std::thread listener([&] {

@@ -10,11 +10,11 @@
 #include <unordered_map>
 
 #include <fmt/format.h>
-#include <omp.h>
 
 #include "models/phi4mm/model.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "tensor/autograd.h"
+#include "tensor/backend.h"
 
 namespace areno::serve {
 
@@ -139,14 +139,11 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
     try {
       NoGradGuard ng;
       q->media_rows = phi4mm::media_rows(*model_, r.media);
+      release_cpu_threads();  // the towers' workers: this thread is done with ops
     } catch (const std::exception& e) {
-      omp_pause_resource_all(omp_pause_hard);
+      release_cpu_threads();
       throw std::runtime_error(fmt::format("media encoding failed: {}", e.what()));
     }
-    // The towers' OpenMP team of this (HTTP) thread is freed: parked teams
-    // beside the engine thread's make libgomp throttle every team's
-    // spin-wait (see cmd_serve.cpp), and an idle HTTP thread needs none.
-    omp_pause_resource_all(omp_pause_hard);
     if (q->media_rows.dim() != 2 || q->media_rows.size(0) != n_media || q->media_rows.size(1) != H)
       throw std::runtime_error(fmt::format("media encoding failed: media rows {} do not match the prompt's {} "
                                            "placeholders", shape_str(q->media_rows.shape()), n_media));

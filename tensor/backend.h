@@ -263,6 +263,13 @@ void op_profile_reset();
 // Defined by the kernels: the tensor library links against them.
 Backend& cpu_backend();   // kernels/cpu/cpu_backend.cpp
 Backend& cuda_backend();  // kernels/cuda/cuda_backend.cu (or kernels/cuda/stub.cpp)
+// Frees the calling thread's idle CPU worker threads (its OpenMP team; the
+// next op on this thread makes a new one). A thread that is done running ops
+// while another keeps computing calls it: parked teams beside a working one
+// give libgomp more threads than cores, and it then throttles every team's
+// spin-wait, so each parallel region sleeps and wakes its workers
+// (docs/perf.md, serving under load). kernels/cpu/cpu_backend.cpp.
+void release_cpu_threads();
 
 // CUDA runtime queries, for `areno env` and tests (kernels/cuda/cuda_context.cu;
 // the stub reports 0 devices).

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -135,6 +137,19 @@ void strided_loop(const Shape& shape, const std::array<const Tensor*, N>& ts, F&
 }
 
 // Converts between storage type T and its compute type.
+// Calls f with a value of the storage type of a floating dtype (f32, f64,
+// bf16, f16); other dtypes throw "<op> needs a floating-point tensor".
+template <typename F>
+void for_float_dtype(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: return f(float{});
+    case DType::f64: return f(double{});
+    case DType::bf16: return f(BFloat16{});
+    case DType::f16: return f(Half{});
+    default: throw std::invalid_argument(std::string(op) + " needs a floating-point tensor");
+  }
+}
+
 template <typename T> struct compute_of { using type = T; };
 template <> struct compute_of<BFloat16> { using type = float; };
 template <> struct compute_of<Half> { using type = float; };

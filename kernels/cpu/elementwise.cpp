@@ -366,13 +366,7 @@ void CpuBackend::silu_and_mul(const Tensor& x, const Tensor& out) {
       }
     });
   };
-  switch (x.dtype()) {
-    case DType::f32: return run(float{});
-    case DType::bf16: return run(BFloat16{});
-    case DType::f64: return run(double{});
-    case DType::f16: return run(Half{});
-    default: throw std::invalid_argument("silu_and_mul needs a floating-point tensor");
-  }
+  for_float_dtype(x.dtype(), "silu_and_mul", run);
 }
 
 void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {

@@ -40,17 +40,6 @@ A lane_sum(int64_t n, F f) {
   return s;
 }
 
-template <typename F>
-void for_float_dtype(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::f32: return f(float{});
-    case DType::f64: return f(double{});
-    case DType::bf16: return f(BFloat16{});
-    case DType::f16: return f(Half{});
-    default: throw std::invalid_argument(std::string(op) + " needs a floating-point tensor");
-  }
-}
-
 typedef double D4 __attribute__((vector_size(32)));
 
 }  // namespace

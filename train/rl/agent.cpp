@@ -12,8 +12,8 @@
 #include <set>
 
 #include <fmt/format.h>
-#include <omp.h>
 
+#include "tensor/backend.h"
 #include "train/rl/process.h"
 
 namespace areno::train::rl {
@@ -332,10 +332,7 @@ RolloutBatch AgentRollout::run(const std::vector<AgentTask>& tasks_in) {
     }
   store_->clear();
   std::vector<AgentOutput> outputs;
-  // This thread's parked OpenMP team would sit beside the engine thread's
-  // for the whole rollout and make libgomp throttle the spin-wait of both
-  // (serve/engine.cpp): freed here, made again by the next training op.
-  omp_pause_resource_all(omp_pause_hard);
+  release_cpu_threads();  // idle for the rollout; the next training op makes new ones
   engine_->start();
   try {
     outputs = run_agents(tasks, fmt::format("http://127.0.0.1:{}/v1", server_->port()), agent_);
