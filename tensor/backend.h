@@ -236,6 +236,13 @@ class Backend {
   virtual void im2col(const Tensor& x, const ConvGeom& g, const Tensor& cols) = 0;
   // dx contig [n, c, h, w] (zeroed by the caller) += fold(cols)
   virtual void col2im(const Tensor& cols, const ConvGeom& g, const Tensor& dx) = 0;
+  // Depthwise convolution, channels last: x contig [b, h, w, c], w contig [c,
+  // kh, kw], bias contig [c] or undefined, out contig [b, ho, wo, c] with ho =
+  // (h - kh) / sh + 1, wo likewise: out = sum over taps (row-major) of
+  // x * w, then + bias, accumulated in f32 (f64 for f64) with no fused
+  // multiply-add, rounded once (tensor/ops.h, depthwise_conv2d_nhwc).
+  virtual void depthwise_conv2d_nhwc(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
+                                     int64_t sh, int64_t sw) = 0;
   // count_include_pad = true, as torch's default
   virtual void avg_pool2d(const Tensor& x, const PoolGeom& g, const Tensor& out) = 0;
   virtual void avg_pool2d_backward(const Tensor& dy, const PoolGeom& g, const Tensor& dx) = 0;
@@ -257,9 +264,12 @@ Backend& backend(Device device);
 // ARENO_PROFILE_OPS=1 (tensor/profile_backend.cpp): backend() hands out a
 // wrapper that times and counts every call (synchronizing the device after
 // each) and prints a table to stderr at exit. Reset drops what was counted so
-// far (a benchmark calls it after its warm-up); both are no-ops when off.
+// far (a benchmark calls it after its warm-up); print writes the table so far
+// under a heading (a benchmark's per-stage tables) and resets. All are no-ops
+// when off.
 bool op_profile_enabled();
 void op_profile_reset();
+void op_profile_print(const std::string& heading);
 // Defined by the kernels: the tensor library links against them.
 Backend& cpu_backend();   // kernels/cpu/cpu_backend.cpp
 Backend& cuda_backend();  // kernels/cuda/cuda_backend.cu (or kernels/cuda/stub.cpp)

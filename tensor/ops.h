@@ -126,6 +126,16 @@ Tensor conv1d(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor(), i
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias = Tensor(),
               std::pair<int64_t, int64_t> stride = {1, 1}, std::pair<int64_t, int64_t> padding = {0, 0},
               std::pair<int64_t, int64_t> dilation = {1, 1}, int64_t groups = 1);
+// Depthwise 2-D convolution, channels last, no padding (the caller pads):
+// x [B, H, W, C], w [C, KH, KW], bias [C] or undefined, stride (sh, sw) ->
+// [B, (H - KH) / sh + 1, (W - KW) / sw + 1, C] with
+//   y[b, i, j, c] = sum over taps (a, e) in order of x[b, i sh + a, j sw + e, c] w[c, a, e], then + bias[c],
+// summed in f32 (f64 for f64) and rounded once to x's dtype: for f32 the bits
+// of the composed mul / add per tap, for 16-bit types one rounding where the
+// composed ops round every product and sum. (torch: conv2d with groups = C on
+// the NCHW view.) Differentiable in all three.
+Tensor depthwise_conv2d_nhwc(const Tensor& x, const Tensor& w, const Tensor& bias,
+                             std::pair<int64_t, int64_t> stride = {1, 1});
 // x: [N, C, H, W]; count_include_pad semantics of torch (default true).
 Tensor avg_pool2d(const Tensor& x, std::pair<int64_t, int64_t> kernel,
                   std::pair<int64_t, int64_t> stride = {0, 0},

@@ -68,6 +68,52 @@ Tensor conv1d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stri
   return y.squeeze(2);
 }
 
+namespace {
+
+// depthwise_conv2d_nhwc from differentiable ops, in the kernel's order and
+// accumulation dtype (the same bits): one strided view of x per tap.
+Tensor depthwise_composed(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t sh, int64_t sw, int64_t ho,
+                          int64_t wo) {
+  const DType acc = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor xa = x.to(acc), wa = w.to(acc);
+  Tensor y;
+  for (int64_t a = 0; a < w.size(1); ++a)
+    for (int64_t e = 0; e < w.size(2); ++e) {
+      Tensor tap = xa.slice(1, a, a + sh * (ho - 1) + 1, sh).slice(2, e, e + sw * (wo - 1) + 1, sw);
+      Tensor term = mul(tap, wa.select(2, e).select(1, a));
+      y = y.defined() ? add(y, term) : term;
+    }
+  if (bias.defined()) y = add(y, bias.to(acc));
+  return y.to(x.dtype());
+}
+
+}  // namespace
+
+Tensor depthwise_conv2d_nhwc(const Tensor& x, const Tensor& w, const Tensor& bias,
+                             std::pair<int64_t, int64_t> stride) {
+  check_floating(x, "depthwise_conv2d_nhwc");
+  const auto [sh, sw] = stride;
+  if (x.dim() != 4 || w.dim() != 3 || w.size(0) != x.size(3) || w.dtype() != x.dtype() ||
+      (bias.defined() && (bias.dim() != 1 || bias.size(0) != x.size(3) || bias.dtype() != x.dtype())))
+    throw std::invalid_argument(fmt::format(
+        "depthwise_conv2d_nhwc: x must be [B, H, W, C], w [C, KH, KW] and bias [C] (or none) in x's dtype, got {}, "
+        "{} and {}", x.str(), w.str(), bias.defined() ? bias.str() : std::string("none")));
+  check_same_device(x, w, "depthwise_conv2d_nhwc");
+  if (bias.defined()) check_same_device(x, bias, "depthwise_conv2d_nhwc");
+  const int64_t kh = w.size(1), kw = w.size(2);
+  if (sh <= 0 || sw <= 0 || kh <= 0 || kw <= 0 || x.size(1) < kh || x.size(2) < kw)
+    throw std::invalid_argument(fmt::format(
+        "depthwise_conv2d_nhwc: stride ({}, {}) must be positive and the {}x{} kernel fit in x {}", sh, sw, kh, kw,
+        x.str()));
+  const int64_t ho = (x.size(1) - kh) / sh + 1, wo = (x.size(2) - kw) / sw + 1;
+  if (needs_grad({x, w, bias})) return depthwise_composed(x, w, bias, sh, sw, ho, wo);
+  Tensor out = empty({x.size(0), ho, wo, x.size(3)}, TensorOptions(x.dtype(), x.device()));
+  if (out.numel())
+    backend(x.device()).depthwise_conv2d_nhwc(x.detach().contiguous(), w.detach().contiguous(),
+                                              bias.defined() ? bias.detach().contiguous() : Tensor(), out, sh, sw);
+  return out;
+}
+
 Tensor avg_pool2d(const Tensor& x, std::pair<int64_t, int64_t> kernel, std::pair<int64_t, int64_t> stride,
                   std::pair<int64_t, int64_t> padding) {
   if (x.dim() != 4) throw std::invalid_argument("avg_pool2d: input must be [N, C, H, W], got " + x.str());

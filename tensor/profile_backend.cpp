@@ -245,6 +245,10 @@ class ProfilingBackend final : public Backend {
   void masked_scatter(const Tensor& out, const Tensor& mask, const Tensor& src) override {
     timed(key("masked_scatter", out), out.device(), [&] { inner_.masked_scatter(out, mask, src); });
   }
+  void depthwise_conv2d_nhwc(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out, int64_t sh,
+                             int64_t sw) override {
+    timed(key("depthwise_conv2d_nhwc", x), x.device(), [&] { inner_.depthwise_conv2d_nhwc(x, w, bias, out, sh, sw); });
+  }
   void im2col(const Tensor& x, const ConvGeom& g, const Tensor& cols) override {
     timed(key("im2col", x), x.device(), [&] { inner_.im2col(x, g, cols); });
   }
@@ -276,6 +280,13 @@ bool op_profile_enabled() {
 
 void op_profile_reset() {
   if (op_profile_enabled()) profile().reset();
+}
+
+void op_profile_print(const std::string& heading) {
+  if (!op_profile_enabled()) return;
+  std::fprintf(stderr, "-- %s\n", heading.c_str());
+  profile().print();
+  profile().reset();
 }
 
 Backend& profiled_backend(Device device) {

@@ -24,7 +24,8 @@
 //
 // One JSON line per measure. Timing: best of --reps after one warm-up of the
 // text request (the big requests are run --reps times without a separate
-// warm-up: each takes seconds).
+// warm-up: each takes seconds). With ARENO_PROFILE_OPS=1 each request prints
+// an op table for its tower and one for its prefill (to stderr).
 //
 // usage: bench_ttft CHECKPOINT_DIR [--reps N] [--only text|audio|image|gemm]
 #include <fmt/format.h>
@@ -47,6 +48,7 @@
 #include "models/phi4mm/text.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "tensor/autograd.h"
+#include "tensor/backend.h"
 #include "tensor/ops.h"
 
 using namespace areno;
@@ -95,6 +97,7 @@ Stages run_request(const Phi4MMForCausalLM& m, const std::vector<int64_t>& ids, 
                    const RgbImage* image, const std::vector<double>* audio) {
   Stages st;
   Tensor rows;
+  op_profile_reset();  // ARENO_PROFILE_OPS=1: a table per stage of every request
   double t0 = now_s();
   if (image) {
     const ImageBatch b = process_images({*image});
@@ -114,7 +117,10 @@ Stages run_request(const Phi4MMForCausalLM& m, const std::vector<int64_t>& ids, 
     st.tower_s = now_s() - t0;
     st.tower_flops = flops() - f0;
   }
-  if (rows.defined()) st.media_tokens = rows.size(0);
+  if (rows.defined()) {
+    st.media_tokens = rows.size(0);
+    op_profile_print("tower and projector");
+  }
   PagedKvCache cache(m, int64_t(ids.size()) / 16 + 2, 16);
   KvSequence seq;
   IncrementalBatch b;
@@ -126,6 +132,7 @@ Stages run_request(const Phi4MMForCausalLM& m, const std::vector<int64_t>& ids, 
   st.prefill_s = now_s() - t0;
   st.prefill_flops = flops() - f0;
   st.prompt_tokens = int64_t(ids.size());
+  op_profile_print("prefill and first token");
   cache.release(seq);
   if (first < 0) throw std::runtime_error("no first token");
   return st;

@@ -1,5 +1,6 @@
 // im2col / col2im for convolutions, and average pooling.
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_common.h"
@@ -31,6 +32,60 @@ void CpuBackend::im2col(const Tensor& x, const ConvGeom& g, const Tensor& cols) 
     });
   });
 }
+
+// No fused multiply-adds: f32 inputs keep the bits of the composed mul / add
+// per tap (16-bit products are exact in f32 either way).
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+void CpuBackend::depthwise_conv2d_nhwc(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
+                                       int64_t sh, int64_t sw) {
+  const int64_t B = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3), kh = w.size(1), kw = w.size(2);
+  const int64_t ho = out.size(1), wo = out.size(2), taps = kh * kw;
+  for_float_dtype(x.dtype(), "depthwise_conv2d_nhwc", [&](auto tag) {
+    using T = decltype(tag);
+    using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    const T* xp = static_cast<const T*>(x.data_ptr());
+    const T* wp = static_cast<const T*>(w.data_ptr());
+    T* op = static_cast<T*>(out.data_ptr());
+    // Weights as [tap][C] and the bias, widened once.
+    std::vector<A> wt(size_t(taps * C)), bt(bias.defined() ? size_t(C) : 0);
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t t = 0; t < taps; ++t) wt[size_t(t * C + c)] = A(wp[c * taps + t]);
+    if (bias.defined())
+      for (int64_t c = 0; c < C; ++c) bt[size_t(c)] = A(static_cast<const T*>(bias.data_ptr())[c]);
+    // A block of kN channels (0: n < kBlock of them, the tail) of one output
+    // pixel: the first tap's product, each further tap added, then the bias,
+    // rounded once.
+    constexpr int64_t kBlock = 64;
+    auto pixel = [&]<int64_t kN>(const T* x0, int64_t c0, int64_t n, T* o) {
+      A acc[kBlock];
+      for (int64_t t = 0; t < taps; ++t) {
+        const T* xr = x0 + ((t / kw) * W + t % kw) * C + c0;
+        const A* wr = wt.data() + t * C + c0;
+        if (t == 0)
+          for (int64_t c = 0; c < (kN ? kN : n); ++c) acc[c] = A(xr[c]) * wr[c];
+        else
+          for (int64_t c = 0; c < (kN ? kN : n); ++c) acc[c] = acc[c] + A(xr[c]) * wr[c];
+      }
+      if (!bt.empty())
+        for (int64_t c = 0; c < (kN ? kN : n); ++c) acc[c] = acc[c] + bt[size_t(c0 + c)];
+      for (int64_t c = 0; c < (kN ? kN : n); ++c) o[c0 + c] = T(acc[c]);
+    };
+    parallel_for(B * ho, wo * C * taps, [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const int64_t b = r / ho, i = r % ho;
+        for (int64_t j = 0; j < wo; ++j) {
+          const T* x0 = xp + ((b * H + i * sh) * W + j * sw) * C;
+          T* o = op + (r * wo + j) * C;
+          int64_t c0 = 0;
+          for (; c0 + kBlock <= C; c0 += kBlock) pixel.template operator()<kBlock>(x0, c0, kBlock, o);
+          if (c0 < C) pixel.template operator()<0>(x0, c0, C - c0, o);
+        }
+      }
+    });
+  });
+}
+#pragma GCC pop_options
 
 void CpuBackend::col2im(const Tensor& cols, const ConvGeom& g, const Tensor& dx) {
   visit_dtype(dx.dtype(), [&](auto tag) {

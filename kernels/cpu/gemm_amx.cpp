@@ -416,7 +416,15 @@ void gemm_amx_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t l
   if (M <= 0 || N <= 0) return;
   // Rows up to which the blocked kernel takes chunks of 4 k-blocks, one panel per group (above: 8, groups of 4).
   constexpr int64_t kSmallChunkRows = 160;
+  // Packed x past this many bytes (half of a core's L2 here) outgrows L2 when
+  // every panel runs over all of it: groups of 2 panels then share each chunk
+  // of x. `full`'s down_proj (K = 8192) at 133 rows, 2.6 MB of packed x: 5.1-6.4 ms
+  // against 6.3-7.9 one panel at a time; K = 3072 (1 MB) gained nothing.
+  constexpr int64_t kXGroupBytes = int64_t(1) << 20;
+  const int64_t packed_x_bytes = (M + kPanel - 1) / kPanel * kPanel * ((K + kKBlock - 1) / kKBlock * kKBlock) * 2;
   if (M <= kAmxInPlaceRows) gemm_amx_inplace(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias);
+  else if (M <= kSmallChunkRows && packed_x_bytes > kXGroupBytes)
+    gemm_amx_blocked<O, 4, 2, 4, false>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias);
   else if (M <= kSmallChunkRows)
     gemm_amx_blocked<O, 4, 1, 4, false>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias);
   else gemm_amx_blocked<O, 8, 4, 2, true>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias);

@@ -94,6 +94,39 @@ void check_numel(const Tensor& t, int64_t want, const char* op, const char* name
                                 std::to_string(want) + " elements for the given geometry");
 }
 
+template <typename A>
+__device__ __forceinline__ A mul_rn(A a, A b) {
+  if constexpr (std::is_same_v<A, double>) return __dmul_rn(a, b);
+  else return __fmul_rn(a, b);
+}
+template <typename A>
+__device__ __forceinline__ A add_rn(A a, A b) {
+  if constexpr (std::is_same_v<A, double>) return __dadd_rn(a, b);
+  else return __fadd_rn(a, b);
+}
+
+// out[b, i, j, c] = sum over taps of x[b, i sh + a, j sw + e, c] w[c, a, e],
+// then + bias[c], in acc_t with the products rounded before each sum (no
+// fused multiply-add, as the CPU kernel), rounded once to T.
+template <typename T>
+__global__ void depthwise_nhwc_kernel(const T* x, const T* w, const T* bias, T* out, int64_t H, int64_t W,
+                                      int64_t C, int64_t kh, int64_t kw, int64_t ho, int64_t wo, int64_t sh,
+                                      int64_t sw, int64_t total) {
+  using A = acc_t<T>;
+  ARENO_GRID_STRIDE_LOOP(idx, total) {
+    const int64_t c = idx % C, j = (idx / C) % wo, i = (idx / (C * wo)) % ho, b = idx / (C * wo * ho);
+    A acc = A(0);
+    for (int64_t a = 0; a < kh; ++a)
+      for (int64_t e = 0; e < kw; ++e) {
+        const A p = mul_rn(load_acc(x, ((b * H + i * sh + a) * W + j * sw + e) * C + c),
+                           load_acc(w, (c * kh + a) * kw + e));
+        acc = (a == 0 && e == 0) ? p : add_rn(acc, p);
+      }
+    if (bias) acc = add_rn(acc, load_acc(bias, c));
+    out[idx] = cast_value<T>(acc);
+  }
+}
+
 }  // namespace
 }  // namespace areno::cuda
 
@@ -110,6 +143,20 @@ void CudaBackend::im2col(const Tensor& x, const ConvGeom& g, const Tensor& cols)
     using T = typename decltype(tag)::type;
     im2col_kernel<T><<<grid_for(cols.numel()), kBlock, 0, l.stream>>>(ptr<const T>(x), g, ptr<T>(cols));
     ARENO_LAUNCH_CHECK("im2col_kernel");
+  });
+}
+
+void CudaBackend::depthwise_conv2d_nhwc(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
+                                        int64_t sh, int64_t sw) {
+  const int64_t total = out.numel();
+  if (total == 0) return;
+  Launch l(out);
+  visit_floating(x.dtype(), "depthwise_conv2d_nhwc", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    depthwise_nhwc_kernel<T><<<grid_for(total), kBlock, 0, l.stream>>>(
+        ptr<const T>(x), ptr<const T>(w), bias.defined() ? ptr<const T>(bias) : nullptr, ptr<T>(out), x.size(1),
+        x.size(2), x.size(3), w.size(1), w.size(2), out.size(1), out.size(2), sh, sw, total);
+    ARENO_LAUNCH_CHECK("depthwise_nhwc_kernel");
   });
 }
 

@@ -55,6 +55,8 @@ class CudaBackend final : public Backend {
                bool accumulate) override;
   void masked_scatter(const Tensor& out, const Tensor& mask, const Tensor& src) override;
 
+  void depthwise_conv2d_nhwc(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out, int64_t sh,
+                             int64_t sw) override;
   void im2col(const Tensor& x, const ConvGeom& g, const Tensor& cols) override;
   void col2im(const Tensor& cols, const ConvGeom& g, const Tensor& dx) override;
   void avg_pool2d(const Tensor& x, const PoolGeom& g, const Tensor& out) override;

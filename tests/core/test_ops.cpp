@@ -329,6 +329,11 @@ std::vector<OpCase> op_table() {
         F(conv2d(x[0], x[1], x[2], {1, 1}, {1, 1}, {1, 1}, 2))),
       C("conv2d_depthwise", FL, {{In({2, 6, 8, 9}), In({6, 1, 3, 3}), In({6})}},
         F(conv2d(x[0], x[1], x[2], {2, 2}, {1, 1}, {1, 1}, 6))),
+      C("depthwise_conv2d_nhwc", FL,
+        {{In({2, 9, 11, 6}), In({6, 3, 3}), In({6})}, {In({1, 7, 5, 70}), In({70, 3, 3}), In({70})}},
+        F(depthwise_conv2d_nhwc(x[0], x[1], x[2], {2, 2})), 2.0),
+      C("depthwise_conv2d_nhwc_causal", FL, {{In({2, 10, 1, 129}), In({129, 3, 1})}, {tr({1, 6, 1, 8}), In({8, 3, 1})}},
+        F(depthwise_conv2d_nhwc(x[0], x[1], Tensor()))),
       C("avg_pool2d_2", FL, {{In({2, 3, 8, 10})}, {tr({1, 2, 7, 9})}, {In({2, 8, 64, 66})}}, F(avg_pool2d(x[0], {2, 2}))),
       C("avg_pool2d_3_s1_p1", FL, {{In({2, 3, 8, 10})}}, F(avg_pool2d(x[0], {3, 3}, {1, 1}, {1, 1}))),
       C("avg_pool2d_rect", FL, {{In({1, 2, 9, 12})}}, F(avg_pool2d(x[0], {3, 2}, {2, 2}, {1, 0}))),
@@ -681,6 +686,72 @@ DEVICE_TEST_CASE("ops/silu_and_mul and rotary_embedding equal the composed ops, 
                                         zeros({2, 7}, TensorOptions(DType::f32, device))),
                        doctest::Contains("R even"), std::invalid_argument);
   CHECK_THROWS_AS(silu_and_mul(zeros({2, 5}, TensorOptions(DType::f32, device))), std::invalid_argument);
+}
+
+// depthwise_conv2d_nhwc (the audio encoder's subsampling and conv module) on
+// every device: the kernel against the per-tap composed ops in the
+// accumulation dtype (the same bits in every dtype: products in f32 are exact
+// for 16-bit inputs, and the f32 kernel adds without fused multiply-adds),
+// against conv2d with groups = C on the NCHW view (f64), and its gradients
+// (the composed form) against conv2d's. Channels across the kernel's 64-wide
+// blocks and their tails, strides (2, 2), (1, 1), (1, 2), with and without bias.
+DEVICE_TEST_CASE("ops/depthwise_conv2d_nhwc equals the composed taps and a grouped conv2d") {
+  Generator g(71);
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    if (dt == DType::f64 && !device.is_cpu()) continue;
+    CAPTURE(dtype_name(dt));
+    const DType acc = dt == DType::f64 ? DType::f64 : DType::f32;
+    for (auto [b, h, w, c, kh, kw, sh, sw, with_bias] :
+         {std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>{1, 9, 11, 70, 3, 3, 2, 2, true},
+          {2, 6, 1, 5, 3, 1, 1, 1, false}, {1, 5, 7, 128, 2, 3, 1, 2, true}, {1, 3, 3, 1, 3, 3, 1, 1, true}}) {
+      CAPTURE(c);
+      CAPTURE(kh);
+      CAPTURE(sh);
+      Tensor x = rand_normal({b, h, w, c}, g).to(dt).to(device);
+      Tensor wt = rand_normal({c, kh, kw}, g).to(dt).to(device);
+      Tensor bias = with_bias ? rand_normal({c}, g).to(dt).to(device) : Tensor();
+      Tensor got = depthwise_conv2d_nhwc(x, wt, bias, {sh, sw});
+      const int64_t ho = (h - kh) / sh + 1, wo = (w - kw) / sw + 1;
+      REQUIRE(got.shape() == Shape{b, ho, wo, c});
+      Tensor xa = x.to(acc), wa = wt.to(acc), want;
+      for (int64_t a = 0; a < kh; ++a)
+        for (int64_t e = 0; e < kw; ++e) {
+          Tensor term = mul(xa.slice(1, a, a + sh * (ho - 1) + 1, sh).slice(2, e, e + sw * (wo - 1) + 1, sw),
+                            wa.select(2, e).select(1, a));
+          want = want.defined() ? add(want, term) : term;
+        }
+      if (with_bias) want = add(want, bias.to(acc));
+      CHECK(max_abs_diff(got.to(Device::cpu()).to(DType::f64), want.to(dt).to(Device::cpu()).to(DType::f64)) == 0.0);
+      // torch's definition: conv2d with groups = C on [B, C, H, W]
+      auto nchw = [&](const Tensor& t) { return t.to(Device::cpu()).to(DType::f64); };
+      Tensor ref = conv2d(nchw(x).permute({0, 3, 1, 2}), nchw(wt).unsqueeze(1),
+                          with_bias ? nchw(bias) : Tensor(), {sh, sw}, {0, 0}, {1, 1}, c)
+                       .permute({0, 2, 3, 1});
+      const double tol = dt == DType::bf16 ? 0.05 : dt == DType::f32 ? 1e-5 : 1e-12;
+      CHECK(max_abs_diff(got.to(Device::cpu()).to(DType::f64), ref) <= tol);
+      if (dt == DType::bf16) continue;
+      // gradients through a weighted sum, against conv2d's in f64
+      Tensor gw = rand_normal({b, ho, wo, c}, g).to(dt).to(device);
+      Tensor x1 = x.detach().set_requires_grad(true), w1 = wt.detach().set_requires_grad(true);
+      Tensor b1 = with_bias ? bias.detach().set_requires_grad(true) : Tensor();
+      sum(mul(depthwise_conv2d_nhwc(x1, w1, b1, {sh, sw}), gw)).backward();
+      Tensor x2 = nchw(x).permute({0, 3, 1, 2}).contiguous().set_requires_grad(true);
+      Tensor w2 = nchw(wt).unsqueeze(1).contiguous().set_requires_grad(true);
+      Tensor b2 = with_bias ? nchw(bias).set_requires_grad(true) : Tensor();
+      sum(mul(conv2d(x2, w2, b2, {sh, sw}, {0, 0}, {1, 1}, c).permute({0, 2, 3, 1}), nchw(gw))).backward();
+      const double gtol = dt == DType::f32 ? 1e-4 : 1e-10;
+      CHECK(max_abs_diff(nchw(x1.grad()), x2.grad().permute({0, 2, 3, 1})) <= gtol);
+      CHECK(max_abs_diff(nchw(w1.grad()), w2.grad().squeeze(1)) <= gtol);
+      if (with_bias) CHECK(max_abs_diff(nchw(b1.grad()), b2.grad()) <= gtol);
+    }
+  }
+  Tensor x = zeros({1, 2, 4, 3}, TensorOptions(DType::f32, device));
+  CHECK_THROWS_WITH_AS(depthwise_conv2d_nhwc(x, zeros({3, 3, 3}, TensorOptions(DType::f32, device)), Tensor()),
+                       doctest::Contains("kernel fit"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(depthwise_conv2d_nhwc(x, zeros({4, 1, 1}, TensorOptions(DType::f32, device)), Tensor()),
+                       doctest::Contains("[C, KH, KW]"), std::invalid_argument);
+  CHECK_THROWS_AS(depthwise_conv2d_nhwc(x, zeros({3, 1, 1}, TensorOptions(DType::f32, device)), Tensor(), {0, 1}),
+                  std::invalid_argument);
 }
 
 // scaled_softmax (Backend::scaled_softmax and its backward: the composed

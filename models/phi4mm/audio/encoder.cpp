@@ -253,19 +253,14 @@ Tensor ConformerBlock::attention(const Tensor& x, const Tensor& bias, const Tens
 }
 
 Tensor ConformerBlock::conv_module(const Tensor& x) const {
-  const int64_t l = x.size(1), d = cfg_.attention_dim, kk = cfg_.kernel_size;
+  const int64_t d = cfg_.attention_dim, kk = cfg_.kernel_size;
   Tensor z = layer_norm(x, conv_norm->weight, conv_norm->bias, cfg_.layer_norm_eps);
   auto halves = chunk(linear(z, as_linear(glu_pw->weight), glu_pw->bias), 2, -1);  // [N, L, D] each
   Tensor u = mul(add(halves[0], glu_b1.reshape({d})), silu(add(halves[1], glu_b2.reshape({d}))));
-  // Causal depthwise conv along time: y[t] = b + sum_i W[:, 0, i] * u[t - (K-1) + i], u[<0] = 0.
+  // Causal depthwise conv along time: y[t] = b + sum_i W[:, 0, i] * u[t - (K-1) + i], u[<0] = 0,
+  // as a [K, 1] depthwise kernel over [N, L + K - 1, 1, D].
   Tensor up = kk > 1 ? pad(u, {0, 0, kk - 1, 0}) : u;
-  Tensor wd = dw->weight.reshape({d, kk});
-  Tensor y;
-  for (int64_t i = 0; i < kk; ++i) {
-    Tensor term = mul(up.narrow(1, i, l), wd.select(1, i));
-    y = y.defined() ? add(y, term) : term;
-  }
-  y = add(y, dw->bias);
+  Tensor y = depthwise_conv2d_nhwc(up.unsqueeze(2), dw->weight.reshape({d, kk, 1}), dw->bias).squeeze(2);
   Tensor p = silu(linear(y, as_linear(pw->weight), pw->bias));
   return linear(p, as_linear(ext_pw->weight), ext_pw->bias);
 }
@@ -315,8 +310,9 @@ Tensor AudioEmbed::embed(const Tensor& features) const {
   Tensor x = mul(sub(features, global_mean), global_invstd);  // CMVN, padded frames too (§5.3)
   // The reference views x [B, T, F] as an image [B, 1, T, F] (height = time,
   // width = frequency) and runs NCHW convolutions. We keep the same math in a
-  // channels-last layout [B, T, F, C]: every depthwise tap is then a broadcast
-  // multiply over contiguous channel rows and every pointwise conv one GEMM.
+  // channels-last layout [B, T, F, C]: every depthwise conv is then one pass
+  // over contiguous channel rows (depthwise_conv2d_nhwc, summed in f32 and
+  // rounded once, as torch's conv2d) and every pointwise conv one GEMM.
   const int64_t b = x.size(0), ch = cfg_.conv_channels;
   auto out_len = [](int64_t n) { return (n - 1) / 2 + 1; };  // k 3, stride 2, pad 1
   // Tap (a, c) of a 3x3 stride-2 pad-1 conv over [B, H, W, ...] padded by one.
@@ -339,18 +335,10 @@ Tensor AudioEmbed::embed(const Tensor& features) const {
   Tensor hp = relu(matmul(cols, w0.t()));  // [B, T1 + 2, F1 + 2, C], zero border
   Tensor h;
   for (size_t s = 1; s + 1 < embed_conv.size(); s += 2) {
-    // Depthwise 3x3 stride 2 (groups = C): nine taps times per-channel weights.
+    // Depthwise 3x3 stride 2 (groups = C) over the zero-padded input: out_len per dim.
     const auto& dwc = embed_conv[s];
     if (s > 1) hp = pad(h, {0, 0, 1, 1, 1, 1});
-    ho = out_len(hp.size(1) - 2), wo = out_len(hp.size(2) - 2);
-    Tensor w = dwc->weight.reshape({ch, 9});
-    Tensor y;
-    for (int64_t a = 0; a < 3; ++a)
-      for (int64_t c = 0; c < 3; ++c) {
-        Tensor term = mul(tap(hp, a, c, ho, wo), w.select(1, a * 3 + c));
-        y = y.defined() ? add(y, term) : term;
-      }
-    y = add(y, dwc->bias);
+    Tensor y = depthwise_conv2d_nhwc(hp, dwc->weight.reshape({ch, 3, 3}), dwc->bias, {2, 2});
     // Pointwise 1x1 conv: a Linear over channels.
     const auto& pwc = embed_conv[s + 1];
     h = relu(linear(y, as_linear(pwc->weight), pwc->bias));  // [B, T', F', C]
