@@ -182,6 +182,15 @@ class Backend {
     (void)x, (void)w, (void)bias, (void)out;
     return false;
   }
+  // out1 = x w1^T and out2 = x w2^T (x [m, k], w1 [n1, k], w2 [n2, k], all
+  // contiguous, one dtype) from one pass over x, each with the bits the
+  // matmul op gives it alone. Returns false (outs unspecified) when the
+  // backend has no such kernel for these operands; no autograd.
+  virtual bool linear_pair(const Tensor& x, const Tensor& w1, const Tensor& w2, const Tensor& out1,
+                           const Tensor& out2) {
+    (void)x, (void)w1, (void)w2, (void)out1, (void)out2;
+    return false;
+  }
 
   // ---- fused attention for inference (optional) ----
   // q [B, HQ, TQ, D], k/v [B, HKV, TK, D] (last dim contiguous), out [B, HQ, TQ, D]

@@ -93,6 +93,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // join y before its one rounding (linear then add rounds twice). Refused
 // (std::invalid_argument) when any operand records autograd history.
 void linear_add_(const Tensor& y, const Tensor& x, const Tensor& weight);
+// {linear(x, w1), linear(x, w2)} (no biases), the same values, from one pass
+// over x where the backend has a kernel for it (bf16 on AMX: a LoRA's x·Aᵀ
+// beside its base product); two linear calls otherwise (and with autograd).
+std::pair<Tensor, Tensor> linear_pair(const Tensor& x, const Tensor& w1, const Tensor& w2);
 
 // ---- indexing ----
 Tensor embedding(const Tensor& weight, const Tensor& ids);  // weight[V, C], ids any int shape

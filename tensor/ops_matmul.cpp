@@ -114,6 +114,20 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return y;
 }
 
+std::pair<Tensor, Tensor> linear_pair(const Tensor& x, const Tensor& w1, const Tensor& w2) {
+  check_defined(x, "linear_pair", "x");
+  check_defined(w1, "linear_pair", "w1");
+  check_defined(w2, "linear_pair", "w2");
+  if (x.dim() == 2 && w1.dim() == 2 && w2.dim() == 2 && x.size(1) == w1.size(1) && x.size(1) == w2.size(1) &&
+      x.dtype() == w1.dtype() && x.dtype() == w2.dtype() && x.device() == w1.device() &&
+      x.device() == w2.device() && x.numel() > 0 && w1.numel() > 0 && w2.numel() > 0 && !needs_grad({x, w1, w2})) {
+    const TensorOptions o(x.dtype(), x.device());
+    Tensor y1 = empty({x.size(0), w1.size(0)}, o), y2 = empty({x.size(0), w2.size(0)}, o);
+    if (backend(x.device()).linear_pair(x.contiguous(), w1.contiguous(), w2.contiguous(), y1, y2)) return {y1, y2};
+  }
+  return {linear(x, w1), linear(x, w2)};
+}
+
 void linear_add_(const Tensor& y, const Tensor& x, const Tensor& weight) {
   check_defined(y, "linear_add_", "y");
   check_defined(x, "linear_add_", "x");

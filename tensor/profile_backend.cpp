@@ -211,6 +211,12 @@ class ProfilingBackend final : public Backend {
   bool linear_int8(const Tensor& x, const int8_t* w, const float* scales, const Tensor& out) override {
     return timed(key("linear_int8", out), out.device(), [&] { return inner_.linear_int8(x, w, scales, out); });
   }
+  bool linear_pair(const Tensor& x, const Tensor& w1, const Tensor& w2, const Tensor& out1,
+                   const Tensor& out2) override {
+    const std::string k = fmt::format("linear_pair {} M{} N{}+{} K{}", dtype_name(x.dtype()), size_class(x.size(0)),
+                                      size_class(w1.size(0)), size_class(w2.size(0)), size_class(x.size(1)));
+    return timed(k, x.device(), [&] { return inner_.linear_pair(x, w1, w2, out1, out2); });
+  }
   bool linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override {
     return timed(key("linear_bias", out), out.device(), [&] { return inner_.linear_bias(x, w, bias, out); });
   }

@@ -286,13 +286,46 @@ inline void store_row16(O* o, __m512 v, __mmask16 mask, float alpha, float beta,
 // DRAM, 2 threads (docs/perf.md): 4 / 1 / 4 / L2 best up to 160 rows, 8 / 4 /
 // 2 / L1 above (down_proj, K = 8192, at 256 rows: 6.6 ms against 9.3 with
 // one panel per group, whose x chunks came from L3).
+//
+// second (when w2 is not null): a second weight [N2, K] (row stride ldw2) on
+// the same x, out2 [M, N2] (row stride ldo2) = x w2ᵀ rounded once, no bias or
+// beta: its panels follow the first weight's in the threads' split, so both
+// products share one packing of x and its trips through the caches, each
+// output with the bits it has alone.
+template <typename O>
+struct SecondWeight {
+  const BFloat16* w = nullptr;
+  int64_t ldw = 0, n = 0;
+  O* out = nullptr;
+  int64_t ldo = 0;
+};
+
 template <typename O, int kChunk, int kGroup, int kAhead, bool kToL1>
 void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w,
-                      int64_t ldw, O* out, int64_t ldo, float alpha, float beta, const BFloat16* bias) {
+                      int64_t ldw, O* out, int64_t ldo, float alpha, float beta, const BFloat16* bias,
+                      const SecondWeight<O>& second = {}) {
   const int64_t blocks = (K + kKBlock - 1) / kKBlock, chunks = (blocks + kChunk - 1) / kChunk;
   const int64_t mpairs = (M + kPanel - 1) / kPanel, mblocks = 2 * mpairs;
   uint32_t* xp = thread_scratch<uint32_t>(ScratchSlot::amx_packed_x, mblocks * blocks * 256);
-  const int64_t panels = (N + kPanel - 1) / kPanel;
+  const int64_t panels1 = (N + kPanel - 1) / kPanel;
+  const int64_t panels = panels1 + (second.w ? (second.n + kPanel - 1) / kPanel : 0);
+  // Panel q's weight rows, output columns, bias and beta.
+  struct Panel {
+    const uint16_t* w;  // its first row
+    int64_t ldw, rows;  // rows that exist (<= kPanel)
+    O* out;             // its first column
+    int64_t ldo;
+    const BFloat16* bias;
+    float beta;
+  };
+  auto panel = [&](int64_t q) {
+    if (q < panels1)
+      return Panel{reinterpret_cast<const uint16_t*>(w + q * kPanel * ldw), ldw, std::min(kPanel, N - q * kPanel),
+                   out + q * kPanel, ldo, bias ? bias + q * kPanel : nullptr, beta};
+    const int64_t r = (q - panels1) * kPanel;
+    return Panel{reinterpret_cast<const uint16_t*>(second.w + r * second.ldw), second.ldw,
+                 std::min(kPanel, second.n - r), second.out + r, second.ldo, nullptr, 0.0f};
+  };
   const int parts = int(std::clamp<int64_t>(num_threads(), 1, panels));
 #pragma omp parallel num_threads(parts)
   {
@@ -304,7 +337,6 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
     // [k-block][A tile 0, 1][16 rows][32] and [panel][m pair][C tile 0-3][16][16]
     uint16_t* abuf = thread_scratch<uint16_t>(ScratchSlot::amx_weight_chunk, kChunk * 2 * 512);
     float* cbuf = thread_scratch<float>(ScratchSlot::amx_c_tiles, kGroup * mpairs * 4 * 256);
-    const uint16_t* wbits = reinterpret_cast<const uint16_t*>(w);
     // This thread's work items in order: groups of panels, then chunks, then
     // the group's panels.
     auto group_size = [&](int64_t g) { return std::min<int64_t>(kGroup, p1 - g); };
@@ -313,16 +345,16 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
       for (int64_t ch = 0; ch < chunks; ++ch) {
         const int64_t c0 = ch * kChunk, nk = std::min<int64_t>(kChunk, blocks - c0);
         for (int64_t q = 0; q < gn; ++q) {
-          const int64_t n0 = (g0 + q) * kPanel;
+          const Panel pq = panel(g0 + q);
           // The weight piece: 64 bytes per (row, k-block), masked at the k tail, zeros past N.
           for (int t = 0; t < 2; ++t)
             for (int i = 0; i < kTile; ++i) {
-              const int64_t n = n0 + t * kTile + i;
-              const uint16_t* src = wbits + n * ldw + c0 * kKBlock;
+              const int64_t n = t * kTile + i;
+              const uint16_t* src = pq.w + n * pq.ldw + c0 * kKBlock;
               for (int64_t kb = 0; kb < nk; ++kb) {
                 uint16_t* d = abuf + ((kb * 2 + t) * kTile + i) * kKBlock;
                 const int64_t k0 = (c0 + kb) * kKBlock;
-                if (n >= N) _mm512_store_si512(d, _mm512_setzero_si512());
+                if (n >= pq.rows) _mm512_store_si512(d, _mm512_setzero_si512());
                 else if (k0 + kKBlock <= K) _mm512_store_si512(d, _mm512_loadu_si512(src + kb * kKBlock));
                 else _mm512_store_si512(d, _mm512_maskz_loadu_epi16((1u << (K - k0)) - 1, src + kb * kKBlock));
               }
@@ -331,7 +363,7 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
           // (pf_row, pf_line: the next line to ask for; counters, not a
           // division per line, which cost more than the tile products.)
           const uint16_t* pf = nullptr;
-          int64_t pf_lines = 0, pf_done = 0, pf_per = 0, pf_nk = 1, pf_row = 0, pf_line = 0;
+          int64_t pf_lines = 0, pf_done = 0, pf_per = 0, pf_nk = 1, pf_row = 0, pf_line = 0, pf_ld = 0;
           {
             int64_t g = g0, c = ch, qq = q + kAhead;
             while (g < p1 && qq >= group_size(g)) {
@@ -339,10 +371,11 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
               if (++c == chunks) c = 0, g += kGroup;
             }
             if (g < p1) {
-              const int64_t pp = g + qq;
-              pf = wbits + pp * kPanel * ldw + c * kChunk * kKBlock;
+              const Panel pp = panel(g + qq);
+              pf = pp.w + c * kChunk * kKBlock;
+              pf_ld = pp.ldw;
               pf_nk = std::min<int64_t>(kChunk, blocks - c * kChunk);
-              pf_lines = std::min<int64_t>(kPanel, N - pp * kPanel) * pf_nk;
+              pf_lines = pp.rows * pf_nk;
               pf_per = (pf_lines + mpairs * nk - 1) / (mpairs * nk);
             }
           }
@@ -363,7 +396,7 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
             const uint32_t* b1 = b0 + blocks * 256;
             for (int64_t kb = 0; kb < nk; ++kb) {
               for (int64_t e = 0; e < pf_per && pf_done < pf_lines; ++e, ++pf_done) {
-                const char* line = reinterpret_cast<const char*>(pf + pf_row * ldw + pf_line * kKBlock);
+                const char* line = reinterpret_cast<const char*>(pf + pf_row * pf_ld + pf_line * kKBlock);
                 if constexpr (kToL1) _mm_prefetch(line, _MM_HINT_T0);
                 else _mm_prefetch(line, _MM_HINT_T1);
                 if (++pf_line == pf_nk) pf_line = 0, ++pf_row;
@@ -386,12 +419,14 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
         }
       }
       // C tile (a, b) of panel q, pair mp: weight rows n0 + 16 a + i, x rows 32 mp + 16 b + j.
-      for (int64_t q = 0; q < gn; ++q)
+      for (int64_t q = 0; q < gn; ++q) {
+        const Panel pq = panel(g0 + q);
         for (int64_t mp = 0; mp < mpairs; ++mp)
           for (int a = 0; a < 2; ++a) {
-            const int64_t nn = (g0 + q) * kPanel + a * kTile;
-            if (nn >= N) continue;
-            const __mmask16 nmask = N - nn >= kTile ? __mmask16(0xffff) : __mmask16((1u << (N - nn)) - 1);
+            const int64_t nn = a * kTile;
+            if (nn >= pq.rows) continue;
+            const __mmask16 nmask =
+                pq.rows - nn >= kTile ? __mmask16(0xffff) : __mmask16((1u << (pq.rows - nn)) - 1);
             for (int b = 0; b < 2; ++b) {
               const int64_t m0 = mp * kPanel + b * kTile;
               if (m0 >= M) continue;
@@ -400,20 +435,21 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
               for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(c + i * 16);
               transpose16(r);
               for (int64_t j = 0; j < std::min<int64_t>(kTile, M - m0); ++j)
-                store_row16(out + (m0 + j) * ldo + nn, r[j], nmask, alpha, beta, bias ? bias + nn : nullptr);
+                store_row16(pq.out + (m0 + j) * pq.ldo + nn, r[j], nmask, alpha, pq.beta,
+                            pq.bias ? pq.bias + nn : nullptr);
             }
           }
+      }
     }
     _tile_release();
   }
 }
 
-}  // namespace
-
+// The blocked kernel's settings for M rows (M > kAmxInPlaceRows).
 template <typename O>
-void gemm_amx_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w, int64_t ldw,
-                   O* out, int64_t ldo, float alpha, float beta, const BFloat16* bias) {
-  if (M <= 0 || N <= 0) return;
+void gemm_amx_blocked_for(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w,
+                          int64_t ldw, O* out, int64_t ldo, float alpha, float beta, const BFloat16* bias,
+                          const SecondWeight<O>& second = {}) {
   // Rows up to which the blocked kernel takes chunks of 4 k-blocks, one panel per group (above: 8, groups of 4).
   constexpr int64_t kSmallChunkRows = 160;
   // Packed x past this many bytes (half of a core's L2 here) outgrows L2 when
@@ -422,12 +458,30 @@ void gemm_amx_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t l
   // against 6.3-7.9 one panel at a time; K = 3072 (1 MB) gained nothing.
   constexpr int64_t kXGroupBytes = int64_t(1) << 20;
   const int64_t packed_x_bytes = (M + kPanel - 1) / kPanel * kPanel * ((K + kKBlock - 1) / kKBlock * kKBlock) * 2;
-  if (M <= kAmxInPlaceRows) gemm_amx_inplace(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias);
-  else if (M <= kSmallChunkRows && packed_x_bytes > kXGroupBytes)
-    gemm_amx_blocked<O, 4, 2, 4, false>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias);
+  if (M <= kSmallChunkRows && packed_x_bytes > kXGroupBytes)
+    gemm_amx_blocked<O, 4, 2, 4, false>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias, second);
   else if (M <= kSmallChunkRows)
-    gemm_amx_blocked<O, 4, 1, 4, false>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias);
-  else gemm_amx_blocked<O, 8, 4, 2, true>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias);
+    gemm_amx_blocked<O, 4, 1, 4, false>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias, second);
+  else gemm_amx_blocked<O, 8, 4, 2, true>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias, second);
+}
+
+}  // namespace
+
+template <typename O>
+void gemm_amx_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w, int64_t ldw,
+                   O* out, int64_t ldo, float alpha, float beta, const BFloat16* bias) {
+  if (M <= 0 || N <= 0) return;
+  if (M <= kAmxInPlaceRows) gemm_amx_inplace(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias);
+  else gemm_amx_blocked_for(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias);
+}
+
+bool gemm_amx_bf16_pair(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w,
+                        int64_t ldw, BFloat16* out, int64_t ldo, const BFloat16* w2, int64_t ldw2, int64_t N2,
+                        BFloat16* out2, int64_t ldo2) {
+  if (M <= kAmxInPlaceRows || N <= 0 || N2 <= 0) return false;
+  gemm_amx_blocked_for<BFloat16>(M, N, K, x, ldx, w, ldw, out, ldo, 1.0f, 0.0f, nullptr,
+                                 SecondWeight<BFloat16>{w2, ldw2, N2, out2, ldo2});
+  return true;
 }
 
 #pragma GCC diagnostic pop
@@ -437,6 +491,10 @@ template <typename O>
 void gemm_amx_bf16(int64_t, int64_t, int64_t, const BFloat16*, int64_t, const BFloat16*, int64_t, O*, int64_t, float,
                    float, const BFloat16*) {
   throw std::logic_error("gemm_amx_bf16: this build has no AMX code (amx_usable() is false)");
+}
+bool gemm_amx_bf16_pair(int64_t, int64_t, int64_t, const BFloat16*, int64_t, const BFloat16*, int64_t, BFloat16*,
+                        int64_t, const BFloat16*, int64_t, int64_t, BFloat16*, int64_t) {
+  return false;
 }
 #endif  // ARENO_WIDE_ISA
 

@@ -102,6 +102,14 @@ constexpr int64_t kAmxInPlaceRows = 32;
 template <typename O>
 void gemm_amx_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w, int64_t ldw,
                    O* out, int64_t ldo, float alpha, float beta, const BFloat16* bias = nullptr);
+// Two weights on the same x: out = x wᵀ [M, N] and out2 = x w2ᵀ [M, N2] (row
+// strides ldw2, ldo2), each rounded once with the bits of its own
+// gemm_amx_bf16 call, from one packing of x with the panels of both in one
+// threads' split (a LoRA's x Aᵀ beside its base product). Past
+// kAmxInPlaceRows rows at the amx level; false (nothing written) otherwise.
+bool gemm_amx_bf16_pair(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w,
+                        int64_t ldw, BFloat16* out, int64_t ldo, const BFloat16* w2, int64_t ldw2, int64_t N2,
+                        BFloat16* out2, int64_t ldo2);
 
 // Weight-only int8 (tensor/quantized.h): w holds int8 values and row n of the
 // weight is scales[n] * w[n, :]. The int8 values are widened to f32 in

@@ -345,6 +345,30 @@ bool CpuBackend::linear_bias(const Tensor& x, const Tensor& w, const Tensor& bia
   return bf16_row_blocks(M, N, xp, MatRef{M, K, K, true}, wp, MatRef{K, N, K, false}, op, 0.0f, bp);
 }
 
+// Two bf16 weights on one x at the amx level past the in-place rows, in the
+// row blocks bf16_row_blocks takes (gemm_amx_bf16_pair: the bits of two
+// matmul calls, whose bf16 products past the skinny rows run on the same
+// kernel). A last block of at most kAmxInPlaceRows rows takes two calls.
+bool CpuBackend::linear_pair(const Tensor& x, const Tensor& w1, const Tensor& w2, const Tensor& out1,
+                             const Tensor& out2) {
+  const int64_t M = x.size(0), K = x.size(1), N1 = w1.size(0), N2 = w2.size(0);
+  if (x.dtype() != DType::bf16 || cpu_isa() < CpuIsa::amx || M <= kAmxInPlaceRows) return false;
+  count_flops(2.0 * double(M) * double(N1 + N2) * double(K));
+  const BFloat16* xp = static_cast<const BFloat16*>(x.data_ptr());
+  const BFloat16* w1p = static_cast<const BFloat16*>(w1.data_ptr());
+  const BFloat16* w2p = static_cast<const BFloat16*>(w2.data_ptr());
+  BFloat16* o1 = static_cast<BFloat16*>(out1.data_ptr());
+  BFloat16* o2 = static_cast<BFloat16*>(out2.data_ptr());
+  for (int64_t r0 = 0; r0 < M; r0 += kRowBlock) {
+    const int64_t rows = std::min(kRowBlock, M - r0);
+    if (gemm_amx_bf16_pair(rows, N1, K, xp + r0 * K, K, w1p, K, o1 + r0 * N1, N1, w2p, K, N2, o2 + r0 * N2, N2))
+      continue;
+    gemm_amx_bf16<BFloat16>(rows, N1, K, xp + r0 * K, K, w1p, K, o1 + r0 * N1, N1, 1.0f, 0.0f);
+    gemm_amx_bf16<BFloat16>(rows, N2, K, xp + r0 * K, K, w2p, K, o2 + r0 * N2, N2, 1.0f, 0.0f);
+  }
+  return true;
+}
+
 }  // namespace areno::cpu
 
 // ---- weight-only int8 (tensor/quantized.h) ----

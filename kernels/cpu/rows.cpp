@@ -408,6 +408,51 @@ void CpuBackend::rms_norm_backward(const Tensor& x, const Tensor& w, const Tenso
 // No fused multiply-adds: the composed ops round each product before the sum.
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
+namespace {
+
+// 16 values of T (float or bf16) as f32 lanes, and back (bf16 rounded to
+// nearest even, as BFloat16(float)); round16 rounds the lanes to T and back.
+template <typename T>
+__attribute__((always_inline)) inline F16 load16(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    F16 v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  } else {
+    H16 h;
+    std::memcpy(&h, p, sizeof h);
+    const U16 u = __builtin_convertvector(h, U16) << 16;
+    F16 v;
+    std::memcpy(&v, &u, sizeof v);
+    return v;
+  }
+}
+template <typename T>
+__attribute__((always_inline)) inline void store16(T* p, F16 v) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(p, &v, sizeof v);
+  } else {
+    U16 u;
+    std::memcpy(&u, &v, sizeof u);
+    const H16 h = __builtin_convertvector(bf16_bits_rne(u), H16);
+    std::memcpy(static_cast<void*>(p), &h, sizeof h);
+  }
+}
+template <typename T>
+__attribute__((always_inline)) inline F16 round16(F16 v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    U16 u;
+    std::memcpy(&u, &v, sizeof u);
+    u = bf16_bits_rne(u) << 16;
+    std::memcpy(&v, &u, sizeof v);
+    return v;
+  }
+}
+
+}  // namespace
+
 void CpuBackend::rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& out,
                         bool transpose) {
   const int64_t t = x.size(0), h = x.size(1), d = x.size(2), r = cos.size(1), f = r / 2, ld = x.stride(0);
@@ -427,7 +472,22 @@ void CpuBackend::rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, c
         for (int64_t k = 0; k < h; ++k) {
           const T* v = xp + i * ld + k * d;
           T* o = op + (i * h + k) * d;
-          for (int64_t j = 0; j < f; ++j) {
+          int64_t j = 0;
+          if constexpr (std::is_same_v<T, float> || std::is_same_v<T, BFloat16>) {
+            // 16 pairs at a time: the same products, roundings and sums per lane.
+            for (; j + 16 <= f; j += 16) {
+              const F16 v1 = load16(v + j), v2 = load16(v + j + f);
+              const F16 c1 = load16(c + j), c2 = load16(c + j + f), s1 = load16(s + j), s2 = load16(s + j + f);
+              if (!transpose) {
+                store16(o + j, round16<T>(v1 * c1) + round16<T>(-v2 * s1));
+                store16(o + j + f, round16<T>(v2 * c2) + round16<T>(v1 * s2));
+              } else {
+                store16(o + j, round16<T>(v1 * c1) + round16<T>(v2 * s2));
+                store16(o + j + f, round16<T>(v2 * c2) - round16<T>(v1 * s1));
+              }
+            }
+          }
+          for (; j < f; ++j) {
             const C v1 = C(v[j]), v2 = C(v[j + f]);
             if (!transpose) {
               o[j] = T(rd(v1 * C(c[j])) + rd(-v2 * C(s[j])));

@@ -87,6 +87,20 @@ LoraLinear::LoraLinear(int64_t in, int64_t out, const std::optional<LoraConfig>&
 }
 
 Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
+  // Inference with one adapter on every row (a speech or an image prompt):
+  // the base product and x·Aᵀ from one pass over x (linear_pair: the same
+  // values as two linear calls), then as below.
+  for (Adapter a : {Adapter::vision, Adapter::speech}) {
+    const int k = int(a);
+    const Adapter other = a == Adapter::vision ? Adapter::speech : Adapter::vision;
+    int exponent = 0;
+    if (rows.all[k] && !rows.any(other) && has(a) && !base_layer->int8 && !is_training() && x.dim() == 2 &&
+        std::frexp(scaling_[k], &exponent) == 0.5 && !needs_grad({x, base_layer->weight, lora_a_[k], lora_b_[k]})) {
+      auto [y, xa] = linear_pair(x, base_layer->weight, lora_a_[k]);
+      linear_add_(y, mul(xa, scaling_[k]), lora_b_[k]);
+      return y;
+    }
+  }
   Tensor y = base_layer->linear(x);  // int8 or the model's dtype; the adapters below are always the latter
   for (Adapter a : {Adapter::vision, Adapter::speech}) {
     const int k = int(a);

@@ -688,6 +688,38 @@ DEVICE_TEST_CASE("ops/silu_and_mul and rotary_embedding equal the composed ops, 
   CHECK_THROWS_AS(silu_and_mul(zeros({2, 5}, TensorOptions(DType::f32, device))), std::invalid_argument);
 }
 
+// linear_pair (a LoRA's x·Aᵀ beside its base product) on every device: the
+// same bits as two linear calls, in bf16 where the AMX kernel runs both from
+// one packing of x (rows past the in-place limit, a last row block of a few
+// rows, k tails, weights whose rows end mid-panel) and in the dtypes and
+// cases that take two linear calls (f32, autograd).
+DEVICE_TEST_CASE("ops/linear_pair equals two linear calls") {
+  Generator g(29);
+  for (DType dt : {DType::bf16, DType::f32}) {
+    CAPTURE(dtype_name(dt));
+    for (auto [m, k, n1, n2] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{133, 96, 200, 40}, {33, 70, 64, 20},
+                                {276, 64, 48, 33}, {5, 32, 16, 16}, {300, 130, 70, 96}}) {
+      CAPTURE(m);
+      CAPTURE(k);
+      Tensor x = rand_normal({m, k}, g).to(dt).to(device);
+      Tensor w1 = rand_normal({n1, k}, g).to(dt).to(device), w2 = rand_normal({n2, k}, g).to(dt).to(device);
+      auto [y1, y2] = linear_pair(x, w1, w2);
+      REQUIRE(y1.shape() == Shape{m, n1});
+      REQUIRE(y2.shape() == Shape{m, n2});
+      CHECK(max_abs_diff(y1.to(Device::cpu()).to(DType::f64), linear(x, w1).to(Device::cpu()).to(DType::f64)) == 0.0);
+      CHECK(max_abs_diff(y2.to(Device::cpu()).to(DType::f64), linear(x, w2).to(Device::cpu()).to(DType::f64)) == 0.0);
+    }
+  }
+  // With autograd: two linear calls, gradients included.
+  Tensor x = rand_normal({40, 8}, g).to(device).set_requires_grad(true);
+  Tensor w1 = rand_normal({6, 8}, g).to(device), w2 = rand_normal({3, 8}, g).to(device);
+  auto [y1, y2] = linear_pair(x, w1, w2);
+  add(sum(y1), sum(y2)).backward();
+  CHECK(max_abs_diff(x.grad().to(Device::cpu()).to(DType::f64),
+                     add(sum(w1, {0}), sum(w2, {0})).unsqueeze(0).expand({40, 8}).to(Device::cpu()).to(DType::f64)) < 1e-5);
+  CHECK_THROWS_AS(linear_pair(x, w1, rand_normal({3, 7}, g).to(device)), std::invalid_argument);
+}
+
 // depthwise_conv2d_nhwc (the audio encoder's subsampling and conv module) on
 // every device: the kernel against the per-tap composed ops in the
 // accumulation dtype (the same bits in every dtype: products in f32 are exact
