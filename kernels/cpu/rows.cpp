@@ -410,6 +410,14 @@ void CpuBackend::rms_norm_backward(const Tensor& x, const Tensor& w, const Tenso
 #pragma GCC optimize("fp-contract=off")
 namespace {
 
+// The 16-lane rotary below AVX-512 would run its rounding selects nearly lane
+// by lane (GCC 12; see reduce.cpp): the scalar loop there.
+#ifdef __AVX512F__
+constexpr bool kVectorRotary = true;
+#else
+constexpr bool kVectorRotary = false;
+#endif
+
 // 16 values of T (float or bf16) as f32 lanes, and back (bf16 rounded to
 // nearest even, as BFloat16(float)); round16 rounds the lanes to T and back.
 template <typename T>
@@ -473,7 +481,7 @@ void CpuBackend::rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, c
           const T* v = xp + i * ld + k * d;
           T* o = op + (i * h + k) * d;
           int64_t j = 0;
-          if constexpr (std::is_same_v<T, float> || std::is_same_v<T, BFloat16>) {
+          if constexpr (kVectorRotary && (std::is_same_v<T, float> || std::is_same_v<T, BFloat16>)) {
             // 16 pairs at a time: the same products, roundings and sums per lane.
             for (; j + 16 <= f; j += 16) {
               const F16 v1 = load16(v + j), v2 = load16(v + j + f);
