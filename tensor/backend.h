@@ -133,6 +133,11 @@ class Backend {
                         const Tensor& rstd) = 0;
   virtual void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
                                  const Tensor& dy, const Tensor& dx, const Tensor& dweight) = 0;
+  // The residual add and the next RMSNorm in one pass (vLLM's
+  // fused_add_rms_norm): a, b [m, n] contig, sum = a + b rounded to the dtype,
+  // then y and rstd as rms_norm(sum, weight, eps) gives them (the same bits).
+  virtual void add_rms_norm(const Tensor& a, const Tensor& b, const Tensor& weight, double eps, const Tensor& sum,
+                            const Tensor& y, const Tensor& rstd) = 0;
   // SwiGLU of a packed gate | up input (Phi-3's MLP, vLLM's SiluAndMul): x
   // [m, 2n] with unit stride along its rows (row stride x.stride(0)), out [m, n]
   // contig: out = up * silu(gate), silu rounded to the dtype before the

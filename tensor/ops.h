@@ -146,6 +146,10 @@ Tensor avg_pool2d(const Tensor& x, std::pair<int64_t, int64_t> kernel,
                   std::pair<int64_t, int64_t> padding = {0, 0});
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
+// {a + b, rms_norm(a + b, weight, eps)} in one pass where no gradient is
+// needed (the decoder's residual add and the next norm; the bits of the two
+// ops), composed otherwise. a and b of one shape, dtype and device.
+std::pair<Tensor, Tensor> add_rms_norm(const Tensor& a, const Tensor& b, const Tensor& weight, double eps);
 // Rotary position embedding in one pass: x [T, H, D], cos and sin [T, R] or
 // [T, 1, R] (R even, <= D; rotated per head over the first R dims, the rest
 // kept): x*cos + rotate_half(x)*sin with rotate_half(v) = [-v2, v1], each

@@ -126,6 +126,25 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
   return out;
 }
 
+std::pair<Tensor, Tensor> add_rms_norm(const Tensor& a, const Tensor& b, const Tensor& weight, double eps) {
+  check_floating(a, "add_rms_norm");
+  const int64_t n = a.size(-1);
+  if (a.shape() != b.shape() || a.dtype() != b.dtype() || weight.shape() != Shape{n})
+    throw std::invalid_argument(fmt::format("add_rms_norm: a and b must match and weight be [{}], got {}, {} and {}", n,
+                                            a.str(), b.str(), weight.str()));
+  check_same_device(a, b, "add_rms_norm");
+  check_same_device(a, weight, "add_rms_norm");
+  if (needs_grad({a, b, weight}) || a.numel() == 0) {
+    Tensor s = add(a, b);
+    return {s, rms_norm(s, weight, eps)};
+  }
+  Tensor ra = a.contiguous().reshape({-1, n}), rb = b.contiguous().reshape({-1, n});
+  const DType st = a.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor s = empty_like(ra), y = empty_like(ra), rs = empty({ra.size(0)}, TensorOptions(st, a.device()));
+  backend(a.device()).add_rms_norm(ra, rb, weight.detach().to(a.dtype()).contiguous(), eps, s, y, rs);
+  return {s.reshape(a.shape()), y.reshape(a.shape())};
+}
+
 namespace {
 
 // The composed rotary (what the fused kernel equals): training through cos

@@ -194,6 +194,10 @@ class ProfilingBackend final : public Backend {
   void silu_and_mul(const Tensor& x, const Tensor& out) override {
     timed(key("silu_and_mul", x), x.device(), [&] { inner_.silu_and_mul(x, out); });
   }
+  void add_rms_norm(const Tensor& a, const Tensor& b, const Tensor& weight, double eps, const Tensor& sum,
+                    const Tensor& y, const Tensor& rstd) override {
+    timed(key("add_rms_norm", a), a.device(), [&] { inner_.add_rms_norm(a, b, weight, eps, sum, y, rstd); });
+  }
   void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& out, bool transpose) override {
     timed(key(transpose ? "rotary_transpose" : "rotary", x), x.device(),
           [&] { inner_.rotary(x, cos, sin, out, transpose); });
@@ -218,7 +222,9 @@ class ProfilingBackend final : public Backend {
     return timed(k, x.device(), [&] { return inner_.linear_pair(x, w1, w2, out1, out2); });
   }
   bool linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override {
-    return timed(key("linear_bias", out), out.device(), [&] { return inner_.linear_bias(x, w, bias, out); });
+    const std::string k = fmt::format("linear_bias {} M{} N{} K{}", dtype_name(x.dtype()), size_class(x.size(0)),
+                                      size_class(w.size(0)), size_class(x.size(1)));
+    return timed(k, out.device(), [&] { return inner_.linear_bias(x, w, bias, out); });
   }
   bool attention_inference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, double scale,
                            bool causal) override {

@@ -50,6 +50,8 @@ class CpuBackend final : public Backend {
   void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
                          const Tensor& dy, const Tensor& dx, const Tensor& dweight) override;
   void silu_and_mul(const Tensor& x, const Tensor& out) override;
+  void add_rms_norm(const Tensor& a, const Tensor& b, const Tensor& weight, double eps, const Tensor& sum,
+                    const Tensor& y, const Tensor& rstd) override;
   bool linear_pair(const Tensor& x, const Tensor& w1, const Tensor& w2, const Tensor& out1,
                    const Tensor& out2) override;
   void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& out, bool transpose) override;

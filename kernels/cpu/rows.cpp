@@ -342,19 +342,31 @@ void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& w, const Ten
   });
 }
 
-void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
-                          const Tensor& rstd) {
+namespace {
+
+// RMSNorm of rows [m, n]; with b, the rows are a + b, rounded to T and
+// written to sum first (add_rms_norm).
+void rms_rows(const Tensor& x, const Tensor* b, const Tensor* sum, const Tensor& w, double eps, const Tensor& y,
+              const Tensor& rstd, const char* op) {
   int64_t m = x.size(0), n = x.size(1);
-  for_float_dtype(x.dtype(), "rms_norm", [&](auto tag) {
+  for_float_dtype(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     using C = row_t<T>;
     const T* xp = static_cast<const T*>(x.data_ptr());
+    const T* bp = b ? static_cast<const T*>(b->data_ptr()) : nullptr;
+    T* sp = sum ? static_cast<T*>(sum->data_ptr()) : nullptr;
     const T* wp = static_cast<const T*>(w.data_ptr());
     T* yp = static_cast<T*>(y.data_ptr());
     C* rp = static_cast<C*>(rstd.data_ptr());
-    parallel_for(m, n * 3, [&](int64_t lo, int64_t hi) {
+    parallel_for(m, n * (b ? 5 : 3), [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) {
         const T* r = xp + i * n;
+        if (bp) {
+          T* s = sp + i * n;
+          const T* br = bp + i * n;
+          for (int64_t j = 0; j < n; ++j) s[j] = T(C(r[j]) + C(br[j]));
+          r = s;
+        }
         const C ss = lane_sum<C>(n, [&](int64_t j) { return C(r[j]) * C(r[j]); });
         C rs = C(1) / std::sqrt(ss / C(n) + C(eps));
         rp[i] = rs;
@@ -369,6 +381,18 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, double eps, const Te
       }
     });
   });
+}
+
+}  // namespace
+
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
+                          const Tensor& rstd) {
+  rms_rows(x, nullptr, nullptr, w, eps, y, rstd, "rms_norm");
+}
+
+void CpuBackend::add_rms_norm(const Tensor& a, const Tensor& b, const Tensor& w, double eps, const Tensor& sum,
+                              const Tensor& y, const Tensor& rstd) {
+  rms_rows(a, &b, &sum, w, eps, y, rstd, "add_rms_norm");
 }
 
 void CpuBackend::rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,

@@ -42,6 +42,8 @@ class CudaBackend final : public Backend {
   void rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd,
                          const Tensor& dy, const Tensor& dx, const Tensor& dweight) override;
   void silu_and_mul(const Tensor& x, const Tensor& out) override;
+  void add_rms_norm(const Tensor& a, const Tensor& b, const Tensor& weight, double eps, const Tensor& sum,
+                    const Tensor& y, const Tensor& rstd) override;
   void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& out, bool transpose) override;
 
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha,

@@ -220,6 +220,33 @@ __global__ void rms_norm_kernel(const T* x, const T* w, double eps, T* y, acc_t<
   }
 }
 
+// add_rms_norm: s = a + b rounded to T (written to sum), then rms_norm_kernel's
+// work on s, read back from sum (each thread reads only what it wrote).
+template <typename T>
+__global__ void add_rms_norm_kernel(const T* a, const T* b, const T* w, double eps, T* sum, T* y,
+                                    acc_t<T>* rstd_out, int64_t m, int64_t n) {
+  using A = acc_t<T>;
+  __shared__ A shared[32];
+  for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
+    T* sr = sum + r * n;
+    T* yr = y + r * n;
+    A q = A(0);
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+      const T s = cast_value<T>(load_acc(a + r * n, k) + load_acc(b + r * n, k));
+      sr[k] = s;
+      const A v = cast_value<A>(s);
+      q += v * v;
+    }
+    A rstd = A(1) / sqrt(block_sum(q, shared) / A(n) + A(eps));
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+      A v = load_acc(sr, k) * rstd;
+      if (w) v *= load_acc(w, k);
+      yr[k] = cast_value<T>(v);
+    }
+    if (threadIdx.x == 0 && rstd_out) rstd_out[r] = rstd;
+  }
+}
+
 // dx of both norms: xhat = (x - mean) * rstd (mean = 0 for rms), g = dy * w,
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) (no mean(g) term for rms).
 template <typename T>
@@ -519,6 +546,26 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, double eps, co
     rms_norm_kernel<T><<<row_grid(r.m), row_block(r.n), 0, l.stream>>>(
         ptr<const T>(x), opt_ptr<T>(weight), eps, ptr<T>(y), opt_mut_ptr<A>(rstd), r.m, r.n);
     ARENO_LAUNCH_CHECK("rms_norm_kernel");
+  });
+}
+
+void CudaBackend::add_rms_norm(const Tensor& a, const Tensor& b, const Tensor& weight, double eps, const Tensor& sum,
+                               const Tensor& y, const Tensor& rstd) {
+  Rows r = rows_of(a, "add_rms_norm");
+  check_like(b, a, "add_rms_norm", "b");
+  check_like(sum, a, "add_rms_norm", "sum");
+  check_like(y, a, "add_rms_norm", "y");
+  check_param(weight, a, r.n, "add_rms_norm", "weight");
+  if (r.m == 0) return;
+  Launch l(y);
+  visit_floating(a.dtype(), "add_rms_norm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using A = acc_t<T>;
+    check_stats<T>(rstd, r.m, "add_rms_norm", "rstd");
+    add_rms_norm_kernel<T><<<row_grid(r.m), row_block(r.n), 0, l.stream>>>(
+        ptr<const T>(a), ptr<const T>(b), opt_ptr<T>(weight), eps, ptr<T>(sum), ptr<T>(y), opt_mut_ptr<A>(rstd), r.m,
+        r.n);
+    ARENO_LAUNCH_CHECK("add_rms_norm_kernel");
   });
 }
 

@@ -229,9 +229,10 @@ DecoderLayer::DecoderLayer(const Config& c, int64_t index, TensorOptions opts)
 
 Tensor DecoderLayer::forward(const Tensor& h, const Tensor& cos, const Tensor& sin,
                              const std::vector<int64_t>& cu_seqlens, const AdapterRows& rows, const KvStep* kv) const {
-  Tensor x = add(h, self_attn->forward(rms_norm(h, input_layernorm->weight, eps_), cos, sin, cu_seqlens, rows, kv,
-                                       index_));
-  return add(x, mlp->forward(rms_norm(x, post_attention_layernorm->weight, eps_), rows));
+  Tensor attn = self_attn->forward(rms_norm(h, input_layernorm->weight, eps_), cos, sin, cu_seqlens, rows, kv, index_);
+  // The residual add and the MLP's norm in one pass (the bits of add, then rms_norm).
+  auto [x, xn] = add_rms_norm(h, attn, post_attention_layernorm->weight, eps_);
+  return add(x, mlp->forward(xn, rows));
 }
 
 // ---- TextModel ----

@@ -157,6 +157,11 @@ std::vector<GradCase> grad_table() {
       {"layer_norm", {In({3, 5}), In({5}), In({5})}, F(layer_norm(x[0], x[1], x[2], 1e-5))},
       {"layer_norm_no_bias", {In({2, 2, 4}), In({4})}, F(layer_norm(x[0], x[1], Tensor(), 1e-5))},
       {"rms_norm", {In({3, 5}), In({5})}, F(rms_norm(x[0], x[1], 1e-6))},
+      {"add_rms_norm", {In({3, 5}), In({3, 5}), In({5})},
+       [](const std::vector<Tensor>& x) {
+         auto [s, y] = add_rms_norm(x[0], x[1], x[2], 1e-6);
+         return add(y, mul(s, 0.5));
+       }},
       {"rotary_embedding_tables", {In({3, 2, 6}), In({3, 4}), In({3, 4})},
        F(rotary_embedding(x[0], x[1], x[2]))},  // tables with gradients: the composed form
       {"rotary_embedding", {In({3, 2, 6})},

@@ -345,6 +345,11 @@ std::vector<OpCase> op_table() {
       C("rotary_embedding", FL,
         {{In({5, 3, 16}), In({5, 1, 12}), In({5, 1, 12})}, {In({2, 4, 6}), In({2, 6}), In({2, 6})}},
         F(rotary_embedding(x[0], x[1], x[2])), 2.0),
+      C("add_rms_norm", FL, {{In({7, 33}), In({7, 33}), In({33})}, {In({2, 3, 1031}), In({2, 3, 1031}), In({1031})}},
+        [](const std::vector<Tensor>& x) {
+          auto [s, y] = add_rms_norm(x[0], x[1], x[2], 1e-5);
+          return cat({s, y}, -1);
+        }, 2.0),
       C("layer_norm_no_bias", FL, {{In({7, 33}), In({33})}}, F(layer_norm(x[0], x[1], Tensor(), 1e-5))),
       C("rms_norm", FL,
         {{In({7, 33}), In({33})}, {In({2, 3, 1031}), In({1031})}, {tr({16, 5}), In({5})}, {step2({3, 8}), In({8})}},
@@ -686,6 +691,35 @@ DEVICE_TEST_CASE("ops/silu_and_mul and rotary_embedding equal the composed ops, 
                                         zeros({2, 7}, TensorOptions(DType::f32, device))),
                        doctest::Contains("R even"), std::invalid_argument);
   CHECK_THROWS_AS(silu_and_mul(zeros({2, 5}, TensorOptions(DType::f32, device))), std::invalid_argument);
+}
+
+// add_rms_norm (the decoder's residual add and the MLP's norm) on every
+// device: the bits of add, then rms_norm, for both outputs; rows of odd
+// widths; with autograd the composed ops (gradients equal).
+DEVICE_TEST_CASE("ops/add_rms_norm equals add then rms_norm") {
+  Generator g(37);
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    if (dt == DType::f64 && !device.is_cpu()) continue;
+    CAPTURE(dtype_name(dt));
+    for (auto [m, n] : {std::pair<int64_t, int64_t>{1, 3072}, {5, 37}, {133, 256}}) {
+      CAPTURE(m);
+      CAPTURE(n);
+      Tensor a = rand_normal({m, n}, g, 0.0, 3.0).to(dt).to(device), b = rand_normal({m, n}, g).to(dt).to(device);
+      Tensor w = rand_normal({n}, g).to(dt).to(device);
+      auto [s, y] = add_rms_norm(a, b, w, 1e-5);
+      Tensor s2 = add(a, b), y2 = rms_norm(s2, w, 1e-5);
+      CHECK(max_abs_diff(s.to(Device::cpu()).to(DType::f64), s2.to(Device::cpu()).to(DType::f64)) == 0.0);
+      CHECK(max_abs_diff(y.to(Device::cpu()).to(DType::f64), y2.to(Device::cpu()).to(DType::f64)) == 0.0);
+    }
+  }
+  Tensor a = rand_normal({4, 9}, g).to(device).set_requires_grad(true), b = rand_normal({4, 9}, g).to(device);
+  Tensor w = rand_normal({9}, g).to(device);
+  auto [s, y] = add_rms_norm(a, b, w, 1e-5);
+  sum(y).backward();
+  Tensor a2 = a.detach().set_requires_grad(true);
+  sum(rms_norm(add(a2, b), w, 1e-5)).backward();
+  CHECK(max_abs_diff(a.grad().to(Device::cpu()).to(DType::f64), a2.grad().to(Device::cpu()).to(DType::f64)) == 0.0);
+  CHECK_THROWS_AS(add_rms_norm(a, rand_normal({4, 8}, g).to(device), w, 1e-5), std::invalid_argument);
 }
 
 // linear_pair (a LoRA's x·Aᵀ beside its base product) on every device: the
