@@ -197,8 +197,11 @@ __global__ void layer_norm_kernel(const T* x, const T* w, const T* b, double eps
   }
 }
 
+// RMSNorm of rows; with b (add_rms_norm), each row is x + b rounded to T,
+// written to sum first and read back from it (each thread reads only what it
+// wrote).
 template <typename T>
-__global__ void rms_norm_kernel(const T* x, const T* w, double eps, T* y, acc_t<T>* rstd_out,
+__global__ void rms_norm_kernel(const T* x, const T* b, T* sum, const T* w, double eps, T* y, acc_t<T>* rstd_out,
                                 int64_t m, int64_t n) {
   using A = acc_t<T>;
   __shared__ A shared[32];
@@ -208,38 +211,17 @@ __global__ void rms_norm_kernel(const T* x, const T* w, double eps, T* y, acc_t<
     A q = A(0);
     for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
       A v = load_acc(xr, k);
+      if (b) {
+        const T s = cast_value<T>(v + load_acc(b + r * n, k));
+        sum[r * n + k] = s;
+        v = cast_value<A>(s);
+      }
       q += v * v;
     }
+    if (b) xr = sum + r * n;
     A rstd = A(1) / sqrt(block_sum(q, shared) / A(n) + A(eps));
     for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
       A v = load_acc(xr, k) * rstd;
-      if (w) v *= load_acc(w, k);
-      yr[k] = cast_value<T>(v);
-    }
-    if (threadIdx.x == 0 && rstd_out) rstd_out[r] = rstd;
-  }
-}
-
-// add_rms_norm: s = a + b rounded to T (written to sum), then rms_norm_kernel's
-// work on s, read back from sum (each thread reads only what it wrote).
-template <typename T>
-__global__ void add_rms_norm_kernel(const T* a, const T* b, const T* w, double eps, T* sum, T* y,
-                                    acc_t<T>* rstd_out, int64_t m, int64_t n) {
-  using A = acc_t<T>;
-  __shared__ A shared[32];
-  for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
-    T* sr = sum + r * n;
-    T* yr = y + r * n;
-    A q = A(0);
-    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
-      const T s = cast_value<T>(load_acc(a + r * n, k) + load_acc(b + r * n, k));
-      sr[k] = s;
-      const A v = cast_value<A>(s);
-      q += v * v;
-    }
-    A rstd = A(1) / sqrt(block_sum(q, shared) / A(n) + A(eps));
-    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
-      A v = load_acc(sr, k) * rstd;
       if (w) v *= load_acc(w, k);
       yr[k] = cast_value<T>(v);
     }
@@ -544,7 +526,7 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, double eps, co
     using A = acc_t<T>;
     check_stats<T>(rstd, r.m, "rms_norm", "rstd");
     rms_norm_kernel<T><<<row_grid(r.m), row_block(r.n), 0, l.stream>>>(
-        ptr<const T>(x), opt_ptr<T>(weight), eps, ptr<T>(y), opt_mut_ptr<A>(rstd), r.m, r.n);
+        ptr<const T>(x), nullptr, nullptr, opt_ptr<T>(weight), eps, ptr<T>(y), opt_mut_ptr<A>(rstd), r.m, r.n);
     ARENO_LAUNCH_CHECK("rms_norm_kernel");
   });
 }
@@ -562,10 +544,10 @@ void CudaBackend::add_rms_norm(const Tensor& a, const Tensor& b, const Tensor& w
     using T = typename decltype(tag)::type;
     using A = acc_t<T>;
     check_stats<T>(rstd, r.m, "add_rms_norm", "rstd");
-    add_rms_norm_kernel<T><<<row_grid(r.m), row_block(r.n), 0, l.stream>>>(
-        ptr<const T>(a), ptr<const T>(b), opt_ptr<T>(weight), eps, ptr<T>(sum), ptr<T>(y), opt_mut_ptr<A>(rstd), r.m,
+    rms_norm_kernel<T><<<row_grid(r.m), row_block(r.n), 0, l.stream>>>(
+        ptr<const T>(a), ptr<const T>(b), ptr<T>(sum), opt_ptr<T>(weight), eps, ptr<T>(y), opt_mut_ptr<A>(rstd), r.m,
         r.n);
-    ARENO_LAUNCH_CHECK("add_rms_norm_kernel");
+    ARENO_LAUNCH_CHECK("rms_norm_kernel");
   });
 }
 
