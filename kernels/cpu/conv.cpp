@@ -43,7 +43,7 @@ void CpuBackend::depthwise_conv2d_nhwc(const Tensor& x, const Tensor& w, const T
   const int64_t ho = out.size(1), wo = out.size(2), taps = kh * kw;
   for_float_dtype(x.dtype(), "depthwise_conv2d_nhwc", [&](auto tag) {
     using T = decltype(tag);
-    using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    using A = compute_t<T>;  // f32, f64 for f64
     const T* xp = static_cast<const T*>(x.data_ptr());
     const T* wp = static_cast<const T*>(w.data_ptr());
     T* op = static_cast<T*>(out.data_ptr());

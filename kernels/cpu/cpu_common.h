@@ -136,7 +136,6 @@ void strided_loop(const Shape& shape, const std::array<const Tensor*, N>& ts, F&
   });
 }
 
-// Converts between storage type T and its compute type.
 // Calls f with a value of the storage type of a floating dtype (f32, f64,
 // bf16, f16); other dtypes throw "<op> needs a floating-point tensor".
 template <typename F>
@@ -150,6 +149,7 @@ void for_float_dtype(DType t, const char* op, F&& f) {
   }
 }
 
+// Converts between storage type T and its compute type.
 template <typename T> struct compute_of { using type = T; };
 template <> struct compute_of<BFloat16> { using type = float; };
 template <> struct compute_of<Half> { using type = float; };

@@ -31,28 +31,17 @@ struct Extreme {
 constexpr int kLanes = 16;
 typedef F16 FL;
 typedef I16 IL;
-typedef U16 UL;
-typedef H16 HL;
 #else
 constexpr int kLanes = 8;
 typedef F8 FL;
 typedef I8 IL;
-typedef uint32_t UL __attribute__((vector_size(32)));
-typedef uint16_t HL __attribute__((vector_size(16)));
 #endif
 inline FL load_lanes(const float* x) {
   FL v;
   std::memcpy(&v, x, sizeof v);
   return v;
 }
-inline FL load_lanes(const BFloat16* x) {
-  HL h;
-  std::memcpy(&h, x, sizeof h);
-  const UL u = __builtin_convertvector(h, UL) << 16;
-  FL v;
-  std::memcpy(&v, &u, sizeof v);
-  return v;
-}
+inline FL load_lanes(const BFloat16* x) { return widen_bf16_lanes<FL>(x); }
 template <typename T>
 Extreme extreme_of(const T* x, int64_t b, int64_t e, bool want_max) {
   float m = float(x[b]);

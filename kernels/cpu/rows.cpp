@@ -451,12 +451,7 @@ __attribute__((always_inline)) inline F16 load16(const T* p) {
     std::memcpy(&v, p, sizeof v);
     return v;
   } else {
-    H16 h;
-    std::memcpy(&h, p, sizeof h);
-    const U16 u = __builtin_convertvector(h, U16) << 16;
-    F16 v;
-    std::memcpy(&v, &u, sizeof v);
-    return v;
+    return widen_bf16_lanes<F16>(p);
   }
 }
 template <typename T>

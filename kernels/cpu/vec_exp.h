@@ -8,6 +8,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 // Every helper here taking or returning a 64-byte vector is always_inline:
 // below AVX-512 such a value passes in memory, with AVX-512 in a register, so
@@ -31,6 +32,23 @@ typedef int32_t I8 __attribute__((vector_size(32)));
 __attribute__((always_inline)) inline U16 bf16_bits_rne(U16 u) {
   const U16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;
+}
+
+// sizeof(V) / 4 bf16 values (their bits at p) widened exactly to the f32
+// lanes of V (8 or 16 lanes).
+template <typename V>
+__attribute__((always_inline)) inline V widen_bf16_lanes(const void* p) {
+  static_assert(sizeof(V) == 64 || sizeof(V) == 32, "8 or 16 f32 lanes");
+  typedef uint16_t H8 __attribute__((vector_size(16)));
+  typedef uint32_t U8 __attribute__((vector_size(32)));
+  using H = std::conditional_t<sizeof(V) == 64, H16, H8>;
+  using U = std::conditional_t<sizeof(V) == 64, U16, U8>;
+  H h;
+  std::memcpy(&h, p, sizeof h);
+  const U u = __builtin_convertvector(h, U) << 16;
+  V v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
 }
 
 // 2^r for integral r (a float, or 8 or 16 lanes) through the exponent bits.

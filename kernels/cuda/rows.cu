@@ -514,41 +514,41 @@ void CudaBackend::layer_norm_backward(const Tensor& x, const Tensor& weight, con
   });
 }
 
-void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& y,
-                           const Tensor& rstd) {
-  Rows r = rows_of(x, "rms_norm");
-  check_like(y, x, "rms_norm", "y");
-  check_param(weight, x, r.n, "rms_norm", "weight");
+namespace {
+
+// rms_norm, and add_rms_norm when b is given (sum then receives x + b).
+void launch_rms_norm(const Tensor& x, const Tensor* b, const Tensor* sum, const Tensor& weight, double eps,
+                     const Tensor& y, const Tensor& rstd, const char* op) {
+  Rows r = rows_of(x, op);
+  if (b) {
+    check_like(*b, x, op, "b");
+    check_like(*sum, x, op, "sum");
+  }
+  check_like(y, x, op, "y");
+  check_param(weight, x, r.n, op, "weight");
   if (r.m == 0) return;
   Launch l(y);
-  visit_floating(x.dtype(), "rms_norm", [&](auto tag) {
+  visit_floating(x.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     using A = acc_t<T>;
-    check_stats<T>(rstd, r.m, "rms_norm", "rstd");
+    check_stats<T>(rstd, r.m, op, "rstd");
     rms_norm_kernel<T><<<row_grid(r.m), row_block(r.n), 0, l.stream>>>(
-        ptr<const T>(x), nullptr, nullptr, opt_ptr<T>(weight), eps, ptr<T>(y), opt_mut_ptr<A>(rstd), r.m, r.n);
+        ptr<const T>(x), b ? ptr<const T>(*b) : nullptr, sum ? ptr<T>(*sum) : nullptr, opt_ptr<T>(weight), eps,
+        ptr<T>(y), opt_mut_ptr<A>(rstd), r.m, r.n);
     ARENO_LAUNCH_CHECK("rms_norm_kernel");
   });
 }
 
+}  // namespace
+
+void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, double eps, const Tensor& y,
+                           const Tensor& rstd) {
+  launch_rms_norm(x, nullptr, nullptr, weight, eps, y, rstd, "rms_norm");
+}
+
 void CudaBackend::add_rms_norm(const Tensor& a, const Tensor& b, const Tensor& weight, double eps, const Tensor& sum,
                                const Tensor& y, const Tensor& rstd) {
-  Rows r = rows_of(a, "add_rms_norm");
-  check_like(b, a, "add_rms_norm", "b");
-  check_like(sum, a, "add_rms_norm", "sum");
-  check_like(y, a, "add_rms_norm", "y");
-  check_param(weight, a, r.n, "add_rms_norm", "weight");
-  if (r.m == 0) return;
-  Launch l(y);
-  visit_floating(a.dtype(), "add_rms_norm", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    using A = acc_t<T>;
-    check_stats<T>(rstd, r.m, "add_rms_norm", "rstd");
-    rms_norm_kernel<T><<<row_grid(r.m), row_block(r.n), 0, l.stream>>>(
-        ptr<const T>(a), ptr<const T>(b), ptr<T>(sum), opt_ptr<T>(weight), eps, ptr<T>(y), opt_mut_ptr<A>(rstd), r.m,
-        r.n);
-    ARENO_LAUNCH_CHECK("rms_norm_kernel");
-  });
+  launch_rms_norm(a, &b, &sum, weight, eps, y, rstd, "add_rms_norm");
 }
 
 void CudaBackend::rms_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& rstd,

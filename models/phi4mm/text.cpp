@@ -4,6 +4,7 @@
 #include <cmath>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -87,21 +88,27 @@ LoraLinear::LoraLinear(int64_t in, int64_t out, const std::optional<LoraConfig>&
 }
 
 Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
-  // Inference with one adapter on every row (a speech or an image prompt):
-  // the base product and x·Aᵀ from one pass over x (linear_pair: the same
-  // values as two linear calls), then as below.
-  for (Adapter a : {Adapter::vision, Adapter::speech}) {
-    const int k = int(a);
-    const Adapter other = a == Adapter::vision ? Adapter::speech : Adapter::vision;
+  // A power-of-two scaling (the checkpoint's: alpha / r = 2 for both
+  // adapters) commutes with every rounding, so it scales the r-wide x·Aᵀ
+  // instead of the out-wide product: the same bits, forward and backward, for
+  // a pass over [rows, r] instead of [rows, out].
+  auto pow2 = [&](int k) {
     int exponent = 0;
-    if (rows.all[k] && !rows.any(other) && has(a) && !base_layer->int8 && !is_training() && x.dim() == 2 &&
-        std::frexp(scaling_[k], &exponent) == 0.5 && !needs_grad({x, base_layer->weight, lora_a_[k], lora_b_[k]})) {
-      auto [y, xa] = linear_pair(x, base_layer->weight, lora_a_[k]);
-      linear_add_(y, mul(xa, scaling_[k]), lora_b_[k]);
-      return y;
-    }
-  }
-  Tensor y = base_layer->linear(x);  // int8 or the model's dtype; the adapters below are always the latter
+    return std::frexp(scaling_[k], &exponent) == 0.5;
+  };
+  // Inference where adapter k covers every row: its product joins y in the
+  // GEMM (linear_add_: one rounding where linear then add rounds twice, a
+  // pass over [rows, out] fewer).
+  auto joins_gemm = [&](int k) {
+    return pow2(k) && rows.all[k] && !is_training() && x.dim() == 2 &&
+           !needs_grad({x, base_layer->weight, lora_a_[k], lora_b_[k]});
+  };
+  Tensor y, xa;  // xa: x·Aᵀ of adapter `paired`, from the base product's pass over x
+  int paired = -1;
+  for (Adapter a : {Adapter::vision, Adapter::speech})
+    if (has(a) && !base_layer->int8 && joins_gemm(int(a))) paired = int(a);
+  if (paired >= 0) std::tie(y, xa) = linear_pair(x, base_layer->weight, lora_a_[paired]);  // the bits of two linears
+  else y = base_layer->linear(x);  // int8 or the model's dtype; the adapters below are always the latter
   for (Adapter a : {Adapter::vision, Adapter::speech}) {
     const int k = int(a);
     if (!rows.any(a)) continue;
@@ -116,21 +123,11 @@ Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
       Generator g(dropout_stream(rows.dropout_seed, salt * 3 + uint64_t(k)));
       xs = dropout(xs, dropout_[k], true, g);
     }
-    // A power-of-two scaling (the checkpoint's: alpha / r = 2 for both
-    // adapters) commutes with every rounding, so it scales the r-wide
-    // x·Aᵀ instead of the out-wide product: the same bits, forward and backward,
-    // for a pass over [rows, r] instead of [rows, out].
-    int exponent = 0;
-    const bool pow2 = std::frexp(scaling_[k], &exponent) == 0.5;
-    if (pow2 && rows.all[k] && !is_training() && x.dim() == 2 && !needs_grad({x, y, lora_a_[k], lora_b_[k]}) &&
-        y.is_contiguous()) {
-      // Inference: the product joins y in the GEMM (one rounding where linear
-      // then add rounds twice), a pass over [rows, out] fewer. y is this
-      // call's own fresh output.
-      linear_add_(y, mul(linear(xs, lora_a_[k]), scaling_[k]), lora_b_[k]);
+    if (joins_gemm(k) && y.is_contiguous()) {  // y: this call's own fresh output
+      linear_add_(y, mul(k == paired ? xa : linear(xs, lora_a_[k]), scaling_[k]), lora_b_[k]);
       continue;
     }
-    Tensor d = pow2 ? linear(mul(linear(xs, lora_a_[k]), scaling_[k]), lora_b_[k])
+    Tensor d = pow2(k) ? linear(mul(linear(xs, lora_a_[k]), scaling_[k]), lora_b_[k])
                     : mul(linear(linear(xs, lora_a_[k]), lora_b_[k]), scaling_[k]);
     y = rows.all[k] ? add(y, d) : index_add(y, 0, rows.rows[k], d);
   }
