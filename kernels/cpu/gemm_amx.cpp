@@ -18,8 +18,9 @@
 // same order (so the same bits), blocked over k for the caches. For each
 // chunk of kChunk k-blocks the 32 x kChunk*32 piece of the weight panel is
 // copied into a 64-byte-aligned buffer (it stays in L1 while every 32 rows of
-// x run over it), a group of panels takes turns on each chunk of x (which
-// stays in L2 across them), the four C tiles of each 32 rows of x are kept in
+// x run over it; a last pair of 16-row blocks with at most 16 rows runs on
+// one B tile, half the products), a group of panels takes turns on each
+// chunk of x (which stays in L2 across them), the four C tiles of each 32 rows of x are kept in
 // memory between chunks, and the weight lines of an item a few items ahead
 // are prefetched a few at a time between the tile products, so the weight
 // stream from DRAM overlaps the arithmetic. The finished C tiles are
@@ -330,7 +331,8 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
 #pragma omp parallel num_threads(parts)
   {
 #pragma omp for schedule(static)
-    for (int64_t mb = 0; mb < mblocks; ++mb) pack_x_block(mb, M, K, blocks, x, ldx, xp + mb * blocks * 256);
+    for (int64_t mb = 0; mb < (M + kTile - 1) / kTile; ++mb)  // an empty last block is never read
+      pack_x_block(mb, M, K, blocks, x, ldx, xp + mb * blocks * 256);
     const int nt = omp_get_num_threads(), me = omp_get_thread_num();
     const int64_t p0 = panels * me / nt, p1 = panels * (me + 1) / nt;
     configure();
@@ -379,18 +381,24 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
               pf_per = (pf_lines + mpairs * nk - 1) / (mpairs * nk);
             }
           }
-          for (int64_t mp = 0; mp < mpairs; ++mp) {
+          // The products of one pair of x blocks over this chunk; with one B
+          // tile (the last pair when it has at most 16 rows) half of them.
+          auto run_pair = [&]<bool kTwoB>(int64_t mp) {
             float* cp = cbuf + (q * mpairs + mp) * 1024;
             if (ch == 0) {
               _tile_zero(0);
-              _tile_zero(1);
               _tile_zero(2);
-              _tile_zero(3);
+              if constexpr (kTwoB) {
+                _tile_zero(1);
+                _tile_zero(3);
+              }
             } else {
               _tile_loadd(0, cp, 64);
-              _tile_loadd(1, cp + 256, 64);
               _tile_loadd(2, cp + 512, 64);
-              _tile_loadd(3, cp + 768, 64);
+              if constexpr (kTwoB) {
+                _tile_loadd(1, cp + 256, 64);
+                _tile_loadd(3, cp + 768, 64);
+              }
             }
             const uint32_t* b0 = xp + ((2 * mp) * blocks + c0) * 256;
             const uint32_t* b1 = b0 + blocks * 256;
@@ -405,16 +413,22 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
               _tile_loadd(4, a, 64);
               _tile_loadd(5, a + 512, 64);
               _tile_loadd(6, b0 + kb * 256, 64);
-              _tile_loadd(7, b1 + kb * 256, 64);
+              if constexpr (kTwoB) _tile_loadd(7, b1 + kb * 256, 64);
               _tile_dpbf16ps(0, 4, 6);
-              _tile_dpbf16ps(1, 4, 7);
+              if constexpr (kTwoB) _tile_dpbf16ps(1, 4, 7);
               _tile_dpbf16ps(2, 5, 6);
-              _tile_dpbf16ps(3, 5, 7);
+              if constexpr (kTwoB) _tile_dpbf16ps(3, 5, 7);
             }
             _tile_stored(0, cp, 64);
-            _tile_stored(1, cp + 256, 64);
             _tile_stored(2, cp + 512, 64);
-            _tile_stored(3, cp + 768, 64);
+            if constexpr (kTwoB) {
+              _tile_stored(1, cp + 256, 64);
+              _tile_stored(3, cp + 768, 64);
+            }
+          };
+          for (int64_t mp = 0; mp < mpairs; ++mp) {
+            if (M - mp * kPanel > kTile) run_pair.template operator()<true>(mp);
+            else run_pair.template operator()<false>(mp);
           }
         }
       }

@@ -260,8 +260,9 @@ TEST_CASE("gemm_amx_bf16: past kAmxInPlaceRows (the k-blocked kernel), odd shape
   REQUIRE(set_cpu_isa(CpuIsa::amx) == CpuIsa::amx);
   uint64_t seed = 77;
   // Both chunk settings (up to 160 rows and above), k tails inside a chunk and
-  // past the chunk, N tails inside a panel and past its first tile.
-  for (int64_t M : {33, 48, 65, 97, 160, 161, 200, 256})
+  // past the chunk, N tails inside a panel and past its first tile; a last
+  // 32-row pair with at most 16 rows (one B tile: 33, 48, 65, 97, 133, 161).
+  for (int64_t M : {33, 48, 65, 97, 133, 160, 161, 200, 256})
     for (int64_t N : {1, 17, 45})
       for (int64_t K : {7, 33, 259, 300}) {
         check_bf16x_shape<BFloat16>(M, N, K, 1.0f, 0.0f, seed++);
