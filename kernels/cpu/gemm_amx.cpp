@@ -20,11 +20,12 @@
 // copied into a 64-byte-aligned buffer (it stays in L1 while every 32 rows of
 // x run over it; a last pair of 16-row blocks with at most 16 rows runs on
 // one B tile, half the products), a group of panels takes turns on each
-// chunk of x (which stays in L2 across them), the four C tiles of each 32 rows of x are kept in
-// memory between chunks, and the weight lines of an item a few items ahead
-// are prefetched a few at a time between the tile products, so the weight
-// stream from DRAM overlaps the arithmetic. The finished C tiles are
-// transposed in registers into the rows of out.
+// chunk of x (which stays in L2 across them), the four C tiles of each 32
+// rows of x are kept in memory between chunks, and the weight lines of an
+// item a few items ahead are prefetched a few at a time between the tile
+// products, so the weight stream from DRAM overlaps the arithmetic. After
+// the last chunk each pair's C tiles, still in L1, are transposed in
+// registers into the rows of out.
 #include <cpuid.h>
 #include <immintrin.h>
 
@@ -338,7 +339,26 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
     configure();
     // [k-block][A tile 0, 1][16 rows][32] and [panel][m pair][C tile 0-3][16][16]
     uint16_t* abuf = thread_scratch<uint16_t>(ScratchSlot::amx_weight_chunk, kChunk * 2 * 512);
-    float* cbuf = thread_scratch<float>(ScratchSlot::amx_c_tiles, kGroup * mpairs * 4 * 256);
+    // (one chunk: only the pair in hand, written out at once)
+    float* cbuf = thread_scratch<float>(ScratchSlot::amx_c_tiles, chunks > 1 ? kGroup * mpairs * 4 * 256 : 1024);
+    // The finished C tiles of panel p, pair mp (at c), into out: tile (a, b)
+    // holds weight rows 16 a + i of the panel and x rows 32 mp + 16 b + j.
+    auto write_pair = [&](const Panel& p, int64_t mp, const float* c) {
+      for (int a = 0; a < 2; ++a) {
+        const int64_t nn = a * kTile;
+        if (nn >= p.rows) continue;
+        const __mmask16 nmask = p.rows - nn >= kTile ? __mmask16(0xffff) : __mmask16((1u << (p.rows - nn)) - 1);
+        for (int b = 0; b < 2; ++b) {
+          const int64_t m0 = mp * kPanel + b * kTile;
+          if (m0 >= M) continue;
+          __m512 r[16];
+          for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(c + (a * 2 + b) * 256 + i * 16);
+          transpose16(r);
+          for (int64_t j = 0; j < std::min<int64_t>(kTile, M - m0); ++j)
+            store_row16(p.out + (m0 + j) * p.ldo + nn, r[j], nmask, alpha, p.beta, p.bias ? p.bias + nn : nullptr);
+        }
+      }
+    };
     // This thread's work items in order: groups of panels, then chunks, then
     // the group's panels.
     auto group_size = [&](int64_t g) { return std::min<int64_t>(kGroup, p1 - g); };
@@ -384,7 +404,7 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
           // The products of one pair of x blocks over this chunk; with one B
           // tile (the last pair when it has at most 16 rows) half of them.
           auto run_pair = [&]<bool kTwoB>(int64_t mp) {
-            float* cp = cbuf + (q * mpairs + mp) * 1024;
+            float* cp = chunks > 1 ? cbuf + (q * mpairs + mp) * 1024 : cbuf;
             if (ch == 0) {
               _tile_zero(0);
               _tile_zero(2);
@@ -425,34 +445,13 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
               _tile_stored(1, cp + 256, 64);
               _tile_stored(3, cp + 768, 64);
             }
+            if (ch == chunks - 1) write_pair(pq, mp, cp);  // while its tiles are in L1
           };
           for (int64_t mp = 0; mp < mpairs; ++mp) {
             if (M - mp * kPanel > kTile) run_pair.template operator()<true>(mp);
             else run_pair.template operator()<false>(mp);
           }
         }
-      }
-      // C tile (a, b) of panel q, pair mp: weight rows n0 + 16 a + i, x rows 32 mp + 16 b + j.
-      for (int64_t q = 0; q < gn; ++q) {
-        const Panel pq = panel(g0 + q);
-        for (int64_t mp = 0; mp < mpairs; ++mp)
-          for (int a = 0; a < 2; ++a) {
-            const int64_t nn = a * kTile;
-            if (nn >= pq.rows) continue;
-            const __mmask16 nmask =
-                pq.rows - nn >= kTile ? __mmask16(0xffff) : __mmask16((1u << (pq.rows - nn)) - 1);
-            for (int b = 0; b < 2; ++b) {
-              const int64_t m0 = mp * kPanel + b * kTile;
-              if (m0 >= M) continue;
-              const float* c = cbuf + (q * mpairs + mp) * 1024 + (a * 2 + b) * 256;
-              __m512 r[16];
-              for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(c + i * 16);
-              transpose16(r);
-              for (int64_t j = 0; j < std::min<int64_t>(kTile, M - m0); ++j)
-                store_row16(pq.out + (m0 + j) * pq.ldo + nn, r[j], nmask, alpha, pq.beta,
-                            pq.bias ? pq.bias + nn : nullptr);
-            }
-          }
       }
     }
     _tile_release();
@@ -472,7 +471,14 @@ void gemm_amx_blocked_for(int64_t M, int64_t N, int64_t K, const BFloat16* x, in
   // against 6.3-7.9 one panel at a time; K = 3072 (1 MB) gained nothing.
   constexpr int64_t kXGroupBytes = int64_t(1) << 20;
   const int64_t packed_x_bytes = (M + kPanel - 1) / kPanel * kPanel * ((K + kKBlock - 1) / kKBlock * kKBlock) * 2;
-  if (M <= kSmallChunkRows && packed_x_bytes > kXGroupBytes)
+  // Up to this many k-blocks (K <= 512) at up to kSmallChunkRows rows, all of
+  // k in one chunk (no C tile trips; the weight piece, 32 x 512 bf16, still in
+  // L1): the speech LoRA's B (K = 320) at 133 rows, 1.07-1.10 ms against
+  // 1.21-1.27 in chunks of 4 or 8; from K = 1024 on chunks of 4 win again.
+  constexpr int64_t kOneChunkBlocks = 16;
+  if (M <= kSmallChunkRows && (K + kKBlock - 1) / kKBlock <= kOneChunkBlocks)
+    gemm_amx_blocked<O, kOneChunkBlocks, 1, 4, false>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias, second);
+  else if (M <= kSmallChunkRows && packed_x_bytes > kXGroupBytes)
     gemm_amx_blocked<O, 4, 2, 4, false>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias, second);
   else if (M <= kSmallChunkRows)
     gemm_amx_blocked<O, 4, 1, 4, false>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias, second);

@@ -268,6 +268,10 @@ TEST_CASE("gemm_amx_bf16: past kAmxInPlaceRows (the k-blocked kernel), odd shape
         check_bf16x_shape<BFloat16>(M, N, K, 1.0f, 0.0f, seed++);
         check_bf16x_shape<float>(M, N, K, 1.0f, 0.0f, seed++);
       }
+  // Up to 160 rows: k in one chunk up to K = 512, chunks of 4 k-blocks past it
+  // (k tail in the last chunk), groups of 2 panels past 1 MB of packed x.
+  for (int64_t M : {33, 133, 160})
+    for (int64_t K : {513, 700, 3500}) check_bf16x_shape<BFloat16>(M, 45, K, 1.0f, 0.0f, seed++);
   // Groups of panels (7 panels: a partial group per thread) over several chunks.
   for (int64_t M : {161, 256}) check_bf16x_shape<BFloat16>(M, 200, 600, 1.0f, 0.0f, seed++);
   for (int64_t M : {40, 170}) {
