@@ -1,5 +1,6 @@
-// Inference attention on the CPU, f32 and bf16 (bf16 prefill: both products on
-// oneDNN from the bf16 operands, gemm_dnnl.h; otherwise widened per block;
+// Inference attention on the CPU, f32 and bf16 (bf16 prefill: both products
+// from the bf16 operands, on AMX tiles where the CPU has them (attention_amx)
+// and on oneDNN otherwise, gemm_dnnl.h; otherwise widened per block;
 // computed in f32 either way, the output rounded once): per (batch, head, block of queries) the
 // scores of only the keys that block can see, the causal mask, a row softmax
 // and the value product, in one pass over a [rows, keys] scratch buffer. The
@@ -158,6 +159,165 @@ float exp_split_row_bf16(float* s, int64_t n, float sc, BFloat16* hi, BFloat16* 
 }
 #endif  // ARENO_WIDE_ISA
 
+// bf16 prefill on AMX tiles (the amx level), both products from the bf16
+// operands as the oneDNN path below computes them, without its [256, keys]
+// buffers that outgrew L2 (score, scale/max and split passes went to L3): a
+// work item is 32 queries of one head. K and V of each (batch, KV head) are
+// packed once as B tiles (K: 16 keys x 32 d per tile, V: 32 keys as 16
+// pairs x 16 d); Q's 32 rows are copied zero-padded to Dp (a multiple of 32)
+// as A tiles. Per 32 keys the four C tiles of S = Q Kᵀ go straight to a
+// [32, keys] f32 row buffer; each row is scaled, its max taken and its
+// exponentials split into bf16 high and low parts (exp_split_row_bf16, as
+// below); then P V runs over the visible keys with both parts into the same
+// f32 tiles (hi V + lo V summed in the tiles instead of after two products),
+// and the output is divided by the row's sum and rounded once. Zeros pad keys
+// to 32 and d to 16: they add nothing. False when this build has no AMX code.
+#if ARENO_WIDE_ISA
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")
+bool attention_amx(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, float sc, bool causal) {
+  constexpr int64_t kQ = 32;  // queries per work item: two A tiles
+  const int64_t B = q.size(0), HQ = q.size(1), TQ = q.size(2), D = q.size(3);
+  const int64_t HKV = k.size(1), TK = k.size(2), G = HQ / HKV;
+  const int64_t Dp = (D + 31) / 32 * 32, dblocks = Dp / 32;  // d as the k of Q Kᵀ
+  const int64_t Dn = (D + 15) / 16 * 16, dtiles = Dn / 16;   // d as the columns of P V
+  const int64_t kp_all = (TK + 31) / 32 * 32;
+  const int64_t k_words = kp_all * Dp / 2, v_words = kp_all * Dn / 2;  // per (batch, KV head)
+  struct alignas(64) Line {  // (amx_pack_rows stores whole aligned lines)
+    uint32_t w[16];
+  };
+  std::vector<Line> kbuf(size_t(B * HKV * k_words / 16)), vbuf(size_t(B * HKV * v_words / 16));
+  uint32_t* kpack = kbuf.data()->w;
+  uint32_t* vpack = vbuf.data()->w;
+  const auto* qp = static_cast<const BFloat16*>(q.data_ptr());
+  const auto* kptr = static_cast<const BFloat16*>(k.data_ptr());
+  const auto* vptr = static_cast<const BFloat16*>(v.data_ptr());
+  auto* op = static_cast<BFloat16*>(out.data_ptr());
+  parallel_for(B * HKV, TK * D, [&](int64_t lo, int64_t hi) {
+    for (int64_t bh = lo; bh < hi; ++bh) {
+      const int64_t b = bh / HKV, hk = bh % HKV;
+      const BFloat16* k0 = kptr + b * k.stride(0) + hk * k.stride(1);
+      const BFloat16* v0 = vptr + b * v.stride(0) + hk * v.stride(1);
+      uint32_t* kt = kpack + bh * k_words;
+      for (int64_t j16 = 0; j16 < kp_all / 16; ++j16)
+        amx_pack_rows(j16, TK, D, dblocks, k0, k.stride(2), kt + j16 * dblocks * 256);
+      // V: tile (32 keys, 16 d) holds pair p, column c at [p][c] = (v[2p][c], v[2p + 1][c]).
+      uint32_t* vt = vpack + bh * v_words;
+      for (int64_t kb = 0; kb < kp_all / 32; ++kb)
+        for (int64_t t = 0; t < dtiles; ++t) {
+          const int64_t d0 = t * 16;
+          const __mmask16 dm = D - d0 >= 16 ? __mmask16(0xffff) : __mmask16((1u << (D - d0)) - 1);
+          for (int64_t pr = 0; pr < 16; ++pr) {
+            const int64_t j = kb * 32 + 2 * pr;
+            const __m256i e = j < TK ? _mm256_maskz_loadu_epi16(dm, v0 + j * v.stride(2) + d0) : _mm256_setzero_si256();
+            const __m256i o = j + 1 < TK ? _mm256_maskz_loadu_epi16(dm, v0 + (j + 1) * v.stride(2) + d0)
+                                         : _mm256_setzero_si256();
+            const __m512i w = _mm512_or_si512(_mm512_cvtepu16_epi32(e), _mm512_slli_epi32(_mm512_cvtepu16_epi32(o), 16));
+            _mm512_storeu_si512(vt + (kb * dtiles + t) * 256 + pr * 16, w);
+          }
+        }
+    }
+  });
+  const int64_t qblocks = (TQ + kQ - 1) / kQ;
+  parallel_for(B * HQ * qblocks, kQ * TK * D * 4, [&](int64_t lo, int64_t hi) {
+    amx_configure_tiles();
+    float* S = thread_scratch<float>(ScratchSlot::attn_scores, kQ * kp_all);
+    BFloat16* Ph = thread_scratch<BFloat16>(ScratchSlot::attn_probs, 2 * kQ * kp_all);
+    BFloat16* Pl = Ph + kQ * kp_all;
+    // Q rows (zero-padded), then the output tiles [32, Dn] f32.
+    float* rowbuf = thread_scratch<float>(ScratchSlot::attn_rows, kQ * Dp / 2 + kQ * Dn);
+    BFloat16* Qb = reinterpret_cast<BFloat16*>(rowbuf);
+    float* Ob = rowbuf + kQ * Dp / 2;
+    float inv[kQ];
+    for (int64_t item = lo; item < hi; ++item) {
+      const int64_t blk = item % qblocks, h = (item / qblocks) % HQ, b = item / qblocks / HQ;
+      const int64_t i0 = blk * kQ, rows = std::min(kQ, TQ - i0), hk = h / G;
+      const int64_t keys = causal ? std::min(TK, i0 + rows + TK - TQ) : TK;
+      BFloat16* o = op + ((b * HQ + h) * TQ + i0) * D;
+      if (keys <= 0) {  // no visible key: softmax of all -inf is NaN, as the composite gives
+        std::fill(o, o + rows * D, BFloat16(std::numeric_limits<float>::quiet_NaN()));
+        continue;
+      }
+      const int64_t kp = (keys + 31) / 32 * 32;
+      const BFloat16* q0 = qp + b * q.stride(0) + h * q.stride(1) + i0 * q.stride(2);
+      for (int64_t r = 0; r < kQ; ++r) {
+        BFloat16* dst = Qb + r * Dp;
+        if (r < rows) std::memcpy(dst, q0 + r * q.stride(2), size_t(D) * sizeof(BFloat16));
+        std::fill(dst + (r < rows ? D : 0), dst + Dp, BFloat16{});
+      }
+      // S = Q Kᵀ, 32 keys at a time: C tiles (rows 0-15 | 16-31) x (keys j..j+15 | j+16..j+31).
+      const uint32_t* kt = kpack + (b * HKV + hk) * k_words;
+      for (int64_t j = 0; j < kp; j += 32) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t db = 0; db < dblocks; ++db) {
+          _tile_loadd(4, Qb + db * 32, Dp * 2);
+          _tile_loadd(5, Qb + 16 * Dp + db * 32, Dp * 2);
+          _tile_loadd(6, kt + ((j / 16) * dblocks + db) * 256, 64);
+          _tile_loadd(7, kt + ((j / 16 + 1) * dblocks + db) * 256, 64);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(0, S + j, kp * 4);
+        _tile_stored(1, S + j + 16, kp * 4);
+        _tile_stored(2, S + 16 * kp + j, kp * 4);
+        _tile_stored(3, S + 16 * kp + j + 16, kp * 4);
+      }
+      // Each row's softmax parts over its visible keys, zeros past them (and in rows past TQ).
+      for (int64_t r = 0; r < kQ; ++r) {
+        BFloat16* hr = Ph + r * kp;
+        BFloat16* lr = Pl + r * kp;
+        const int64_t visible = r >= rows ? 0 : causal ? std::min(keys, i0 + r + TK - TQ + 1) : keys;
+        inv[r] = std::numeric_limits<float>::quiet_NaN();  // no visible key: NaN, as above
+        if (visible > 0) inv[r] = 1.0f / exp_split_row_bf16(S + r * kp, visible, sc, hr, lr);
+        std::fill(hr + std::max<int64_t>(visible, 0), hr + kp, BFloat16{});
+        std::fill(lr + std::max<int64_t>(visible, 0), lr + kp, BFloat16{});
+      }
+      // O = hi V + lo V, two 16-wide column tiles of d at a time.
+      const uint32_t* vt = vpack + (b * HKV + hk) * v_words;
+      for (int64_t t = 0; t < dtiles; t += 2) {
+        const bool two = t + 1 < dtiles;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t kb = 0; kb < kp / 32; ++kb) {
+          _tile_loadd(6, vt + (kb * dtiles + t) * 256, 64);
+          if (two) _tile_loadd(7, vt + (kb * dtiles + t + 1) * 256, 64);
+          for (const BFloat16* P : {Ph, Pl}) {
+            _tile_loadd(4, P + kb * 32, kp * 2);
+            _tile_loadd(5, P + 16 * kp + kb * 32, kp * 2);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(2, 5, 6);
+            if (two) {
+              _tile_dpbf16ps(1, 4, 7);
+              _tile_dpbf16ps(3, 5, 7);
+            }
+          }
+        }
+        _tile_stored(0, Ob + t * 16, Dn * 4);
+        _tile_stored(2, Ob + 16 * Dn + t * 16, Dn * 4);
+        if (two) {
+          _tile_stored(1, Ob + t * 16 + 16, Dn * 4);
+          _tile_stored(3, Ob + 16 * Dn + t * 16 + 16, Dn * 4);
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t d = 0; d < D; ++d) o[r * D + d] = BFloat16(Ob[r * Dn + d] * inv[r]);
+    }
+    _tile_release();
+  });
+  return true;
+}
+#pragma GCC pop_options
+#else
+bool attention_amx(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, bool) { return false; }
+#endif  // ARENO_WIDE_ISA
+
 // lse (f32 only; may be null): per query row [B, HQ, TQ], the log of the sum of
 // exp(scaled score) over its visible keys, for the backward
 // (kernels/cpu/attention_backward.cpp); writing it changes no other value.
@@ -166,7 +326,10 @@ void attention_impl(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
                     float* lse = nullptr) {
   const int64_t B = q.size(0), HQ = q.size(1), TQ = q.size(2), D = q.size(3);
   const int64_t HKV = k.size(1), TK = k.size(2), G = HQ / HKV;
-  // bf16 prefill: both products on oneDNN (AMX here) in blocks of 256 queries.
+  // bf16 prefill: on AMX tiles where the CPU has them, else both products on
+  // oneDNN in blocks of 256 queries.
+  if constexpr (std::is_same_v<T, BFloat16>)
+    if (TQ >= kBlock && cpu_isa() >= CpuIsa::amx && attention_amx(q, k, v, out, sc, causal)) return;
   const bool native = std::is_same_v<T, BFloat16> && TQ >= kBlock && dnnl_enabled();
   const int64_t kB = native ? 4 * kBlock : kBlock;
   const int64_t blocks = (TQ + kB - 1) / kB;

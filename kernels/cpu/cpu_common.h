@@ -36,7 +36,9 @@ inline void count_flops(double f) { flops_counted().fetch_add(uint64_t(f), std::
 // and fresh blocks of a few MB each call cost page faults and zeroing (glibc
 // maps them anew). A pointer stays valid until the same thread asks for the
 // same slot again.
-enum class ScratchSlot { amx_packed_x, amx_weight_chunk, amx_c_tiles, packed_x, packed_b, packed_c, count };
+enum class ScratchSlot {
+  amx_packed_x, amx_weight_chunk, amx_c_tiles, packed_x, packed_b, packed_c, attn_scores, attn_probs, attn_rows, count
+};
 template <typename T>
 T* thread_scratch(ScratchSlot which, int64_t n) {
   struct Block {

@@ -86,6 +86,9 @@ struct alignas(64) TileConfig {
 void configure() {
   TileConfig c;
   for (int t = 0; t < 8; ++t) c.colsb[t] = 64, c.rows[t] = kTile;
+  // GCC 12 does not count ldtilecfg as a read of c: out of line (as
+  // amx_configure_tiles) it dropped the stores above, and the load faulted.
+  asm volatile("" : : "r"(&c) : "memory");
   _tile_loadconfig(&c);
 }
 
@@ -504,9 +507,19 @@ bool gemm_amx_bf16_pair(int64_t M, int64_t N, int64_t K, const BFloat16* x, int6
   return true;
 }
 
+void amx_configure_tiles() { configure(); }
+
+void amx_pack_rows(int64_t mb, int64_t M, int64_t K, int64_t blocks, const BFloat16* x, int64_t ldx, uint32_t* dst) {
+  pack_x_block(mb, M, K, blocks, x, ldx, dst);
+}
+
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 #else
+void amx_configure_tiles() { throw std::logic_error("amx_configure_tiles: this build has no AMX code"); }
+void amx_pack_rows(int64_t, int64_t, int64_t, int64_t, const BFloat16*, int64_t, uint32_t*) {
+  throw std::logic_error("amx_pack_rows: this build has no AMX code");
+}
 template <typename O>
 void gemm_amx_bf16(int64_t, int64_t, int64_t, const BFloat16*, int64_t, const BFloat16*, int64_t, O*, int64_t, float,
                    float, const BFloat16*) {

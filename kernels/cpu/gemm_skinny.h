@@ -111,6 +111,14 @@ bool gemm_amx_bf16_pair(int64_t M, int64_t N, int64_t K, const BFloat16* x, int6
                         int64_t ldw, BFloat16* out, int64_t ldo, const BFloat16* w2, int64_t ldw2, int64_t N2,
                         BFloat16* out2, int64_t ldo2);
 
+// AMX building blocks for other kernels (attention.cpp), at the amx level
+// only: this thread's tile configuration, all 8 tiles 16 rows x 64 bytes; and
+// rows [16 mb, 16 mb + 16) of x [M, K] (row stride ldx) packed as B tiles,
+// [blocks][16 k-pairs][16 rows] 32-bit pairs, zeros past M and K (the
+// right operand of a product with x's rows as its columns).
+void amx_configure_tiles();
+void amx_pack_rows(int64_t mb, int64_t M, int64_t K, int64_t blocks, const BFloat16* x, int64_t ldx, uint32_t* dst);
+
 // Weight-only int8 (tensor/quantized.h): w holds int8 values and row n of the
 // weight is scales[n] * w[n, :]. The int8 values are widened to f32 in
 // registers and the row's scale multiplies the finished dot product:

@@ -995,19 +995,22 @@ TEST_CASE("ops/attention: bf16 inference attention within bf16 rounding of f64")
   }
 }
 
-// bf16 prefill with oneDNN (kernels/cpu/attention.cpp: both products from the
-// bf16 operands, P split into two bf16 parts): several 256-query blocks, a
-// cached history (more keys than queries), grouped heads; within one bf16
-// rounding of f64 as above, with oneDNN on and off.
+// bf16 prefill on AMX tiles (at the amx level) and with oneDNN (below it)
+// (kernels/cpu/attention.cpp: both products from the bf16 operands, P split
+// into two bf16 parts): several 32- and 256-query blocks with a partial last
+// one, a cached history (more keys than queries, not a multiple of 32),
+// grouped heads; within one bf16 rounding of f64 as above, with oneDNN on and
+// off.
 TEST_CASE("ops/attention: bf16 prefill blocks with a history within bf16 rounding of f64") {
   const Device device = Device::cpu();  // the CPU kernel's levels and oneDNN (see the case above)
-  // Head dims 24 (zero-padded to 32 for oneDNN, as SigLIP's 72 to 96) and 64;
+  // Head dims 24 (zero-padded to 32 for oneDNN, as SigLIP's 72 to 96), 64 and
+  // 72 (on the tiles: five 16-wide column tiles of P V, the last one alone);
   // the softmax's bf16 split with vcvtneps2bf16 (avx512bf16 and up) and with
   // integer rounding (below).
   const cpu::CpuIsa saved = cpu::cpu_isa();
   std::vector<cpu::CpuIsa> levels{cpu::cpu_isa_supported()};
   if (cpu::cpu_isa_supported() >= cpu::CpuIsa::avx512_bf16) levels.push_back(cpu::CpuIsa::avx512);
-  for (int64_t D : {24, 64})
+  for (int64_t D : {24, 64, 72})
     for (cpu::CpuIsa isa : levels) {
       const std::string level = cpu::cpu_isa_name(isa);
       CAPTURE(D);
