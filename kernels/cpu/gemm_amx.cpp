@@ -308,8 +308,12 @@ struct SecondWeight {
 template <typename O, int kChunk, int kGroup, int kAhead, bool kToL1>
 void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w,
                       int64_t ldw, O* out, int64_t ldo, float alpha, float beta, const BFloat16* bias,
-                      const SecondWeight<O>& second = {}) {
+                      const SecondWeight<O>& second = {}, int64_t supers = 1) {
   const int64_t blocks = (K + kKBlock - 1) / kKBlock, chunks = (blocks + kChunk - 1) / kChunk;
+  // Chunks per super-chunk of k (see gemm_amx_blocked_for); with one, the C
+  // tiles of a group's panels only.
+  const int64_t schunks = (chunks + std::max<int64_t>(supers, 1) - 1) / std::max<int64_t>(supers, 1);
+  supers = (chunks + schunks - 1) / schunks;
   const int64_t mpairs = (M + kPanel - 1) / kPanel, mblocks = 2 * mpairs;
   uint32_t* xp = thread_scratch<uint32_t>(ScratchSlot::amx_packed_x, mblocks * blocks * 256);
   const int64_t panels1 = (N + kPanel - 1) / kPanel;
@@ -343,7 +347,8 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
     // [k-block][A tile 0, 1][16 rows][32] and [panel][m pair][C tile 0-3][16][16]
     uint16_t* abuf = thread_scratch<uint16_t>(ScratchSlot::amx_weight_chunk, kChunk * 2 * 512);
     // (one chunk: only the pair in hand, written out at once)
-    float* cbuf = thread_scratch<float>(ScratchSlot::amx_c_tiles, chunks > 1 ? kGroup * mpairs * 4 * 256 : 1024);
+    const int64_t cpanels = supers > 1 ? p1 - p0 : kGroup;  // panels whose C tiles are kept
+    float* cbuf = thread_scratch<float>(ScratchSlot::amx_c_tiles, chunks > 1 ? cpanels * mpairs * 4 * 256 : 1024);
     // The finished C tiles of panel p, pair mp (at c), into out: tile (a, b)
     // holds weight rows 16 a + i of the panel and x rows 32 mp + 16 b + j.
     auto write_pair = [&](const Panel& p, int64_t mp, const float* c) {
@@ -365,9 +370,11 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
     // This thread's work items in order: groups of panels, then chunks, then
     // the group's panels.
     auto group_size = [&](int64_t g) { return std::min<int64_t>(kGroup, p1 - g); };
+    auto super_end = [&](int64_t su) { return std::min(chunks, (su + 1) * schunks); };
+    for (int64_t su = 0; su < supers; ++su)
     for (int64_t g0 = p0; g0 < p1; g0 += kGroup) {
       const int64_t gn = group_size(g0);
-      for (int64_t ch = 0; ch < chunks; ++ch) {
+      for (int64_t ch = su * schunks; ch < super_end(su); ++ch) {
         const int64_t c0 = ch * kChunk, nk = std::min<int64_t>(kChunk, blocks - c0);
         for (int64_t q = 0; q < gn; ++q) {
           const Panel pq = panel(g0 + q);
@@ -390,12 +397,15 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
           const uint16_t* pf = nullptr;
           int64_t pf_lines = 0, pf_done = 0, pf_per = 0, pf_nk = 1, pf_row = 0, pf_line = 0, pf_ld = 0;
           {
-            int64_t g = g0, c = ch, qq = q + kAhead;
-            while (g < p1 && qq >= group_size(g)) {
+            int64_t sn = su, g = g0, c = ch, qq = q + kAhead;
+            while (sn < supers && qq >= group_size(g)) {
               qq -= group_size(g);
-              if (++c == chunks) c = 0, g += kGroup;
+              if (++c == super_end(sn)) {
+                c = sn * schunks, g += kGroup;
+                if (g >= p1) g = p0, c = ++sn * schunks;
+              }
             }
-            if (g < p1) {
+            if (sn < supers) {
               const Panel pp = panel(g + qq);
               pf = pp.w + c * kChunk * kKBlock;
               pf_ld = pp.ldw;
@@ -407,7 +417,7 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
           // The products of one pair of x blocks over this chunk; with one B
           // tile (the last pair when it has at most 16 rows) half of them.
           auto run_pair = [&]<bool kTwoB>(int64_t mp) {
-            float* cp = chunks > 1 ? cbuf + (q * mpairs + mp) * 1024 : cbuf;
+            float* cp = chunks == 1 ? cbuf : cbuf + ((supers > 1 ? g0 - p0 + q : q) * mpairs + mp) * 1024;
             if (ch == 0) {
               _tile_zero(0);
               _tile_zero(2);
@@ -479,8 +489,23 @@ void gemm_amx_blocked_for(int64_t M, int64_t N, int64_t K, const BFloat16* x, in
   // L1): the speech LoRA's B (K = 320) at 133 rows, 1.07-1.10 ms against
   // 1.21-1.27 in chunks of 4 or 8; from K = 1024 on chunks of 4 win again.
   constexpr int64_t kOneChunkBlocks = 16;
+  // Past kXGroupBytes of packed x, when the C tiles of all of a thread's
+  // panels fit in this many bytes: k in super-chunks of at most kSuperXBytes
+  // of packed x, each run by every panel of the thread in turn (that x stays
+  // in L2; the C tiles wait in memory between super-chunks; the same k order
+  // per output, so the same bits). down_proj (K = 8192, N = 3072 + the LoRA's
+  // 320) at 133 rows: 4.8-5.2 ms in 2 against 6.4-6.5 in groups of 2 panels;
+  // at 256 rows 7.7 in 4 against 8.9 (and gate_up, 264 panels a thread,
+  // 7.5 -> 10.3 ms: its C tiles outgrow L2).
+  constexpr int64_t kSuperCBytes = int64_t(2) << 20, kSuperXBytes = int64_t(5) << 18;
+  const int64_t panels = (N + kPanel - 1) / kPanel + (second.w ? (second.n + kPanel - 1) / kPanel : 0);
+  const int64_t threads = std::clamp<int64_t>(num_threads(), 1, panels);
+  const int64_t c_bytes = (panels + threads - 1) / threads * ((M + kPanel - 1) / kPanel) * 4 * 1024;
   if (M <= kSmallChunkRows && (K + kKBlock - 1) / kKBlock <= kOneChunkBlocks)
     gemm_amx_blocked<O, kOneChunkBlocks, 1, 4, false>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias, second);
+  else if (packed_x_bytes > kXGroupBytes && c_bytes <= kSuperCBytes)
+    gemm_amx_blocked<O, 4, 1, 4, false>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias, second,
+                                        (packed_x_bytes + kSuperXBytes - 1) / kSuperXBytes);
   else if (M <= kSmallChunkRows && packed_x_bytes > kXGroupBytes)
     gemm_amx_blocked<O, 4, 2, 4, false>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias, second);
   else if (M <= kSmallChunkRows)

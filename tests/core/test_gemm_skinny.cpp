@@ -272,6 +272,10 @@ TEST_CASE("gemm_amx_bf16: past kAmxInPlaceRows (the k-blocked kernel), odd shape
   // (k tail in the last chunk), groups of 2 panels past 1 MB of packed x.
   for (int64_t M : {33, 133, 160})
     for (int64_t K : {513, 700, 3500}) check_bf16x_shape<BFloat16>(M, 45, K, 1.0f, 0.0f, seed++);
+  // Super-chunks of k (packed x past 1.25 MB, few panels): 2 at 160 and 200
+  // rows, with 7 panels split unevenly, and a k tail in the last one.
+  for (int64_t M : {160, 200}) check_bf16x_shape<BFloat16>(M, 200, 4500, 1.0f, 0.0f, seed++);
+  check_bf16x_shape<float>(200, 45, 4500, -1.5f, 1.0f, seed++);
   // Groups of panels (7 panels: a partial group per thread) over several chunks.
   for (int64_t M : {161, 256}) check_bf16x_shape<BFloat16>(M, 200, 600, 1.0f, 0.0f, seed++);
   for (int64_t M : {40, 170}) {
@@ -283,6 +287,10 @@ TEST_CASE("gemm_amx_bf16: past kAmxInPlaceRows (the k-blocked kernel), odd shape
   const int64_t N = 1000, K = 300;
   check_same_bits({20, 100, 300}, N, K, 5, [&](int64_t rows, const BFloat16* x, const BFloat16* w, BFloat16* out) {
     gemm_amx_bf16<BFloat16>(rows, N, K, x, K, w, K, out, N, 1.0f, 0.0f);
+  });
+  // The same with K = 4500: one chunk run at 100 rows, 3 super-chunks at 300.
+  check_same_bits({20, 100, 300}, 200, 4500, 9, [&](int64_t rows, const BFloat16* x, const BFloat16* w, BFloat16* out) {
+    gemm_amx_bf16<BFloat16>(rows, 200, 4500, x, 4500, w, 4500, out, 200, 1.0f, 0.0f);
   });
   std::vector<float> xf = values(size_t(300 * K), 5), wf = values(size_t(N * K), 6);
   std::vector<BFloat16> x(xf.begin(), xf.end()), w(wf.begin(), wf.end());
