@@ -183,12 +183,13 @@ bool attention_amx(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   const int64_t Dn = (D + 15) / 16 * 16, dtiles = Dn / 16;   // d as the columns of P V
   const int64_t kp_all = (TK + 31) / 32 * 32;
   const int64_t k_words = kp_all * Dp / 2, v_words = kp_all * Dn / 2;  // per (batch, KV head)
-  struct alignas(64) Line {  // (amx_pack_rows stores whole aligned lines)
-    uint32_t w[16];
-  };
-  std::vector<Line> kbuf(size_t(B * HKV * k_words / 16)), vbuf(size_t(B * HKV * v_words / 16));
-  uint32_t* kpack = kbuf.data()->w;
-  uint32_t* vpack = vbuf.data()->w;
+  // From the host allocator (64-byte aligned, as amx_pack_rows stores whole
+  // lines; large blocks cached, so no page faults or zeroing per call); every
+  // word is written below.
+  const Tensor kbuf = empty({B * HKV * k_words}, TensorOptions(DType::i32, Device::cpu()));
+  const Tensor vbuf = empty({B * HKV * v_words}, TensorOptions(DType::i32, Device::cpu()));
+  uint32_t* kpack = static_cast<uint32_t*>(kbuf.data_ptr());
+  uint32_t* vpack = static_cast<uint32_t*>(vbuf.data_ptr());
   const auto* qp = static_cast<const BFloat16*>(q.data_ptr());
   const auto* kptr = static_cast<const BFloat16*>(k.data_ptr());
   const auto* vptr = static_cast<const BFloat16*>(v.data_ptr());
