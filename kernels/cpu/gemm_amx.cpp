@@ -74,15 +74,6 @@ constexpr int64_t kPanel = 2 * kTile;
 // hardware prefetcher does better here: `full`'s 12-token prefill took
 // 0.281 s without, 0.313 s at 2 KiB and 0.326 s at 8 KiB ahead.
 constexpr int64_t kPrefetch = 0;
-// Whether a one-chunk product (K <= 256 or 512: all of k in one pass, so the
-// write-out is most of the work) asks for each pair's output lines with
-// prefetchw while its tiles run. The rows are a row stride apart (32 KB for
-// gate_up's 16384 columns), too far apart for the hardware prefetcher, and
-// each read (beta) or first write missed to DRAM: the vision LoRA's B
-// product (1848 x 16384, K = 256, beta = 1) in 256-row blocks took 25-30 ms
-// without and 13 with, 64 such calls in the image prompt's prefill 1.07 ->
-// 0.86 s. Past one chunk it slowed the large GEMMs (SigLIP's tower 5.4 -> 5.8 s).
-constexpr bool kPrefetchOut = true;
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0;
@@ -314,6 +305,12 @@ struct SecondWeight {
   int64_t ldo = 0;
 };
 
+// 32-row weight panels of a product and its second weight: the threads' split.
+template <typename O>
+int64_t panel_count(int64_t N, const SecondWeight<O>& second) {
+  return (N + kPanel - 1) / kPanel + (second.w ? (second.n + kPanel - 1) / kPanel : 0);
+}
+
 template <typename O, int kChunk, int kGroup, int kAhead, bool kToL1>
 void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w,
                       int64_t ldw, O* out, int64_t ldo, float alpha, float beta, const BFloat16* bias,
@@ -322,11 +319,11 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
   // Chunks per super-chunk of k (see gemm_amx_blocked_for); with one, the C
   // tiles of a group's panels only.
   const int64_t schunks = (chunks + std::max<int64_t>(supers, 1) - 1) / std::max<int64_t>(supers, 1);
-  supers = (chunks + schunks - 1) / schunks;
+  supers = (chunks + schunks - 1) / schunks;  // (none empty)
   const int64_t mpairs = (M + kPanel - 1) / kPanel, mblocks = 2 * mpairs;
   uint32_t* xp = thread_scratch<uint32_t>(ScratchSlot::amx_packed_x, mblocks * blocks * 256);
   const int64_t panels1 = (N + kPanel - 1) / kPanel;
-  const int64_t panels = panels1 + (second.w ? (second.n + kPanel - 1) / kPanel : 0);
+  const int64_t panels = panel_count(N, second);
   // Panel q's weight rows, output columns, bias and beta.
   struct Panel {
     const uint16_t* w;  // its first row
@@ -427,9 +424,17 @@ void gemm_amx_blocked(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
           // tile (the last pair when it has at most 16 rows) half of them.
           auto run_pair = [&]<bool kTwoB>(int64_t mp) {
             float* cp = chunks == 1 ? cbuf : cbuf + ((supers > 1 ? g0 - p0 + q : q) * mpairs + mp) * 1024;
-            if (kPrefetchOut && chunks == 1) {
-              // The output lines this pair's write-out reads (beta) and
-              // writes, asked for while the tiles run (see kPrefetchOut).
+            if (chunks == 1) {
+              // A one-chunk product (all of k in one pass: the write-out is
+              // most of its work) asks for the output lines this pair's
+              // write-out reads (beta) and writes, with prefetchw, while its
+              // tiles run. The rows are a row stride apart (32 KB for
+              // gate_up's 16384 columns), too far apart for the hardware
+              // prefetcher, and each read or first write missed to DRAM: the
+              // vision LoRA's B product (1848 x 16384, K = 256, beta = 1) in
+              // 256-row blocks took 25-30 ms without and 13 with, 64 such
+              // calls in the image prompt's prefill 1.07 -> 0.86 s. Past one
+              // chunk it slowed the large GEMMs (SigLIP's tower 5.4 -> 5.8 s).
               const int64_t m_end = std::min<int64_t>(M, (mp + 1) * kPanel);
               for (int64_t m = mp * kPanel; m < m_end; ++m) {
                 const char* line = reinterpret_cast<const char*>(pq.out + m * pq.ldo);
@@ -517,8 +522,8 @@ void gemm_amx_blocked_for(int64_t M, int64_t N, int64_t K, const BFloat16* x, in
   // at 256 rows 7.7 in 4 against 8.9 (and gate_up, 264 panels a thread,
   // 7.5 -> 10.3 ms: its C tiles outgrow L2).
   constexpr int64_t kSuperCBytes = int64_t(2) << 20, kSuperXBytes = int64_t(5) << 18;
-  const int64_t panels = (N + kPanel - 1) / kPanel + (second.w ? (second.n + kPanel - 1) / kPanel : 0);
-  const int64_t threads = std::clamp<int64_t>(num_threads(), 1, panels);
+  const int64_t panels = panel_count(N, second);
+  const int64_t threads = std::clamp<int64_t>(num_threads(), 1, panels);  // (gemm_amx_blocked's parts)
   const int64_t c_bytes = (panels + threads - 1) / threads * ((M + kPanel - 1) / kPanel) * 4 * 1024;
   if (M <= kSmallChunkRows && (K + kKBlock - 1) / kKBlock <= kOneChunkBlocks)
     gemm_amx_blocked<O, kOneChunkBlocks, 1, 4, false>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta, bias, second);
