@@ -458,7 +458,12 @@ bool OutputGrammar::step_json(State& st, unsigned char c) const {
         return true;
       case Node::number:
       case Node::integer:
-        if ((c == '-' && n->lower >= 1) || (c == '0' && n->lower == 2)) return false;  // at least 0; at least 1
+        if (n->pattern) {  // a range: its automaton until the number ends
+          const int32_t t = n->pattern->next(n->pattern->start(), c);
+          if (t == Regex::kDead) return false;
+          st.vnode = v, st.mode = kNum, st.lo = uint32_t(t);
+          return true;
+        }
         st.vnode = v, st.mode = kNum, st.chars = 1;
         if (c == '-') st.sub = kSign, st.chars = 0;
         else if (c == '0') st.sub = kZero;
@@ -609,6 +614,15 @@ bool OutputGrammar::step_json(State& st, unsigned char c) const {
       if (--st.sub == 0) st.mode = kStr;
       return true;
     case kNum: {
+      if (const Node& nn = S.node(st.vnode); nn.pattern) {
+        // A range's automaton (digits, '-' and '.' only): a byte it cannot
+        // take ends the number, if the number is complete.
+        const int32_t t = nn.pattern->next(int32_t(st.lo), c);
+        if (t != Regex::kDead) return st.lo = uint32_t(t), true;
+        if (!nn.pattern->accepting(int32_t(st.lo))) return false;
+        st.mode = kAfter;
+        return step_json(st, c);
+      }
       // Digits counted per part (`chars`): at most kMaxDigits before and after
       // the point and kMaxExpDigits in the exponent, so a number stays a
       // finite double (and an integer fits an int64 only up to 18 digits:
@@ -744,7 +758,11 @@ int64_t OutputGrammar::json_length(const State& st) const {
       }
       break;
     }
-    case kNum: n = num_endable(st.sub) ? 0 : 1; break;
+    case kNum: {
+      const Node& nn = S.node(st.vnode);
+      n = nn.pattern ? nn.pattern->distance(int32_t(st.lo)) : num_endable(st.sub) ? 0 : 1;
+      break;
+    }
     case kEnum: {
       const Node& en = S.node(st.vnode);
       n = int64_t(en.texts[en.shortest_in(st.lo, st.hi)].size()) - st.pos;
@@ -903,7 +921,8 @@ void OutputGrammar::for_completion(const State& st0, F&& emit, int force) const 
             break;
           }
           case kNum:
-            if (!num_endable(st.sub)) text("0");
+            if (const Node& nn = S.node(st.vnode); nn.pattern) text(nn.pattern->shortest(int32_t(st.lo)));
+            else if (!num_endable(st.sub)) text("0");
             break;
           case kEnum: {
             const Node& en = S.node(st.vnode);

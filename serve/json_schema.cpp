@@ -1,5 +1,6 @@
 #include "serve/json_schema.h"
 
+#include "serve/number_range.h"
 #include "serve/regex.h"
 
 #include <algorithm>
@@ -14,8 +15,6 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-
-#include "serve/regex.h"
 
 namespace areno::serve {
 
@@ -37,7 +36,7 @@ std::string_view keyword_type(std::string_view k) {
   if (k == "properties" || k == "required" || k == "additionalProperties") return "object";
   if (k == "items" || k == "minItems" || k == "maxItems") return "array";
   if (k == "minLength" || k == "maxLength" || k == "pattern" || k == "format") return "string";
-  if (k == "minimum" || k == "maximum" || k == "exclusiveMinimum" || k == "exclusiveMaximum") return "integer";
+  if (k == "minimum" || k == "maximum" || k == "exclusiveMinimum" || k == "exclusiveMaximum") return "number";  // integers too
   if (k == "type" || k == "enum" || k == "const" || k == "anyOf" || k == "oneOf" || k == "allOf" || k == "$ref")
     return "";
   return "?";
@@ -273,11 +272,7 @@ class SchemaCompiler {
     // one, skipped for the other types of a list.
     for (std::string_view k : structural) {
       const std::string_view kt = keyword_type(k);
-      if (kt == "integer" && type == "number" && !listed)
-        refuse(path, fmt::format("'{}' is supported on integers only (a bounded integer is written as one of its "
-                                 "values), not on numbers",
-                                 k));
-      if (!kt.empty() && kt != type && !listed)
+      if (!kt.empty() && kt != type && !(kt == "number" && type == "integer") && !listed)
         refuse(path, fmt::format("'{}' does not apply to type '{}'", k, type));
     }
     auto count = [&](const char* k, uint32_t dflt) -> uint32_t {
@@ -293,7 +288,7 @@ class SchemaCompiler {
       n.texts = type == "null" ? std::vector<std::string>{"null"} : std::vector<std::string>{"false", "true"};
     } else if (type == "number" || type == "integer") {
       n.kind = type == "number" ? Node::number : Node::integer;
-      if (type == "integer") integer_range(s, path, n);
+      numeric_range(s, path, n);
     } else if (type == "string") {
       n.kind = Node::string;
       n.min_count = count("minLength", 0);
@@ -396,8 +391,9 @@ class SchemaCompiler {
         else leaves.push_back(a);
       }
       if (leaves.empty()) throw std::invalid_argument("the schema: a union refers only to itself");
-      // integer | number is number.
-      const bool has_number = std::any_of(leaves.begin(), leaves.end(), [&](uint32_t a) { return nodes[a].kind == Node::number; });
+      // integer | number is number (when the number has no range).
+      const bool has_number = std::any_of(leaves.begin(), leaves.end(),
+                                          [&](uint32_t a) { return nodes[a].kind == Node::number && !nodes[a].pattern; });
       if (has_number)
         leaves.erase(std::remove_if(leaves.begin(), leaves.end(), [&](uint32_t a) { return nodes[a].kind == Node::integer; }),
                      leaves.end());
@@ -414,8 +410,13 @@ class SchemaCompiler {
           case Node::map: firsts = "{"; break;
           case Node::array: firsts = "["; break;
           case Node::string: firsts = "\""; break;
-          case Node::number: firsts = "-0123456789"; break;
-          case Node::integer: firsts = a.lower == 2 ? "123456789" : a.lower == 1 ? "0123456789" : "-0123456789"; break;
+          case Node::number:
+          case Node::integer:
+            if (!a.pattern) firsts = "-0123456789";
+            else
+              for (int c = 0; c < 256; ++c)
+                if (a.pattern->next(a.pattern->start(), uint8_t(c)) != Regex::kDead) firsts += char(c);
+            break;
           case Node::enumeration:
             for (const std::string& t : a.texts) firsts += t[0];
             break;
@@ -460,7 +461,7 @@ class SchemaCompiler {
             break;
           case Node::string: l = 2 + (n.pattern ? n.pattern->distance(n.pattern->start()) : n.min_count); break;
           case Node::number:
-          case Node::integer: l = 1; break;
+          case Node::integer: l = n.pattern ? n.pattern->distance(n.pattern->start()) : 1; break;
           case Node::enumeration:
             l = kInf;
             for (const std::string& t : n.texts) l = std::min(l, int64_t(t.size()));
@@ -538,7 +539,7 @@ class SchemaCompiler {
           m = '"' + (n.pattern ? n.pattern->shortest(n.pattern->start()) : std::string(n.min_count, 'a')) + '"';
           break;
         case Node::number:
-        case Node::integer: m = n.lower == 2 ? "1" : "0"; break;
+        case Node::integer: m = n.pattern ? n.pattern->shortest(n.pattern->start()) : "0"; break;
         case Node::enumeration: {
           const uint32_t T = uint32_t(n.texts.size());
           n.shortest.assign(1, std::vector<uint32_t>(T));
@@ -626,43 +627,44 @@ class SchemaCompiler {
     patterns_.emplace(std::move(key), n.pattern);
   }
 
-  // An integer with `minimum` / `maximum` (or their exclusive forms): an
-  // enumeration of its values, so it needs both bounds within kMaxEnum values.
-  void integer_range(const json& s, const std::string& path, Node& n) {
-    bool any = false;
-    double lo = -std::numeric_limits<double>::infinity(), hi = std::numeric_limits<double>::infinity();
+  // A number or an integer with `minimum` / `maximum` (or their exclusive
+  // forms): the pattern of the texts inside the range (serve/number_range.h),
+  // counted with the string patterns in work and states.
+  void numeric_range(const json& s, const std::string& path, Node& n) {
+    std::vector<NumberBound> lower, upper;
     for (const char* k : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}) {
       if (!s.contains(k)) continue;
-      any = true;
       const json& v = s[k];
-      if (!v.is_number() || !std::isfinite(v.get<double>()) || std::fabs(v.get<double>()) > 1e15)
-        refuse(path, fmt::format("'{}' must be a number of magnitude up to 1e15", k));
-      const double x = v.get<double>();
+      if (!v.is_number() || !std::isfinite(v.get<double>()))
+        refuse(path, fmt::format("'{}' must be a finite number", k));
       const std::string_view kk = k;
-      if (kk == "minimum") lo = std::max(lo, std::ceil(x));
-      if (kk == "exclusiveMinimum") lo = std::max(lo, std::floor(x) + 1);
-      if (kk == "maximum") hi = std::min(hi, std::floor(x));
-      if (kk == "exclusiveMaximum") hi = std::min(hi, std::ceil(x) - 1);
+      (kk == "minimum" || kk == "exclusiveMinimum" ? lower : upper).push_back(NumberBound{v.dump(), kk.starts_with("exclusive")});
     }
-    if (!any) return;
-    if (!std::isfinite(hi) && (lo == 0 || lo == 1)) {  // NonNegativeInt, PositiveInt: no sign; no lone 0
-      n.lower = lo == 0 ? 1 : 2;
+    if (lower.empty() && upper.empty()) return;
+    const bool integer = n.kind == Node::integer;
+    std::string source;
+    try {
+      source = number_range_pattern(lower, upper, integer);
+    } catch (const std::invalid_argument& e) {
+      refuse(path, e.what());
+    }
+    std::string key = "range:" + source;
+    if (auto it = patterns_.find(key); it != patterns_.end()) {
+      n.pattern = it->second;
       return;
     }
-    if (!std::isfinite(lo) || !std::isfinite(hi) || hi - lo + 1 > double(JsonSchema::kMaxEnum))
-      refuse(path, fmt::format("an integer range is supported with both bounds and at most {} values (it is written as "
-                               "one of them), or as a lower bound of 0 or 1 alone",
-                               JsonSchema::kMaxEnum));
-    if (hi < lo) refuse(path, "the integer range holds no value");
-    std::vector<std::string> texts;
-    for (int64_t v = int64_t(lo); v <= int64_t(hi); ++v) texts.push_back(std::to_string(v));
-    enum_values_ += texts.size();
-    if (enum_values_ > JsonSchema::kMaxEnumTotal)
-      refuse(path, fmt::format("the schema's enums and integer ranges hold more than {} values together",
-                               JsonSchema::kMaxEnumTotal));
-    std::sort(texts.begin(), texts.end());
-    n.kind = Node::enumeration;
-    n.texts = std::move(texts);
+    Regex::Options o;
+    o.work_left = &pattern_work_;
+    try {
+      n.pattern = Regex::compile(source, o);
+    } catch (const std::invalid_argument& e) {
+      refuse(path, fmt::format("the range: {}", e.what()));
+    }
+    pattern_states_ += n.pattern->states();
+    if (pattern_states_ > JsonSchema::kMaxPatternStates)
+      refuse(path, fmt::format("the schema's patterns and ranges need more than {} automaton states together",
+                               JsonSchema::kMaxPatternStates));
+    patterns_.emplace(std::move(key), n.pattern);
   }
 
   std::map<std::string, std::shared_ptr<const Regex>> patterns_;

@@ -16,10 +16,10 @@
 //   (code points), or `pattern` (serve/regex.h's syntax, read as JSON Schema
 //   reads it: a match anywhere unless '^' / '$' anchor it) or `format`
 //   (date, time, date-time, uuid, email, ipv4, hostname: each a pattern
-//   here), written without escapes; integer: no fraction or exponent, and
-//   `minimum` / `maximum` (exclusive forms too) when both bound a range of
-//   at most kMaxEnum values (it becomes an enumeration of them), or a lower
-//   bound of 0 or 1 alone (no '-'; no 0);
+//   here), written without escapes; integer: no fraction or exponent;
+//   number and integer: `minimum` / `maximum` and their exclusive forms, on
+//   either side or both (the texts inside the range as a pattern,
+//   serve/number_range.h: a ranged number is written without exponent);
 // - annotations (title, description, default, examples, ...) are ignored.
 // Anything else (multipleOf, prefixItems, other formats, ...) is refused by
 // name with the path where it stands, never ignored: a constraint the output
@@ -70,9 +70,9 @@ class JsonSchema {
     std::vector<uint8_t> required;
     uint32_t min_count = 0, max_count = kMaxCount;  // array items; string code points
     bool limited = false;                           // string: a length bound applies
-    uint8_t lower = 0;                              // integer: 0 any, 1 at least 0, 2 at least 1
-    // string: its `pattern` or `format` (the automaton's state is the
-    // grammar's State::lo while the string is written).
+    // string: its `pattern` or `format`; number, integer: its range's
+    // pattern (the automaton's state is the grammar's State::lo while the
+    // string or the number is written).
     std::shared_ptr<const Regex> pattern;
     std::vector<std::string> texts;                 // enumeration: JSON texts, sorted
     uint32_t first_table = kNone;                   // union: its row of JsonSchema::first

@@ -86,9 +86,9 @@ bool valid(const ojson& v, const ojson& s, const ojson& root, std::string& why, 
   }
   if (type == "null") return v.is_null() || fail("not null");
   if (type == "boolean") return v.is_boolean() || fail("not a boolean");
-  if (type == "number") return v.is_number() || fail("not a number");
-  if (type == "integer") {
-    if (!v.is_number_integer()) return fail("not an integer");
+  if (type == "number" || type == "integer") {
+    if (!v.is_number()) return fail("not a number");
+    if (type == "integer" && !v.is_number_integer()) return fail("not an integer");
     const double x = v.get<double>();
     if ((s.contains("minimum") && x < s["minimum"].get<double>()) || (s.contains("maximum") && x > s["maximum"].get<double>()) ||
         (s.contains("exclusiveMinimum") && x <= s["exclusiveMinimum"].get<double>()) ||
@@ -233,12 +233,14 @@ TEST_CASE("serve/json_schema compile: what it refuses, by path and keyword") {
            Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "x", "maxLength": 3}}})", "beside 'pattern'"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "x", "format": "date"}}})", "together"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": 5}}})", "must be a string"},
-           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 5}}})", "both bounds"},
-           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "maximum": 5}}})", "both bounds"},
-           Bad{R"({"type": "object", "properties": {"a": {"type": "number", "maximum": 3}}})", "integers only"},
-           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 5000}}})", "at most 1024"},
-           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 4}}})", "holds no value"},
-           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": "0", "maximum": 4}}})", "must be a number"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 4}}})", "#/properties/a: the range holds no integer"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 4.5, "maximum": 4.9}}})", "holds no integer"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "number", "minimum": 1e17}}})", "holds no number of at most 16"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "number", "exclusiveMaximum": -9999999999999999.9999999999999999}}})", "holds no number"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": "0", "maximum": 4}}})", "'minimum' must be a finite number"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "number", "minimum": 0, "exclusiveMinimum": true}}})", "'exclusiveMinimum' must be a finite number"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "string", "minimum": 0}}})", "'minimum' does not apply to type 'string'"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "number", "multipleOf": 0.5}}})", "'multipleOf'"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "array", "prefixItems": []}}})", "'prefixItems'"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "string", "properties": {}}}})", "does not apply"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "strin"}}})", "unknown type"},
@@ -477,12 +479,12 @@ TEST_CASE("serve/json_schema the API: response_format json_schema and forced too
   refused("{" + msgs + R"(, "response_format": {"type": "xml"}})", "response_format", "not supported");
   const std::string tools =
       R"("tools": [{"type": "function", "function": {"name": "f"}},
-                   {"type": "function", "function": {"name": "g", "parameters": {"type": "object", "properties": {"x": {"type": "number", "maximum": 3}}}}}])";
+                   {"type": "function", "function": {"name": "g", "parameters": {"type": "object", "properties": {"x": {"type": "number", "multipleOf": 3}}}}}])";
   // A schema outside the subset: a 400 for a strict function, any object otherwise.
   const std::string strict_tools =
       R"("tools": [{"type": "function", "function": {"name": "f"}},
-                   {"type": "function", "function": {"name": "g", "strict": true, "parameters": {"type": "object", "properties": {"x": {"type": "number", "maximum": 3}}}}}])";
-  refused("{" + msgs + ", " + strict_tools + R"(, "tool_choice": "required"})", "tools[1].function.parameters", "'maximum'");
+                   {"type": "function", "function": {"name": "g", "strict": true, "parameters": {"type": "object", "properties": {"x": {"type": "number", "multipleOf": 3}}}}}])";
+  refused("{" + msgs + ", " + strict_tools + R"(, "tool_choice": "required"})", "tools[1].function.parameters", "'multipleOf'");
   const std::string loose = "{" + msgs + ", " + tools + R"(, "tool_choice": "required"})";
   ApiRequest l = parse_chat_request(json::parse(loose), ApiLimits{});
   compile_output_schemas(parse_ordered_json_bounded(loose, 64), l);
@@ -634,27 +636,68 @@ TEST_CASE("serve/json_schema pattern and format: strings a regular expression de
   }
 }
 
-TEST_CASE("serve/json_schema integer ranges: minimum / maximum and their exclusive forms, written as one of the values; at least 0 or 1 alone") {
+TEST_CASE("serve/json_schema integer ranges: minimum / maximum and their exclusive forms, one-sided or both, any width") {
   const ojson schema = ojson::parse(R"({"type": "object", "properties": {
       "age": {"type": "integer", "minimum": 0, "maximum": 120},
       "score": {"type": "integer", "exclusiveMinimum": -3, "exclusiveMaximum": 3},
       "level": {"type": ["integer", "null"], "minimum": 10.5, "maximum": 12},
       "count": {"type": "integer", "minimum": 0},
-      "rank": {"anyOf": [{"type": "integer", "exclusiveMinimum": 0}, {"type": "null"}]}},
-    "required": ["age", "score", "level", "count", "rank"]})");
+      "rank": {"anyOf": [{"type": "integer", "exclusiveMinimum": 0}, {"type": "null"}]},
+      "year": {"type": "integer", "minimum": 1900},
+      "debt": {"type": "integer", "maximum": -10}},
+    "required": ["age", "score", "level", "count", "rank", "year", "debt"]})");
   const auto g = OutputGrammar::json_schema(bytes(), JsonSchema::compile(schema));
-  CHECK(text(g->completion({})) == R"({"age":0,"score":0,"level":11,"count":0,"rank":1}<|end|>)");  // 11 is shorter than null
-  CHECK(g->accepts(ids(R"({"age": 120, "score": -2, "level": 11, "count": 0, "rank": 10})" + std::string("<|end|>"))));
-  CHECK(g->accepts(ids(R"({"age": 120, "score": -2, "level": 11, "count": 123456, "rank": null})" + std::string("<|end|>"))));
+  CHECK(text(g->completion({})) ==
+        R"({"age":0,"score":0,"level":11,"count":0,"rank":1,"year":1900,"debt":-10}<|end|>)");  // 11 is shorter than null
+  const std::string tail = R"(, "year": 2024, "debt": -123456789012})";
+  CHECK(g->accepts(ids(R"({"age": 120, "score": -2, "level": 11, "count": 0, "rank": 10)" + tail + "<|end|>")));
+  CHECK(g->accepts(ids(R"({"age": 120, "score": -2, "level": 11, "count": 123456, "rank": null)" + tail + "<|end|>")));
   for (const std::string& bad : {std::string(R"({"age": 121)"), std::string(R"({"age": -1)"), std::string(R"({"age": 1.5)"),
                                  std::string(R"({"age": 7, "score": 3)"), std::string(R"({"age": 7, "score": -3)"),
                                  std::string(R"({"age": 7, "score": 0, "level": 10,)"), std::string(R"({"age": 7, "score": 0, "level": 13)"),
                                  std::string(R"({"age": 7, "score": 0, "level": 12, "count": -)"),
                                  std::string(R"({"age": 7, "score": 0, "level": 12, "count": 1, "rank": 0)"),
-                                 std::string(R"({"age": 7, "score": 0, "level": 12, "count": 1, "rank": -)")}) {
+                                 std::string(R"({"age": 7, "score": 0, "level": 12, "count": 1, "rank": -)"),
+                                 std::string(R"({"age": 7, "score": 0, "level": 12, "count": 1, "rank": 1, "year": 1899,)"),
+                                 std::string(R"({"age": 7, "score": 0, "level": 12, "count": 1, "rank": 1, "year": 12345678901234567)"),
+                                 std::string(R"({"age": 7, "score": 0, "level": 12, "count": 1, "rank": 1, "year": 2000, "debt": -9})"),
+                                 std::string(R"({"age": 7, "score": 0, "level": 12, "count": 1, "rank": 1, "year": 2000, "debt": 0)")}) {
     CAPTURE(bad);
     CHECK_FALSE(g->accepts(ids(bad)));
   }
   std::mt19937 rng(31);
   walks_valid(*g, schema, 4, 6, rng, "0123456789-");
+}
+
+TEST_CASE("serve/json_schema number ranges: Pydantic's confloat, PositiveFloat and one-sided bounds, no exponent") {
+  const ojson schema = ojson::parse(R"({"type": "object", "properties": {
+      "p": {"type": "number", "minimum": 0, "maximum": 1},
+      "t": {"type": "number", "exclusiveMinimum": 0},
+      "d": {"type": "number", "minimum": -0.5, "exclusiveMaximum": 0.25},
+      "n": {"type": ["number", "null"], "maximum": -1e-05},
+      "m": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "number", "exclusiveMaximum": 0}]}},
+    "required": ["p", "t", "d", "n", "m"]})");
+  const auto g = OutputGrammar::json_schema(bytes(), JsonSchema::compile(schema));
+  CHECK(text(g->completion({})) == R"({"p":0,"t":1,"d":0,"n":-1,"m":0}<|end|>)");  // -1 is shorter than null
+  CHECK(g->accepts(ids(R"({"p": 0.75, "t": 0.0001, "d": -0.5, "n": -0.00001, "m": -0.5}<|end|>)")));
+  CHECK(g->accepts(ids(R"({"p": 1.0, "t": 12.5, "d": 0.2499999999999999, "n": -3, "m": 17}<|end|>)")));
+  for (const std::string& bad : {std::string(R"({"p": 1.01)"), std::string(R"({"p": -0.1)"), std::string(R"({"p": 1e0)"),
+                                 std::string(R"({"p": 0.5, "t": 0,)"), std::string(R"({"p": 0.5, "t": 0.0,)"),
+                                 std::string(R"({"p": 0.5, "t": -1)"), std::string(R"({"p": 0.5, "t": 1, "d": 0.25,)"),
+                                 std::string(R"({"p": 0.5, "t": 1, "d": -0.51)"),
+                                 std::string(R"({"p": 0.5, "t": 1, "d": 0, "n": -0.000001,)"),
+                                 std::string(R"({"p": 0.5, "t": 1, "d": 0, "n": 0)"),
+                                 std::string(R"({"p": 0.5, "t": 1, "d": 0, "n": null, "m": 1.5)")}) {
+    CAPTURE(bad);
+    CHECK_FALSE(g->accepts(ids(bad)));
+  }
+  std::mt19937 rng(37);
+  // The mask's exact rule inside ranged numbers, at the tightest budgets.
+  std::normal_distribution<float> nd;
+  std::vector<float> logits(static_cast<size_t>(kVocab));
+  for (float& x : logits) x = nd(rng);
+  check_masks(*g, {R"({"p": )", R"({"p": 0.)", R"({"p": 1)", R"({"p": 0.5, "t": 0.000)", R"({"p": 0.5, "t": 1, "d": -0.4)",
+                   R"({"p": 0.5, "t": 1, "d": 0.2, "n": -)", R"({"p": 0.5, "t": 1, "d": 0.2, "n": -0.0000)"},
+              {0, 1, 3}, logits);
+  walks_valid(*g, schema, 6, 8, rng, "0123456789-.");
 }
