@@ -192,8 +192,8 @@ int64_t frame_rest(const JsonSchema& S, const OutputGrammar::State::Frame& f, in
     }
     case Node::array: {
       const int64_t rem = std::max<int64_t>(int64_t(n.min_count) - f.count, 0);
-      need = rem ? S.node(n.values[0]).min_depth : 0;
-      return rem * text_len(S, n.values[0]) + (f.count ? rem : std::max<int64_t>(rem - 1, 0)) + 1;
+      need = n.items_depth(f.count);
+      return n.items_bytes(f.count) + (f.count ? rem : std::max<int64_t>(rem - 1, 0)) + 1;
     }
     default: need = 0; return 1;
   }
@@ -534,7 +534,7 @@ bool OutputGrammar::step_json(State& st, unsigned char c) const {
       if (c == ']') return n.min_count == 0 && pop();
       if (n.max_count == 0) return false;
       f.count = 1;
-      return start_value(n.values[0]);
+      return start_value(n.item(0));
     }
     case kAfter: {
       State::Frame& f = st.stack[st.depth - 1];
@@ -549,8 +549,8 @@ bool OutputGrammar::step_json(State& st, unsigned char c) const {
         case Node::array:
           if (c == ',') {
             if (f.count >= n.max_count) return false;
+            st.mode = kValue, st.vnode = n.item(f.count);
             ++f.count;
-            st.mode = kValue, st.vnode = n.values[0];
             return true;
           }
           return c == ']' && f.count >= n.min_count && pop();
@@ -831,7 +831,7 @@ void OutputGrammar::for_completion(const State& st0, F&& emit, int force) const 
       case Node::array:
         for (uint32_t j = f.count; j < n.min_count; ++j) {
           if (j) text(",");
-          text(S.node(n.values[0]).minimal);
+          text(S.node(n.item(j)).minimal);
         }
         text("]");
         break;

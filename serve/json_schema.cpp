@@ -34,7 +34,7 @@ bool annotation(std::string_view k) {
 // The keywords each type takes; "" for those of no type in particular.
 std::string_view keyword_type(std::string_view k) {
   if (k == "properties" || k == "required" || k == "additionalProperties") return "object";
-  if (k == "items" || k == "minItems" || k == "maxItems") return "array";
+  if (k == "items" || k == "prefixItems" || k == "minItems" || k == "maxItems") return "array";
   if (k == "minLength" || k == "maxLength" || k == "pattern" || k == "format") return "string";
   if (k == "minimum" || k == "maximum" || k == "exclusiveMinimum" || k == "exclusiveMaximum") return "number";  // integers too
   if (k == "type" || k == "enum" || k == "const" || k == "anyOf" || k == "oneOf" || k == "allOf" || k == "$ref")
@@ -56,6 +56,16 @@ std::string child(const std::string& path, std::string_view key) {
 }
 
 }  // namespace
+
+int64_t JsonSchema::Node::items_bytes(uint32_t i) const {
+  const uint32_t R = uint32_t(req_bytes.size()) - 1, after = std::max(i, R);
+  return (i < R ? req_bytes[i] : 0) + (min_count > after ? int64_t(min_count - after) * item_bytes : 0);
+}
+
+int32_t JsonSchema::Node::items_depth(uint32_t i) const {
+  const uint32_t R = uint32_t(req_depth.size()) - 1;
+  return std::max(i < R ? req_depth[i] : 0, min_count > std::max(i, R) ? item_depth : 0);
+}
 
 uint32_t JsonSchema::Node::shortest_in(uint32_t lo, uint32_t hi) const {
   uint32_t level = 0;
@@ -165,8 +175,9 @@ class SchemaCompiler {
       if (annotation(k)) continue;
       if (keyword_type(k) == "?")
         refuse(path, fmt::format("the keyword '{}' is not supported (supported: type, enum, const, anyOf, oneOf, allOf, "
-                                 "$ref, properties, required, additionalProperties, items, minItems, maxItems, "
-                                 "minLength, maxLength, pattern, format)",
+                                 "$ref, properties, required, additionalProperties, items, prefixItems, minItems, "
+                                 "maxItems, minLength, maxLength, pattern, format, minimum, maximum, "
+                                 "exclusiveMinimum, exclusiveMaximum)",
                                  k));
       structural.push_back(k);
     }
@@ -297,14 +308,33 @@ class SchemaCompiler {
       if (n.min_count > n.max_count) refuse(path, "'minLength' exceeds 'maxLength'");
       if (s.contains("pattern") || s.contains("format")) string_pattern(s, path, n);
     } else if (type == "array") {
-      const uint32_t lo = count("minItems", 0), hi = count("maxItems", JsonSchema::kMaxCount);
+      uint32_t lo = count("minItems", 0), hi = count("maxItems", JsonSchema::kMaxCount);
       if (lo > hi) refuse(path, "'minItems' exceeds 'maxItems'");
-      const uint32_t items = s.contains("items") ? fresh(s["items"], path + "/items") : any_value_node();
+      // `prefixItems` (a tuple) first, then `items` for the rest; `items`
+      // false allows nothing after the prefix.
+      std::vector<uint32_t> values = {0};
+      if (s.contains("prefixItems")) {
+        const json& p = s["prefixItems"];
+        if (!p.is_array()) refuse(path, "'prefixItems' must be an array of schemas");
+        if (p.size() > JsonSchema::kMaxProperties)
+          refuse(path, fmt::format("more than {} 'prefixItems'", JsonSchema::kMaxProperties));
+        for (size_t i = 0; i < p.size(); ++i) values.push_back(fresh(p[i], fmt::format("{}/prefixItems/{}", path, i)));
+      }
+      const size_t prefix = values.size() - 1;
+      const json* items = s.contains("items") ? &s["items"] : nullptr;
+      if (items && items->is_boolean() && !items->get<bool>()) {
+        if (lo > prefix)
+          refuse(path, fmt::format("'minItems' {} exceeds the {} 'prefixItems' that 'items' false allows", lo, prefix));
+        hi = std::min<uint32_t>(hi, uint32_t(prefix));
+        values[0] = any_value_node();  // never reached
+      } else {
+        values[0] = items ? fresh(*items, path + "/items") : any_value_node();
+      }
       Node& a = out_.nodes_[w.id];  // fresh() may have moved the nodes
       a.kind = Node::array;
       a.min_count = lo;
       a.max_count = hi;
-      a.values = {items};
+      a.values = std::move(values);
     } else {  // object
       const json* props = s.contains("properties") ? &s["properties"] : nullptr;
       if (props && !props->is_object()) refuse(path, "'properties' must be an object");
@@ -456,9 +486,14 @@ class SchemaCompiler {
             break;
           }
           case Node::map: l = 2; break;
-          case Node::array:
-            l = n.min_count == 0 ? 2 : sat(2 + int64_t(n.min_count) * len[n.values[0]] + n.min_count - 1);
+          case Node::array: {
+            // The required items' shortest values, then the commas between.
+            const uint32_t R = std::min<uint32_t>(n.min_count, uint32_t(n.values.size() - 1));
+            l = 2 + std::max<int64_t>(int64_t(n.min_count) - 1, 0);
+            for (uint32_t j = 0; j < R; ++j) l = sat(l + len[n.values[j + 1]]);
+            if (n.min_count > R) l = sat(l + sat(int64_t(n.min_count - R) * len[n.values[0]]));
             break;
+          }
           case Node::string: l = 2 + (n.pattern ? n.pattern->distance(n.pattern->start()) : n.min_count); break;
           case Node::number:
           case Node::integer: l = n.pattern ? n.pattern->distance(n.pattern->start()) : 1; break;
@@ -529,12 +564,23 @@ class SchemaCompiler {
           break;
         }
         case Node::map: m = "{}", n.min_depth = 1; break;
-        case Node::array:
+        case Node::array: {
           m = "[";
-          for (uint32_t j = 0; j < n.min_count; ++j) m += (j ? "," : "") + nodes[n.values[0]].minimal;
+          for (uint32_t j = 0; j < n.min_count; ++j) m += (j ? "," : "") + nodes[n.item(j)].minimal;
           m += ']';
-          n.min_depth = 1 + (n.min_count ? nodes[n.values[0]].min_depth : 0);
+          // The tables over the required prefix items (their nodes are
+          // shorter, so already done), and the item after them.
+          const uint32_t R = std::min<uint32_t>(n.min_count, uint32_t(n.values.size() - 1));
+          n.req_bytes.assign(R + 1, 0);
+          n.req_depth.assign(R + 1, 0);
+          for (uint32_t j = R; j-- > 0;) {
+            n.req_bytes[j] = n.req_bytes[j + 1] + len[n.values[j + 1]];
+            n.req_depth[j] = std::max(n.req_depth[j + 1], nodes[n.values[j + 1]].min_depth);
+          }
+          if (n.min_count > R) n.item_bytes = len[n.values[0]], n.item_depth = nodes[n.values[0]].min_depth;
+          n.min_depth = 1 + n.items_depth(0);
           break;
+        }
         case Node::string:
           m = '"' + (n.pattern ? n.pattern->shortest(n.pattern->start()) : std::string(n.min_count, 'a')) + '"';
           break;

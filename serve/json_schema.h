@@ -12,7 +12,8 @@
 //   `required` may be left out), `required`, `additionalProperties` (false or
 //   absent: only the listed properties; true or a schema with no
 //   `properties`: any keys, each value of that schema);
-// - array: `items`, `minItems`, `maxItems`; string: `minLength`, `maxLength`
+// - array: `items` (a schema, or false: no items but the prefix's),
+//   `prefixItems` (Pydantic's tuples), `minItems`, `maxItems`; string: `minLength`, `maxLength`
 //   (code points), or `pattern` (serve/regex.h's syntax, read as JSON Schema
 //   reads it: a match anywhere unless '^' / '$' anchor it) or `format`
 //   (date, time, date-time, uuid, email, ipv4, hostname: each a pattern
@@ -21,7 +22,7 @@
 //   either side or both (the texts inside the range as a pattern,
 //   serve/number_range.h: a ranged number is written without exponent);
 // - annotations (title, description, default, examples, ...) are ignored.
-// Anything else (multipleOf, prefixItems, other formats, ...) is refused by
+// Anything else (multipleOf, uniqueItems, other formats, ...) is refused by
 // name with the path where it stands, never ignored: a constraint the output
 // would not keep must not be accepted silently. The alternatives of a union
 // must differ in their first character (string | null, object | array, ...).
@@ -63,8 +64,9 @@ class JsonSchema {
     enum Kind : uint8_t { object, map, array, string, number, integer, enumeration, union_ } kind = object;
     // object: the properties in order (names escaped, without quotes), each
     // one's value node and whether it is required. map: values[0] is every
-    // value's node. array: values[0] is the items' node. union: values are
-    // the alternatives (none of them a union).
+    // value's node. array: values[1..] are the `prefixItems`' nodes (the
+    // first items, in order) and values[0] the node of the items after them.
+    // union: values are the alternatives (none of them a union).
     std::vector<std::string> keys;
     std::vector<uint32_t> values;
     std::vector<uint8_t> required;
@@ -84,9 +86,19 @@ class JsonSchema {
     // and after, the bytes of `"key":value` (shortest values, no commas),
     // their count, the deepest nesting one needs, and the first one's index
     // (keys.size() when none).
+    // array, per position i up to the required prefix items' end: their
+    // shortest values' bytes from i on (no commas) and deepest nesting.
     std::vector<int64_t> req_bytes;
     std::vector<int32_t> req_count, req_depth;
     std::vector<uint32_t> next_required;
+    int64_t item_bytes = 0;   // array: the shortest item after the prefix (when one is required)
+    int32_t item_depth = 0;
+    // array: the node of the item at position i.
+    uint32_t item(uint32_t i) const { return i + 1 < values.size() ? values[i + 1] : values[0]; }
+    // array: the shortest items' bytes (no commas) and deepest nesting from
+    // position i to min_count.
+    int64_t items_bytes(uint32_t i) const;
+    int32_t items_depth(uint32_t i) const;
     // enumeration: a sparse table of the texts' lengths for range minima.
     std::vector<std::vector<uint32_t>> shortest;
     uint32_t shortest_in(uint32_t lo, uint32_t hi) const;  // index of a shortest text in [lo, hi)

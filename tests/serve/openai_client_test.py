@@ -166,7 +166,7 @@ def main():
             assert r.choices[0].finish_reason == "stop", r
             assert isinstance(r.choices[0].message.parsed, Answer), r
             assert list(json.loads(r.choices[0].message.content)) == ["verdict", "numbers", "note"], r
-        # Pydantic's `pattern`, the `format` of date, datetime and UUID fields, integer and number ranges.
+        # Pydantic's `pattern`, the `format` of date, datetime and UUID fields, integer and number ranges, a tuple.
         import datetime, uuid
         from pydantic import Field
 
@@ -180,12 +180,14 @@ def main():
             year: int = Field(gt=1900)
             share: float = Field(ge=0, le=1)
             delta: float = Field(gt=-0.5, lt=0.25)
+            pair: tuple[int, str]
 
         r = parse(model=model, messages=ask, response_format=Ticket, max_tokens=160, temperature=1.0, seed=4)
         assert r.choices[0].finish_reason == "stop", r
         t = r.choices[0].message.parsed
         assert isinstance(t, Ticket) and re.fullmatch(r"[A-Z]{2}-\d{3}", t.code) and 1 <= t.priority <= 5 and t.seen >= 0, r
         assert t.year > 1900 and 0 <= t.share <= 1 and -0.5 < t.delta < 0.25, r
+        assert isinstance(t.pair[0], int) and isinstance(t.pair[1], str), r
         r = client.chat.completions.create(model=model, messages=ask, tools=tools, max_tokens=64, temperature=1.0,
                                            seed=3, tool_choice={"type": "function", "function": {"name": "add"}})
         args = json.loads(r.choices[0].message.tool_calls[0].function.arguments)

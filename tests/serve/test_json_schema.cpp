@@ -81,7 +81,7 @@ bool valid(const ojson& v, const ojson& s, const ojson& root, std::string& why, 
   std::string type = s.value("type", "");
   if (type.empty()) {
     if (s.contains("properties") || s.contains("additionalProperties")) type = "object";
-    else if (s.contains("items")) type = "array";
+    else if (s.contains("items") || s.contains("prefixItems")) type = "array";
     else return true;
   }
   if (type == "null") return v.is_null() || fail("not null");
@@ -128,8 +128,11 @@ bool valid(const ojson& v, const ojson& s, const ojson& root, std::string& why, 
     if (!v.is_array()) return fail("not an array");
     if (s.contains("minItems") && v.size() < s["minItems"].get<size_t>()) return fail("too few items");
     if (s.contains("maxItems") && v.size() > s["maxItems"].get<size_t>()) return fail("too many items");
-    for (size_t i = 0; i < v.size(); ++i)
-      if (s.contains("items") && !valid(v[i], s["items"], root, why, fmt::format("{}[{}]", at, i))) return false;
+    const size_t prefix = s.contains("prefixItems") ? s["prefixItems"].size() : 0;
+    for (size_t i = 0; i < v.size(); ++i) {
+      const ojson& item = i < prefix ? s["prefixItems"][i] : s.value("items", ojson(true));
+      if (!valid(v[i], item, root, why, fmt::format("{}[{}]", at, i))) return false;
+    }
     return true;
   }
   if (!v.is_object()) return fail("not an object");
@@ -178,6 +181,14 @@ const ojson& person_schema() {
     }
   })");
   return s;
+}
+
+// Logits of the whole vocabulary drawn from a standard normal.
+std::vector<float> normal_logits(std::mt19937& rng) {
+  std::normal_distribution<float> nd;
+  std::vector<float> logits(static_cast<size_t>(kVocab));
+  for (float& x : logits) x = nd(rng);
+  return logits;
 }
 
 // The mask's rule (check_mask) after each prefix, with the completion's
@@ -241,7 +252,12 @@ TEST_CASE("serve/json_schema compile: what it refuses, by path and keyword") {
            Bad{R"({"type": "object", "properties": {"a": {"type": "number", "minimum": 0, "exclusiveMinimum": true}}})", "'exclusiveMinimum' must be a finite number"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "string", "minimum": 0}}})", "'minimum' does not apply to type 'string'"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "number", "multipleOf": 0.5}}})", "'multipleOf'"},
-           Bad{R"({"type": "object", "properties": {"a": {"type": "array", "prefixItems": []}}})", "'prefixItems'"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": true}}})", "#/properties/a: the keyword 'uniqueItems' is not supported"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "array", "prefixItems": {}}}})", "'prefixItems' must be an array"},
+           Bad{R"({"type": "object", "properties": {"a": {"prefixItems": [{}, {}], "items": false, "minItems": 3}}})",
+               "'minItems' 3 exceeds the 2 'prefixItems'"},
+           Bad{R"({"type": "object", "properties": {"a": {"prefixItems": [{"type": "string"}, {"type": "nul"}]}}})",
+               "#/properties/a/prefixItems/1: unknown type"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "string", "properties": {}}}})", "does not apply"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "strin"}}})", "unknown type"},
            Bad{R"({"type": "object", "properties": {"a": {"$ref": "http://x/y.json"}}})", "only references inside"},
@@ -270,7 +286,7 @@ TEST_CASE("serve/json_schema compile: what it refuses, by path and keyword") {
       JsonSchema::compile(ojson::parse(b.schema));
       FAIL("compiled");
     } catch (const std::invalid_argument& e) {
-      CHECK_MESSAGE(std::string(e.what()).find(b.says) != std::string::npos, e.what());
+      CHECK_MESSAGE(std::string(e.what()).find(b.says) != std::string::npos, std::string(e.what()));
     }
   }
   // 63 optional properties in a row are the most; a required one resets the run.
@@ -388,9 +404,7 @@ TEST_CASE("serve/json_schema the language of a schema, byte by byte") {
 TEST_CASE("serve/json_schema mask: allowed exactly when the output stays an instance's prefix that fits") {
   const auto g = OutputGrammar::json_schema(bytes(), JsonSchema::compile(person_schema()));
   std::mt19937 rng(5);
-  std::normal_distribution<float> nd;
-  std::vector<float> logits(static_cast<size_t>(kVocab));
-  for (float& x : logits) x = nd(rng);
+  const std::vector<float> logits = normal_logits(rng);
   check_masks(*g,
               {R"({"name": "Al", "age": 3, )", R"({"name": "A)", R"({"name": "Al", "age": 3, "mood": )", R"({"name": "Al)"},
               {0, 6}, logits);
@@ -609,9 +623,7 @@ TEST_CASE("serve/json_schema pattern and format: strings a regular expression de
   // The mask at the tightest budget inside a pattern, and walks that end in
   // instances a validator with std::regex accepts.
   std::mt19937 rng(21);
-  std::vector<float> logits(static_cast<size_t>(kVocab));
-  std::normal_distribution<float> nd;
-  for (float& x : logits) x = nd(rng);
+  const std::vector<float> logits = normal_logits(rng);
   check_masks(*g, {R"({"code": "A)", R"({"code": "AB-123", "tag": "x1", "day": "2026-1)"}, {0}, logits);
   walks_valid(*g, schema, 4, 12, rng, "0123456789-.@\"");
   // Strings of one pattern node side by side (array items): a token that
@@ -693,11 +705,39 @@ TEST_CASE("serve/json_schema number ranges: Pydantic's confloat, PositiveFloat a
   }
   std::mt19937 rng(37);
   // The mask's exact rule inside ranged numbers, at the tightest budgets.
-  std::normal_distribution<float> nd;
-  std::vector<float> logits(static_cast<size_t>(kVocab));
-  for (float& x : logits) x = nd(rng);
+  const std::vector<float> logits = normal_logits(rng);
   check_masks(*g, {R"({"p": )", R"({"p": 0.)", R"({"p": 1)", R"({"p": 0.5, "t": 0.000)", R"({"p": 0.5, "t": 1, "d": -0.4)",
                    R"({"p": 0.5, "t": 1, "d": 0.2, "n": -)", R"({"p": 0.5, "t": 1, "d": 0.2, "n": -0.0000)"},
               {0, 1, 3}, logits);
   walks_valid(*g, schema, 6, 8, rng, "0123456789-.");
+}
+
+TEST_CASE("serve/json_schema prefixItems: tuples (Pydantic's tuple[int, str]), then items or none") {
+  const ojson schema = ojson::parse(R"({"type": "object", "properties": {
+      "pair": {"type": "array", "prefixItems": [{"type": "integer", "minimum": 1}, {"type": "string"}], "minItems": 2, "maxItems": 2},
+      "more": {"type": "array", "prefixItems": [{"type": "boolean"}, {"enum": ["x", "yz"]}], "items": {"type": "integer"}, "minItems": 3},
+      "closed": {"type": "array", "prefixItems": [{"type": "null"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}], "items": false},
+      "nest": {"type": "array", "prefixItems": [{"type": "object", "properties": {"k": {"type": "integer"}}, "required": ["k"]}], "minItems": 1}},
+    "required": ["pair", "more", "closed", "nest"]})");
+  const auto g = OutputGrammar::json_schema(bytes(), JsonSchema::compile(schema));
+  CHECK(text(g->completion({})) == R"({"pair":[1,""],"more":[true,"x",0],"closed":[],"nest":[{"k":0}]}<|end|>)");
+  CHECK(g->accepts(ids(R"({"pair": [12, "a"], "more": [true, "yz", 3, 4, 5], "closed": [null, ["q"]], "nest": [{"k": 1}, 2, "w"]}<|end|>)")));
+  CHECK(g->accepts(ids(R"({"pair": [1, ""], "more": [false, "x", -1], "closed": [null], "nest": [{"k": 1}]}<|end|>)")));
+  const std::string ok = R"({"pair": [1, ""], "more": [false, "x", 1], )";
+  for (const std::string& bad : {std::string(R"({"pair": [0)"), std::string(R"({"pair": ["a")"), std::string(R"({"pair": [1])"),
+                                 std::string(R"({"pair": [1, "a",)"), std::string(R"({"pair": [1, "a"], "more": ["x")"),
+                                 std::string(R"({"pair": [1, "a"], "more": [true, "x"])"),
+                                 std::string(R"({"pair": [1, "a"], "more": [true, "y")"),
+                                 std::string(R"({"pair": [1, "a"], "more": [true, "x", "z")"), ok + R"("closed": [1)",
+                                 ok + R"("closed": [null, []])", ok + R"("closed": [null, ["a"],)", ok + R"("closed": [], "nest": [])",
+                                 ok + R"("closed": [], "nest": [{}])"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(g->accepts(ids(bad)));
+  }
+  std::mt19937 rng(41);
+  const std::vector<float> logits = normal_logits(rng);
+  check_masks(*g, {R"({"pair": [)", R"({"pair": [3, )", R"({"pair": [3, "a)", R"({"pair": [3, "a"], "more": [true)",
+                   R"({"pair": [3, "a"], "more": [true, "y)", ok + R"("closed": [null, [)", ok + R"("closed": [], "nest": [{"k)"},
+              {0, 1, 3}, logits);
+  walks_valid(*g, schema, 6, 10, rng, "[]0123456789,");
 }
