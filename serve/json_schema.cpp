@@ -623,14 +623,35 @@ class SchemaCompiler {
   // distinct text compiled once, all bounded together in work and states.
   void string_pattern(const json& s, const std::string& path, Node& n) {
     if (s.contains("pattern") && s.contains("format")) refuse(path, "'pattern' and 'format' together are not supported");
-    if (n.limited)
-      refuse(path, "'minLength' / 'maxLength' beside 'pattern' or 'format' are not supported (bound the length in the "
-                   "pattern)");
     const bool is_pattern = s.contains("pattern");
     const json& v = s[is_pattern ? "pattern" : "format"];
     const char* kw = is_pattern ? "pattern" : "format";
     if (!v.is_string()) refuse(path, fmt::format("'{}' must be a string", kw));
     const std::string& text = v.get_ref<const std::string&>();
+    const std::string key = std::string(kw) + ":" + text;
+    if (auto it = patterns_.find(key); it != patterns_.end()) n.pattern = it->second;
+    else n.pattern = kept(key, compile_pattern(text, is_pattern, kw, path), path);
+    if (n.limited) {
+      // minLength / maxLength: the automaton times a code point counter.
+      const uint32_t most = s.contains("maxLength") ? n.max_count : Regex::kNoMaxLength;
+      const std::string lkey = fmt::format("{}#{}-{}", key, n.min_count, most);
+      if (auto it = patterns_.find(lkey); it != patterns_.end()) {
+        n.pattern = it->second;
+      } else {
+        std::shared_ptr<const Regex> r;
+        try {
+          r = n.pattern->with_length(n.min_count, most, &pattern_work_);
+        } catch (const std::invalid_argument& e) {
+          refuse(path, fmt::format("'{}' with 'minLength' / 'maxLength': {}", kw, e.what()));
+        }
+        n.pattern = kept(lkey, r, path);
+      }
+      n.limited = false;  // the automaton keeps the length
+    }
+  }
+
+  std::shared_ptr<const Regex> compile_pattern(const std::string& text, bool is_pattern, const char* kw,
+                                               const std::string& path) {
     // The formats OpenAI's strict mode lists that a pattern can say exactly
     // enough (RFC 3339 dates and times, with 'T' and 'Z' upper case).
     static const std::map<std::string, std::string, std::less<>> kFormats = {
@@ -643,11 +664,6 @@ class SchemaCompiler {
         {"ipv4", "^((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.){3}(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)$"},
         {"hostname", "^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"},
     };
-    std::string key = std::string(kw) + ":" + text;
-    if (auto it = patterns_.find(key); it != patterns_.end()) {
-      n.pattern = it->second;
-      return;
-    }
     std::string source = text;
     if (!is_pattern) {
       const auto f = kFormats.find(text);
@@ -662,15 +678,10 @@ class SchemaCompiler {
     o.search = is_pattern;
     o.work_left = &pattern_work_;
     try {
-      n.pattern = Regex::compile(source, o);
+      return Regex::compile(source, o);
     } catch (const std::invalid_argument& e) {
       refuse(path, fmt::format("'{}': {}", kw, e.what()));
     }
-    pattern_states_ += n.pattern->states();
-    if (pattern_states_ > JsonSchema::kMaxPatternStates)
-      refuse(path, fmt::format("the schema's patterns need more than {} automaton states together",
-                               JsonSchema::kMaxPatternStates));
-    patterns_.emplace(std::move(key), n.pattern);
   }
 
   // A number or an integer with `minimum` / `maximum` (or their exclusive
@@ -706,11 +717,18 @@ class SchemaCompiler {
     } catch (const std::invalid_argument& e) {
       refuse(path, fmt::format("the range: {}", e.what()));
     }
-    pattern_states_ += n.pattern->states();
+    kept(std::move(key), n.pattern, path);
+  }
+
+  // An automaton kept under `key` for the schema's other nodes, its states
+  // counted against the schema's bound.
+  std::shared_ptr<const Regex> kept(std::string key, std::shared_ptr<const Regex> r, const std::string& path) {
+    pattern_states_ += r->states();
     if (pattern_states_ > JsonSchema::kMaxPatternStates)
       refuse(path, fmt::format("the schema's patterns and ranges need more than {} automaton states together",
                                JsonSchema::kMaxPatternStates));
-    patterns_.emplace(std::move(key), n.pattern);
+    patterns_.emplace(std::move(key), r);
+    return r;
   }
 
   std::map<std::string, std::shared_ptr<const Regex>> patterns_;

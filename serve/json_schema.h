@@ -14,7 +14,8 @@
 //   `properties`: any keys, each value of that schema);
 // - array: `items` (a schema, or false: no items but the prefix's),
 //   `prefixItems` (Pydantic's tuples), `minItems`, `maxItems`; string: `minLength`, `maxLength`
-//   (code points), or `pattern` (serve/regex.h's syntax, read as JSON Schema
+//   (code points; beside a pattern too: Regex::with_length), `pattern`
+//   (serve/regex.h's syntax, read as JSON Schema
 //   reads it: a match anywhere unless '^' / '$' anchor it) or `format`
 //   (date, time, date-time, uuid, email, ipv4, hostname: each a pattern
 //   here), written without escapes; integer: no fraction or exponent;

@@ -603,10 +603,23 @@ std::shared_ptr<const Regex> Regex::compile(std::string_view pattern, const Opti
     }
     trans.push_back(std::move(row));
   }
+  std::vector<uint8_t> accepting(sets.size());
+  for (size_t d = 0; d < sets.size(); ++d) accepting[d] = std::binary_search(sets[d].begin(), sets[d].end(), accept);
+  auto re = from_table(trans, accepting, class_of, reps.size(),
+                       json_string ? "the pattern matches no string without characters JSON escapes (controls, "
+                                     "'\"', '\\')"
+                                   : "the pattern matches no string");
+  if (options.work_left) *options.work_left -= work;
+  return re;
+}
+
+std::shared_ptr<Regex> Regex::from_table(const std::vector<std::vector<int32_t>>& trans,
+                                         const std::vector<uint8_t>& accepting, const uint8_t* class_of, size_t C,
+                                         const char* matches_nothing) {
   auto re = std::shared_ptr<Regex>(new Regex());
-  const size_t D = sets.size(), C = reps.size();
+  const size_t D = trans.size();
   re->classes_ = C;
-  std::copy(std::begin(class_of), std::end(class_of), std::begin(re->class_of_));
+  std::copy(class_of, class_of + 256, std::begin(re->class_of_));
   re->next_.resize(D * C);
   for (size_t d = 0; d < D; ++d)
     for (size_t k = 0; k < C; ++k) re->next_[d * C + k] = int16_t(trans[d][k]);
@@ -619,17 +632,14 @@ std::shared_ptr<const Regex> Regex::compile(std::string_view pattern, const Opti
       if (t != kDead) into[size_t(t)].push_back(int32_t(d));
   std::deque<int32_t> q;
   for (size_t d = 0; d < D; ++d)
-    if (std::binary_search(sets[d].begin(), sets[d].end(), accept)) re->dist_[d] = 0, q.push_back(int32_t(d));
+    if (accepting[d]) re->dist_[d] = 0, q.push_back(int32_t(d));
   while (!q.empty()) {
     const int32_t t = q.front();
     q.pop_front();
     for (int32_t d : into[size_t(t)])
       if (re->dist_[size_t(d)] == kFar) re->dist_[size_t(d)] = re->dist_[size_t(t)] + 1, q.push_back(d);
   }
-  if (re->dist_[0] == kFar)
-    throw std::invalid_argument(json_string ? "the pattern matches no string without characters JSON escapes (controls, "
-                                              "'\"', '\\')"
-                                            : "the pattern matches no string");
+  if (re->dist_[0] == kFar) throw std::invalid_argument(matches_nothing);
   // No move into a state that cannot reach a match.
   for (int16_t& t : re->next_)
     if (t != kDead && re->dist_[size_t(t)] == kFar) t = int16_t(kDead);
@@ -656,7 +666,60 @@ std::shared_ptr<const Regex> Regex::compile(std::string_view pattern, const Opti
       }
     }
   }
-  if (options.work_left) *options.work_left -= work;
+  return re;
+}
+
+std::shared_ptr<const Regex> Regex::with_length(uint32_t min_cp, uint32_t max_cp, int64_t* work_left) const {
+  // Byte classes split where a byte starts a code point (ASCII, lead bytes)
+  // or continues one: (class, starts) pairs.
+  uint8_t class_of[256];
+  std::vector<uint8_t> reps;
+  std::map<std::pair<uint8_t, bool>, uint8_t> ids;
+  for (int b = 0; b < 256; ++b) {
+    const auto key = std::make_pair(class_of_[b], (b & 0xC0) != 0x80);
+    auto it = ids.find(key);
+    if (it == ids.end()) it = ids.emplace(key, uint8_t(reps.size())).first, reps.push_back(uint8_t(b));
+    class_of[b] = it->second;
+  }
+  // States (automaton state, code points so far), the count held at min_cp
+  // once reached when the length has no upper bound.
+  const bool open = max_cp == kNoMaxLength;
+  const uint32_t cap = open ? min_cp : max_cp;
+  std::map<std::pair<int32_t, uint32_t>, int32_t> index = {{{start(), 0}, 0}};
+  std::vector<std::pair<int32_t, uint32_t>> states = {{start(), 0}};
+  std::vector<std::vector<int32_t>> trans;
+  int64_t work = 0;
+  const int64_t limit = work_left ? std::min(kMaxBuildWork, *work_left) : kMaxBuildWork;
+  for (size_t d = 0; d < states.size(); ++d) {
+    const auto [s, k] = states[d];
+    std::vector<int32_t> row(reps.size(), kDead);
+    for (size_t c = 0; c < reps.size(); ++c) {
+      const int32_t t = next(s, reps[c]);
+      if (t == kDead) continue;
+      uint32_t nk = k + ((reps[c] & 0xC0) != 0x80);
+      if (nk > cap) {
+        if (!open) continue;
+        nk = cap;
+      }
+      auto it = index.find({t, nk});
+      if (it == index.end()) {
+        if (states.size() >= kMaxDfaStates)
+          throw std::invalid_argument(fmt::format("the pattern within the length bounds needs more than {} automaton "
+                                                  "states",
+                                                  kMaxDfaStates));
+        it = index.emplace(std::make_pair(t, nk), int32_t(states.size())).first;
+        states.emplace_back(t, nk);
+      }
+      row[c] = it->second;
+    }
+    work += int64_t(reps.size());
+    if (work > limit) throw std::invalid_argument("the pattern within the length bounds is too complex to compile");
+    trans.push_back(std::move(row));
+  }
+  std::vector<uint8_t> accepts(states.size());
+  for (size_t d = 0; d < states.size(); ++d) accepts[d] = accepting(states[d].first) && states[d].second >= min_cp;
+  auto re = from_table(trans, accepts, class_of, reps.size(), "the pattern matches no string within the length bounds");
+  if (work_left) *work_left -= work;
   return re;
 }
 

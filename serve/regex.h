@@ -69,7 +69,22 @@ class Regex {
   bool matches(std::string_view text) const;
   size_t states() const { return dist_.size(); }
 
+  static constexpr uint32_t kNoMaxLength = 0xffffffffu;
+  // The same language limited to texts of min_cp to max_cp code points
+  // (UTF-8 lead bytes and ASCII counted; kNoMaxLength: no upper bound): the
+  // product of the automaton and a counter, bounded like compile (its work
+  // is taken from *work_left when given). A JSON Schema string's `pattern`
+  // beside `minLength` / `maxLength`.
+  std::shared_ptr<const Regex> with_length(uint32_t min_cp, uint32_t max_cp, int64_t* work_left = nullptr) const;
+
  private:
+  // The automaton from its transition table (per state, per byte class) and
+  // accepting states: the shortest continuations, dead ends pruned. Throws
+  // `matches_nothing` when the start reaches no accepting state.
+  static std::shared_ptr<Regex> from_table(const std::vector<std::vector<int32_t>>& trans,
+                                           const std::vector<uint8_t>& accepting, const uint8_t* class_of, size_t C,
+                                           const char* matches_nothing);
+
   // Per state, one entry per byte class (bytes no edge of the pattern tells
   // apart): a 1000-state automaton of 20 classes takes 40 KB, not 512.
   std::vector<int16_t> next_;

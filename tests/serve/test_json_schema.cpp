@@ -241,7 +241,10 @@ TEST_CASE("serve/json_schema compile: what it refuses, by path and keyword") {
            Bad{R"({"type": "object", "properties": {"a": {"type": "string", "format": "uri"}}})", "#/properties/a: 'format' 'uri' is not supported"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "^a|b$"}}})", "top-level '|'"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "^a\"$"}}})", "JSON escapes"},
-           Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "x", "maxLength": 3}}})", "beside 'pattern'"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 40000}}})",
+               "'pattern' with 'minLength' / 'maxLength': the pattern within the length bounds needs more than"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "^a{5}$", "maxLength": 3}}})",
+               "matches no string within the length bounds"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "x", "format": "date"}}})", "together"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "string", "pattern": 5}}})", "must be a string"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 4}}})", "#/properties/a: the range holds no integer"},
@@ -740,4 +743,30 @@ TEST_CASE("serve/json_schema prefixItems: tuples (Pydantic's tuple[int, str]), t
                    R"({"pair": [3, "a"], "more": [true, "y)", ok + R"("closed": [null, [)", ok + R"("closed": [], "nest": [{"k)"},
               {0, 1, 3}, logits);
   walks_valid(*g, schema, 6, 10, rng, "[]0123456789,");
+}
+
+TEST_CASE("serve/json_schema minLength / maxLength beside a pattern or a format: code points counted with the automaton") {
+  const ojson schema = ojson::parse(R"({"type": "object", "properties": {
+      "id": {"type": "string", "pattern": "^[a-z]+$", "minLength": 3, "maxLength": 5},
+      "note": {"type": "string", "pattern": "x", "minLength": 4},
+      "mail": {"type": "string", "format": "email", "maxLength": 12},
+      "word": {"type": "string", "pattern": "^[^0-9]*$", "minLength": 2, "maxLength": 2}},
+    "required": ["id", "note", "mail", "word"]})");
+  const auto g = OutputGrammar::json_schema(bytes(), JsonSchema::compile(schema));
+  CHECK(text(g->completion({})) == R"({"id":"aaa","note":"aaax","mail":"a@a.aa","word":"aa"}<|end|>)");
+  CHECK(g->accepts(ids("{\"id\": \"abcde\", \"note\": \"x and\", \"mail\": \"ab@cd.org\", \"word\": \"\xc3\xa9\xe6\x97\xa5\"}<|end|>")));
+  const std::string ok = R"({"id": "abc", "note": "x...", )";
+  for (const std::string& bad : {std::string(R"({"id": "ab")"), std::string(R"({"id": "abcdef)"), std::string(R"({"id": "aB)"),
+                                 std::string(R"({"id": "abc", "note": "xyz")"), std::string(R"({"id": "abc", "note": "abcd")"),
+                                 ok + R"("mail": "abcdef@gh.ijk)", ok + R"("mail": "a@b.cd", "word": "a")",
+                                 ok + "\"mail\": \"a@b.cd\", \"word\": \"\xc3\xa9\xc3\xa9\xc3\xa9"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(g->accepts(ids(bad)));
+  }
+  std::mt19937 rng(43);
+  const std::vector<float> logits = normal_logits(rng);
+  check_masks(*g, {R"({"id": "a)", R"({"id": "abcd)", R"({"id": "abc", "note": "xy)", ok + R"("mail": "abc@d)",
+                   ok + R"("mail": "a@b.cd", "word": ")"},
+              {0, 1, 3}, logits);
+  walks_valid(*g, schema, 6, 10, rng, "abcx@.");
 }

@@ -93,6 +93,58 @@ TEST_CASE("serve/regex the language equals std::regex's on random patterns and s
   CHECK(matched > 1000);  // the strings exercise both answers
 }
 
+TEST_CASE("serve/regex with_length: the language limited to a number of code points, against matches and a count") {
+  std::mt19937 rng(23);
+  const std::vector<std::string> alphabet = {"a", "b", "1", ".", "\xc3\xa9", "\xe6\x97\xa5"};  // é, 日: 2 and 3 bytes
+  auto code_points = [](const std::string& t) {
+    int64_t n = 0;
+    for (unsigned char c : t) n += (c & 0xC0) != 0x80;
+    return n;
+  };
+  int compared = 0, inside = 0;
+  for (int p = 0; p < 120; ++p) {
+    const std::string pattern = p % 4 == 0 ? ".*" : p % 4 == 1 ? "[^b]+b?" : random_pattern(rng, 0);
+    std::shared_ptr<const Regex> re;
+    try {
+      re = Regex::compile(pattern);
+    } catch (const std::invalid_argument&) {
+      continue;
+    }
+    const uint32_t lo = uint32_t(rng() % 4), hi = rng() % 3 == 0 ? Regex::kNoMaxLength : lo + uint32_t(rng() % 4);
+    CAPTURE(pattern);
+    CAPTURE(lo);
+    CAPTURE(hi);
+    std::shared_ptr<const Regex> lim;
+    try {
+      lim = re->with_length(lo, hi);
+    } catch (const std::invalid_argument& e) {  // no match of the pattern within the lengths
+      CHECK(std::string(e.what()).find("within the length bounds") != std::string::npos);
+      for (int s = 0; s < 200; ++s) {
+        std::string text;
+        for (int i = 0, n = int(rng() % 7); i < n; ++i) text += alphabet[rng() % alphabet.size()];
+        const int64_t n = code_points(text);
+        CHECK_FALSE((re->matches(text) && n >= lo && (hi == Regex::kNoMaxLength || n <= hi)));
+      }
+      continue;
+    }
+    for (int s = 0; s < 80; ++s) {
+      std::string text;
+      for (int i = 0, n = int(rng() % 8); i < n; ++i) text += alphabet[rng() % alphabet.size()];
+      CAPTURE(text);
+      const int64_t n = code_points(text);
+      const bool want = re->matches(text) && n >= lo && (hi == Regex::kNoMaxLength || n <= hi);
+      CHECK(lim->matches(text) == want);
+      ++compared, inside += want;
+    }
+    // The shortest match is a match of both, and no shorter one exists in bytes.
+    const std::string sh = lim->shortest(lim->start());
+    CHECK(re->matches(sh));
+    CHECK(code_points(sh) >= lo);
+  }
+  CHECK(compared > 5000);
+  CHECK(inside > 300);
+}
+
 TEST_CASE("serve/regex UTF-8: classes of code points, the any-character over multi-byte text, shortest continuations") {
   const auto dot = Regex::compile(".");
   for (const std::string ok : {"a", "\xc3\xa9", "\xe6\x97\xa5", "\xf0\x9f\x98\x80", "\xef\xbf\xbf", "\xf4\x8f\xbf\xbf"}) {
