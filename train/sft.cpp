@@ -57,6 +57,20 @@ void check_dropouts(const phi4mm::Phi4MMForCausalLM& m, const GroupOptions& g) {
         refuse("audio_processor.config.dropout_rate", v, "audio encoder");
 }
 
+}  // namespace
+
+int64_t disable_dropout(phi4mm::Phi4MMForCausalLM& model) {
+  int64_t n = 0;
+  for (auto& [name, m] : model.named_modules())
+    if (auto* l = dynamic_cast<phi4mm::LoraLinear*>(m)) {
+      for (phi4mm::Adapter a : {phi4mm::Adapter::vision, phi4mm::Adapter::speech}) n += l->dropout_p(a) > 0;
+      l->disable_dropout();
+    }
+  return n;
+}
+
+namespace {
+
 const char* decay_name(DecayStyle d) {
   switch (d) {
     case DecayStyle::cosine: return "cosine";

@@ -84,6 +84,12 @@ void validate(const SftOptions& o);
 std::unique_ptr<AdamW> make_training_optimizer(phi4mm::Phi4MMForCausalLM& model, const SftOptions& o,
                                                int64_t total_steps);
 
+// Turns the adapters' dropout off in every LoraLinear of `model` (training
+// mode included); returns how many adapters had one. The RL trainers call it:
+// a rollout samples from the policy the training forward scores (verl and
+// TRL's disable_dropout do the same).
+int64_t disable_dropout(phi4mm::Phi4MMForCausalLM& model);
+
 // The order of `n` items in `epoch`: 0..n-1, shuffled from (seed, epoch)
 // with our own Fisher-Yates stream (the same on every platform).
 std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch, bool shuffle);

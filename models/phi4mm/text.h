@@ -113,6 +113,10 @@ class LoraLinear : public Module {
   // x: [T, in] -> [T, out]
   Tensor forward(const Tensor& x, const AdapterRows& rows) const;
   bool has(Adapter a) const { return lora_a_[int(a)].defined(); }
+  double dropout_p(Adapter a) const { return dropout_[int(a)]; }
+  // No adapter dropout from now on, in training mode too (RL: a rollout and
+  // the training forward must see the same policy). The config keeps its "dp".
+  void disable_dropout() { std::fill(std::begin(dropout_), std::end(dropout_), 0.0); }
 
   int64_t in_features, out_features;
   std::shared_ptr<Weight> base_layer;

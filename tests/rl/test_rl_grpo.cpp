@@ -22,6 +22,7 @@
 #include "tests/rl/rl_fixtures.h"
 #include "tests/test_util.h"
 #include "tests/train/train_fixtures.h"
+#include "train/param_groups.h"
 #include "train/rl/grpo.h"
 #include "train/rl/rl_step.h"
 
@@ -271,4 +272,38 @@ TEST_CASE("areno train --algo grpo|gspo: 2 steps on a prompt file write the issu
                        doctest::Contains("--batch-size differs"), std::runtime_error);
   CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "grpo", "--dataset-path", dir.str("prompts.jsonl")}),
                        doctest::Contains("--reward"), std::invalid_argument);
+}
+
+TEST_CASE("rl/grpo audio prompts with the speech LoRA's dropout (0.01): turned off, so rollout and training agree") {
+  // Before: the trainer put the LoRA branches in training mode and both the
+  // engine and the training forward drew their own dropout masks.
+  auto model = testing::tiny_phi4mm();
+  {
+    auto probe = testing::tiny_phi4mm();
+    train::apply_trainable(*probe, train::GroupOptions{});
+    CHECK(train::disable_dropout(*probe) > 0);  // the speech adapters had one
+    CHECK(train::disable_dropout(*probe) == 0);
+  }
+  std::vector<train::PromptRow> prompts;
+  const std::vector<train::SftRow> golden = testing::golden_rows();
+  for (int k : {2, 3}) {  // audio, image+audio
+    const train::SftRow& r = golden[size_t(k)];
+    train::PromptRow p;
+    p.ids.assign(r.ids.begin(), r.ids.begin() + r.prompt_tokens);
+    p.media = r.media;
+    p.adapter = r.adapter;
+    p.line = k;
+    p.messages = json::array();
+    p.row = json::object();
+    prompts.push_back(std::move(p));
+  }
+  GrpoTrainer tr(model, tokenizer(), prompts, options(4), std::make_unique<SpreadReward>());
+  CHECK(model->model->layers->at<phi4mm::DecoderLayer>(0)->self_attn->qkv_proj->is_training());
+  const RlStepStats st = tr.step();
+  MESSAGE(fmt::format("audio prompts in training mode: logp_abs_diff_mean {:.2e} max {:.2e}", st.logp_abs_diff_mean,
+                      st.logp_abs_diff_max));
+  CHECK(st.samples == 8);
+  CHECK(st.logp_abs_diff_mean < 1e-5);
+  CHECK(st.logp_abs_diff_max < 1e-4);
+  CHECK(st.ratio_mean == doctest::Approx(1.0).epsilon(1e-4));
 }

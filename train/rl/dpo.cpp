@@ -113,6 +113,7 @@ DpoTrainer::DpoTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::ve
   validate(options_);
   if (rows_.empty()) throw std::invalid_argument("the dataset has no preference pairs to train on");
   optimizer_ = make_training_optimizer(*model_, options_.loop, total_steps());
+  disable_dropout(*model_);
   if (!resume_from.empty()) {
     if (reference) throw std::logic_error("DpoTrainer: a resumed run takes the saved reference sums, not a model");
     load_state(resume_from);

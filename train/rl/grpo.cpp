@@ -49,6 +49,7 @@ GrpoTrainer::GrpoTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model,
     throw std::invalid_argument("an RL run needs a reward (--reward or --reward-cmd)");
   agent_ = make_agent_rollout(model_, tok_, options_.rollout, options_.loop.seed, options_.agent);
   optimizer_ = make_training_optimizer(*model_, options_.loop, total_steps());
+  disable_dropout(*model_);
 }
 
 int64_t GrpoTrainer::steps_per_epoch() const { return loop_steps_per_epoch(int64_t(rows_.size()), options_.loop); }

@@ -87,6 +87,7 @@ PpoTrainer::PpoTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::sh
   if (!options_.ppo.use_kl_loss) reference_.reset();
   const SftOptions& lo = options_.loop;
   optimizer_ = make_training_optimizer(*model_, lo, total_steps());
+  disable_dropout(*model_);
 
   // The critic's optimizer: the separate critic's trainable groups (as the
   // policy's, at --critic-lr) and the value head, one schedule.
@@ -98,6 +99,7 @@ PpoTrainer::PpoTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::sh
   std::vector<ParamGroup> groups;
   if (critic_) {
     groups = make_training_optimizer(*critic_, co, total_steps())->param_groups();
+    disable_dropout(*critic_);
     for (ParamGroup& g : groups) g.name = "critic." + g.name;
   }
   ParamGroup hg;

@@ -19,7 +19,8 @@
 //
 // Dropout: the engine runs the model as it is. Parts a trainer switched to
 // training mode with a dropout > 0 would drop out during rollouts too (and
-// differently from policy_logp); RL runs keep dropout at 0, as verl does.
+// differently from policy_logp); the RL trainers turn the adapters' dropout
+// off (train::disable_dropout), as verl and TRL do.
 #include <cstdint>
 #include <memory>
 #include <optional>
