@@ -52,6 +52,9 @@ constexpr const char* kServeUsage =
     "  --kv-cache-gb X           KV cache size in GiB (default 1)\n"
     "  --max-queue N             waiting requests before 429 (default 1024)\n"
     "  --seed N                  seed for requests without one (default 0)\n"
+    "  --enable-prefix-caching, --no-enable-prefix-caching\n"
+    "                            reuse the KV blocks of a prompt start seen before (same tokens,\n"
+    "                            media and adapter; SHA-256 digests; default on)\n"
     "requests:\n"
     "  --default-max-tokens N    chat completion budget when the request sets none (default 1024;\n"
     "                            clamped to the context left)\n"
@@ -134,6 +137,8 @@ int cmd_serve(const Args& args) {
       .integer("--prefill-chunk-tokens", eo.prefill_chunk_tokens, 1);
   flags.value("--kv-cache-gb", positive_flag("--kv-cache-gb", kv_gb));
   flags.integer("--max-queue", eo.max_queue, 1).integer("--seed", eo.seed, 0);
+  eo.prefix_caching = true;
+  flags.toggle("--enable-prefix-caching", eo.prefix_caching).toggle("--no-enable-prefix-caching", eo.prefix_caching, false);
   flags.integer("--default-max-tokens", so.api.default_max_tokens, 1)
       .integer("--max-prompt-tokens", so.max_prompt_tokens, 0)
       .integer("--max-context-len", so.max_context_len, 0);

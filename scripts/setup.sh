@@ -5,6 +5,7 @@ set -euo pipefail
 pkgs=(meson ninja-build g++ pkg-config libeigen3-dev libfmt-dev doctest-dev
       nlohmann-json3-dev libpcre2-dev libfftw3-dev libstb-dev libcpp-httplib-dev libsndfile1-dev
       libdnnl-dev  # oneDNN: bf16 GEMMs (kernels/cpu/gemm_dnnl.h)
+      libssl-dev   # libcrypto's SHA-256: the prefix cache's digests (serve/engine.cpp)
       curl)        # curl: the test agents of tests/rl/scripts/
 missing=()
 for p in "${pkgs[@]}"; do

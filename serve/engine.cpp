@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include <fmt/format.h>
+#include <openssl/sha.h>
 
 #include "models/phi4mm/model.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
@@ -46,6 +47,10 @@ struct Engine::Seq {
   std::string text;      // decoded completion so far (stop strings included until cut)
   size_t emitted = 0;    // bytes of `text` already reported
   std::unordered_map<int64_t, int64_t> counts;  // generated token counts (penalties)
+  // Prefix caching: the digests of the prompt's full blocks for kv.rope, and
+  // how many of kv's blocks are remembered (or came from the cache).
+  std::vector<std::string> digests;
+  int64_t remembered = 0;
   explicit Seq(const tok::Tokenizer& t, bool skip) : dec(t, skip) {}
 };
 
@@ -58,6 +63,7 @@ struct Engine::Req {
   int64_t max_context = 0;
   Tensor media_rows;                  // computed at submit, on the submitting thread
   std::vector<int64_t> media_before;  // [prompt_len + 1] placeholders before position i
+  std::vector<std::string> media_digest;  // prefix caching: SHA-256 of each media row's bytes
   std::vector<int64_t> stop_ids;      // stop_token_ids, plus the eos ids unless ignore_eos
   std::vector<std::unique_ptr<Seq>> seqs;
   std::vector<std::optional<TokenLogprob>> prompt_lp;
@@ -153,6 +159,17 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
     media_seconds_total_ += secs;
     r.media.clear();  // the rows are what the engine keeps
   }
+  if (opts_.prefix_caching && q->media_rows.defined()) {
+    // Each media row's bytes, for the digests of the blocks its placeholder is in.
+    const Tensor rows = q->media_rows.to(Device::cpu()).contiguous();
+    const auto* p = static_cast<const unsigned char*>(rows.data_ptr());
+    const size_t row_bytes = size_t(rows.size(1)) * dtype_size(rows.dtype());
+    unsigned char d[SHA256_DIGEST_LENGTH];
+    for (int64_t m = 0; m < rows.size(0); ++m) {
+      SHA256(p + size_t(m) * row_bytes, row_bytes, d);
+      q->media_digest.emplace_back(reinterpret_cast<const char*>(d), sizeof d);
+    }
+  }
   q->r = std::move(r);
   q->cb = std::move(on_output);
   q->stop_ids = q->r.params.stop_token_ids;
@@ -208,7 +225,10 @@ void Engine::take_inbox() {
 
 void Engine::release(Seq& s) {
   if (!s.kv.blocks.empty() || s.kv.length) cache_->release(s.kv);
+  s.remembered = 0;
+  s.digests.clear();
 }
+
 
 void Engine::preempt(Seq& s) {
   release(s);
@@ -279,6 +299,7 @@ bool Engine::step() {
   stats_.running = int64_t(running_.size());
   stats_.waiting = int64_t(waiting_.size() + preempted_.size());
   stats_.kv_blocks_used = cache_->manager().num_used();
+  stats_.kv_blocks_cached = cache_->manager().num_cached();
   {
     std::lock_guard<std::mutex> lk(mu_);
     published_ = stats_;
@@ -356,12 +377,64 @@ struct Engine::RowRef {
   int64_t pos;
 };
 
+// ---- prefix caching ----
+
+// The digest of prompt block i chains those before it: SHA-256 of block i-1's
+// digest, the rotary table and the adapter (both change every key), the
+// block's token ids and the digests of the media rows its placeholders take.
+// Only blocks that leave a prompt token after them (the step that samples
+// needs one row to compute).
+std::vector<std::string> Engine::prompt_digests(const Req& q, RopeTable table) const {
+  const int64_t BS = cache_->block_size(), full = (q.prompt_len - 1) / BS;
+  std::vector<std::string> out;
+  std::string buf, prev(SHA256_DIGEST_LENGTH, '\0');
+  for (int64_t i = 0; i < full; ++i) {
+    buf.assign(prev);
+    buf += char(table == RopeTable::long_table ? 2 : 1);
+    buf += char(int(q.r.adapter));
+    buf.append(reinterpret_cast<const char*>(q.r.prompt.data() + i * BS), size_t(BS) * sizeof(int64_t));
+    for (int64_t m = q.media_before[size_t(i * BS)]; m < q.media_before[size_t((i + 1) * BS)]; ++m)
+      buf += q.media_digest.at(size_t(m));
+    unsigned char d[SHA256_DIGEST_LENGTH];
+    SHA256(reinterpret_cast<const unsigned char*>(buf.data()), buf.size(), d);
+    prev.assign(reinterpret_cast<const char*>(d), sizeof d);
+    out.push_back(prev);
+  }
+  return out;
+}
+
+// An empty sequence takes the cached blocks its prompt starts with.
+void Engine::attach_cached(Seq& s) {
+  const Req& q = *s.req;
+  if (!opts_.prefix_caching || s.kv.length != 0 || !s.kv.blocks.empty() || s.pending_fork ||
+      q.r.params.prompt_logprobs >= 0)
+    return;
+  const RopeTable table = table_for(s);
+  s.digests = prompt_digests(q, table);
+  s.remembered = cache_->attach_prefix(s.kv, s.digests, table);
+  stats_.prefix_cache_queries += q.prompt_len;
+  stats_.prefix_cache_hits += s.kv.length;
+}
+
+// After a forward: the prompt blocks each sequence has filled are remembered.
+void Engine::remember_blocks(const std::vector<StepItem>& items) {
+  if (!opts_.prefix_caching) return;
+  const int64_t BS = cache_->block_size();
+  for (const StepItem& it : items) {
+    Seq& s = *it.s;
+    if (s.digests.empty() || s.kv.rope != it.table) continue;
+    const int64_t n = std::min<int64_t>(int64_t(s.digests.size()), s.kv.length / BS);
+    for (; s.remembered < n; ++s.remembered) cache_->remember(s.kv, s.remembered, s.digests[size_t(s.remembered)]);
+  }
+}
+
 void Engine::schedule_and_run() {
   std::vector<StepItem> items = plan_step();
   if (items.empty()) return;
   std::vector<RowRef> rows;
   const Tensor logits = run_step(items, rows);
   if (!logits.defined()) return;  // the batch failed; its requests were failed
+  remember_blocks(items);
   emit_step(items, rows, static_cast<const float*>(logits.data_ptr()));
 }
 
@@ -403,8 +476,12 @@ bool Engine::make_room(Seq& s, int64_t new_len, const std::vector<StepItem>& ite
 
 // Admits `s` with its first chunk when the cache has room.
 bool Engine::admit_seq(Seq& s, std::vector<StepItem>& items, int64_t& budget) {
+  attach_cached(s);
   const int64_t c = chunk_for(s, budget);
-  if (c <= 0 || !cache_->can_grow(s.kv, s.kv.length + c)) return false;
+  if (c <= 0 || !cache_->can_grow(s.kv, s.kv.length + c)) {
+    release(s);  // the cached blocks it took go back to the cache
+    return false;
+  }
   const RopeTable table = table_for(s);
   cache_->reserve(s.kv, s.kv.length + c);
   s.order = ++admit_counter_;

@@ -92,6 +92,12 @@ struct EngineOptions {
   int64_t max_queue = 1024;            // waiting requests; submit() throws QueueFull beyond
   std::vector<int64_t> eos_token_ids{200020, 199999};
   uint64_t seed = 0;                   // for requests without a seed
+  // Automatic prefix caching (vLLM's): a prompt's full KV blocks stay cached
+  // under the SHA-256 of everything before and in them (tokens, the rotary
+  // table, the adapter, the media rows' bytes); a later prompt with the same
+  // start reuses them instead of computing them. Off by default: a trainer
+  // changes the weights under the engine (areno serve turns it on).
+  bool prefix_caching = false;
 };
 
 struct QueueFull : std::runtime_error {
@@ -104,6 +110,9 @@ struct EngineStats {
   int64_t numerical_faults = 0;  // requests failed for a non-finite logit
   int64_t running = 0, waiting = 0;
   int64_t kv_blocks_total = 0, kv_blocks_used = 0;
+  // Prefix caching: prompt tokens looked up, and those found cached.
+  int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;
+  int64_t kv_blocks_cached = 0;  // remembered blocks (held or evictable)
   int64_t steps = 0;
   double step_seconds_total = 0, last_step_seconds = 0;
   // Media items encoded by submit (on submitting threads) and the time spent.
@@ -160,6 +169,9 @@ class Engine {
   phi4mm::RopeTable table_for(const Seq& s) const;
   int64_t chunk_for(const Seq& s, int64_t budget) const;
   bool make_room(Seq& s, int64_t new_len, const std::vector<StepItem>& items);
+  std::vector<std::string> prompt_digests(const Req& q, phi4mm::RopeTable table) const;
+  void attach_cached(Seq& s);
+  void remember_blocks(const std::vector<StepItem>& items);
   bool admit_seq(Seq& s, std::vector<StepItem>& items, int64_t& budget);
   void report_token(Seq& s, const Picked& picked);
   void finish_request(Req& r, FinishReason why, const std::string& error = {});

@@ -693,6 +693,12 @@ struct HttpServer::Impl {
     metric("areno_requests_waiting", "gauge", "Requests waiting for admission.", double(s.waiting));
     metric("areno_kv_blocks_used", "gauge", "KV cache blocks in use.", double(s.kv_blocks_used));
     metric("areno_kv_blocks_total", "gauge", "KV cache blocks.", double(s.kv_blocks_total));
+    metric("areno_kv_blocks_cached", "gauge", "KV blocks remembered for prefix caching (held or evictable).",
+           double(s.kv_blocks_cached));
+    metric("areno_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+           double(s.prefix_cache_queries));
+    metric("areno_prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache (not computed).",
+           double(s.prefix_cache_hits));
     metric("areno_kv_cache_usage_ratio", "gauge", "Fraction of KV blocks in use.",
            s.kv_blocks_total ? double(s.kv_blocks_used) / double(s.kv_blocks_total) : 0.0);
     metric("areno_engine_steps_total", "counter", "Engine steps run.", double(s.steps));

@@ -16,13 +16,15 @@ namespace areno::phi4mm {
 BlockManager::BlockManager(int64_t num_blocks) {
   if (num_blocks <= 0)
     throw std::invalid_argument(fmt::format("BlockManager: num_blocks must be positive, got {}", num_blocks));
-  in_use_.assign(size_t(num_blocks), 0);
+  refs_.assign(size_t(num_blocks), 0);
+  digest_.assign(size_t(num_blocks), std::string());
+  lru_at_.assign(size_t(num_blocks), lru_.end());
   // Stack with block 0 on top, so a fresh pool hands out 0, 1, 2, ...
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
 }
 
 bool BlockManager::in_use(int64_t block) const {
-  return block >= 0 && block < num_blocks() && in_use_[size_t(block)];
+  return block >= 0 && block < num_blocks() && refs_[size_t(block)] > 0;
 }
 
 std::vector<int64_t> BlockManager::allocate(int64_t n) {
@@ -33,9 +35,19 @@ std::vector<int64_t> BlockManager::allocate(int64_t n) {
   std::vector<int64_t> out;
   out.reserve(size_t(n));
   for (int64_t i = 0; i < n; ++i) {
-    out.push_back(free_.back());
-    free_.pop_back();
-    in_use_[size_t(out.back())] = 1;
+    int64_t b;
+    if (!free_.empty()) {
+      b = free_.back();
+      free_.pop_back();
+    } else {  // the least recently freed cached block: forgotten
+      b = lru_.front();
+      lru_.pop_front();
+      lru_at_[size_t(b)] = lru_.end();
+      by_digest_.erase(digest_[size_t(b)]);
+      digest_[size_t(b)].clear();
+    }
+    refs_[size_t(b)] = 1;
+    out.push_back(b);
   }
   return out;
 }
@@ -47,9 +59,33 @@ void BlockManager::free(const std::vector<int64_t>& blocks) {
     if (!in_use(b) || !seen.insert(b).second)
       throw std::invalid_argument(fmt::format("BlockManager: block {} is not in use (double free or foreign id)", b));
   for (int64_t b : blocks) {
-    in_use_[size_t(b)] = 0;
-    free_.push_back(b);
+    if (--refs_[size_t(b)] > 0) continue;
+    if (digest_[size_t(b)].empty()) free_.push_back(b);
+    else lru_at_[size_t(b)] = lru_.insert(lru_.end(), b);
   }
+}
+
+int64_t BlockManager::lookup(const std::string& digest) const {
+  const auto it = by_digest_.find(digest);
+  return it == by_digest_.end() ? -1 : it->second;
+}
+
+void BlockManager::hold(int64_t block) {
+  if (block < 0 || block >= num_blocks() || digest_[size_t(block)].empty())
+    throw std::invalid_argument(fmt::format("BlockManager: block {} is not a cached block", block));
+  if (refs_[size_t(block)] == 0) {
+    lru_.erase(lru_at_[size_t(block)]);
+    lru_at_[size_t(block)] = lru_.end();
+  }
+  ++refs_[size_t(block)];
+}
+
+void BlockManager::remember(int64_t block, const std::string& digest) {
+  if (!in_use(block)) throw std::invalid_argument(fmt::format("BlockManager: block {} is not in use", block));
+  if (digest.empty()) throw std::invalid_argument("BlockManager: an empty digest");
+  if (!digest_[size_t(block)].empty() || by_digest_.count(digest)) return;
+  digest_[size_t(block)] = digest;
+  by_digest_.emplace(digest, block);
 }
 
 // ---- LongRoPE table choice ----
@@ -110,6 +146,29 @@ void PagedKvCache::release(KvSequence& s) {
   s.blocks.clear();
   s.length = 0;
   s.rope = RopeTable::automatic;
+}
+
+int64_t PagedKvCache::attach_prefix(KvSequence& s, const std::vector<std::string>& digests, RopeTable table) {
+  if (s.length != 0 || !s.blocks.empty())
+    throw std::invalid_argument("PagedKvCache::attach_prefix: the sequence must be empty");
+  for (const std::string& d : digests) {
+    const int64_t b = manager_.lookup(d);
+    if (b < 0) break;
+    manager_.hold(b);
+    s.blocks.push_back(b);
+  }
+  if (!s.blocks.empty()) {
+    s.length = int64_t(s.blocks.size()) * block_size_;
+    s.rope = table;
+  }
+  return int64_t(s.blocks.size());
+}
+
+void PagedKvCache::remember(const KvSequence& s, int64_t i, const std::string& digest) {
+  if (i < 0 || (i + 1) * block_size_ > s.length)
+    throw std::invalid_argument(fmt::format("PagedKvCache::remember: block {} of a sequence of {} tokens is not full",
+                                            i, s.length));
+  manager_.remember(s.blocks[size_t(i)], digest);
 }
 
 std::vector<int64_t> PagedKvCache::slots(const std::vector<int64_t>& blocks, int64_t start, int64_t n) const {

@@ -21,6 +21,9 @@
 //   ... if (needs_reprefill(model, s, s.length + 1)) { cache.release(s); re-prefill with long_table }
 //   ... cache.release(s) when the request ends.
 #include <cstdint>
+#include <list>
+#include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -28,26 +31,49 @@
 
 namespace areno::phi4mm {
 
-// A pool of `num_blocks` block ids with a free list. Allocation is
-// all-or-nothing; freeing a block that is not in use is an error (a double
-// free would hand one block to two sequences).
+// A pool of `num_blocks` block ids. A block is held by the sequences whose
+// tables hold it (several, when a cached prefix is shared); allocation is
+// all-or-nothing; freeing a block no one holds is an error (a double free
+// would hand one block to two sequences).
+//
+// Prefix caching: a full block may be remembered under the digest of its
+// content (the serving engine's chained SHA-256 of the tokens and media
+// before and in it). Freed by its last holder it stays cached, evictable:
+// allocate takes never-remembered blocks first, then evicts the least
+// recently freed cached ones (forgetting their digest).
 class BlockManager {
  public:
   explicit BlockManager(int64_t num_blocks);
 
-  int64_t num_blocks() const { return int64_t(in_use_.size()); }
-  int64_t num_free() const { return int64_t(free_.size()); }
-  int64_t num_used() const { return num_blocks() - num_free(); }
+  int64_t num_blocks() const { return int64_t(refs_.size()); }
+  // Blocks an allocation may take: unused, or cached and held by no one.
+  int64_t num_free() const { return int64_t(free_.size() + lru_.size()); }
+  int64_t num_used() const { return num_blocks() - num_free(); }  // held
+  int64_t num_cached() const { return int64_t(by_digest_.size()); }
   bool can_allocate(int64_t n) const { return n <= num_free(); }
-  bool in_use(int64_t block) const;
+  bool in_use(int64_t block) const;  // held by at least one sequence
 
-  // `n` block ids; throws std::runtime_error (and allocates nothing) when fewer are free.
+  // `n` block ids, each held once; throws std::runtime_error (and allocates
+  // nothing) when fewer are free.
   std::vector<int64_t> allocate(int64_t n);
+  // Drops one hold of each block (distinct blocks, each held).
   void free(const std::vector<int64_t>& blocks);
+
+  // The block remembered under `digest`, or -1.
+  int64_t lookup(const std::string& digest) const;
+  // One more hold of a remembered block (held or evictable).
+  void hold(int64_t block);
+  // Remembers a held, full block under `digest`; a block already remembered,
+  // or a digest another block has, is left as it is.
+  void remember(int64_t block, const std::string& digest);
 
  private:
   std::vector<int64_t> free_;   // stack: the most recently freed block is reused first
-  std::vector<uint8_t> in_use_;
+  std::vector<int32_t> refs_;
+  std::vector<std::string> digest_;  // "" when not remembered
+  std::unordered_map<std::string, int64_t> by_digest_;
+  std::list<int64_t> lru_;           // remembered, held by no one: least recently freed first
+  std::vector<std::list<int64_t>::iterator> lru_at_;
 };
 
 // One sequence's state in the cache. The caller owns it; the incremental
@@ -97,6 +123,15 @@ class PagedKvCache {
   void reserve(KvSequence& s, int64_t new_length);
   // Returns every block of `s` to the pool and resets it (length 0, table automatic).
   void release(KvSequence& s);
+
+  // Prefix caching. attach_prefix gives the empty `s` the longest run of
+  // cached blocks whose digests are digests[0..] (block i's digest covers
+  // positions [0, (i+1) * block_size)), held once more each, and sets its
+  // length and table (`table`: the digests were made for it). Returns the
+  // blocks attached.
+  int64_t attach_prefix(KvSequence& s, const std::vector<std::string>& digests, RopeTable table);
+  // Remembers block i of `s` (full: its length covers it) under `digest`.
+  void remember(const KvSequence& s, int64_t i, const std::string& digest);
 
   // Makes `dst` (empty) a copy of `src`: new blocks holding the same keys and
   // values, same length and table (n > 1 samples share one prompt prefill).

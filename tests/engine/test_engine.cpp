@@ -186,6 +186,95 @@ TEST_CASE("engine: greedy equals the packed-forward reference and is batch invar
   }
 }
 
+TEST_CASE("engine: prefix caching reuses a prompt's cached blocks; every output equals the reference") {
+  const auto cases = mixed_cases();
+  const int64_t steps = 8;
+  std::vector<std::vector<int64_t>> ref;
+  for (auto& c : cases) ref.push_back(reference_greedy(c, steps));
+  auto run = [&](Engine& e, const std::vector<Case>& cs) {
+    std::vector<Request> reqs;
+    for (auto& c : cs) reqs.push_back(make_request(c, steps));
+    std::vector<std::vector<int64_t>> out;
+    for (auto& r : generate(e, reqs)) out.push_back(r[0].tokens);
+    CHECK(e.stats().kv_blocks_used == 0);
+    return out;
+  };
+  int64_t prompt_blocks = 0;  // full blocks before each prompt's last token (block size 4)
+  for (auto& c : cases) prompt_blocks += (int64_t(c.prompt.size()) - 1) / 4;
+  EngineOptions o = opts(8, 16, 256);
+  o.prefix_caching = true;
+  Engine e(tiny_model(), tokenizer(), o);
+  CHECK(run(e, cases) == ref);
+  EngineStats st = e.stats();
+  CHECK(st.prefix_cache_hits == 0);  // nothing was cached before
+  CHECK(st.kv_blocks_cached == prompt_blocks);
+  // The same prompts again: every full block comes from the cache.
+  CHECK(run(e, cases) == ref);
+  st = e.stats();
+  CHECK(st.prefix_cache_hits == prompt_blocks * 4);
+  MESSAGE(fmt::format("second pass: {} of {} prompt tokens from the cache", st.prefix_cache_hits,
+                      st.prefix_cache_queries));
+  // Same tokens, other media rows: only the blocks before the first placeholder
+  // match, and the log-probabilities are those of an engine without a cache
+  // (the rows change them: a block reused across media would show).
+  Case other = cases[1];
+  other.media_seed = 999;
+  auto logprobs = [&](Engine& en, const Case& c) {
+    Request r = make_request(c, steps);
+    r.params.logprobs = 0;
+    return generate(en, {r})[0][0].logprobs;
+  };
+  const int64_t before_media = int64_t(std::find(other.prompt.begin(), other.prompt.end(), phi4mm::kImageToken) -
+                                       other.prompt.begin()) / 4;
+  const int64_t hits0 = e.stats().prefix_cache_hits;
+  const std::vector<float> cached = logprobs(e, other);
+  CHECK(e.stats().prefix_cache_hits - hits0 == before_media * 4);
+  Engine plain(tiny_model(), tokenizer(), opts(8, 16, 256));
+  const std::vector<float> fresh = logprobs(plain, other), first = logprobs(plain, cases[1]);
+  REQUIRE(cached.size() == size_t(steps));
+  REQUIRE(fresh.size() == cached.size());
+  double diff = 0, media_effect = 0;
+  for (size_t k = 0; k < fresh.size(); ++k) {
+    diff = std::max(diff, double(std::abs(cached[k] - fresh[k])));
+    media_effect = std::max(media_effect, double(std::abs(first[k] - fresh[k])));
+  }
+  MESSAGE(fmt::format("other media rows: logprob diff to an uncached engine {:.2g}; the rows' effect {:.2g}", diff,
+                      media_effect));
+  CHECK(diff < 1e-5);
+  CHECK(media_effect > 1e-3);
+  // Same tokens, another adapter: no block matches.
+  Case speech = cases[0];
+  speech.adapter = Adapter::speech;
+  const int64_t hits1 = e.stats().prefix_cache_hits;
+  CHECK(run(e, {speech}) == std::vector<std::vector<int64_t>>{reference_greedy(speech, steps)});
+  CHECK(e.stats().prefix_cache_hits == hits1);
+  // A cache too small for everything: evictions and preemption, the same outputs, nothing held after.
+  EngineOptions small = opts(8, 16, 20);
+  small.prefix_caching = true;
+  Engine es(tiny_model(), tokenizer(), small);
+  for (int pass = 0; pass < 3; ++pass) {
+    CAPTURE(pass);
+    CHECK(run(es, cases) == ref);
+  }
+  CHECK(es.stats().preemptions > 0);
+  CHECK(es.stats().kv_blocks_cached <= 20);
+  // A long shared start (a system prompt) and different questions: the shared full blocks hit.
+  const std::vector<int64_t> system = ids_of("<|system|>You are a careful assistant who answers in one short sentence.<|end|>");
+  std::vector<Case> chats;
+  for (const char* q : {"What is a cat?", "Why is the sky blue?", "Name a prime number."}) {
+    Case c{system, Adapter::none, 0};
+    const auto t = ids_of(fmt::format("<|user|>{}<|end|><|assistant|>", q));
+    c.prompt.insert(c.prompt.end(), t.begin(), t.end());
+    chats.push_back(c);
+  }
+  Engine ec(tiny_model(), tokenizer(), o);
+  for (auto& c : chats) CHECK(run(ec, {c}) == std::vector<std::vector<int64_t>>{reference_greedy(c, steps)});
+  size_t common = 0;  // the prompts' common start: the system prompt and what follows it alike
+  while (chats[0].prompt[common] == chats[1].prompt[common] && chats[0].prompt[common] == chats[2].prompt[common]) ++common;
+  CHECK(common >= system.size());
+  CHECK(ec.stats().prefix_cache_hits == 2 * (int64_t(common) / 4) * 4);
+}
+
 TEST_CASE("engine: crossing original_max_position_embeddings re-prefills and continues as the reference") {
   const int64_t orig = tiny_model()->config().text.original_max_position_embeddings;  // 64
   Case c;

@@ -109,6 +109,38 @@ TEST_CASE("phi4mm/kv cache: block manager allocates all or nothing, frees and re
   CHECK_THROWS_AS(BlockManager(0), std::invalid_argument);
 }
 
+TEST_CASE("phi4mm/kv cache: remembered blocks are shared by holders, cached when free, evicted least recent first") {
+  BlockManager bm(4);
+  auto a = bm.allocate(2);  // 0, 1
+  bm.remember(a[0], "d0");
+  bm.remember(a[1], "d1");
+  bm.remember(a[1], "other");  // already remembered: unchanged
+  CHECK(bm.lookup("d1") == 1);
+  CHECK(bm.lookup("other") == -1);
+  CHECK(bm.num_cached() == 2);
+  bm.hold(0);  // a second sequence shares block 0
+  bm.free({0, 1});
+  CHECK(bm.in_use(0));       // still held by the second
+  CHECK_FALSE(bm.in_use(1));  // cached, evictable
+  CHECK(bm.num_free() == 3);
+  CHECK(bm.lookup("d1") == 1);
+  bm.free({0});
+  CHECK(bm.num_free() == 4);
+  CHECK(bm.num_used() == 0);
+  // Never-remembered blocks go first (2, 3), then the least recently freed cached one (1), forgotten.
+  CHECK(bm.allocate(3) == std::vector<int64_t>{2, 3, 1});
+  CHECK(bm.lookup("d1") == -1);
+  CHECK(bm.lookup("d0") == 0);
+  bm.hold(0);  // taken back from the cache
+  CHECK(bm.num_free() == 0);
+  CHECK_THROWS_WITH_AS(bm.allocate(1), doctest::Contains("out of blocks"), std::runtime_error);
+  CHECK_THROWS_WITH_AS(bm.hold(2), doctest::Contains("not a cached block"), std::invalid_argument);
+  bm.free({0, 1, 2, 3});
+  CHECK(bm.num_free() == 4);
+  CHECK(bm.num_cached() == 1);
+  CHECK_THROWS_AS(bm.free({0}), std::invalid_argument);  // cached but held by no one
+}
+
 TEST_CASE("phi4mm/kv cache: capacity from a byte budget, storage shape and slot mapping") {
   const auto& m = tiny_cpu();
   // 2 layers x (K + V) x 16 tokens x 2 KV heads x 8 dims x 4 bytes
