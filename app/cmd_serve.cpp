@@ -55,6 +55,9 @@ constexpr const char* kServeUsage =
     "  --enable-prefix-caching, --no-enable-prefix-caching\n"
     "                            reuse the KV blocks of a prompt start seen before (same tokens,\n"
     "                            media and adapter; SHA-256 digests; default on)\n"
+    "  --media-cache-mb X        media rows kept for requests that send the same images and clips\n"
+    "                            again (their towers skipped); least recently used out (default\n"
+    "                            256; 0: off)\n"
     "requests:\n"
     "  --default-max-tokens N    chat completion budget when the request sets none (default 1024;\n"
     "                            clamped to the context left)\n"
@@ -139,6 +142,12 @@ int cmd_serve(const Args& args) {
   flags.integer("--max-queue", eo.max_queue, 1).integer("--seed", eo.seed, 0);
   eo.prefix_caching = true;
   flags.toggle("--enable-prefix-caching", eo.prefix_caching).toggle("--no-enable-prefix-caching", eo.prefix_caching, false);
+  double media_cache_mb = 256;
+  flags.value("--media-cache-mb", [&](const std::string& v) {
+    media_cache_mb = parse_double_flag("--media-cache-mb", v, 0);
+    if (media_cache_mb > 1e7)
+      throw std::invalid_argument(fmt::format("--media-cache-mb: {} must be from 0 to 1e7", v));
+  });
   flags.integer("--default-max-tokens", so.api.default_max_tokens, 1)
       .integer("--max-prompt-tokens", so.max_prompt_tokens, 0)
       .integer("--max-context-len", so.max_context_len, 0);
@@ -175,6 +184,7 @@ int cmd_serve(const Args& args) {
   flags.value("--max-media-decode-mb", positive_flag("--max-media-decode-mb", decode_mb));
   if (auto rc = flags.parse(args)) return *rc;
   eo.kv_cache_bytes = size_t(kv_gb * double(size_t(1) << 30));
+  eo.media_cache_bytes = size_t(media_cache_mb * double(size_t(1) << 20));
   so.max_body_bytes = size_t(body_mb * double(size_t(1) << 20));
   so.max_media_decode_bytes = size_t(decode_mb * double(size_t(1) << 20));
   if (so.media.allow_private && !so.media.allow_remote)

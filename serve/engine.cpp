@@ -133,6 +133,40 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
   };
   auto q = std::make_unique<Req>();
   q->media_rows = std::move(r.media_rows);
+  std::string media_key;  // the media cache's key, when it is on
+  if (!r.media.empty() && opts_.media_cache_bytes > 0) {
+    std::string buf;
+    for (const phi4mm::Media& m : r.media) {
+      const int64_t dims[3] = {int64_t(m.kind), m.kind == phi4mm::MediaKind::kImage ? m.image.width : m.sample_rate,
+                               m.kind == phi4mm::MediaKind::kImage ? m.image.height : int64_t(m.samples.size())};
+      buf.append(reinterpret_cast<const char*>(dims), sizeof dims);
+      unsigned char d[SHA256_DIGEST_LENGTH];
+      if (m.kind == phi4mm::MediaKind::kImage) SHA256(m.image.rgb.data(), m.image.rgb.size(), d);
+      else SHA256(reinterpret_cast<const unsigned char*>(m.samples.data()), m.samples.size() * sizeof(double), d);
+      buf.append(reinterpret_cast<const char*>(d), sizeof d);
+    }
+    unsigned char d[SHA256_DIGEST_LENGTH];
+    SHA256(reinterpret_cast<const unsigned char*>(buf.data()), buf.size(), d);
+    media_key.assign(reinterpret_cast<const char*>(d), sizeof d);
+    bool hit = false;
+    {
+      std::lock_guard<std::mutex> lk(media_mu_);
+      if (auto it = media_by_key_.find(media_key); it != media_by_key_.end()) {
+        media_lru_.splice(media_lru_.begin(), media_lru_, it->second);
+        q->media_rows = it->second->second.rows;
+        q->media_digest = it->second->second.row_digests;
+        hit = true;
+      }
+    }
+    if (hit) {
+      if (q->media_rows.size(0) != n_media)
+        throw std::invalid_argument(fmt::format("prompt: {} media placeholder ids, but its media give {} rows", n_media,
+                                                q->media_rows.size(0)));
+      r.media.clear();
+      std::lock_guard<std::mutex> lk(mu_);
+      ++media_cache_hits_;
+    }
+  }
   if (!r.media.empty()) {
     // The processors and towers run here, on the submitting thread, so an
     // image never stalls the decode steps of the engine thread. A request
@@ -159,7 +193,7 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
     media_seconds_total_ += secs;
     r.media.clear();  // the rows are what the engine keeps
   }
-  if (opts_.prefix_caching && q->media_rows.defined()) {
+  if (opts_.prefix_caching && q->media_rows.defined() && q->media_digest.empty()) {
     // Each media row's bytes, for the digests of the blocks its placeholder is in.
     const Tensor rows = q->media_rows.to(Device::cpu()).contiguous();
     const auto* p = static_cast<const unsigned char*>(rows.data_ptr());
@@ -168,6 +202,21 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
     for (int64_t m = 0; m < rows.size(0); ++m) {
       SHA256(p + size_t(m) * row_bytes, row_bytes, d);
       q->media_digest.emplace_back(reinterpret_cast<const char*>(d), sizeof d);
+    }
+  }
+  if (!media_key.empty()) {
+    // Kept for the next request with the same media, least recently used out.
+    const size_t bytes = size_t(q->media_rows.numel()) * dtype_size(q->media_rows.dtype());
+    std::lock_guard<std::mutex> lk(media_mu_);
+    if (bytes <= opts_.media_cache_bytes && !media_by_key_.count(media_key)) {
+      media_lru_.emplace_front(media_key, MediaEntry{q->media_rows, q->media_digest, bytes});
+      media_by_key_[media_key] = media_lru_.begin();
+      media_bytes_ += bytes;
+      while (media_bytes_ > opts_.media_cache_bytes) {
+        media_bytes_ -= media_lru_.back().second.bytes;
+        media_by_key_.erase(media_lru_.back().first);
+        media_lru_.pop_back();
+      }
     }
   }
   q->r = std::move(r);
@@ -200,6 +249,7 @@ EngineStats Engine::stats() const {
   s.requests_total = requests_total_;
   s.media_items_total = media_items_total_;
   s.media_seconds_total = media_seconds_total_;
+  s.media_cache_hits = media_cache_hits_;
   s.waiting += int64_t(inbox_.size());
   return s;
 }

@@ -30,11 +30,13 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "models/phi4mm/kv_cache.h"
@@ -98,6 +100,11 @@ struct EngineOptions {
   // start reuses them instead of computing them. Off by default: a trainer
   // changes the weights under the engine (areno serve turns it on).
   bool prefix_caching = false;
+  // Media rows kept across requests, keyed by the SHA-256 of a request's
+  // decoded media (pixels, samples, sizes): the same image or clip sent
+  // again skips its processor and tower. Least recently used out past this
+  // many bytes; 0: off (the default: a trainer may change the towers).
+  size_t media_cache_bytes = 0;
 };
 
 struct QueueFull : std::runtime_error {
@@ -113,6 +120,7 @@ struct EngineStats {
   // Prefix caching: prompt tokens looked up, and those found cached.
   int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;
   int64_t kv_blocks_cached = 0;  // remembered blocks (held or evictable)
+  int64_t media_cache_hits = 0;  // requests whose media rows came from the media cache
   int64_t steps = 0;
   double step_seconds_total = 0, last_step_seconds = 0;
   // Media items encoded by submit (on submitting threads) and the time spent.
@@ -202,6 +210,17 @@ class Engine {
   EngineStats stats_;       // stepping thread
   EngineStats published_;   // copy under mu_, for stats()
   int64_t requests_total_ = 0;  // under mu_
+  int64_t media_cache_hits_ = 0;  // under mu_
+  // The media cache (EngineOptions::media_cache_bytes), under media_mu_.
+  struct MediaEntry {
+    Tensor rows;
+    std::vector<std::string> row_digests;  // for prefix caching, when on
+    size_t bytes = 0;
+  };
+  std::mutex media_mu_;
+  std::list<std::pair<std::string, MediaEntry>> media_lru_;  // most recently used first
+  std::unordered_map<std::string, std::list<std::pair<std::string, MediaEntry>>::iterator> media_by_key_;
+  size_t media_bytes_ = 0;
   int64_t media_items_total_ = 0;      // under mu_
   double media_seconds_total_ = 0;     // under mu_
 };

@@ -605,19 +605,20 @@ TEST_CASE("engine: text, image, audio and image+audio requests through the tower
     }
     ref.push_back(out);
   }
+  auto request = [&](size_t i) {
+    Request r;
+    r.prompt = cases[i].prompt;
+    r.adapter = cases[i].adapter;
+    r.media = cases[i].media;
+    r.params.max_tokens = steps;
+    r.params.temperature = 0;
+    r.params.ignore_eos = true;
+    return r;
+  };
   auto run = [&](std::vector<size_t> which, EngineOptions o, EngineStats* st = nullptr) {
     Engine e(lm, tokenizer(), o);
     std::vector<Request> reqs;
-    for (size_t i : which) {
-      Request r;
-      r.prompt = cases[i].prompt;
-      r.adapter = cases[i].adapter;
-      r.media = cases[i].media;
-      r.params.max_tokens = steps;
-      r.params.temperature = 0;
-      r.params.ignore_eos = true;
-      reqs.push_back(r);
-    }
+    for (size_t i : which) reqs.push_back(request(i));
     auto res = generate(e, reqs);
     if (st) *st = e.stats();
     CHECK(e.stats().kv_blocks_used == 0);
@@ -641,6 +642,46 @@ TEST_CASE("engine: text, image, audio and image+audio requests through the tower
   auto tight = run({0, 1, 2, 3}, opts(4, 64, (longest + steps) / 4 + 40), &st);
   for (size_t i = 0; i < cases.size(); ++i) CHECK(tight[i] == ref[i]);
   CHECK(st.preemptions > 0);
+
+  // The media cache (and the prefix cache beside it): a request whose media
+  // were seen before takes their rows without running the towers; the
+  // outputs are the reference's. Least recently used out past the bytes.
+  SUBCASE("media cache") {
+    EngineOptions o = opts(4, 512, 1024);
+    o.media_cache_bytes = size_t(64) << 20;
+    o.prefix_caching = true;
+    Engine e(lm, tokenizer(), o);
+    auto one = [&](size_t i) { return generate(e, {request(i)})[0][0].tokens; };
+    for (int pass = 0; pass < 2; ++pass)
+      for (size_t i : {1, 2, 3}) {
+        CAPTURE(pass);
+        CAPTURE(i);
+        CHECK(one(i) == ref[i]);
+      }
+    EngineStats ms = e.stats();
+    CHECK(ms.media_items_total == 4);  // encoded once each: 1 + 1 + 2 items
+    CHECK(ms.media_cache_hits == 3);
+    CHECK(ms.prefix_cache_hits > 0);
+    CHECK(one(1) == ref[1]);
+    CHECK(e.stats().media_cache_hits == 4);
+    // Room for one request's rows: each new one pushes the last out.
+    const int64_t H = lm->config().text.hidden_size;
+    auto row_bytes = [&](size_t i) {
+      size_t n = 0;
+      for (int64_t id : cases[i].prompt) n += phi4mm::is_media_token(id) ? size_t(H) * sizeof(float) : 0;
+      return n;
+    };
+    EngineOptions small = o;
+    small.media_cache_bytes = std::max(row_bytes(1), row_bytes(2));
+    REQUIRE(small.media_cache_bytes < row_bytes(1) + row_bytes(2));
+    Engine e2(lm, tokenizer(), small);
+    auto two = [&](size_t i) { return generate(e2, {request(i)})[0][0].tokens; };
+    for (size_t i : {1, 2, 1, 2}) CHECK(two(i) == ref[i]);
+    CHECK(e2.stats().media_cache_hits == 0);
+    CHECK(two(2) == ref[2]);
+    CHECK(e2.stats().media_cache_hits == 1);
+    CHECK(e2.stats().media_items_total == 4);
+  }
 }
 
 TEST_CASE("engine: sampled frequencies follow the softmax; top_k and top_p cut the tail") {
