@@ -47,9 +47,11 @@ struct Engine::Seq {
   std::string text;      // decoded completion so far (stop strings included until cut)
   size_t emitted = 0;    // bytes of `text` already reported
   std::unordered_map<int64_t, int64_t> counts;  // generated token counts (penalties)
-  // Prefix caching: the digests of the prompt's full blocks for kv.rope, and
-  // how many of kv's blocks are remembered (or came from the cache).
+  // Prefix caching: the digests of the first full blocks of `tokens` for
+  // digest_table, and how many of kv's blocks are remembered (or came from
+  // the cache).
   std::vector<std::string> digests;
+  RopeTable digest_table = RopeTable::automatic;
   int64_t remembered = 0;
   explicit Seq(const tok::Tokenizer& t, bool skip) : dec(t, skip) {}
 };
@@ -277,6 +279,7 @@ void Engine::release(Seq& s) {
   if (!s.kv.blocks.empty() || s.kv.length) cache_->release(s.kv);
   s.remembered = 0;
   s.digests.clear();
+  s.digest_table = RopeTable::automatic;
 }
 
 
@@ -429,51 +432,56 @@ struct Engine::RowRef {
 
 // ---- prefix caching ----
 
-// The digest of prompt block i chains those before it: SHA-256 of block i-1's
-// digest, the rotary table and the adapter (both change every key), the
-// block's token ids and the digests of the media rows its placeholders take.
-// Only blocks that leave a prompt token after them (the step that samples
-// needs one row to compute).
-std::vector<std::string> Engine::prompt_digests(const Req& q, RopeTable table) const {
-  const int64_t BS = cache_->block_size(), full = (q.prompt_len - 1) / BS;
-  std::vector<std::string> out;
-  std::string buf, prev(SHA256_DIGEST_LENGTH, '\0');
-  for (int64_t i = 0; i < full; ++i) {
-    buf.assign(prev);
+// The digest of block i of a sequence chains those before it: SHA-256 of
+// block i-1's digest, the rotary table and the adapter (both change every
+// key), the block's token ids (prompt or generated) and the digests of the
+// media rows its placeholders take. Extends s.digests to n blocks.
+void Engine::extend_digests(Seq& s, RopeTable table, int64_t n) const {
+  if (s.digest_table != table) s.digests.clear(), s.digest_table = table;
+  const Req& q = *s.req;
+  const int64_t BS = cache_->block_size(), P = q.prompt_len;
+  std::string buf;
+  for (int64_t i = int64_t(s.digests.size()); i < n; ++i) {
+    buf.assign(i ? s.digests.back() : std::string(SHA256_DIGEST_LENGTH, '\0'));
     buf += char(table == RopeTable::long_table ? 2 : 1);
     buf += char(int(q.r.adapter));
-    buf.append(reinterpret_cast<const char*>(q.r.prompt.data() + i * BS), size_t(BS) * sizeof(int64_t));
-    for (int64_t m = q.media_before[size_t(i * BS)]; m < q.media_before[size_t((i + 1) * BS)]; ++m)
+    buf.append(reinterpret_cast<const char*>(s.tokens.data() + i * BS), size_t(BS) * sizeof(int64_t));
+    for (int64_t m = q.media_before[size_t(std::min(i * BS, P))]; m < q.media_before[size_t(std::min((i + 1) * BS, P))];
+         ++m)
       buf += q.media_digest.at(size_t(m));
     unsigned char d[SHA256_DIGEST_LENGTH];
     SHA256(reinterpret_cast<const unsigned char*>(buf.data()), buf.size(), d);
-    prev.assign(reinterpret_cast<const char*>(d), sizeof d);
-    out.push_back(prev);
+    s.digests.emplace_back(reinterpret_cast<const char*>(d), sizeof d);
   }
-  return out;
 }
 
-// An empty sequence takes the cached blocks its prompt starts with.
+bool Engine::caches_prefix(const Seq& s) const {
+  return opts_.prefix_caching && s.req->r.params.prompt_logprobs < 0;
+}
+
+// An empty sequence (new, or back from preemption) takes the cached blocks
+// its tokens start with, all but the last token's (the step that samples
+// needs one row to compute).
 void Engine::attach_cached(Seq& s) {
-  const Req& q = *s.req;
-  if (!opts_.prefix_caching || s.kv.length != 0 || !s.kv.blocks.empty() || s.pending_fork ||
-      q.r.params.prompt_logprobs >= 0)
-    return;
+  if (!caches_prefix(s) || s.kv.length != 0 || !s.kv.blocks.empty() || s.pending_fork) return;
   const RopeTable table = table_for(s);
-  s.digests = prompt_digests(q, table);
+  const int64_t T = int64_t(s.tokens.size());
+  extend_digests(s, table, (T - 1) / cache_->block_size());
   s.remembered = cache_->attach_prefix(s.kv, s.digests, table);
-  stats_.prefix_cache_queries += q.prompt_len;
+  stats_.prefix_cache_queries += T;
   stats_.prefix_cache_hits += s.kv.length;
 }
 
-// After a forward: the prompt blocks each sequence has filled are remembered.
+// After a forward: the full blocks each sequence has filled, prompt and
+// generated tokens alike, are remembered (a next chat turn starts with them).
 void Engine::remember_blocks(const std::vector<StepItem>& items) {
-  if (!opts_.prefix_caching) return;
   const int64_t BS = cache_->block_size();
   for (const StepItem& it : items) {
     Seq& s = *it.s;
-    if (s.digests.empty() || s.kv.rope != it.table) continue;
-    const int64_t n = std::min<int64_t>(int64_t(s.digests.size()), s.kv.length / BS);
+    if (!caches_prefix(s) || s.kv.rope != it.table) continue;
+    const int64_t n = s.kv.length / BS;
+    if (s.remembered >= n) continue;
+    extend_digests(s, s.kv.rope, n);
     for (; s.remembered < n; ++s.remembered) cache_->remember(s.kv, s.remembered, s.digests[size_t(s.remembered)]);
   }
 }

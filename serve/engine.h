@@ -177,7 +177,8 @@ class Engine {
   phi4mm::RopeTable table_for(const Seq& s) const;
   int64_t chunk_for(const Seq& s, int64_t budget) const;
   bool make_room(Seq& s, int64_t new_len, const std::vector<StepItem>& items);
-  std::vector<std::string> prompt_digests(const Req& q, phi4mm::RopeTable table) const;
+  void extend_digests(Seq& s, phi4mm::RopeTable table, int64_t n) const;
+  bool caches_prefix(const Seq& s) const;
   void attach_cached(Seq& s);
   void remember_blocks(const std::vector<StepItem>& items);
   bool admit_seq(Seq& s, std::vector<StepItem>& items, int64_t& budget);

@@ -199,15 +199,18 @@ TEST_CASE("engine: prefix caching reuses a prompt's cached blocks; every output 
     CHECK(e.stats().kv_blocks_used == 0);
     return out;
   };
-  int64_t prompt_blocks = 0;  // full blocks before each prompt's last token (block size 4)
-  for (auto& c : cases) prompt_blocks += (int64_t(c.prompt.size()) - 1) / 4;
+  int64_t prompt_blocks = 0, seq_blocks = 0;  // full blocks (of 4) before each prompt's last token; of all computed tokens
+  for (auto& c : cases) {
+    prompt_blocks += (int64_t(c.prompt.size()) - 1) / 4;
+    seq_blocks += (int64_t(c.prompt.size()) + steps - 1) / 4;  // the last token is sampled, never computed
+  }
   EngineOptions o = opts(8, 16, 256);
   o.prefix_caching = true;
   Engine e(tiny_model(), tokenizer(), o);
   CHECK(run(e, cases) == ref);
   EngineStats st = e.stats();
   CHECK(st.prefix_cache_hits == 0);  // nothing was cached before
-  CHECK(st.kv_blocks_cached == prompt_blocks);
+  CHECK(st.kv_blocks_cached == seq_blocks);
   // The same prompts again: every full block comes from the cache.
   CHECK(run(e, cases) == ref);
   st = e.stats();
@@ -273,6 +276,21 @@ TEST_CASE("engine: prefix caching reuses a prompt's cached blocks; every output 
   while (chats[0].prompt[common] == chats[1].prompt[common] && chats[0].prompt[common] == chats[2].prompt[common]) ++common;
   CHECK(common >= system.size());
   CHECK(ec.stats().prefix_cache_hits == 2 * (int64_t(common) / 4) * 4);
+  // A second chat turn: the first turn's prompt and answer come back with a
+  // new question; their blocks, the generated ones included, are cached.
+  {
+    Case turn2 = chats[0];
+    const std::vector<int64_t> answer = reference_greedy(chats[0], steps);
+    turn2.prompt.insert(turn2.prompt.end(), answer.begin(), answer.end() - 1);  // the last was never computed
+    const int64_t computed = int64_t(turn2.prompt.size());  // the first turn's tokens with K/V
+    turn2.prompt.push_back(answer.back());
+    const auto more = ids_of("<|end|><|user|>And a dog?<|end|><|assistant|>");
+    turn2.prompt.insert(turn2.prompt.end(), more.begin(), more.end());
+    const int64_t hits = ec.stats().prefix_cache_hits;
+    CHECK(run(ec, {turn2}) == std::vector<std::vector<int64_t>>{reference_greedy(turn2, steps)});
+    CHECK(ec.stats().prefix_cache_hits - hits == computed / 4 * 4);
+    CHECK(computed / 4 > int64_t(chats[0].prompt.size() - 1) / 4);  // more than the first prompt's blocks
+  }
 }
 
 TEST_CASE("engine: crossing original_max_position_embeddings re-prefills and continues as the reference") {
