@@ -461,15 +461,13 @@ bool Engine::caches_prefix(const Seq& s) const {
 
 // An empty sequence (new, or back from preemption) takes the cached blocks
 // its tokens start with, all but the last token's (the step that samples
-// needs one row to compute).
-void Engine::attach_cached(Seq& s) {
-  if (!caches_prefix(s) || s.kv.length != 0 || !s.kv.blocks.empty() || s.pending_fork) return;
+// needs one row to compute). Returns whether it looked.
+bool Engine::attach_cached(Seq& s) {
+  if (!caches_prefix(s) || s.kv.length != 0 || !s.kv.blocks.empty() || s.pending_fork) return false;
   const RopeTable table = table_for(s);
-  const int64_t T = int64_t(s.tokens.size());
-  extend_digests(s, table, (T - 1) / cache_->block_size());
+  extend_digests(s, table, (int64_t(s.tokens.size()) - 1) / cache_->block_size());
   s.remembered = cache_->attach_prefix(s.kv, s.digests, table);
-  stats_.prefix_cache_queries += T;
-  stats_.prefix_cache_hits += s.kv.length;
+  return true;
 }
 
 // After a forward: the full blocks each sequence has filled, prompt and
@@ -534,11 +532,15 @@ bool Engine::make_room(Seq& s, int64_t new_len, const std::vector<StepItem>& ite
 
 // Admits `s` with its first chunk when the cache has room.
 bool Engine::admit_seq(Seq& s, std::vector<StepItem>& items, int64_t& budget) {
-  attach_cached(s);
+  const bool looked = attach_cached(s);
   const int64_t c = chunk_for(s, budget);
   if (c <= 0 || !cache_->can_grow(s.kv, s.kv.length + c)) {
     release(s);  // the cached blocks it took go back to the cache
     return false;
+  }
+  if (looked) {  // counted once per admission
+    stats_.prefix_cache_queries += int64_t(s.tokens.size());
+    stats_.prefix_cache_hits += s.kv.length;
   }
   const RopeTable table = table_for(s);
   cache_->reserve(s.kv, s.kv.length + c);

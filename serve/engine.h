@@ -179,7 +179,7 @@ class Engine {
   bool make_room(Seq& s, int64_t new_len, const std::vector<StepItem>& items);
   void extend_digests(Seq& s, phi4mm::RopeTable table, int64_t n) const;
   bool caches_prefix(const Seq& s) const;
-  void attach_cached(Seq& s);
+  bool attach_cached(Seq& s);
   void remember_blocks(const std::vector<StepItem>& items);
   bool admit_seq(Seq& s, std::vector<StepItem>& items, int64_t& budget);
   void report_token(Seq& s, const Picked& picked);
