@@ -54,6 +54,8 @@ struct World {
     eo.kv_blocks = 256;
     eo.max_batch_tokens = 512;
     eo.prefill_chunk_tokens = 64;
+    eo.prefix_caching = true;  // as areno serve runs
+    eo.media_cache_bytes = size_t(64) << 20;
     engine = std::make_unique<Engine>(model, tokenizer, eo);
     engine->start();
     media_engine = std::make_unique<Engine>(phi4mm::init_phi4mm("tiny", 0), tokenizer, eo);
@@ -656,6 +658,8 @@ TEST_CASE("serve/http /v1/models, /health, /metrics, /version, /tokenize, /detok
                            "areno_requests_failed_total ", "areno_prompt_tokens_total ", "areno_generation_tokens_total ",
                            "areno_requests_running ", "areno_requests_waiting ", "areno_kv_blocks_used ",
                            "areno_kv_blocks_total ", "areno_engine_steps_total ", "areno_engine_step_seconds_total ",
+                           "areno_prefix_cache_queries_total ", "areno_prefix_cache_hits_total ",
+                           "areno_kv_blocks_cached ", "areno_media_cache_hits_total ",
                            "# TYPE areno_requests_total counter", "areno_http_requests_total{route=\"/v1/chat/completions\",status=\"200\"}"})
     CHECK_MESSAGE(x.raw.find(name) != std::string::npos, name);
 
@@ -914,7 +918,10 @@ TEST_CASE("serve/http image, audio and image+audio requests through the real tow
   EngineOptions eo;
   eo.kv_blocks = 512;
   eo.prefill_chunk_tokens = 128;
-  Engine engine(mm, tokenizer, eo);
+  EngineOptions cached = eo;  // areno serve's defaults: the prefix and media caches on
+  cached.prefix_caching = true;
+  cached.media_cache_bytes = size_t(64) << 20;
+  Engine engine(mm, tokenizer, cached);
   engine.start();
   Served served(engine, ServerOptions{});
 
@@ -949,13 +956,20 @@ TEST_CASE("serve/http image, audio and image+audio requests through the real tow
 
     const json body = {{"messages", messages}, {"max_tokens", 6}, {"temperature", 1.0}, {"seed", 42},
                        {"ignore_eos", true}};
-    Reply rep = send(served.port, "POST", "/v1/chat/completions", body.dump());
-    CAPTURE(rep.raw);
-    REQUIRE(rep.status == 200);
-    CHECK(rep.body["usage"]["prompt_tokens"] == n_prompt);
-    CHECK(rep.body["usage"]["completion_tokens"] == 6);
-    CHECK(rep.body["choices"][0]["message"]["content"] == want.text);
+    for (int twice = 0; twice < 2; ++twice) {  // the second from the media and prefix caches
+      CAPTURE(twice);
+      Reply rep = send(served.port, "POST", "/v1/chat/completions", body.dump());
+      CAPTURE(rep.raw);
+      REQUIRE(rep.status == 200);
+      CHECK(rep.body["usage"]["prompt_tokens"] == n_prompt);
+      CHECK(rep.body["usage"]["completion_tokens"] == 6);
+      CHECK(rep.body["choices"][0]["message"]["content"] == want.text);
+    }
   }
+  const std::string metrics = get(served.port, "/metrics").raw;
+  CHECK(metrics.find("areno_media_cache_hits_total 3") != std::string::npos);
+  CHECK(engine.stats().media_items_total == 4);  // image, audio, image + audio: encoded once each
+  CHECK(engine.stats().prefix_cache_hits > 0);
   engine.stop(true);
   CHECK(engine.stats().kv_blocks_used == 0);
 }
