@@ -282,7 +282,6 @@ void Engine::release(Seq& s) {
   s.digest_table = RopeTable::automatic;
 }
 
-
 void Engine::preempt(Seq& s) {
   release(s);
   std::erase(running_, &s);
@@ -535,7 +534,7 @@ bool Engine::admit_seq(Seq& s, std::vector<StepItem>& items, int64_t& budget) {
   const bool looked = attach_cached(s);
   const int64_t c = chunk_for(s, budget);
   if (c <= 0 || !cache_->can_grow(s.kv, s.kv.length + c)) {
-    release(s);  // the cached blocks it took go back to the cache
+    if (looked) release(s);  // the cached blocks it took go back to the cache
     return false;
   }
   if (looked) {  // counted once per admission
