@@ -66,6 +66,7 @@ struct Engine::Req {
   Tensor media_rows;                  // computed at submit, on the submitting thread
   std::vector<int64_t> media_before;  // [prompt_len + 1] placeholders before position i
   std::vector<std::string> media_digest;  // prefix caching: SHA-256 of each media row's bytes
+  std::string salt_digest;  // the first block's chain start: zeros, or SHA-256 of Request::cache_salt
   std::vector<int64_t> stop_ids;      // stop_token_ids, plus the eos ids unless ignore_eos
   std::vector<std::unique_ptr<Seq>> seqs;
   std::vector<std::optional<TokenLogprob>> prompt_lp;
@@ -135,9 +136,13 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
   };
   auto q = std::make_unique<Req>();
   q->media_rows = std::move(r.media_rows);
+  q->salt_digest.assign(SHA256_DIGEST_LENGTH, '\0');
+  if (!r.cache_salt.empty())
+    SHA256(reinterpret_cast<const unsigned char*>(r.cache_salt.data()), r.cache_salt.size(),
+           reinterpret_cast<unsigned char*>(q->salt_digest.data()));
   std::string media_key;  // the media cache's key, when it is on
   if (!r.media.empty() && opts_.media_cache_bytes > 0) {
-    std::string buf;
+    std::string buf = q->salt_digest;
     for (const phi4mm::Media& m : r.media) {
       const int64_t dims[3] = {int64_t(m.kind), m.kind == phi4mm::MediaKind::kImage ? m.image.width : m.sample_rate,
                                m.kind == phi4mm::MediaKind::kImage ? m.image.height : int64_t(m.samples.size())};
@@ -441,7 +446,7 @@ void Engine::extend_digests(Seq& s, RopeTable table, int64_t n) const {
   const int64_t BS = cache_->block_size(), P = q.prompt_len;
   std::string buf;
   for (int64_t i = int64_t(s.digests.size()); i < n; ++i) {
-    buf.assign(i ? s.digests.back() : std::string(SHA256_DIGEST_LENGTH, '\0'));
+    buf.assign(i ? s.digests.back() : q.salt_digest);
     buf += char(table == RopeTable::long_table ? 2 : 1);
     buf += char(int(q.r.adapter));
     buf.append(reinterpret_cast<const char*>(s.tokens.data() + i * BS), size_t(BS) * sizeof(int64_t));

@@ -65,6 +65,10 @@ struct Request {
   Tensor media_rows;
   SamplingParams params;
   int64_t max_context = 0;       // 0: the model's max_position_embeddings
+  // vLLM's cache_salt: the prefix and media caches share blocks and rows only
+  // between requests with the same salt, so a tenant cannot time another's
+  // prompts (empty: the shared, unsalted cache).
+  std::string cache_salt;
 };
 
 // What a step reports for one request. `sample` < 0 marks request-level events

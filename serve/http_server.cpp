@@ -356,6 +356,7 @@ struct HttpServer::Impl {
         }
         r.media = std::move(pc.media);
         r.params = ar.params;
+        r.cache_salt = ar.cache_salt;
         fit_context(r, ar, "messages");
         prompt_ids.push_back(r.prompt);
         reqs.push_back(std::move(r));
@@ -364,6 +365,7 @@ struct HttpServer::Impl {
           Request r;
           r.prompt = ids;
           r.params = ar.params;
+          r.cache_salt = ar.cache_salt;
           fit_context(r, ar, "prompt");
           prompt_ids.push_back(std::move(ids));
           reqs.push_back(std::move(r));

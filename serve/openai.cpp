@@ -273,6 +273,12 @@ void parse_common(const json& body, const ApiLimits& lim, ApiRequest& r) {
   p.skip_special_tokens = get_bool(body, "skip_special_tokens", true);
   p.include_stop_str_in_output = get_bool(body, "include_stop_str_in_output", false);
   r.return_tokens_as_token_ids = get_bool(body, "return_tokens_as_token_ids", false);
+  if (has(body, "cache_salt")) {
+    const json& s = body["cache_salt"];
+    if (!s.is_string() || s.get_ref<const std::string&>().empty() || s.get_ref<const std::string&>().size() > 1024)
+      throw bad("cache_salt", "'cache_salt' must be a non-empty string of at most 1024 bytes");
+    r.cache_salt = s.get<std::string>();
+  }
   r.stream = get_bool(body, "stream", false);
   if (has(body, "stream_options")) {
     const json& so = body["stream_options"];

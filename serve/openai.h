@@ -73,6 +73,7 @@ struct ApiRequest {
   bool stream = false;
   bool include_usage = false;       // stream_options.include_usage
   bool return_tokens_as_token_ids = false;
+  std::string cache_salt;           // vLLM's: the prefix and media caches only shared within a salt
 
   // chat
   nlohmann::json messages;

@@ -276,6 +276,21 @@ TEST_CASE("engine: prefix caching reuses a prompt's cached blocks; every output 
   while (chats[0].prompt[common] == chats[1].prompt[common] && chats[0].prompt[common] == chats[2].prompt[common]) ++common;
   CHECK(common >= system.size());
   CHECK(ec.stats().prefix_cache_hits == 2 * (int64_t(common) / 4) * 4);
+  // cache_salt: blocks are shared only within a salt (vLLM's multi-tenant isolation).
+  {
+    auto salted = [&](const Case& c, const std::string& salt) {
+      Request r = make_request(c, steps);
+      r.cache_salt = salt;
+      return generate(ec, {r})[0][0].tokens;
+    };
+    int64_t hits = ec.stats().prefix_cache_hits;
+    CHECK(salted(chats[1], "tenant-a") == reference_greedy(chats[1], steps));
+    CHECK(ec.stats().prefix_cache_hits == hits);  // the unsalted blocks are not tenant-a's
+    CHECK(salted(chats[1], "tenant-b") == reference_greedy(chats[1], steps));
+    CHECK(ec.stats().prefix_cache_hits == hits);
+    CHECK(salted(chats[1], "tenant-a") == reference_greedy(chats[1], steps));
+    CHECK(ec.stats().prefix_cache_hits > hits);  // tenant-a's own blocks
+  }
   // A second chat turn: the first turn's prompt and answer come back with a
   // new question; their blocks, the generated ones included, are cached.
   {
@@ -682,6 +697,12 @@ TEST_CASE("engine: text, image, audio and image+audio requests through the tower
     CHECK(ms.prefix_cache_hits > 0);
     CHECK(one(1) == ref[1]);
     CHECK(e.stats().media_cache_hits == 4);
+    // Another cache_salt: the media are encoded again, not taken from the unsalted rows.
+    Request salted = request(1);
+    salted.cache_salt = "tenant-a";
+    CHECK(generate(e, {salted})[0][0].tokens == ref[1]);
+    CHECK(e.stats().media_cache_hits == 4);
+    CHECK(e.stats().media_items_total == 5);
     // Room for one request's rows: each new one pushes the last out.
     const int64_t H = lm->config().text.hidden_size;
     auto row_bytes = [&](size_t i) {

@@ -74,8 +74,9 @@ TEST_CASE("serve/openai chat fields map onto SamplingParams (OpenAI and vLLM ext
             {"presence_penalty", 0.5}, {"frequency_penalty", -1}, {"logit_bias", {{"100", 5}, {"7", -100}}},
             {"top_k", 20}, {"min_p", 0.1}, {"repetition_penalty", 1.2}, {"min_tokens", 2}, {"ignore_eos", true},
             {"stop_token_ids", {13}}, {"skip_special_tokens", false}, {"include_stop_str_in_output", true},
-            {"stream", true}, {"stream_options", {{"include_usage", true}}}}),
+            {"stream", true}, {"stream_options", {{"include_usage", true}}}, {"cache_salt", "tenant-7"}}),
       ApiLimits{});
+  CHECK(r.cache_salt == "tenant-7");
   const SamplingParams& p = r.params;
   CHECK(p.max_tokens == 5);  // max_completion_tokens wins
   CHECK(r.max_tokens_given);
@@ -133,6 +134,9 @@ TEST_CASE("serve/openai chat validation: every bad field is a 400 naming it") {
       {{{"response_format", {{"type", "json_schema"}}}}, "response_format.json_schema"},
       {{{"response_format", {{"type", "yaml"}}}}, "response_format"},
       {{{"model", 3}}, "model"},
+      {{{"cache_salt", ""}}, "cache_salt"},
+      {{{"cache_salt", 7}}, "cache_salt"},
+      {{{"cache_salt", std::string(1025, 'x')}}, "cache_salt"},
       {{{"stream", "yes"}}, "stream"},
   };
   for (const Case& c : cases) {
