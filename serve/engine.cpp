@@ -32,6 +32,34 @@ const char* finish_reason_name(FinishReason r) {
   return nullptr;
 }
 
+// ---- digests (prefix and media caches) ----
+
+namespace {
+
+std::string sha256(std::string_view bytes) {
+  std::string d(SHA256_DIGEST_LENGTH, '\0');
+  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), reinterpret_cast<unsigned char*>(d.data()));
+  return d;
+}
+
+// The media cache's key: the salt's digest, then each item's kind, size and
+// the digest of its pixels or samples, in order (an image's rows depend on
+// whether the request has audio too, so the key is the whole list).
+std::string media_cache_key(const std::string& salt_digest, const std::vector<phi4mm::Media>& media) {
+  std::string buf = salt_digest;
+  for (const phi4mm::Media& m : media) {
+    const bool image = m.kind == phi4mm::MediaKind::kImage;
+    const int64_t dims[3] = {int64_t(m.kind), image ? m.image.width : m.sample_rate,
+                             image ? m.image.height : int64_t(m.samples.size())};
+    buf.append(reinterpret_cast<const char*>(dims), sizeof dims);
+    buf += image ? sha256({reinterpret_cast<const char*>(m.image.rgb.data()), m.image.rgb.size()})
+                 : sha256({reinterpret_cast<const char*>(m.samples.data()), m.samples.size() * sizeof(double)});
+  }
+  return sha256(buf);
+}
+
+}  // namespace
+
 // ---- state ----
 
 struct Engine::Seq {
@@ -47,11 +75,10 @@ struct Engine::Seq {
   std::string text;      // decoded completion so far (stop strings included until cut)
   size_t emitted = 0;    // bytes of `text` already reported
   std::unordered_map<int64_t, int64_t> counts;  // generated token counts (penalties)
-  // Prefix caching: the digests of the first full blocks of `tokens` for
-  // digest_table, and how many of kv's blocks are remembered (or came from
-  // the cache).
+  // Prefix caching: the digests of the first full blocks of `tokens` (for
+  // the rotary table of kv, fixed until release), and how many of kv's
+  // blocks are remembered (or came from the cache).
   std::vector<std::string> digests;
-  RopeTable digest_table = RopeTable::automatic;
   int64_t remembered = 0;
   explicit Seq(const tok::Tokenizer& t, bool skip) : dec(t, skip) {}
 };
@@ -136,25 +163,10 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
   };
   auto q = std::make_unique<Req>();
   q->media_rows = std::move(r.media_rows);
-  q->salt_digest.assign(SHA256_DIGEST_LENGTH, '\0');
-  if (!r.cache_salt.empty())
-    SHA256(reinterpret_cast<const unsigned char*>(r.cache_salt.data()), r.cache_salt.size(),
-           reinterpret_cast<unsigned char*>(q->salt_digest.data()));
+  q->salt_digest = r.cache_salt.empty() ? std::string(SHA256_DIGEST_LENGTH, '\0') : sha256(r.cache_salt);
   std::string media_key;  // the media cache's key, when it is on
   if (!r.media.empty() && opts_.media_cache_bytes > 0) {
-    std::string buf = q->salt_digest;
-    for (const phi4mm::Media& m : r.media) {
-      const int64_t dims[3] = {int64_t(m.kind), m.kind == phi4mm::MediaKind::kImage ? m.image.width : m.sample_rate,
-                               m.kind == phi4mm::MediaKind::kImage ? m.image.height : int64_t(m.samples.size())};
-      buf.append(reinterpret_cast<const char*>(dims), sizeof dims);
-      unsigned char d[SHA256_DIGEST_LENGTH];
-      if (m.kind == phi4mm::MediaKind::kImage) SHA256(m.image.rgb.data(), m.image.rgb.size(), d);
-      else SHA256(reinterpret_cast<const unsigned char*>(m.samples.data()), m.samples.size() * sizeof(double), d);
-      buf.append(reinterpret_cast<const char*>(d), sizeof d);
-    }
-    unsigned char d[SHA256_DIGEST_LENGTH];
-    SHA256(reinterpret_cast<const unsigned char*>(buf.data()), buf.size(), d);
-    media_key.assign(reinterpret_cast<const char*>(d), sizeof d);
+    media_key = media_cache_key(q->salt_digest, r.media);
     bool hit = false;
     {
       std::lock_guard<std::mutex> lk(media_mu_);
@@ -203,13 +215,9 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
   if (opts_.prefix_caching && q->media_rows.defined() && q->media_digest.empty()) {
     // Each media row's bytes, for the digests of the blocks its placeholder is in.
     const Tensor rows = q->media_rows.to(Device::cpu()).contiguous();
-    const auto* p = static_cast<const unsigned char*>(rows.data_ptr());
+    const auto* p = static_cast<const char*>(rows.data_ptr());
     const size_t row_bytes = size_t(rows.size(1)) * dtype_size(rows.dtype());
-    unsigned char d[SHA256_DIGEST_LENGTH];
-    for (int64_t m = 0; m < rows.size(0); ++m) {
-      SHA256(p + size_t(m) * row_bytes, row_bytes, d);
-      q->media_digest.emplace_back(reinterpret_cast<const char*>(d), sizeof d);
-    }
+    for (int64_t m = 0; m < rows.size(0); ++m) q->media_digest.push_back(sha256({p + size_t(m) * row_bytes, row_bytes}));
   }
   if (!media_key.empty()) {
     // Kept for the next request with the same media, least recently used out.
@@ -284,7 +292,6 @@ void Engine::release(Seq& s) {
   if (!s.kv.blocks.empty() || s.kv.length) cache_->release(s.kv);
   s.remembered = 0;
   s.digests.clear();
-  s.digest_table = RopeTable::automatic;
 }
 
 void Engine::preempt(Seq& s) {
@@ -441,7 +448,6 @@ struct Engine::RowRef {
 // key), the block's token ids (prompt or generated) and the digests of the
 // media rows its placeholders take. Extends s.digests to n blocks.
 void Engine::extend_digests(Seq& s, RopeTable table, int64_t n) const {
-  if (s.digest_table != table) s.digests.clear(), s.digest_table = table;
   const Req& q = *s.req;
   const int64_t BS = cache_->block_size(), P = q.prompt_len;
   std::string buf;
@@ -453,9 +459,7 @@ void Engine::extend_digests(Seq& s, RopeTable table, int64_t n) const {
     for (int64_t m = q.media_before[size_t(std::min(i * BS, P))]; m < q.media_before[size_t(std::min((i + 1) * BS, P))];
          ++m)
       buf += q.media_digest.at(size_t(m));
-    unsigned char d[SHA256_DIGEST_LENGTH];
-    SHA256(reinterpret_cast<const unsigned char*>(buf.data()), buf.size(), d);
-    s.digests.emplace_back(reinterpret_cast<const char*>(d), sizeof d);
+    s.digests.push_back(sha256(buf));
   }
 }
 
@@ -480,7 +484,7 @@ void Engine::remember_blocks(const std::vector<StepItem>& items) {
   const int64_t BS = cache_->block_size();
   for (const StepItem& it : items) {
     Seq& s = *it.s;
-    if (!caches_prefix(s) || s.kv.rope != it.table) continue;
+    if (!caches_prefix(s)) continue;
     const int64_t n = s.kv.length / BS;
     if (s.remembered >= n) continue;
     extend_digests(s, s.kv.rope, n);

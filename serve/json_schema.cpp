@@ -629,23 +629,17 @@ class SchemaCompiler {
     if (!v.is_string()) refuse(path, fmt::format("'{}' must be a string", kw));
     const std::string& text = v.get_ref<const std::string&>();
     const std::string key = std::string(kw) + ":" + text;
-    if (auto it = patterns_.find(key); it != patterns_.end()) n.pattern = it->second;
-    else n.pattern = kept(key, compile_pattern(text, is_pattern, kw, path), path);
+    n.pattern = cached(key, path, [&] { return compile_pattern(text, is_pattern, kw, path); });
     if (n.limited) {
       // minLength / maxLength: the automaton times a code point counter.
       const uint32_t most = s.contains("maxLength") ? n.max_count : Regex::kNoMaxLength;
-      const std::string lkey = fmt::format("{}#{}-{}", key, n.min_count, most);
-      if (auto it = patterns_.find(lkey); it != patterns_.end()) {
-        n.pattern = it->second;
-      } else {
-        std::shared_ptr<const Regex> r;
+      n.pattern = cached(fmt::format("{}#{}-{}", key, n.min_count, most), path, [&] {
         try {
-          r = n.pattern->with_length(n.min_count, most, &pattern_work_);
+          return n.pattern->with_length(n.min_count, most, &pattern_work_);
         } catch (const std::invalid_argument& e) {
           refuse(path, fmt::format("'{}' with 'minLength' / 'maxLength': {}", kw, e.what()));
         }
-        n.pattern = kept(lkey, r, path);
-      }
+      });
       n.limited = false;  // the automaton keeps the length
     }
   }
@@ -705,29 +699,28 @@ class SchemaCompiler {
     } catch (const std::invalid_argument& e) {
       refuse(path, e.what());
     }
-    std::string key = "range:" + source;
-    if (auto it = patterns_.find(key); it != patterns_.end()) {
-      n.pattern = it->second;
-      return;
-    }
-    Regex::Options o;
-    o.work_left = &pattern_work_;
-    try {
-      n.pattern = Regex::compile(source, o);
-    } catch (const std::invalid_argument& e) {
-      refuse(path, fmt::format("the range: {}", e.what()));
-    }
-    kept(std::move(key), n.pattern, path);
+    n.pattern = cached("range:" + source, path, [&] {
+      Regex::Options o;
+      o.work_left = &pattern_work_;
+      try {
+        return Regex::compile(source, o);
+      } catch (const std::invalid_argument& e) {
+        refuse(path, fmt::format("the range: {}", e.what()));
+      }
+    });
   }
 
-  // An automaton kept under `key` for the schema's other nodes, its states
-  // counted against the schema's bound.
-  std::shared_ptr<const Regex> kept(std::string key, std::shared_ptr<const Regex> r, const std::string& path) {
+  // The automaton kept under `key`, or the one `build` makes, then kept for
+  // the schema's other nodes, its states counted against the schema's bound.
+  template <typename Build>
+  std::shared_ptr<const Regex> cached(const std::string& key, const std::string& path, Build&& build) {
+    if (auto it = patterns_.find(key); it != patterns_.end()) return it->second;
+    std::shared_ptr<const Regex> r = build();
     pattern_states_ += r->states();
     if (pattern_states_ > JsonSchema::kMaxPatternStates)
       refuse(path, fmt::format("the schema's patterns and ranges need more than {} automaton states together",
                                JsonSchema::kMaxPatternStates));
-    patterns_.emplace(std::move(key), r);
+    patterns_.emplace(key, r);
     return r;
   }
 
