@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <set>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -292,6 +293,31 @@ void Engine::release(Seq& s) {
   if (!s.kv.blocks.empty() || s.kv.length) cache_->release(s.kv);
   s.remembered = 0;
   s.digests.clear();
+}
+
+std::string Engine::audit() const {
+  const phi4mm::BlockManager& bm = cache_->manager();
+  if (std::string e = bm.audit(); !e.empty()) return e;
+  std::vector<int32_t> named(size_t(bm.num_blocks()), 0);
+  for (const auto& q : active_)
+    for (const auto& s : q->seqs) {
+      const KvSequence& kv = s->kv;
+      if (s->finished && !kv.blocks.empty()) return fmt::format("request {}: a finished sample holds blocks", q->id);
+      if (int64_t(kv.blocks.size()) < cache_->blocks_for(kv.length))
+        return fmt::format("request {}: {} blocks for {} tokens", q->id, kv.blocks.size(), kv.length);
+      if (s->remembered > int64_t(kv.blocks.size()) || s->remembered > int64_t(s->digests.size()))
+        return fmt::format("request {}: {} blocks remembered", q->id, s->remembered);
+      std::set<int64_t> distinct(kv.blocks.begin(), kv.blocks.end());
+      if (distinct.size() != kv.blocks.size()) return fmt::format("request {}: a block twice in one table", q->id);
+      for (int64_t b : kv.blocks) {
+        if (b < 0 || b >= bm.num_blocks()) return fmt::format("request {}: block id {}", q->id, b);
+        named[size_t(b)]++;
+      }
+    }
+  for (int64_t b = 0; b < bm.num_blocks(); ++b)
+    if (bm.holds(b) != named[size_t(b)])
+      return fmt::format("block {}: {} holds, named by {} tables", b, bm.holds(b), named[size_t(b)]);
+  return {};
 }
 
 void Engine::preempt(Seq& s) {
@@ -802,8 +828,8 @@ void Engine::emit_step(const std::vector<StepItem>& items, const std::vector<Row
     }
   }
 
-  // Forks first (n > 1: the prompt was prefilled once; its cache is copied to
-  // the other samples), then every token is picked in parallel, then reported in order.
+  // Forks first (n > 1: the prompt was prefilled once; the other samples
+  // share its full blocks and copy the partial last one), then every token is picked in parallel, then reported in order.
   struct Job {
     Seq* s;
     const float* row;
@@ -822,8 +848,9 @@ void Engine::emit_step(const std::vector<StepItem>& items, const std::vector<Row
     for (size_t j = 1; j < q.seqs.size(); ++j) {
       Seq& c = *q.seqs[j];
       c.pending_fork = false;
-      if (int64_t(running_.size()) < opts_.max_running && cache_->can_grow(c.kv, s.kv.length)) {
-        cache_->copy_sequence(s.kv, c.kv);
+      if (int64_t(running_.size()) < opts_.max_running &&
+          cache_->manager().can_allocate(cache_->fork_blocks(s.kv))) {
+        cache_->fork_sequence(s.kv, c.kv);
         c.order = ++admit_counter_;
         running_.push_back(&c);
         jobs.push_back({&c, row, {}});

@@ -162,6 +162,11 @@ class Engine {
   bool running() const { return thread_.joinable(); }
 
   EngineStats stats() const;
+  // The KV bookkeeping's invariants, for tests: the block manager's own, and
+  // each block held exactly as often as the live sequences' tables name it.
+  // "" when they hold, else the first that does not. Between steps only (not
+  // while start()ed).
+  std::string audit() const;
   const EngineOptions& options() const { return opts_; }
   const phi4mm::Phi4MMForCausalLM& model() const { return *model_; }
   const tok::Tokenizer& tokenizer() const { return *tok_; }

@@ -36,6 +36,12 @@ warm-up (--warmup seconds) and until the deadline must stay within
 apart) (issue 13's soak: 128 clients, 10 minutes, a quarter disconnecting --
 `ninja -C build bench-serve-soak`).
 
+With --shared-prefix-tokens N every request starts with the same system
+message of about N words (a shared prompt start, for the prefix cache), and
+--n K asks for K samples per request (forked from one prompt prefill; the
+usage's completion tokens then count all K). The report adds the server's
+prefix-cache counters when it has them.
+
 Exit status 0 only when no request failed, the metrics returned to zero and
 the memory stayed flat.
 """
@@ -224,6 +230,9 @@ def main():
                     help="/v1/chat/completions (default) or /v1/completions")
     ap.add_argument("--prompt-tokens", type=int, default=0,
                     help="a distinct deterministic prompt of about this many tokens per request (default: short prompts)")
+    ap.add_argument("--shared-prefix-tokens", type=int, default=0,
+                    help="a system message of about this many words, the same in every request")
+    ap.add_argument("--n", type=int, default=1, help="samples per request (chat and completions `n`)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
                     help="send ignore_eos (vLLM's extension: generate max_tokens past EOS; default on)")
@@ -273,6 +282,8 @@ def main():
     path = "/v1/chat/completions" if args.endpoint == "chat" else "/v1/completions"
     pid = proc.pid if proc else args.pid
 
+    shared = prompt_text(args.shared_prefix_tokens, "shared") if args.shared_prefix_tokens > 0 else ""
+
     def request_body(prompt_seed, seed, max_tokens):
         if args.prompt_tokens > 0:
             text = prompt_text(args.prompt_tokens, prompt_seed)
@@ -280,12 +291,16 @@ def main():
             text = PROMPTS[prompt_seed % len(PROMPTS)]
         body = {"model": model, "max_tokens": max_tokens, "temperature": args.temperature, "seed": seed,
                 "stream": True, "stream_options": {"include_usage": True}}
+        if args.n > 1:
+            body["n"] = args.n
         if args.ignore_eos:
             body["ignore_eos"] = True
         if args.endpoint == "chat":
             body["messages"] = [{"role": "user", "content": text}]
+            if shared:
+                body["messages"].insert(0, {"role": "system", "content": shared})
         else:
-            body["prompt"] = text
+            body["prompt"] = shared + "\n" + text if shared else text
         return json.dumps(body)
 
     if args.warmup_requests > 0:
@@ -315,7 +330,7 @@ def main():
         while time.perf_counter() < deadline:
             prompt_seed = f"{i}-{k}" if args.prompt_tokens > 0 else i + k
             one_request(host, port, headers, request_body(prompt_seed, i * 1000 + k, args.max_tokens), stats,
-                        hang_up_after, path, args.timeout, args.max_tokens if args.ignore_eos else 0)
+                        hang_up_after, path, args.timeout, args.max_tokens * args.n if args.ignore_eos else 0)
             k += 1
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(args.clients)]
@@ -358,6 +373,10 @@ def main():
         "itl_p99_ms": round(1e3 * percentile(stats.itl, 99), 2),
         "metrics_idle_at_end": idle,
         "kv_blocks_used_end": m.get("areno_kv_blocks_used"), "running_end": m.get("areno_requests_running"),
+        "shared_prefix_words": args.shared_prefix_tokens, "n": args.n,
+        "prefix_cache_hit_tokens": m.get("areno_prefix_cache_hits_total"),
+        "prefix_cache_query_tokens": m.get("areno_prefix_cache_queries_total"),
+        "kv_blocks_cached_end": m.get("areno_kv_blocks_cached"),
         "rss_mb_start": round(rss_start, 1), "rss_mb_end_after_drain": round(rss_end, 1),
         "rss_mb_max": round(max(rss_samples), 1) if rss_samples else float("nan"),
         "rss_mb_peak_hwm": round(rss_peak, 1),  # VmHWM: the process's peak since it started

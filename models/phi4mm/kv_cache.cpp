@@ -71,8 +71,8 @@ int64_t BlockManager::lookup(const std::string& digest) const {
 }
 
 void BlockManager::hold(int64_t block) {
-  if (block < 0 || block >= num_blocks() || digest_[size_t(block)].empty())
-    throw std::invalid_argument(fmt::format("BlockManager: block {} is not a cached block", block));
+  if (block < 0 || block >= num_blocks() || (refs_[size_t(block)] == 0 && digest_[size_t(block)].empty()))
+    throw std::invalid_argument(fmt::format("BlockManager: block {} is neither held nor cached", block));
   if (refs_[size_t(block)] == 0) {
     lru_.erase(lru_at_[size_t(block)]);
     lru_at_[size_t(block)] = lru_.end();
@@ -86,6 +86,39 @@ void BlockManager::remember(int64_t block, const std::string& digest) {
   if (!digest_[size_t(block)].empty() || by_digest_.count(digest)) return;
   digest_[size_t(block)] = digest;
   by_digest_.emplace(digest, block);
+}
+
+std::string BlockManager::audit() const {
+  const int64_t n = num_blocks();
+  std::vector<int> seen(size_t(n), 0);
+  for (int64_t b : free_) {
+    if (b < 0 || b >= n) return fmt::format("free list holds id {}", b);
+    if (refs_[size_t(b)] != 0 || !digest_[size_t(b)].empty()) return fmt::format("free block {} is held or remembered", b);
+    seen[size_t(b)]++;
+  }
+  for (int64_t b : lru_) {
+    if (b < 0 || b >= n) return fmt::format("LRU holds id {}", b);
+    if (refs_[size_t(b)] != 0 || digest_[size_t(b)].empty())
+      return fmt::format("evictable block {} is held or not remembered", b);
+    if (lru_at_[size_t(b)] == lru_.end() || *lru_at_[size_t(b)] != b) return fmt::format("block {}: LRU position", b);
+    seen[size_t(b)]++;
+  }
+  for (int64_t b = 0; b < n; ++b) {
+    if (refs_[size_t(b)] < 0) return fmt::format("block {} has {} holds", b, refs_[size_t(b)]);
+    if (refs_[size_t(b)] > 0) {
+      seen[size_t(b)]++;
+      if (lru_at_[size_t(b)] != lru_.end()) return fmt::format("held block {} is in the LRU", b);
+    }
+    if (seen[size_t(b)] != 1) return fmt::format("block {} is accounted {} times", b, seen[size_t(b)]);
+    const std::string& d = digest_[size_t(b)];
+    if (!d.empty()) {
+      const auto it = by_digest_.find(d);
+      if (it == by_digest_.end() || it->second != b) return fmt::format("block {}: digest not mapped back", b);
+    }
+  }
+  for (const auto& [d, b] : by_digest_)
+    if (b < 0 || b >= n || digest_[size_t(b)] != d) return fmt::format("digest of block {} mapped wrongly", b);
+  return {};
 }
 
 // ---- LongRoPE table choice ----
@@ -201,17 +234,26 @@ void PagedKvCache::write(int64_t layer, const std::vector<int64_t>& blocks, int6
   }
 }
 
-void PagedKvCache::copy_sequence(const KvSequence& src, KvSequence& dst) {
+void PagedKvCache::fork_sequence(const KvSequence& src, KvSequence& dst) {
   if (dst.length != 0 || !dst.blocks.empty())
-    throw std::invalid_argument("PagedKvCache::copy_sequence: the destination must be empty");
-  reserve(dst, src.length);
-  const int64_t n = blocks_for(src.length);
-  NoGradGuard ng;
-  for (size_t l = 0; l < k_.size(); ++l)
-    for (int64_t i = 0; i < n; ++i) {
-      k_[l].select(0, dst.blocks[size_t(i)]).copy_(k_[l].select(0, src.blocks[size_t(i)]));
-      v_[l].select(0, dst.blocks[size_t(i)]).copy_(v_[l].select(0, src.blocks[size_t(i)]));
+    throw std::invalid_argument("PagedKvCache::fork_sequence: the destination must be empty");
+  if (blocks_for(src.length) > int64_t(src.blocks.size()))
+    throw std::invalid_argument("PagedKvCache::fork_sequence: the source's table is shorter than its length");
+  const int64_t full = src.length / block_size_;
+  std::vector<int64_t> copy;
+  if (fork_blocks(src)) copy = manager_.allocate(1);  // first: a failure leaves everything as it was
+  for (int64_t i = 0; i < full; ++i) {
+    manager_.hold(src.blocks[size_t(i)]);
+    dst.blocks.push_back(src.blocks[size_t(i)]);
+  }
+  if (!copy.empty()) {
+    NoGradGuard ng;
+    for (size_t l = 0; l < k_.size(); ++l) {
+      k_[l].select(0, copy[0]).copy_(k_[l].select(0, src.blocks[size_t(full)]));
+      v_[l].select(0, copy[0]).copy_(v_[l].select(0, src.blocks[size_t(full)]));
     }
+    dst.blocks.push_back(copy[0]);
+  }
   dst.length = src.length;
   dst.rope = src.rope;
 }

@@ -61,11 +61,18 @@ class BlockManager {
 
   // The block remembered under `digest`, or -1.
   int64_t lookup(const std::string& digest) const;
-  // One more hold of a remembered block (held or evictable).
+  // One more hold of a block that is held, or remembered and evictable (a
+  // cached prefix taken back, or a forked sequence sharing a full block).
   void hold(int64_t block);
+  int32_t holds(int64_t block) const { return refs_.at(size_t(block)); }
   // Remembers a held, full block under `digest`; a block already remembered,
   // or a digest another block has, is left as it is.
   void remember(int64_t block, const std::string& digest);
+
+  // The bookkeeping's invariants (every block exactly once: held, free, or
+  // cached and evictable; the digest maps each other's inverse; the LRU
+  // positions). "" when they hold, else the first that does not. For tests.
+  std::string audit() const;
 
  private:
   std::vector<int64_t> free_;   // stack: the most recently freed block is reused first
@@ -133,10 +140,13 @@ class PagedKvCache {
   // Remembers block i of `s` (full: its length covers it) under `digest`.
   void remember(const KvSequence& s, int64_t i, const std::string& digest);
 
-  // Makes `dst` (empty) a copy of `src`: new blocks holding the same keys and
-  // values, same length and table (n > 1 samples share one prompt prefill).
-  // Throws std::runtime_error when the pool lacks the blocks.
-  void copy_sequence(const KvSequence& src, KvSequence& dst);
+  // Makes `dst` (empty) a fork of `src` (n > 1 samples share one prompt
+  // prefill): src's full blocks are shared, held once more each (a full block
+  // is never written again), and its partial last block, if any, is copied
+  // into a new block; same length and table. Needs fork_blocks(src) free
+  // blocks; throws std::runtime_error when the pool lacks them.
+  void fork_sequence(const KvSequence& src, KvSequence& dst);
+  int64_t fork_blocks(const KvSequence& src) const { return src.length % block_size_ ? 1 : 0; }
 
   // Slot ids of positions [start, start + n) of a sequence with block table `blocks`.
   std::vector<int64_t> slots(const std::vector<int64_t>& blocks, int64_t start, int64_t n) const;

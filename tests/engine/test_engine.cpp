@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <map>
+#include <random>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -306,6 +308,120 @@ TEST_CASE("engine: prefix caching reuses a prompt's cached blocks; every output 
     CHECK(ec.stats().prefix_cache_hits - hits == computed / 4 * 4);
     CHECK(computed / 4 > int64_t(chats[0].prompt.size() - 1) / 4);  // more than the first prompt's blocks
   }
+}
+
+TEST_CASE("engine: n samples share the prompt's full blocks; each copies only the partial last one") {
+  Case c = mixed_cases()[1];  // the image prompt
+  if (c.prompt.size() % 4 == 0) c.prompt.insert(c.prompt.begin(), ids_of("Hi")[0]);  // a partial last block
+  const int64_t P = int64_t(c.prompt.size()), BS = 4;
+  Engine e(tiny_model(), tokenizer(), opts(8, 512, 64));
+  Request r = make_request(c, 3, 0.8);
+  r.params.n = 4;
+  r.params.seed = 5;
+  std::vector<std::vector<int64_t>> got(4);
+  e.submit(r, [&](const RequestOutput& o) {
+    if (o.sample >= 0) got[size_t(o.sample)].insert(got[size_t(o.sample)].end(), o.tokens.begin(), o.tokens.end());
+  });
+  e.step();  // the prompt in one chunk, then the forks
+  CHECK(e.stats().running == 4);
+  CHECK(e.stats().kv_blocks_used == (P + BS - 1) / BS + 3);  // was 4 x that with a copy per sample
+  CHECK(e.audit().empty());
+  e.run_until_idle();
+  CHECK(e.stats().kv_blocks_used == 0);
+  // The samples equal a run with max_running 1 (each sample prefilled on its own, nothing shared).
+  Engine solo(tiny_model(), tokenizer(), opts(1, 512, 64));
+  const auto ref = generate(solo, {r})[0];
+  for (size_t k = 0; k < 4; ++k) CHECK(got[k] == ref[k].tokens);
+  CHECK(std::set<std::vector<int64_t>>(got.begin(), got.end()).size() > 1);  // sampled apart
+}
+
+TEST_CASE("engine: random traffic over a small prefix-cached pool; the books balance after every step") {
+  // Requests arrive and are aborted at random steps: shared starts (two
+  // system prompts), repeated media rows (so media digests match), n = 1..3
+  // (forks share the prompt's full blocks), greedy and seeded sampling, two
+  // salts, all in 20 blocks of 4 slots with at most 4 sequences running, so
+  // sequences are preempted and cached blocks evicted. After every step each
+  // block is held exactly as often as the live tables name it; every request
+  // not aborted equals its run in a fresh engine without a cache; at the end
+  // nothing is held.
+  const auto base = mixed_cases();
+  const std::vector<std::vector<int64_t>> starts = {
+      {}, ids_of("<|system|>You are a careful assistant.<|end|>"), ids_of("<|system|>Answer in French.<|end|>")};
+  std::mt19937_64 rng(20261205);
+  auto pick = [&](size_t n) { return size_t(rng() % n); };
+  int64_t preemptions = 0, hits = 0, aborted_mid = 0;
+  for (int round = 0; round < 5; ++round) {
+    CAPTURE(round);
+    EngineOptions o = opts(4, 8, 20);
+    o.prefix_caching = true;
+    Engine e(tiny_model(), tokenizer(), o);
+    struct Live {
+      Request r;
+      int64_t id = -1;
+      bool abort_sent = false, aborted = false, done = false;
+      std::vector<std::vector<int64_t>> tokens;
+    };
+    std::vector<std::unique_ptr<Live>> live;
+    const int total = 18;
+    for (int step = 0; step < 5000; ++step) {
+      if (int(live.size()) < total && pick(3) == 0) {
+        auto L = std::make_unique<Live>();
+        Case c = base[pick(base.size())];
+        const auto& st = starts[pick(starts.size())];
+        c.prompt.insert(c.prompt.begin(), st.begin(), st.end());
+        if (c.media_seed) c.media_seed += pick(2);  // one of two row sets per case
+        L->r = make_request(c, 1 + int64_t(pick(10)), pick(2) ? 0.0 : 0.8);
+        L->r.params.n = 1 + int64_t(pick(3));
+        L->r.params.seed = uint64_t(pick(4));
+        if (L->r.params.temperature > 0) L->r.params.top_k = 20;
+        if (pick(4) == 0) L->r.cache_salt = "tenant";
+        L->tokens.resize(size_t(L->r.params.n));
+        Live* p = L.get();
+        L->id = e.submit(L->r, [p](const RequestOutput& out) {
+          REQUIRE(out.error.empty());
+          if (out.sample >= 0) {
+            auto& t = p->tokens[size_t(out.sample)];
+            t.insert(t.end(), out.tokens.begin(), out.tokens.end());
+          }
+          p->aborted |= out.finish == FinishReason::abort;
+          p->done |= out.done;
+        });
+        live.push_back(std::move(L));
+      }
+      if (!live.empty() && pick(12) == 0) {
+        Live& v = *live[pick(live.size())];
+        if (!v.done && !v.abort_sent) {
+          e.abort(v.id);
+          v.abort_sent = true;
+        }
+      }
+      const bool worked = e.step();
+      const std::string books = e.audit();
+      REQUIRE_MESSAGE(books.empty(), books);
+      if (!worked && int(live.size()) == total) break;
+    }
+    const EngineStats st = e.stats();
+    CHECK(st.kv_blocks_used == 0);
+    CHECK(st.running == 0);
+    CHECK(st.kv_blocks_cached <= 20);
+    preemptions += st.preemptions;
+    hits += st.prefix_cache_hits;
+    Engine plain(tiny_model(), tokenizer(), opts(8, 16, 256));
+    for (auto& L : live) {
+      REQUIRE(L->done);
+      if (L->aborted) {
+        aborted_mid += std::any_of(L->tokens.begin(), L->tokens.end(), [](auto& t) { return !t.empty(); });
+        continue;
+      }
+      const auto ref = generate(plain, {L->r})[0];
+      for (size_t k = 0; k < ref.size(); ++k) CHECK(L->tokens[k] == ref[k].tokens);
+    }
+  }
+  MESSAGE(fmt::format("5 rounds: {} preemptions, {} prompt tokens from the cache, {} aborted mid-answer", preemptions,
+                      hits, aborted_mid));
+  CHECK(preemptions > 0);
+  CHECK(hits > 0);
+  CHECK(aborted_mid > 0);
 }
 
 TEST_CASE("engine: crossing original_max_position_embeddings re-prefills and continues as the reference") {

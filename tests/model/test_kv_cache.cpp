@@ -134,11 +134,18 @@ TEST_CASE("phi4mm/kv cache: remembered blocks are shared by holders, cached when
   bm.hold(0);  // taken back from the cache
   CHECK(bm.num_free() == 0);
   CHECK_THROWS_WITH_AS(bm.allocate(1), doctest::Contains("out of blocks"), std::runtime_error);
-  CHECK_THROWS_WITH_AS(bm.hold(2), doctest::Contains("not a cached block"), std::invalid_argument);
+  bm.hold(2);  // a held block that was never remembered is shared too (a forked sequence)
+  CHECK(bm.holds(2) == 2);
+  CHECK(bm.audit().empty());
   bm.free({0, 1, 2, 3});
+  CHECK(bm.in_use(2));
+  bm.free({2});
   CHECK(bm.num_free() == 4);
   CHECK(bm.num_cached() == 1);
+  CHECK(bm.audit().empty());
+  CHECK_THROWS_WITH_AS(bm.hold(2), doctest::Contains("neither held nor cached"), std::invalid_argument);
   CHECK_THROWS_AS(bm.free({0}), std::invalid_argument);  // cached but held by no one
+  CHECK(bm.audit().empty());  // the rejected calls changed nothing
 }
 
 TEST_CASE("phi4mm/kv cache: capacity from a byte budget, storage shape and slot mapping") {
@@ -371,6 +378,52 @@ TEST_CASE("phi4mm/incremental forward: blocks are freed and reused, nothing leak
     cache.release(q);
   }
   CHECK(cache.manager().num_free() == 8);
+}
+
+TEST_CASE("phi4mm/incremental forward: a fork shares the full blocks, copies the partial one, and both continue") {
+  const auto& m = tiny_cpu();
+  PagedKvCache cache(m, 8, 4);
+  const auto ids = make_ids(10, 31);
+  KvSequence a, b, c;
+  step_last(m, cache, a, ids, Adapter::vision);
+  REQUIRE(a.blocks.size() == 3);  // 4 + 4 + 2
+  CHECK(cache.fork_blocks(a) == 1);
+  cache.fork_sequence(a, b);
+  CHECK(cache.manager().num_used() == 4);  // blocks 0 and 1 held twice, the partial one copied
+  CHECK(b.length == 10);
+  CHECK(b.blocks[0] == a.blocks[0]);
+  CHECK(b.blocks[1] == a.blocks[1]);
+  CHECK(b.blocks[2] != a.blocks[2]);
+  CHECK(cache.manager().holds(a.blocks[0]) == 2);
+  // Each continues with its own tokens, writing only into its own last block, and equals its solo run.
+  auto a_ids = ids, b_ids = ids;
+  for (int64_t t : {5, 6, 7}) {
+    a_ids.push_back(t);
+    b_ids.push_back(t + 40);
+    CHECK(rel_err(step_last(m, cache, a, {t}, Adapter::vision), packed_last(m, a_ids, Adapter::vision)) < 1e-5);
+    CHECK(rel_err(step_last(m, cache, b, {t + 40}, Adapter::vision), packed_last(m, b_ids, Adapter::vision)) <
+          1e-5);
+  }
+  CHECK(cache.manager().num_used() == 6);  // positions 10, 11 in each one's own third block; 12 in a new fourth
+  // A sequence of whole blocks forks without a new block.
+  cache.release(b);
+  KvSequence w;
+  step_last(m, cache, w, make_ids(8, 32));
+  CHECK(cache.fork_blocks(w) == 0);
+  const int64_t used = cache.manager().num_used();
+  cache.fork_sequence(w, c);
+  CHECK(cache.manager().num_used() == used);
+  CHECK(c.blocks == w.blocks);
+  CHECK(cache.manager().audit().empty());
+  // Out of blocks: the fork fails and takes nothing.
+  KvSequence fill, d;
+  step_last(m, cache, fill, make_ids(size_t(cache.manager().num_free() * 4), 33));
+  CHECK_THROWS_WITH_AS(cache.fork_sequence(a, d), doctest::Contains("out of blocks"), std::runtime_error);
+  CHECK(d.blocks.empty());
+  CHECK(cache.manager().holds(a.blocks[0]) == 1);
+  for (KvSequence* s : {&a, &c, &w, &fill}) cache.release(*s);
+  CHECK(cache.manager().num_free() == 8);
+  CHECK(cache.manager().audit().empty());
 }
 
 TEST_CASE("phi4mm/incremental forward: crossing the LongRoPE boundary re-prefills with the long table") {
