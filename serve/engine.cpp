@@ -43,6 +43,13 @@ std::string sha256(std::string_view bytes) {
   return d;
 }
 
+phi4mm::BlockDigest block_digest(std::string_view bytes) {
+  static_assert(sizeof(phi4mm::BlockDigest) == SHA256_DIGEST_LENGTH);
+  phi4mm::BlockDigest d;
+  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), d.data());
+  return d;
+}
+
 // The media cache's key: the salt's digest, then each item's kind, size and
 // the digest of its pixels or samples, in order (an image's rows depend on
 // whether the request has audio too, so the key is the whole list).
@@ -79,7 +86,7 @@ struct Engine::Seq {
   // Prefix caching: the digests of the first full blocks of `tokens` (for
   // the rotary table of kv, fixed until release), and how many of kv's
   // blocks are remembered (or came from the cache).
-  std::vector<std::string> digests;
+  std::vector<phi4mm::BlockDigest> digests;
   int64_t remembered = 0;
   explicit Seq(const tok::Tokenizer& t, bool skip) : dec(t, skip) {}
 };
@@ -478,14 +485,15 @@ void Engine::extend_digests(Seq& s, RopeTable table, int64_t n) const {
   const int64_t BS = cache_->block_size(), P = q.prompt_len;
   std::string buf;
   for (int64_t i = int64_t(s.digests.size()); i < n; ++i) {
-    buf.assign(i ? s.digests.back() : q.salt_digest);
+    if (i) buf.assign(reinterpret_cast<const char*>(s.digests.back().data()), s.digests.back().size());
+    else buf.assign(q.salt_digest);
     buf += char(table == RopeTable::long_table ? 2 : 1);
     buf += char(int(q.r.adapter));
     buf.append(reinterpret_cast<const char*>(s.tokens.data() + i * BS), size_t(BS) * sizeof(int64_t));
     for (int64_t m = q.media_before[size_t(std::min(i * BS, P))]; m < q.media_before[size_t(std::min((i + 1) * BS, P))];
          ++m)
       buf += q.media_digest.at(size_t(m));
-    s.digests.push_back(sha256(buf));
+    s.digests.push_back(block_digest(buf));
   }
 }
 

@@ -17,7 +17,9 @@ BlockManager::BlockManager(int64_t num_blocks) {
   if (num_blocks <= 0)
     throw std::invalid_argument(fmt::format("BlockManager: num_blocks must be positive, got {}", num_blocks));
   refs_.assign(size_t(num_blocks), 0);
-  digest_.assign(size_t(num_blocks), std::string());
+  digest_.assign(size_t(num_blocks), BlockDigest{});
+  remembered_.assign(size_t(num_blocks), 0);
+  by_digest_.reserve(size_t(num_blocks));
   lru_at_.assign(size_t(num_blocks), lru_.end());
   // Stack with block 0 on top, so a fresh pool hands out 0, 1, 2, ...
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
@@ -44,7 +46,7 @@ std::vector<int64_t> BlockManager::allocate(int64_t n) {
       lru_.pop_front();
       lru_at_[size_t(b)] = lru_.end();
       by_digest_.erase(digest_[size_t(b)]);
-      digest_[size_t(b)].clear();
+      remembered_[size_t(b)] = 0;
     }
     refs_[size_t(b)] = 1;
     out.push_back(b);
@@ -60,18 +62,18 @@ void BlockManager::free(const std::vector<int64_t>& blocks) {
       throw std::invalid_argument(fmt::format("BlockManager: block {} is not in use (double free or foreign id)", b));
   for (int64_t b : blocks) {
     if (--refs_[size_t(b)] > 0) continue;
-    if (digest_[size_t(b)].empty()) free_.push_back(b);
+    if (!remembered_[size_t(b)]) free_.push_back(b);
     else lru_at_[size_t(b)] = lru_.insert(lru_.end(), b);
   }
 }
 
-int64_t BlockManager::lookup(const std::string& digest) const {
+int64_t BlockManager::lookup(const BlockDigest& digest) const {
   const auto it = by_digest_.find(digest);
   return it == by_digest_.end() ? -1 : it->second;
 }
 
 void BlockManager::hold(int64_t block) {
-  if (block < 0 || block >= num_blocks() || (refs_[size_t(block)] == 0 && digest_[size_t(block)].empty()))
+  if (block < 0 || block >= num_blocks() || (refs_[size_t(block)] == 0 && !remembered_[size_t(block)]))
     throw std::invalid_argument(fmt::format("BlockManager: block {} is neither held nor cached", block));
   if (refs_[size_t(block)] == 0) {
     lru_.erase(lru_at_[size_t(block)]);
@@ -80,11 +82,11 @@ void BlockManager::hold(int64_t block) {
   ++refs_[size_t(block)];
 }
 
-void BlockManager::remember(int64_t block, const std::string& digest) {
+void BlockManager::remember(int64_t block, const BlockDigest& digest) {
   if (!in_use(block)) throw std::invalid_argument(fmt::format("BlockManager: block {} is not in use", block));
-  if (digest.empty()) throw std::invalid_argument("BlockManager: an empty digest");
-  if (!digest_[size_t(block)].empty() || by_digest_.count(digest)) return;
+  if (remembered_[size_t(block)] || by_digest_.count(digest)) return;
   digest_[size_t(block)] = digest;
+  remembered_[size_t(block)] = 1;
   by_digest_.emplace(digest, block);
 }
 
@@ -93,12 +95,12 @@ std::string BlockManager::audit() const {
   std::vector<int> seen(size_t(n), 0);
   for (int64_t b : free_) {
     if (b < 0 || b >= n) return fmt::format("free list holds id {}", b);
-    if (refs_[size_t(b)] != 0 || !digest_[size_t(b)].empty()) return fmt::format("free block {} is held or remembered", b);
+    if (refs_[size_t(b)] != 0 || remembered_[size_t(b)]) return fmt::format("free block {} is held or remembered", b);
     seen[size_t(b)]++;
   }
   for (int64_t b : lru_) {
     if (b < 0 || b >= n) return fmt::format("LRU holds id {}", b);
-    if (refs_[size_t(b)] != 0 || digest_[size_t(b)].empty())
+    if (refs_[size_t(b)] != 0 || !remembered_[size_t(b)])
       return fmt::format("evictable block {} is held or not remembered", b);
     if (lru_at_[size_t(b)] == lru_.end() || *lru_at_[size_t(b)] != b) return fmt::format("block {}: LRU position", b);
     seen[size_t(b)]++;
@@ -110,14 +112,14 @@ std::string BlockManager::audit() const {
       if (lru_at_[size_t(b)] != lru_.end()) return fmt::format("held block {} is in the LRU", b);
     }
     if (seen[size_t(b)] != 1) return fmt::format("block {} is accounted {} times", b, seen[size_t(b)]);
-    const std::string& d = digest_[size_t(b)];
-    if (!d.empty()) {
-      const auto it = by_digest_.find(d);
+    if (remembered_[size_t(b)]) {
+      const auto it = by_digest_.find(digest_[size_t(b)]);
       if (it == by_digest_.end() || it->second != b) return fmt::format("block {}: digest not mapped back", b);
     }
   }
   for (const auto& [d, b] : by_digest_)
-    if (b < 0 || b >= n || digest_[size_t(b)] != d) return fmt::format("digest of block {} mapped wrongly", b);
+    if (b < 0 || b >= n || !remembered_[size_t(b)] || digest_[size_t(b)] != d)
+      return fmt::format("digest of block {} mapped wrongly", b);
   return {};
 }
 
@@ -181,10 +183,10 @@ void PagedKvCache::release(KvSequence& s) {
   s.rope = RopeTable::automatic;
 }
 
-int64_t PagedKvCache::attach_prefix(KvSequence& s, const std::vector<std::string>& digests, RopeTable table) {
+int64_t PagedKvCache::attach_prefix(KvSequence& s, const std::vector<BlockDigest>& digests, RopeTable table) {
   if (s.length != 0 || !s.blocks.empty())
     throw std::invalid_argument("PagedKvCache::attach_prefix: the sequence must be empty");
-  for (const std::string& d : digests) {
+  for (const BlockDigest& d : digests) {
     const int64_t b = manager_.lookup(d);
     if (b < 0) break;
     manager_.hold(b);
@@ -197,7 +199,7 @@ int64_t PagedKvCache::attach_prefix(KvSequence& s, const std::vector<std::string
   return int64_t(s.blocks.size());
 }
 
-void PagedKvCache::remember(const KvSequence& s, int64_t i, const std::string& digest) {
+void PagedKvCache::remember(const KvSequence& s, int64_t i, const BlockDigest& digest) {
   if (i < 0 || (i + 1) * block_size_ > s.length)
     throw std::invalid_argument(fmt::format("PagedKvCache::remember: block {} of a sequence of {} tokens is not full",
                                             i, s.length));

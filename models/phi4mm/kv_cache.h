@@ -20,7 +20,9 @@
 //   Tensor logits = forward_incremental(model, cache, b);  // [S, V]: last row of each chunk
 //   ... if (needs_reprefill(model, s, s.length + 1)) { cache.release(s); re-prefill with long_table }
 //   ... cache.release(s) when the request ends.
+#include <array>
 #include <cstdint>
+#include <cstring>
 #include <list>
 #include <string>
 #include <unordered_map>
@@ -30,6 +32,18 @@
 #include "models/phi4mm/text.h"
 
 namespace areno::phi4mm {
+
+// A full block's content digest for prefix caching (the serving engine's SHA-256).
+using BlockDigest = std::array<uint8_t, 32>;
+// Its first 8 bytes: a uniform hash for a cryptographic digest (no one picks
+// inputs to collide buckets without breaking SHA-256).
+struct BlockDigestHash {
+  size_t operator()(const BlockDigest& d) const noexcept {
+    size_t h;
+    std::memcpy(&h, d.data(), sizeof h);
+    return h;
+  }
+};
 
 // A pool of `num_blocks` block ids. A block is held by the sequences whose
 // tables hold it (several, when a cached prefix is shared); allocation is
@@ -60,14 +74,14 @@ class BlockManager {
   void free(const std::vector<int64_t>& blocks);
 
   // The block remembered under `digest`, or -1.
-  int64_t lookup(const std::string& digest) const;
+  int64_t lookup(const BlockDigest& digest) const;
   // One more hold of a block that is held, or remembered and evictable (a
   // cached prefix taken back, or a forked sequence sharing a full block).
   void hold(int64_t block);
   int32_t holds(int64_t block) const { return refs_.at(size_t(block)); }
   // Remembers a held, full block under `digest`; a block already remembered,
   // or a digest another block has, is left as it is.
-  void remember(int64_t block, const std::string& digest);
+  void remember(int64_t block, const BlockDigest& digest);
 
   // The bookkeeping's invariants (every block exactly once: held, free, or
   // cached and evictable; the digest maps each other's inverse; the LRU
@@ -77,8 +91,12 @@ class BlockManager {
  private:
   std::vector<int64_t> free_;   // stack: the most recently freed block is reused first
   std::vector<int32_t> refs_;
-  std::vector<std::string> digest_;  // "" when not remembered
-  std::unordered_map<std::string, int64_t> by_digest_;
+  // Fixed-size records, allocated once (the map's buckets reserved for every
+  // block): remembering and evicting allocate nothing but map nodes, so the
+  // bookkeeping stays a small fixed cost per block.
+  std::vector<BlockDigest> digest_;
+  std::vector<uint8_t> remembered_;  // digest_[b] is valid
+  std::unordered_map<BlockDigest, int64_t, BlockDigestHash> by_digest_;
   std::list<int64_t> lru_;           // remembered, held by no one: least recently freed first
   std::vector<std::list<int64_t>::iterator> lru_at_;
 };
@@ -136,9 +154,9 @@ class PagedKvCache {
   // positions [0, (i+1) * block_size)), held once more each, and sets its
   // length and table (`table`: the digests were made for it). Returns the
   // blocks attached.
-  int64_t attach_prefix(KvSequence& s, const std::vector<std::string>& digests, RopeTable table);
+  int64_t attach_prefix(KvSequence& s, const std::vector<BlockDigest>& digests, RopeTable table);
   // Remembers block i of `s` (full: its length covers it) under `digest`.
-  void remember(const KvSequence& s, int64_t i, const std::string& digest);
+  void remember(const KvSequence& s, int64_t i, const BlockDigest& digest);
 
   // Makes `dst` (empty) a fork of `src` (n > 1 samples share one prompt
   // prefill): src's full blocks are shared, held once more each (a full block

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <set>
 #include <vector>
@@ -87,6 +88,13 @@ Tensor step_last(const Phi4MMForCausalLM& m, PagedKvCache& c, KvSequence& s, con
 
 int64_t argmax_id(const Tensor& row) { return int64_t(argmax(row, 0).item()); }
 
+// A digest named by a short label (its bytes, zero-padded).
+BlockDigest dg(const char* label) {
+  BlockDigest d{};
+  std::memcpy(d.data(), label, std::min(std::strlen(label), d.size()));
+  return d;
+}
+
 }  // namespace
 
 TEST_CASE("phi4mm/kv cache: block manager allocates all or nothing, frees and rejects double frees") {
@@ -112,25 +120,25 @@ TEST_CASE("phi4mm/kv cache: block manager allocates all or nothing, frees and re
 TEST_CASE("phi4mm/kv cache: remembered blocks are shared by holders, cached when free, evicted least recent first") {
   BlockManager bm(4);
   auto a = bm.allocate(2);  // 0, 1
-  bm.remember(a[0], "d0");
-  bm.remember(a[1], "d1");
-  bm.remember(a[1], "other");  // already remembered: unchanged
-  CHECK(bm.lookup("d1") == 1);
-  CHECK(bm.lookup("other") == -1);
+  bm.remember(a[0], dg("d0"));
+  bm.remember(a[1], dg("d1"));
+  bm.remember(a[1], dg("other"));  // already remembered: unchanged
+  CHECK(bm.lookup(dg("d1")) == 1);
+  CHECK(bm.lookup(dg("other")) == -1);
   CHECK(bm.num_cached() == 2);
   bm.hold(0);  // a second sequence shares block 0
   bm.free({0, 1});
   CHECK(bm.in_use(0));       // still held by the second
   CHECK_FALSE(bm.in_use(1));  // cached, evictable
   CHECK(bm.num_free() == 3);
-  CHECK(bm.lookup("d1") == 1);
+  CHECK(bm.lookup(dg("d1")) == 1);
   bm.free({0});
   CHECK(bm.num_free() == 4);
   CHECK(bm.num_used() == 0);
   // Never-remembered blocks go first (2, 3), then the least recently freed cached one (1), forgotten.
   CHECK(bm.allocate(3) == std::vector<int64_t>{2, 3, 1});
-  CHECK(bm.lookup("d1") == -1);
-  CHECK(bm.lookup("d0") == 0);
+  CHECK(bm.lookup(dg("d1")) == -1);
+  CHECK(bm.lookup(dg("d0")) == 0);
   bm.hold(0);  // taken back from the cache
   CHECK(bm.num_free() == 0);
   CHECK_THROWS_WITH_AS(bm.allocate(1), doctest::Contains("out of blocks"), std::runtime_error);
