@@ -15,6 +15,7 @@
 #include <string>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "app/commands_train.h"
 #include "app/flags.h"
@@ -115,7 +116,15 @@ constexpr const char* kTrainUsage =
     "  --reward exact|math|regex:PATTERN   a built-in reward (docs/rl.md)\n"
     "  --reward-cmd CMD          a program: one JSON record per line in, one number per line out\n"
     "  --reward-timeout-s X      per record of --reward-cmd (default 30)\n"
+    "  --overlong-buffer-len N   DAPO's soft overlong penalty: from --max-new-tokens - N tokens\n"
+    "                            on, the reward falls linearly to -factor at --max-new-tokens\n"
+    "  --overlong-penalty-factor X   that factor (default 1)\n"
     "  --grpo-clip-eps X         GRPO token ratio clip (default 0.2)\n"
+    "  --grpo-clip-eps-high X    the upper clip, 1 + X (DAPO's clip-higher; default --grpo-clip-eps)\n"
+    "  --loss-agg-mode MODE      GRPO: token-mean (default), seq-mean-token-mean, or\n"
+    "                            seq-mean-token-sum-norm (Dr. GRPO: / (N x --max-new-tokens))\n"
+    "  --scale-rewards group|batch|none   advantages divided by the group's reward std\n"
+    "                            (default), the batch's, or not at all (Dr. GRPO)\n"
     "  --gspo-clip-eps X         GSPO sequence ratio clip (default 3e-4)\n"
     "  --drop-rollout-state      free the engine and its KV cache after each rollout\n"
     "  --agent-cmd CMD           agentic rollouts: run `/bin/sh -c CMD` per prompt and sample with\n"
@@ -136,6 +145,10 @@ constexpr const char* kTrainUsage =
     "\n"
     "dpo (rows {\"prompt\": string or messages, \"chosen\": string, \"rejected\": string}):\n"
     "  --dpo-beta X              the DPO temperature beta (default 0.1)\n"
+    "  --dpo-loss-type NAME      sigmoid (default), robust, hinge or ipo (TRL's loss_type;\n"
+    "                            ipo on log-probabilities averaged over each response)\n"
+    "  --dpo-label-smoothing X   conservative labels in [0, 0.5) for sigmoid (cDPO) and\n"
+    "                            robust (default 0)\n"
     "  --ref-ckpt DIR            the reference model (default: the starting policy); its\n"
     "                            log-probabilities are computed once, before the first step\n"
     "\n"
@@ -145,7 +158,10 @@ constexpr const char* kTrainUsage =
     "  --clip-ratio-c X          dual clip for negative advantages, 0 = off (default 3)\n"
     "  --value-clip-eps X        value clip around the rollout's values (default 0.5)\n"
     "  --value-loss-coef X       weight of the value loss (default 1)\n"
-    "  --ppo-epochs N            passes over each batch, one optimizer step each (default 1)\n"
+    "  --ppo-epochs N            passes over each batch (default 1)\n"
+    "  --ppo-mini-batch-size N   prompts per optimizer step within a pass (default: the\n"
+    "                            batch, one step per pass); the learning rate moves once\n"
+    "                            per training step however many updates it takes\n"
     "  --critic-ckpt DIR         a separate critic model (and DIR/value_head.safetensors when\n"
     "                            present); default: a value head on the policy's hidden states\n"
     "                            (loaded from --ckpt's value_head.safetensors when present)\n"
@@ -153,7 +169,14 @@ constexpr const char* kTrainUsage =
     "  --critic-warmup-steps N   the first N steps train only the critic (default 0)\n"
     "  --use-kl-loss             add a KL loss to a frozen copy of the starting policy\n"
     "  --kl-loss-coef X          its weight (default 0.001)\n"
-    "  --kl-loss-type low_var_kl the KL estimator (only low_var_kl)\n";
+    "  --kl-loss-type low_var_kl the KL estimator (only low_var_kl)\n"
+    "  --use-kl-in-reward        subtract beta x a per-token KL penalty to a frozen copy of the\n"
+    "                            starting policy from the token rewards (verl's use_kl_in_reward)\n"
+    "  --kl-penalty NAME         kl (k1, default), abs, mse (k2) or low_var_kl (k3)\n"
+    "  --kl-coef X               beta (the adaptive controller's start; default 0.001)\n"
+    "  --kl-ctrl fixed|adaptive  keep beta, or steer it towards --kl-target (default fixed)\n"
+    "  --kl-target X             the adaptive controller's KL target (default 0.1)\n"
+    "  --kl-horizon N            the adaptive controller's horizon (default 10000)\n";
 
 // Runs `CMD FILE` through /bin/sh with FILE as "$1" (no quoting of the path
 // into the command) and writes its stdout to `out`.
@@ -222,8 +245,16 @@ struct RlFlags {
   train::rl::PpoTrainOptions ppo;
   std::string reward, reward_cmd, critic_ckpt, kl_loss_type = "low_var_kl";
   double reward_timeout_s = 30;
+  int64_t overlong_buffer_len = 0;  // 0: no overlong penalty
+  double overlong_penalty_factor = 1.0;
+  int64_t max_new_tokens = 0;       // the rollouts' (the penalty's end)
   // The reward options a resumed run must repeat.
-  nlohmann::json reward_keys() const { return {{"--reward", reward}, {"--reward-cmd", reward_cmd}}; }
+  nlohmann::json reward_keys() const {
+    nlohmann::json k = {{"--reward", reward}, {"--reward-cmd", reward_cmd}};
+    if (overlong_buffer_len > 0)
+      k["--overlong-buffer-len"] = fmt::format("{} x {}", overlong_buffer_len, overlong_penalty_factor);
+    return k;
+  }
 };
 
 // --skip-failed-agents: each run the step left out, on stderr before its progress line.
@@ -241,10 +272,18 @@ train::PromptDataset load_prompts(const ServedModel& sm, const fs::path& dataset
 
 // --reward or --reward-cmd; null with neither (--agent-cmd, whose agents print rewards).
 std::unique_ptr<train::rl::RewardFn> make_rl_reward(const RlFlags& f) {
-  if (f.reward_cmd.empty()) return f.reward.empty() ? nullptr : train::rl::make_reward(f.reward);
-  train::rl::RewardProcessOptions ro;
-  ro.timeout_s = f.reward_timeout_s;
-  return std::make_unique<train::rl::RewardProcess>(f.reward_cmd, ro);
+  std::unique_ptr<train::rl::RewardFn> r;
+  if (!f.reward_cmd.empty()) {
+    train::rl::RewardProcessOptions ro;
+    ro.timeout_s = f.reward_timeout_s;
+    r = std::make_unique<train::rl::RewardProcess>(f.reward_cmd, ro);
+  } else if (!f.reward.empty()) {
+    r = train::rl::make_reward(f.reward);
+  }
+  if (r && f.overlong_buffer_len > 0)
+    r = train::rl::with_overlong_penalty(std::move(r), f.max_new_tokens, f.overlong_buffer_len,
+                                         f.overlong_penalty_factor);
+  return r;
 }
 
 int64_t trainable_numel(const AdamW& optimizer) {
@@ -322,7 +361,7 @@ int train_ppo(RlFlags f, const ServedModel& sm, const fs::path& dataset, const t
   // The KL reference is the starting policy, --ckpt, also when resuming.
   std::shared_ptr<const phi4mm::Phi4MMForCausalLM> reference;
   f.ppo.run_keys = f.reward_keys();
-  if (f.ppo.ppo.use_kl_loss) {
+  if (f.ppo.ppo.use_kl_loss || f.ppo.use_kl_in_reward) {
     reference = load_served_model(dirs.ckpt, device, dtype, needs).model;  // frozen: no optimizer
     f.ppo.run_keys["--ckpt"] = run_path(dirs.ckpt);
   }
@@ -338,6 +377,11 @@ int train_ppo(RlFlags f, const ServedModel& sm, const fs::path& dataset, const t
     trainer.load_state(dirs.step_dir);
     report_resume(trainer, dirs);
   }
+  std::vector<std::string> kl_uses;
+  if (f.ppo.ppo.use_kl_loss) kl_uses.push_back("KL loss");
+  if (f.ppo.use_kl_in_reward) kl_uses.push_back("KL in the reward");
+  const std::string kl_note =
+      kl_uses.empty() ? "" : fmt::format("; {} to a frozen copy of the starting policy", fmt::join(kl_uses, " and "));
   fmt::print(stderr, "ppo: training {} of {} parameters for {} steps ({} per epoch), {} {} per prompt; "
              "critic: {} ({} parameters, value head {}){}{}\n",
              trainable_numel(trainer.optimizer()), sm.model->num_parameters(), trainer.total_steps(),
@@ -346,7 +390,7 @@ int train_ppo(RlFlags f, const ServedModel& sm, const fs::path& dataset, const t
              trainable_numel(trainer.critic_optimizer()),
              resuming ? "from the step folder" : head_loaded ? "from " + head_file.string() : "zero-initialised",
              f.ppo.critic_warmup_steps > 0 ? fmt::format("; critic warm-up {} steps", f.ppo.critic_warmup_steps) : "",
-             reference ? "; KL loss to a frozen copy of the starting policy" : "");
+             kl_note);
   return run_rl_loop(
       trainer,
       [&] {
@@ -380,9 +424,11 @@ int train_dpo(train::rl::DpoTrainOptions o, const ServedModel& sm, const fs::pat
     const ServedModel ref = load_served_model(ref_ckpt, device, dtype, needs);
     trainer.emplace(sm.model, std::move(data.rows), o, ref.model.get());
   }
-  fmt::print(stderr, "dpo: training {} of {} parameters for {} steps ({} per epoch), beta {}; reference ({}) "
+  fmt::print(stderr, "dpo: training {} of {} parameters for {} steps ({} per epoch), {} loss, beta {}{}; reference ({}) "
              "log-probabilities {}\n", trainable_numel(trainer->optimizer()), sm.model->num_parameters(), trainer->total_steps(),
-             trainer->steps_per_epoch(), o.dpo.beta, ref_ckpt.empty() ? "the starting policy" : ref_ckpt,
+             trainer->steps_per_epoch(), train::rl::dpo_loss_type_name(o.dpo.loss_type), o.dpo.beta,
+             o.dpo.label_smoothing > 0 ? fmt::format(", label smoothing {}", o.dpo.label_smoothing) : "",
+             ref_ckpt.empty() ? "the starting policy" : ref_ckpt,
              dirs.step_dir.empty() ? fmt::format("in {:.2f}s", trainer->reference_seconds())
                                    : std::string("from the step folder"));
   return run_rl_loop(
@@ -446,8 +492,14 @@ int cmd_train(const Args& args) {
   flags.integer("--top-k", ro.top_k, 0).value("--top-p", num("--top-p", ro.top_p, 0)).toggle("--greedy", ro.greedy);
   flags.value("--reward", rl.reward).value("--reward-cmd", rl.reward_cmd);
   flags.value("--reward-timeout-s", num("--reward-timeout-s", rl.reward_timeout_s, 0));
+  flags.integer("--overlong-buffer-len", rl.overlong_buffer_len, 1);
+  flags.value("--overlong-penalty-factor", num("--overlong-penalty-factor", rl.overlong_penalty_factor, 0));
   flags.value("--grpo-clip-eps", num("--grpo-clip-eps", rl.options.grpo.clip_eps, 0));
   flags.value("--gspo-clip-eps", num("--gspo-clip-eps", rl.options.gspo.clip_eps, 0));
+  flags.value("--grpo-clip-eps-high", num("--grpo-clip-eps-high", rl.options.grpo.clip_eps_high, 0));
+  std::optional<std::string> loss_agg, scale_rewards;
+  flags.value("--loss-agg-mode", [&](const std::string& v) { loss_agg = v; });
+  flags.value("--scale-rewards", [&](const std::string& v) { scale_rewards = v; });
   flags.toggle("--drop-rollout-state", ro.drop_rollout_state);
   train::rl::AgentOptions& ag = rl.options.agent;
   flags.value("--agent-cmd", ag.cmd).value("--agent-timeout-s", num("--agent-timeout-s", ag.timeout_s, 0));
@@ -463,17 +515,41 @@ int cmd_train(const Args& args) {
   flags.integer("--critic-warmup-steps", rl.ppo.critic_warmup_steps, 0);
   flags.toggle("--use-kl-loss", ppo.use_kl_loss).value("--kl-loss-coef", num("--kl-loss-coef", ppo.kl_loss_coef, 0));
   flags.value("--kl-loss-type", rl.kl_loss_type);
+  flags.integer("--ppo-mini-batch-size", rl.ppo.ppo_mini_batch_size, 1);
+  std::string kl_penalty = "kl", kl_ctrl = "fixed";
+  flags.toggle("--use-kl-in-reward", rl.ppo.use_kl_in_reward).value("--kl-penalty", kl_penalty);
+  flags.value("--kl-coef", num("--kl-coef", rl.ppo.kl_ctrl.value, 0)).value("--kl-ctrl", kl_ctrl);
+  flags.value("--kl-target", num("--kl-target", rl.ppo.kl_ctrl.target, 0));
+  flags.integer("--kl-horizon", rl.ppo.kl_ctrl.horizon, 1);
   train::rl::DpoTrainOptions dpo;
   flags.value("--dpo-beta", num("--dpo-beta", dpo.dpo.beta, 0)).value("--ref-ckpt", ref_ckpt);
+  std::string dpo_loss_type = "sigmoid";
+  std::optional<double> dpo_label_smoothing;
+  flags.value("--dpo-loss-type", dpo_loss_type);
+  flags.value("--dpo-label-smoothing",
+              [&](const std::string& v) { dpo_label_smoothing = parse_double_flag("--dpo-label-smoothing", v, 0); });
   if (auto rc = flags.parse(args)) return *rc;
 
   const bool is_ppo = algo == "ppo", is_rl = algo == "grpo" || algo == "gspo" || is_ppo, is_dpo = algo == "dpo";
   if (algo != "sft" && !is_rl && !is_dpo)
     throw std::invalid_argument(fmt::format("--algo: '{}' is not supported (sft, grpo, gspo, dpo, ppo)", algo));
   if (!is_dpo && !ref_ckpt.empty()) throw std::invalid_argument("--ref-ckpt: only with --algo dpo");
+  dpo.dpo.loss_type = train::rl::parse_dpo_loss_type(dpo_loss_type, "--dpo-loss-type");
+  dpo.dpo.label_smoothing = dpo_label_smoothing.value_or(0.0);
+  if (!is_dpo && (dpo_loss_type != "sigmoid" || dpo_label_smoothing))
+    throw std::invalid_argument("--dpo-loss-type, --dpo-label-smoothing: only with --algo dpo");
   if (!is_ppo && !rl.critic_ckpt.empty()) throw std::invalid_argument("--critic-ckpt: only with --algo ppo");
   if (!is_ppo && ppo.use_kl_loss)
     throw std::invalid_argument("--use-kl-loss: only with --algo ppo (grpo/gspo run without a KL term)");
+  if (!is_ppo && rl.ppo.use_kl_in_reward) throw std::invalid_argument("--use-kl-in-reward: only with --algo ppo");
+  if ((loss_agg || scale_rewards) && !(is_rl && !is_ppo))
+    throw std::invalid_argument("--loss-agg-mode, --scale-rewards: only with --algo grpo|gspo");
+  if (loss_agg) rl.options.grpo.agg = train::rl::parse_loss_agg(*loss_agg, "--loss-agg-mode");
+  if (scale_rewards) rl.options.scale_rewards = train::rl::parse_reward_scale(*scale_rewards, "--scale-rewards");
+  rl.ppo.kl_penalty = train::rl::parse_kl_penalty(kl_penalty, "--kl-penalty");
+  if (kl_ctrl != "fixed" && kl_ctrl != "adaptive")
+    throw std::invalid_argument(fmt::format("--kl-ctrl: '{}' is not a controller (fixed, adaptive)", kl_ctrl));
+  rl.ppo.kl_ctrl.adaptive = kl_ctrl == "adaptive";
   if (rl.kl_loss_type != "low_var_kl")
     throw std::invalid_argument(fmt::format("--kl-loss-type: '{}' is not supported (low_var_kl)", rl.kl_loss_type));
   // (A resumed run's critic comes from its step folder.)
@@ -539,6 +615,14 @@ int cmd_train(const Args& args) {
     train::rl::validate(dpo);
   } else {
     train::validate(o);
+  }
+  // DAPO's overlong penalty adjusts the reward's scores up to the rollouts' --max-new-tokens.
+  rl.max_new_tokens = ro.max_new_tokens;
+  if (rl.overlong_buffer_len > 0) {
+    if (!is_rl) throw std::invalid_argument("--overlong-buffer-len: only with --algo grpo|gspo|ppo");
+    if (rl.reward.empty() && rl.reward_cmd.empty())
+      throw std::invalid_argument("--overlong-buffer-len: needs --reward or --reward-cmd (it adjusts their scores)");
+    train::rl::validate_overlong_penalty(ro.max_new_tokens, rl.overlong_buffer_len, rl.overlong_penalty_factor);
   }
   if (save_path.empty()) fmt::print(stderr, "areno train: no --save-path: the trained weights will not be saved\n");
 

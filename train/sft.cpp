@@ -368,12 +368,20 @@ void check_run_keys(const json& saved, const json& now, const std::string& file)
   for (const auto& [key, value] : now.items()) {
     auto it = run->find(key);
     if (it == run->end())
-      throw std::runtime_error(fmt::format("{}: \"run\" has no \"{}\" (a folder of another version?)", file, key));
+      throw std::runtime_error(fmt::format(
+          "{}: {} differs from the saved run's (not given there, {} now; or the folder is of another version): a "
+          "resumed run repeats the options that decide its data, rollouts and trained groups", file, key,
+          value.dump()));
     if (*it != value)
       throw std::runtime_error(fmt::format(
           "{}: {} differs from the saved run's ({} there, {} now): a resumed run repeats the options that decide its "
           "data, rollouts and trained groups", file, key, it->dump(), value.dump()));
   }
+  for (const auto& [key, value] : run->items())  // an option the saved run had and this one drops
+    if (!now.contains(key))
+      throw std::runtime_error(fmt::format(
+          "{}: {} differs from the saved run's ({} there, not given now): a resumed run repeats the options that "
+          "decide its data, rollouts and trained groups", file, key, value.dump()));
 }
 
 SavedState load_step_state(const fs::path& step_dir, const std::string& algo, int64_t rows, AdamW& optimizer,

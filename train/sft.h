@@ -156,8 +156,9 @@ nlohmann::json loop_run_keys(const SftOptions& o, const std::string& algo, const
 
 // Checks the options of a resuming run (`now`, as loop_run_keys) against the
 // "run" object of a saved trainer_state.json (`saved`, read from `file`).
-// Throws std::runtime_error naming the first flag whose value differs, or
-// saying that the folder was saved before its algorithm could resume (no "run").
+// Throws std::runtime_error naming the first flag whose value differs (given
+// in one and not the other included), or saying that the folder was saved
+// before its algorithm could resume (no "run").
 void check_run_keys(const nlohmann::json& saved, const nlohmann::json& now, const std::string& file);
 
 // A step folder's trainer_state.json, read for a run of `algo` that resumes

@@ -57,7 +57,7 @@ void Optimizer::zero_grad() {
 
 double Optimizer::current_lr(size_t g) const {
   const ParamGroup& grp = groups_.at(g);
-  return grp.schedule ? grp.lr * grp.schedule->factor(step_) : grp.lr;
+  return grp.schedule ? grp.lr * grp.schedule->factor(schedule_step_ >= 0 ? schedule_step_ : step_) : grp.lr;
 }
 
 std::vector<Tensor> Optimizer::parameters() const {

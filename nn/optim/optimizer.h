@@ -40,8 +40,13 @@ class Optimizer {
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
-  // Number of step() calls so far (what schedules see).
+  // Number of step() calls so far (what schedules see, unless set below).
   int64_t step_count() const { return step_; }
+  // Schedules see `k` instead of step_count() from now on: a trainer that
+  // takes several optimizer steps per training step (PPO's passes and
+  // mini-batches) keeps one learning rate per training step, as verl steps
+  // its scheduler once per update. Not saved; the trainer sets it each step.
+  void set_schedule_step(int64_t k) { schedule_step_ = k; }
   // The learning rate group `g` uses at the next step.
   double current_lr(size_t g) const;
   // All parameters of all groups.
@@ -73,6 +78,7 @@ class Optimizer {
   std::vector<ParamGroup> groups_;
   std::vector<std::vector<ParamState>> state_;  // [group][param]
   int64_t step_ = 0;
+  int64_t schedule_step_ = -1;  // -1: step_
 
  private:
   std::vector<std::vector<std::string>> names_;  // resolved names

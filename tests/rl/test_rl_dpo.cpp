@@ -178,6 +178,39 @@ TEST_CASE("rl/dpo the first step is at the reference: loss log 2, margin 0") {
   CHECK(tr.state().epoch == 1);  // 4 rows, batch 4: one epoch per step
 }
 
+TEST_CASE("rl/dpo loss types at the reference: their closed forms; IPO's averaged log-probabilities move the margin") {
+  // At step 1 the policy is the reference: z = 0 for every pair.
+  struct Case {
+    DpoLossType type;
+    double ls, loss;
+  };
+  const double beta = DpoOptions{}.beta;
+  for (const Case& c : {Case{DpoLossType::sigmoid, 0.2, std::log(2.0)}, Case{DpoLossType::robust, 0.2, std::log(2.0)},
+                        Case{DpoLossType::hinge, 0.0, 1.0}, Case{DpoLossType::ipo, 0.0, 1 / (4 * beta * beta)}}) {
+    CAPTURE(dpo_loss_type_name(c.type));
+    DpoTrainOptions o = options(4, 2);
+    o.dpo.loss_type = c.type;
+    o.dpo.label_smoothing = c.ls;
+    o.loop.lr = 3e-4;
+    DpoTrainer tr(phi4mm::demo_model(), times_rows(), o);
+    const DpoStepStats s1 = tr.step();
+    CHECK(s1.dpo.loss == doctest::Approx(c.loss).epsilon(1e-6));
+    CHECK(std::abs(s1.dpo.reward_margin) < 1e-6);
+    CHECK(s1.grad_norm > 0);
+    const DpoStepStats s2 = tr.step();
+    MESSAGE(fmt::format("{}: loss {:.6f} -> {:.6f}, margin -> {:.5f}", dpo_loss_type_name(c.type), s1.dpo.loss,
+                        s2.dpo.loss, s2.dpo.reward_margin));
+    CHECK(s2.dpo.reward_margin > 0);  // every loss pushes the chosen answer up
+    CHECK(s2.dpo.loss < s1.dpo.loss);
+  }
+  DpoTrainOptions bad = options(4, 2);
+  bad.dpo.loss_type = DpoLossType::ipo;
+  bad.dpo.label_smoothing = 0.1;
+  CHECK_THROWS_WITH_AS(DpoTrainer(phi4mm::demo_model(), times_rows(), bad),
+                       doctest::Contains("--dpo-label-smoothing: only with --dpo-loss-type sigmoid or robust"),
+                       std::invalid_argument);
+}
+
 TEST_CASE("rl/dpo micro-batches accumulate to the one-batch gradient") {
   std::vector<DpoStepStats> st;
   for (int64_t mini : {4, 3, 1}) {
@@ -276,4 +309,17 @@ TEST_CASE("areno train --algo dpo: 2 steps on a 4-row file write the metrics; --
                        doctest::Contains("--ref-ckpt"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "dpo", "--dataset-path", pairs, "--dpo-beta", "0"}),
                        doctest::Contains("--dpo-beta"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "dpo", "--dataset-path", pairs, "--dpo-loss-type", "kto"}),
+                       doctest::Contains("--dpo-loss-type: 'kto'"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "dpo", "--dataset-path", pairs, "--dpo-loss-type", "hinge",
+                                       "--dpo-label-smoothing", "0.1"}),
+                       doctest::Contains("--dpo-label-smoothing"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "dpo", "--dataset-path", pairs, "--dpo-label-smoothing", "0.5"}),
+                       doctest::Contains("--dpo-label-smoothing"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "sft", "--dataset-path", pairs, "--dpo-loss-type", "ipo"}),
+                       doctest::Contains("only with --algo dpo"), std::invalid_argument);
+  // A resume with another loss type is refused by name.
+  CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "dpo", "--dataset-path", pairs, "--batch-size", "2", "--mini-bs",
+                                       "1", "--max-steps", "3", "--dpo-loss-type", "ipo", "--resume", save}),
+                       doctest::Contains("--dpo-loss-type differs"), std::runtime_error);
 }

@@ -188,13 +188,21 @@ TEST_CASE("rl/step helpers on rows and trajectories: masks, NaN log-probabilitie
   CHECK(st.logp_abs_diff_mean == doctest::Approx((0.1 + 0.05 + 0.5 + 0.5 + 0.025) / 5));
 }
 
-TEST_CASE("rl/grpo micro-batches accumulate to the one-batch gradient (GRPO and GSPO)") {
-  for (RlAlgo algo : {RlAlgo::grpo, RlAlgo::gspo}) {
+TEST_CASE("rl/grpo micro-batches accumulate to the one-batch gradient (GRPO, GSPO, and GRPO with DAPO's clip-higher "
+          "and Dr. GRPO's normaliser and unscaled advantages)") {
+  for (int variant : {0, 1, 2}) {
+    const RlAlgo algo = variant == 1 ? RlAlgo::gspo : RlAlgo::grpo;
+    CAPTURE(variant);
     std::vector<RlStepStats> st;
     for (int64_t mini : {8, 3, 1}) {
       RlOptions o = options(mini);
       o.algo = algo;
       o.rollout.drop_rollout_state = true;
+      if (variant == 2) {
+        o.grpo.clip_eps_high = 0.28;
+        o.grpo.agg = LossAgg::seq_mean_token_sum_norm;
+        o.scale_rewards = RewardScale::none;
+      }
       GrpoTrainer tr(testing::tiny_phi4mm(), tokenizer(), sum_prompts(4), o, std::make_unique<SpreadReward>());
       st.push_back(tr.step());
       CHECK_FALSE(tr.rollout().has_engine());
@@ -207,9 +215,16 @@ TEST_CASE("rl/grpo micro-batches accumulate to the one-batch gradient (GRPO and 
       CHECK(st[i].grad_norm == doctest::Approx(st[0].grad_norm).epsilon(1e-5));
       CHECK(st[i].ratio_mean == doctest::Approx(st[0].ratio_mean).epsilon(1e-6));
     }
-    MESSAGE(fmt::format("{}: grad_norm {} / {} / {} (mini-bs 8 / 3 / 1)", rl_algo_name(algo), st[0].grad_norm,
-                        st[1].grad_norm, st[2].grad_norm));
+    CHECK(st[0].grad_norm > 0);
+    MESSAGE(fmt::format("{}{}: grad_norm {} / {} / {} (mini-bs 8 / 3 / 1)", rl_algo_name(algo),
+                        variant == 2 ? " (dapo/dr)" : "", st[0].grad_norm, st[1].grad_norm, st[2].grad_norm));
   }
+  RlOptions bad = options(3);
+  bad.algo = RlAlgo::gspo;
+  bad.grpo.clip_eps_high = 0.3;
+  CHECK_THROWS_WITH_AS(GrpoTrainer(testing::tiny_phi4mm(), tokenizer(), sum_prompts(4), bad,
+                                   std::make_unique<SpreadReward>()),
+                       doctest::Contains("only with --algo grpo"), std::invalid_argument);
 }
 
 TEST_CASE("rl/grpo equal rewards in every group give zero gradient and no update") {
@@ -272,6 +287,21 @@ TEST_CASE("areno train --algo grpo|gspo: 2 steps on a prompt file write the issu
                        doctest::Contains("--batch-size differs"), std::runtime_error);
   CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "grpo", "--dataset-path", dir.str("prompts.jsonl")}),
                        doctest::Contains("--reward"), std::invalid_argument);
+  const std::string prompts = dir.str("prompts.jsonl");
+  for (const auto& [extra, what] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--loss-agg-mode", "seq-sum"}, "--loss-agg-mode: 'seq-sum'"},
+           {{"--scale-rewards", "max"}, "--scale-rewards: 'max'"},
+           {{"--grpo-clip-eps-high", "0"}, "--grpo-clip-eps-high"},
+           {{"--algo", "ppo", "--scale-rewards", "none"}, "only with --algo grpo|gspo"},
+           {{"--algo", "gspo", "--loss-agg-mode", "token-mean", "--grpo-clip-eps-high", "0.3"}, "only with --algo grpo"},
+           {{"--overlong-buffer-len", "256", "--max-new-tokens", "256"}, "--overlong-buffer-len: must be between"},
+           {{"--algo", "sft", "--overlong-buffer-len", "4"}, "--overlong-buffer-len: only with"},
+           {{"--overlong-buffer-len", "4", "--overlong-penalty-factor", "-1"}, "--overlong-penalty-factor"}}) {
+    std::vector<std::string> args = {"--algo", "grpo", "--dataset-path", prompts, "--reward", "exact"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    CAPTURE(what);
+    CHECK_THROWS_WITH_AS(app::cmd_train(args), doctest::Contains(what.c_str()), std::invalid_argument);
+  }
 }
 
 TEST_CASE("rl/grpo audio prompts with the speech LoRA's dropout (0.01): turned off, so rollout and training agree") {

@@ -168,6 +168,46 @@ TEST_CASE("rl/objectives: GRPO loss, statistics and gradient are torch's, token 
   }
 }
 
+TEST_CASE("rl/objectives: GRPO variants: DAPO's clip-higher, Dr. GRPO's constant normaliser and unscaled "
+          "advantages, TRL's batch scaling are torch's") {
+  const int64_t G_ = int64_t(S("grpo.group_size"));
+  for (const char* scale : {"batch", "none"}) {
+    CAPTURE(scale);
+    const Tensor adv = group_advantages(G("grpo.rewards"), G_, 1e-6, parse_reward_scale(scale, "--scale-rewards"));
+    CHECK(rel(adv, G(std::string("grpo.advantages_") + scale)) < 1e-12);
+    const auto a = adv.to_vector<double>();
+    for (int i = 4; i < 8; ++i) CHECK(a[size_t(i)] == 0.0);  // equal rewards: still no signal
+  }
+  CHECK(group_advantages(tensor<double>({0.0, 1.0}), 2, 1e-6, RewardScale::none).to_vector<double>() ==
+        std::vector<double>{-0.5, 0.5});
+  CHECK_THROWS_WITH_AS(parse_reward_scale("std", "--scale-rewards"), doctest::Contains("--scale-rewards: 'std'"),
+                       std::invalid_argument);
+
+  Tensor logp = leaf("grpo.logp");
+  GrpoOptions o;
+  o.clip_eps = S("grpo.clip_eps");
+  o.clip_eps_high = S("grpo.dapo.eps_high");
+  o.agg = parse_loss_agg("seq-mean-token-sum-norm", "--loss-agg-mode");
+  o.norm_length = int64_t(S("grpo.dapo.norm_length"));
+  PolicyLoss l = grpo_loss(logp, G("grpo.old_logp"), G("grpo.advantages"), G("grpo.mask"), o);
+  l.loss.backward();
+  check_loss(l.loss, "grpo.dapo.loss");
+  check_grad(logp, "grpo.dapo.grad_logp");
+  check_stat(l.stats.ratio_mean, "grpo.dapo.ratio_mean");
+  check_stat(l.stats.clip_frac, "grpo.dapo.clip_frac");
+  check_stat(l.stats.advantage_mean, "grpo.dapo.advantage_mean");
+  // Clip-higher: the token exactly on 1 + 0.2 with A > 0 is inside 1 + 0.28, so it has its full gradient
+  // -A r / (N L) (N = 12 rows, L = 8), not half of it.
+  const double A0 = G("grpo.advantages").to_vector<double>()[0];
+  CHECK(logp.grad().to_vector<double>()[0] == doctest::Approx(-A0 * 1.2 / (12 * 8)).epsilon(1e-14));
+  o.norm_length = 0;
+  CHECK_THROWS_WITH_AS(grpo_loss(logp, G("grpo.old_logp"), G("grpo.advantages"), G("grpo.mask"), o),
+                       doctest::Contains("seq-mean-token-sum-norm"), std::invalid_argument);
+  CHECK(std::string(loss_agg_name(LossAgg::token_mean)) == "token-mean");
+  CHECK_THROWS_WITH_AS(parse_loss_agg("seq-mean", "--loss-agg-mode"), doctest::Contains("--loss-agg-mode: 'seq-mean'"),
+                       std::invalid_argument);
+}
+
 TEST_CASE("rl/objectives: GRPO gives equal-reward groups and masked positions no gradient") {
   Tensor mask = G("grpo.mask");
   GrpoOptions o = grpo_options(LossAgg::token_mean);
@@ -275,6 +315,83 @@ TEST_CASE("rl/objectives: DPO at the reference policy is log 2 with gradient -+b
   const double B = 5, beta = 0.1;
   CHECK(max_abs_diff(lc.grad(), mul(mc, -beta / 2 / B)) < 1e-16);
   CHECK(max_abs_diff(lr.grad(), mul(mr, beta / 2 / B)) < 1e-16);
+}
+
+TEST_CASE("rl/objectives: DPO variants (cDPO label smoothing, robust, hinge, IPO) are TRL's formulas in torch") {
+  const Tensor mc = G("dpo.chosen_mask"), mr = G("dpo.rejected_mask");
+  for (const char* kind : {"sigmoid", "robust", "hinge", "ipo"}) {
+    CAPTURE(kind);
+    const std::string k = std::string("dpo.") + kind;
+    Tensor lc = leaf("dpo.chosen_logp"), lr = leaf("dpo.rejected_logp");
+    DpoOptions o;
+    o.beta = S(k + ".beta");
+    o.loss_type = parse_dpo_loss_type(kind, "--dpo-loss-type");
+    o.label_smoothing = S(k + ".label_smoothing");
+    Tensor pc = sequence_logp(lc, mc), pr = sequence_logp(lr, mr), rc = G("dpo.ref_chosen"), rr = G("dpo.ref_rejected");
+    if (o.loss_type == DpoLossType::ipo) {  // averaged over each response, as the trainer passes them
+      const Tensor nc = sum(mc, {1}), nr = sum(mr, {1});
+      pc = div(pc, nc), pr = div(pr, nr), rc = div(rc, nc), rr = div(rr, nr);
+    }
+    DpoLoss l = dpo_loss(pc, pr, rc, rr, o);
+    l.loss.backward();
+    check_loss(l.loss, k + ".loss");
+    check_grad(lc, k + ".grad_chosen_logp");
+    check_grad(lr, k + ".grad_rejected_logp");
+    check_stat(l.stats.chosen_reward, k + ".chosen_reward");
+    check_stat(l.stats.rejected_reward, k + ".rejected_reward");
+    check_stat(l.stats.reward_margin, k + ".reward_margin");
+    check_stat(l.stats.reward_accuracy, k + ".reward_accuracy");
+  }
+  // Label smoothing 0 is the plain loss, bit for bit; bad settings are refused naming the field.
+  Tensor lc = G("dpo.chosen_logp"), lr = G("dpo.rejected_logp");
+  const Tensor pc = sequence_logp(lc, mc), pr = sequence_logp(lr, mr);
+  DpoOptions plain, zero;
+  zero.label_smoothing = 0;
+  CHECK(dpo_loss(pc, pr, G("dpo.ref_chosen"), G("dpo.ref_rejected"), zero).loss.item() ==
+        dpo_loss(pc, pr, G("dpo.ref_chosen"), G("dpo.ref_rejected"), plain).loss.item());
+  DpoOptions bad;
+  bad.label_smoothing = 0.5;
+  CHECK_THROWS_WITH_AS(dpo_loss(pc, pr, pc, pr, bad), doctest::Contains("label_smoothing"), std::invalid_argument);
+  bad.label_smoothing = 0.1;
+  bad.loss_type = DpoLossType::hinge;
+  CHECK_THROWS_WITH_AS(dpo_loss(pc, pr, pc, pr, bad), doctest::Contains("label smoothing"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_dpo_loss_type("kto", "--dpo-loss-type"), doctest::Contains("--dpo-loss-type: 'kto'"),
+                       std::invalid_argument);
+}
+
+// ---------------------------------------------------------------- KL in the reward
+
+TEST_CASE("rl/objectives: verl's KL penalty in the reward and its adaptive controller are torch's") {
+  const Tensor logp = G("klr.logp"), ref = G("klr.ref_logp"), mask = G("klr.mask"), scores = G("klr.scores");
+  const double beta = S("klr.beta");
+  for (const char* kind : {"kl", "abs", "mse", "low_var_kl"}) {
+    CAPTURE(kind);
+    const std::string k = std::string("klr.") + kind;
+    const KlPenalty type = parse_kl_penalty(kind, "--kl-penalty");
+    const Tensor pen = kl_penalty(logp, ref, mask, type);
+    CHECK(rel(pen, G(k + ".penalty")) < kRel);
+    CHECK(zero_where_masked(pen, mask));
+    const KlShaped shaped = apply_kl_penalty(scores, logp, ref, mask, type, beta);
+    CHECK(rel(shaped.rewards, G(k + ".rewards")) < kRel);
+    check_stat(shaped.kl, k + ".kl");
+  }
+  CHECK(parse_kl_penalty("k2", "--kl-penalty") == KlPenalty::mse);
+  CHECK(parse_kl_penalty("k3", "--kl-penalty") == KlPenalty::low_var_kl);
+  CHECK_THROWS_WITH_AS(parse_kl_penalty("full", "--kl-penalty"), doctest::Contains("--kl-penalty: 'full'"),
+                       std::invalid_argument);
+  KlController c;
+  c.adaptive = true;
+  c.value = S("klr.adaptive.start");
+  c.target = S("klr.adaptive.target");
+  c.horizon = int64_t(S("klr.adaptive.horizon"));
+  const auto kls = G("klr.adaptive.kls").to_vector<double>(), values = G("klr.adaptive.values").to_vector<double>();
+  for (size_t i = 0; i < kls.size(); ++i) {
+    c.update(kls[i], int64_t(S("klr.adaptive.n")));
+    CHECK(rel(c.value, values[i]) < 1e-14);
+  }
+  KlController fixed;
+  fixed.update(5.0, 100);
+  CHECK(fixed.value == KlController{}.value);
 }
 
 // ---------------------------------------------------------------- PPO

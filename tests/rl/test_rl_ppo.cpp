@@ -2,9 +2,10 @@
 // the demo model with a built-in reward, the value head's values and gradient
 // against a direct computation (row alignment, finite differences), critic
 // warm-up (the policy bitwise unchanged, the head moves), micro-batch
-// accumulation equal to one batch over two PPO epochs, the KL loss against a
-// frozen reference, and `areno train --algo ppo` (metrics, checkpoints,
-// --critic-ckpt, flag errors).
+// accumulation equal to one batch over two PPO epochs, mini-batches (one
+// update each, one learning rate per step), the KL loss against a frozen
+// reference, the KL penalty in the reward with verl's adaptive coefficient,
+// and `areno train --algo ppo` (metrics, checkpoints, --critic-ckpt, flag errors).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -302,6 +303,91 @@ TEST_CASE("rl/ppo micro-batches accumulate to the one-batch update (two PPO epoc
   CHECK(worst_e < 1e-6);
 }
 
+TEST_CASE("rl/ppo mini-batches: one update per mini-batch, accumulation inside it, one learning rate per step") {
+  // 2 prompts x 2 samples, 2 passes of 2 mini-batches (one prompt each): 4 updates per optimizer.
+  auto run = [](int64_t mini_bs, int64_t ppo_mini, int64_t epochs) {
+    PpoTrainOptions o = options(mini_bs);
+    o.ppo_epochs = epochs;
+    o.ppo_mini_batch_size = ppo_mini;
+    o.loop.decay = train::DecayStyle::cosine;
+    o.loop.lr_decay_steps = 3;
+    auto model = testing::tiny_phi4mm();
+    PpoTrainer tr(model, tokenizer(), arithmetic_prompts(4), o, std::make_unique<SpreadReward>());
+    std::vector<PpoStepStats> st{tr.step(), tr.step()};
+    CHECK(tr.optimizer().step_count() == 2 * st[0].updates);
+    CHECK(tr.critic_optimizer().step_count() == 2 * st[0].updates);
+    return std::make_pair(st, model->model->embed_tokens->weight.to_vector<float>());
+  };
+  const auto [a, ea] = run(2, 1, 2);  // micro-batch = mini-batch
+  const auto [b, eb] = run(1, 1, 2);  // two micro-batches per mini-batch
+  const auto [c, ec] = run(4, 0, 2);  // the whole batch per update
+  const auto [d, ed] = run(4, 0, 1);  // one update per step
+  CHECK(a[0].updates == 4);
+  CHECK(c[0].updates == 2);
+  CHECK(d[0].updates == 1);
+  CHECK(b[0].rl.loss == doctest::Approx(a[0].rl.loss).epsilon(1e-5));
+  CHECK(b[1].rl.grad_norm == doctest::Approx(a[1].rl.grad_norm).epsilon(1e-5));
+  CHECK(b[1].critic_grad_norm == doctest::Approx(a[1].critic_grad_norm).epsilon(1e-5));
+  double same = 0, apart = 0;
+  for (size_t j = 0; j < ea.size(); ++j) {
+    same = std::max(same, double(std::abs(ea[j] - eb[j])));
+    apart = std::max(apart, double(std::abs(ea[j] - ec[j])));
+  }
+  MESSAGE("embeddings: mini-bs 2 vs 1 within mini-batches " << same << "; mini-batches vs whole batches " << apart);
+  CHECK(same < 1e-5);   // 8 AdamW updates of 1e-3: reassociation, amplified by the first steps' normalisation
+  CHECK(apart > 1e-3);  // four updates a step are not two
+  // The learning rates are the training step's, however many updates it takes (cosine over 3 steps).
+  for (const auto* st : {&a, &c}) {
+    REQUIRE((*st)[1].rl.lrs.size() == d[1].rl.lrs.size());
+    for (size_t g = 0; g < d[1].rl.lrs.size(); ++g) {
+      CAPTURE(d[1].rl.lrs[g].first);
+      CHECK((*st)[1].rl.lrs[g].second == d[1].rl.lrs[g].second);
+    }
+  }
+  CHECK(d[1].rl.lrs[0].second < d[0].rl.lrs[0].second);  // it does move, once per step
+}
+
+TEST_CASE("rl/ppo KL in the reward: none at the reference, then shaped; verl's adaptive coefficient") {
+  PpoTrainOptions o = options(4);
+  o.use_kl_in_reward = true;
+  o.kl_penalty = KlPenalty::kl;
+  o.kl_ctrl.adaptive = true;
+  o.kl_ctrl.value = 0.1;
+  o.kl_ctrl.target = 0.01;
+  o.kl_ctrl.horizon = 10;
+  CHECK_THROWS_WITH_AS(PpoTrainer(testing::tiny_phi4mm(), tokenizer(), arithmetic_prompts(4), o,
+                                  std::make_unique<SpreadReward>()),
+                       doctest::Contains("--use-kl-in-reward"), std::invalid_argument);
+  auto reference = testing::tiny_phi4mm();
+  const auto ref_before = snapshot(*reference);
+  PpoTrainer tr(testing::tiny_phi4mm(), tokenizer(), arithmetic_prompts(4), o, std::make_unique<SpreadReward>(),
+                nullptr, reference);
+  const PpoStepStats s1 = tr.step();
+  CHECK(s1.kl_in_reward);
+  CHECK(s1.reward_kl_penalty == 0.0);  // the policy is the reference: the same forward, bit for bit
+  CHECK(s1.reward_kl_penalty_coeff == 0.1);
+  const int64_t N = s1.rl.samples;
+  CHECK(tr.kl_controller().value == doctest::Approx(0.1 * (1 - 0.2 * double(N) / 10)).epsilon(1e-15));
+  const PpoStepStats s2 = tr.step();
+  MESSAGE("reward_kl_penalty step 2 " << s2.reward_kl_penalty << ", coefficient " << s2.reward_kl_penalty_coeff
+                                      << " -> " << tr.kl_controller().value);
+  CHECK(s2.reward_kl_penalty != 0.0);
+  CHECK(s2.reward_kl_penalty_coeff == doctest::Approx(0.1 * (1 - 0.2 * double(N) / 10)).epsilon(1e-15));
+  const double err = std::clamp(s2.reward_kl_penalty / 0.01 - 1, -0.2, 0.2);
+  CHECK(tr.kl_controller().value ==
+        doctest::Approx(s2.reward_kl_penalty_coeff * (1 + err * double(N) / 10)).epsilon(1e-12));
+  CHECK(snapshot(*reference) == ref_before);
+  // The penalty reaches the returns: the same step without it gives other returns.
+  PpoTrainOptions plain = options(4);
+  PpoTrainer tp(testing::tiny_phi4mm(), tokenizer(), arithmetic_prompts(4), plain, std::make_unique<SpreadReward>());
+  const PpoStepStats p1 = tp.step();
+  CHECK(p1.returns_mean == s1.returns_mean);  // no penalty at the reference
+  const train::Scalars sc = ppo_scalars(s2);
+  CHECK(std::any_of(sc.begin(), sc.end(), [](const auto& kv) { return kv.first == "reward_kl_penalty_coeff"; }));
+  const train::Scalars sp = ppo_scalars(p1);
+  CHECK(std::none_of(sp.begin(), sp.end(), [](const auto& kv) { return kv.first == "reward_kl_penalty"; }));
+}
+
 TEST_CASE("rl/ppo KL loss to a frozen reference") {
   PpoTrainOptions o = options(4);
   o.ppo.use_kl_loss = true;
@@ -402,6 +488,13 @@ TEST_CASE("areno train --algo ppo: metrics, value head checkpoints, --critic-ckp
   refused({"--train-tool-results"}, "--train-tool-results: only with --agent-cmd");
   refused({"--max-running-prompts", "0"}, "--max-running-prompts");
   refused({"--max-context-len", "0"}, "--max-context-len");
+  refused({"--ppo-mini-batch-size", "3", "--batch-size", "2"}, "--ppo-mini-batch-size");
+  refused({"--kl-penalty", "full"}, "--kl-penalty: 'full'");
+  refused({"--kl-ctrl", "pid"}, "--kl-ctrl: 'pid'");
+  refused({"--use-kl-in-reward", "--kl-target", "0"}, "--kl-target");
+  CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "grpo", "--dataset-path", prompts, "--reward", "exact",
+                                       "--use-kl-in-reward"}),
+                       doctest::Contains("--use-kl-in-reward: only with --algo ppo"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "sft", "--dataset-path", prompts, "--max-running-prompts", "2"}),
                        doctest::Contains("--max-running-prompts"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "grpo", "--dataset-path", prompts, "--reward", "exact",

@@ -167,15 +167,19 @@ TEST_CASE("areno train --resume, gspo: shares grpo's path; step 3 equals the uni
             "--lr-decay-steps", "3", "--gspo-clip-eps", "0.2"});
 }
 
-TEST_CASE("areno train --resume, ppo: value head, critic optimizer, warm-up and the KL reference carry over") {
+TEST_CASE("areno train --resume, ppo: value head, critic optimizer, warm-up, the KL reference and the adaptive KL "
+          "coefficient carry over") {
   testing::TempDir dir;
   // Warm-up 1: step 1 trains only the critic; --use-kl-loss: the reference
-  // stays the starting policy after the resume (not the step folder's weights).
+  // stays the starting policy after the resume (not the step folder's
+  // weights); --use-kl-in-reward with the adaptive controller: step 3 uses
+  // the coefficient steps 1 and 2 left; two mini-batches per pass.
   const std::vector<std::string> args = {
       "--algo", "ppo", "--dataset-path", sum_prompts(dir), "--reward", "exact", "--batch-size", "2",
       "--n-samples", "2", "--mini-bs", "2", "--max-new-tokens", "4", "--temperature", "1.5", "--lr", "1e-3",
       "--critic-lr", "1e-2", "--lr-decay-steps", "3", "--critic-warmup-steps", "1", "--use-kl-loss",
-      "--kl-loss-coef", "0.5", "--ppo-epochs", "2"};
+      "--kl-loss-coef", "0.5", "--ppo-epochs", "2", "--ppo-mini-batch-size", "1", "--use-kl-in-reward",
+      "--kl-ctrl", "adaptive", "--kl-coef", "0.05", "--kl-horizon", "10", "--kl-penalty", "abs"};
   const fs::path step3 = check_resume_equals_uninterrupted(dir, args);
   CHECK(fs::exists(step3 / "value_head.safetensors"));
   CHECK(fs::exists(step3 / "optimizer" / "critic_optimizer.safetensors"));
@@ -184,12 +188,21 @@ TEST_CASE("areno train --resume, ppo: value head, critic optimizer, warm-up and 
   CHECK(m[2]["policy_stepped"] == 1.0);
   CHECK(m[2]["value_mean"].get<double>() != 0.0);  // the resumed head, not a zero one
   CHECK(m[2]["kl_loss"].get<double>() > 0.0);      // the policy moved away from its start
+  CHECK(m[0]["reward_kl_penalty_coeff"].get<double>() == 0.05);
+  CHECK(m[2]["reward_kl_penalty_coeff"].get<double>() != 0.05);  // adapted, and carried over
+  CHECK(m[2]["updates"].get<double>() == 4.0);
   check_refused(concat(with(args, "--critic-warmup-steps", "2"), {"--max-steps", "3", "--resume", dir.str("b")}),
                 "--critic-warmup-steps differs");
   std::vector<std::string> no_kl;
   for (const std::string& a : args)
     if (a != "--use-kl-loss") no_kl.push_back(a);
   check_refused(concat(no_kl, {"--max-steps", "3", "--resume", dir.str("b")}), "--use-kl-loss differs");
+  std::vector<std::string> no_klr;
+  for (const std::string& a : args)
+    if (a != "--use-kl-in-reward") no_klr.push_back(a);
+  check_refused(concat(no_klr, {"--max-steps", "3", "--resume", dir.str("b")}), "--use-kl-in-reward differs");
+  check_refused(concat(with(args, "--ppo-mini-batch-size", "2"), {"--max-steps", "3", "--resume", dir.str("b")}),
+                "--ppo-mini-batch-size differs");
 }
 
 TEST_CASE("areno train --resume, ppo --critic-ckpt: the separate critic resumes from the step folder's critic/") {

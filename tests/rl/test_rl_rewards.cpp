@@ -89,6 +89,28 @@ TEST_CASE("rl/rewards exact compares the trimmed completion with answer, solutio
 
 // --- regex ---------------------------------------------------------------------
 
+TEST_CASE("rl/rewards DAPO's overlong penalty: 0 until the buffer, then linear to -factor at --max-new-tokens") {
+  // max_new_tokens 20, buffer 8: free up to 12 tokens, -0.5 * (n - 12) / 8 after.
+  auto fn = with_overlong_penalty(make_reward("exact"), 20, 8, 0.5);
+  std::vector<RewardInput> in;
+  for (int64_t n : {1, 12, 13, 16, 20}) {
+    in.push_back(input("4", json{{"answer", "4"}}));
+    in.back().completion_tokens = n;
+  }
+  in.push_back(input("5", json{{"answer", "4"}}));  // wrong and at the limit: 0 - 0.5
+  in.back().completion_tokens = 20;
+  const std::vector<double> got = fn->score(in);
+  const std::vector<double> want = {1.0, 1.0, 1.0 - 0.5 / 8, 1.0 - 0.5 * 4 / 8, 0.5, -0.5};
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-15));
+  CHECK(error_of([] { with_overlong_penalty(make_reward("exact"), 20, 20, 1.0); }).find("--overlong-buffer-len") !=
+        std::string::npos);
+  CHECK(error_of([] { with_overlong_penalty(make_reward("exact"), 20, 0, 1.0); }).find("--overlong-buffer-len") !=
+        std::string::npos);
+  CHECK(error_of([] { with_overlong_penalty(make_reward("exact"), 20, 4, -1.0); }).find("--overlong-penalty-factor") !=
+        std::string::npos);
+}
+
 TEST_CASE("rl/rewards regex finds the pattern anywhere in the completion") {
   auto fn = make_reward("regex:\\d+ apples");
   CHECK(score1(*fn, "so she has 12 apples left", {}) == 1.0);

@@ -104,6 +104,11 @@ void validate(const DpoTrainOptions& o) {
   if (o.loop.groups.embed_rows == EmbedRows::data)
     throw std::invalid_argument("--embed-rows data: not supported with --algo dpo (use all or none)");
   if (!(o.dpo.beta > 0)) throw std::invalid_argument("--dpo-beta: must be positive");
+  if (!(o.dpo.label_smoothing >= 0 && o.dpo.label_smoothing < 0.5))
+    throw std::invalid_argument("--dpo-label-smoothing: must be in [0, 0.5)");
+  if (o.dpo.label_smoothing > 0 && o.dpo.loss_type != DpoLossType::sigmoid && o.dpo.loss_type != DpoLossType::robust)
+    throw std::invalid_argument(fmt::format("--dpo-label-smoothing: only with --dpo-loss-type sigmoid or robust, not {}",
+                                            dpo_loss_type_name(o.dpo.loss_type)));
 }
 
 DpoTrainer::DpoTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::vector<DpoRow> rows,
@@ -160,18 +165,24 @@ DpoStepStats DpoTrainer::step() {
   for (int64_t b = 0, micro = 0; b < B; b += lo.mini_bs, ++micro) {
     const int64_t n = std::min(B, b + lo.mini_bs) - b;
     std::vector<const DpoRow*> mb;
-    std::vector<float> rc, rr;
+    // IPO compares log-probabilities averaged over each response (TRL's), the reference's alike.
+    const bool average = options_.dpo.loss_type == DpoLossType::ipo;
+    std::vector<float> rc, rr, inv_c, inv_r;
     for (int64_t i = b; i < b + n; ++i) {
       const size_t r = size_t(batch[size_t(i)]);
       mb.push_back(&rows_[r]);
-      rc.push_back(float(ref_chosen_[r]));
-      rr.push_back(float(ref_rejected_[r]));
+      const double lc = double(rows_[r].chosen.size()), lr = double(rows_[r].rejected.size());
+      inv_c.push_back(float(average ? 1.0 / lc : 1.0));
+      inv_r.push_back(float(average ? 1.0 / lr : 1.0));
+      rc.push_back(float(ref_chosen_[r] * inv_c.back()));
+      rr.push_back(float(ref_rejected_[r] * inv_r.back()));
       st.response_tokens += int64_t(rows_[r].chosen.size() + rows_[r].rejected.size());
     }
     const PairLogp p = pair_logp(*model_, mb, logp_options(micro));
     const Device dev = p.chosen.device();
-    DpoLoss dl = dpo_loss(p.chosen, p.rejected, from_vector(rc, {n}).to(dev), from_vector(rr, {n}).to(dev),
-                          options_.dpo);
+    const Tensor pc = average ? mul(p.chosen, from_vector(inv_c, {n}).to(dev, p.chosen.dtype())) : p.chosen;
+    const Tensor pr = average ? mul(p.rejected, from_vector(inv_r, {n}).to(dev, p.rejected.dtype())) : p.rejected;
+    DpoLoss dl = dpo_loss(pc, pr, from_vector(rc, {n}).to(dev), from_vector(rr, {n}).to(dev), options_.dpo);
     const double w = double(n) / double(B);
     Tensor loss = mul(dl.loss, w);
     if (loss.requires_grad()) loss.backward();
@@ -195,6 +206,8 @@ fs::path DpoTrainer::save_checkpoint(const fs::path& save_path, const fs::path& 
   json st = trainer_state_json(state_, total_steps(), options_.loop.seed);
   st["algo"] = "dpo";
   st["dpo_beta"] = options_.dpo.beta;
+  st["dpo_loss_type"] = dpo_loss_type_name(options_.dpo.loss_type);
+  st["dpo_label_smoothing"] = options_.dpo.label_smoothing;
   st["run"] = run_keys();
   return save_step_folder(*model_, *optimizer_, state_.step, save_path, source, st, [&](const fs::path& tmp) {
     if (add_files) add_files(tmp);
@@ -216,6 +229,8 @@ json DpoTrainer::run_keys() const {
     f.add(int64_t(r.prompt.adapter));
   }
   json k = loop_run_keys(options_.loop, "dpo", fmt::format("rows={} data={:016x}", rows_.size(), f.value()));
+  if (options_.dpo.loss_type != DpoLossType::sigmoid)  // (only then: earlier checkpoints keep their keys)
+    k["--dpo-loss-type"] = dpo_loss_type_name(options_.dpo.loss_type);
   k.update(options_.run_keys);
   return k;
 }

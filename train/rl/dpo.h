@@ -84,7 +84,7 @@ struct DpoTrainOptions {
   // micro-batch (1 .. batch_size), lr, schedules, groups, clipping, seed,
   // epochs, max_steps. embed_rows must be all or none.
   SftOptions loop;
-  DpoOptions dpo;  // beta (--dpo-beta)
+  DpoOptions dpo;  // --dpo-beta, --dpo-loss-type, --dpo-label-smoothing
   // The command's own options a resumed run must repeat ({"--ref-ckpt": DIR}),
   // saved with the trainer's (run_keys).
   nlohmann::json run_keys = nlohmann::json::object();

@@ -30,6 +30,10 @@ void validate(const RlOptions& o) {
   validate_rl_loop(o.loop, o.rollout.n_samples, rl_algo_name(o.algo));
   if (!(o.grpo.clip_eps > 0 && o.grpo.clip_eps < 1))
     throw std::invalid_argument("--grpo-clip-eps: must be in (0, 1)");
+  if (o.grpo.clip_eps_high >= 0 && !(o.grpo.clip_eps_high > 0 && std::isfinite(o.grpo.clip_eps_high)))
+    throw std::invalid_argument("--grpo-clip-eps-high: must be positive");
+  if (o.algo != RlAlgo::grpo && (o.grpo.clip_eps_high >= 0 || o.grpo.agg != LossAgg::token_mean))
+    throw std::invalid_argument("--grpo-clip-eps-high, --loss-agg-mode: only with --algo grpo");
   if (!(o.gspo.clip_eps > 0 && o.gspo.clip_eps < 1))
     throw std::invalid_argument("--gspo-clip-eps: must be in (0, 1)");
 }
@@ -73,7 +77,9 @@ RlStepStats GrpoTrainer::step() {
   // 4. Group advantages (f64), one per trajectory, then per row.
   // (Groups of n_samples, fewer where --skip-failed-agents dropped runs.)
   const std::vector<double> adv =
-      per_row(r, group_advantages(from_vector(r.rewards, {st.trajectories}), r.group_sizes).to_vector<double>());
+      per_row(r, group_advantages(from_vector(r.rewards, {st.trajectories}), r.group_sizes, 1e-6,
+                                  options_.scale_rewards)
+                     .to_vector<double>());
 
   // 5. Micro-batches. Each loss is weighted by its share of the batch's
   // trainable tokens (token_mean) or rows, so the accumulated gradient is the
@@ -97,8 +103,10 @@ RlStepStats GrpoTrainer::step() {
     // old_logp: the rollout's; the training forward's own where a trainable token has none (ratio 1).
     const Tensor old_logp = rollout_logp(r, b, tl.logp);
     const Tensor advantages = from_vector(a, {n}).to(dev);
+    GrpoOptions go = options_.grpo;
+    go.norm_length = options_.rollout.max_new_tokens;  // Dr. GRPO's constant L
     PolicyLoss pl = options_.algo == RlAlgo::grpo
-                        ? grpo_loss(tl.logp, old_logp, advantages, tl.mask, options_.grpo)
+                        ? grpo_loss(tl.logp, old_logp, advantages, tl.mask, go)
                         : gspo_loss(tl.logp, old_logp, advantages, tl.mask, options_.gspo);
     const double wt = double(mb.tokens) / double(std::max<int64_t>(1, tokens)), ws = double(n) / double(N);
     const double w = per_token ? wt : ws;

@@ -15,8 +15,8 @@
 //   3. each trajectory's reward: the agent's printed one, else its final text
 //      (special tokens skipped) scored by the RewardFn (1-3: roll_and_score,
 //      rl_step.h, which PPO shares);
-//   4. group_advantages over each task's trajectories, each row taking its
-//      trajectory's advantage;
+//   4. group_advantages over each task's trajectories (scaled by
+//      scale_rewards), each row taking its trajectory's advantage;
 //   5. micro-batches of `loop.mini_bs` rows: policy_logp + grpo_loss (or
 //      gspo_loss) over the trainable tokens, old_logp = the rollout's
 //      log-probabilities (the training forward's own where a trainable token
@@ -24,7 +24,8 @@
 //   6. the global gradient norm clipped, AdamW steps, gradients dropped.
 //
 // Accumulation: a micro-batch's loss is an average over its own tokens
-// (GRPO token_mean) or sequences (GSPO, GRPO seq_mean_token_mean). It is
+// (GRPO token_mean) or sequences (GSPO, GRPO seq_mean_token_mean and
+// seq_mean_token_sum_norm, whose L is --max-new-tokens). It is
 // multiplied by its share of the step's tokens (or sequences) before
 // backward, so the summed gradient is that of the same average over the
 // whole batch: splitting into micro-batches does not change the step.
@@ -65,8 +66,9 @@ struct RlOptions {
   // embed_rows must be all or none.
   SftOptions loop;
   RolloutOptions rollout;  // n_samples is the group size; seed is set from loop.seed
-  GrpoOptions grpo;
+  GrpoOptions grpo;  // clip_eps, clip_eps_high, agg (norm_length: set from rollout.max_new_tokens)
   GspoOptions gspo;
+  RewardScale scale_rewards = RewardScale::group;  // --scale-rewards (GRPO and GSPO)
   AgentOptions agent;      // cmd non-empty: agentic rollouts (--agent-cmd)
   // The command's own options a resumed run must repeat ({"--reward": "exact"}),
   // saved with the trainer's (run_keys).

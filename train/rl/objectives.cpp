@@ -84,8 +84,15 @@ Tensor seq_mean_token_mean(const Tensor& x, const Mask& m) {
   return sum(mul(sum(mul(x, m.f), {1}), wt));
 }
 
-Tensor aggregate(const Tensor& x, const Mask& m, LossAgg agg) {
-  return agg == LossAgg::token_mean ? token_mean(x, m) : seq_mean_token_mean(x, m);
+Tensor aggregate(const Tensor& x, const Mask& m, LossAgg agg, int64_t norm_length = 0) {
+  switch (agg) {
+    case LossAgg::token_mean: return token_mean(x, m);
+    case LossAgg::seq_mean_token_mean: return seq_mean_token_mean(x, m);
+    default:
+      if (norm_length < 1)
+        throw std::invalid_argument("seq-mean-token-sum-norm: needs the constant length L (--max-new-tokens)");
+      return mul(sum(mul(x, m.f)), 1.0 / (double(std::max<int64_t>(m.N, 1)) * double(norm_length)));
+  }
 }
 
 double mean_of(const Tensor& x, const Mask& m) {
@@ -119,11 +126,11 @@ struct Surrogate {
   Tensor clipped_lower;  // bool: held at -A c (dual clip only)
 };
 
-Surrogate clipped_surrogate(const Tensor& log_ratio, const Tensor& adv, double eps, double c) {
+Surrogate clipped_surrogate(const Tensor& log_ratio, const Tensor& adv, double eps, double c, double eps_high = -1) {
   Surrogate s;
   s.ratio = exp(log_ratio);
   Tensor l1 = neg(mul(adv, s.ratio));
-  Tensor l2 = neg(mul(adv, clip(s.ratio, 1.0 - eps, 1.0 + eps)));
+  Tensor l2 = neg(mul(adv, clip(s.ratio, 1.0 - eps, 1.0 + (eps_high < 0 ? eps : eps_high))));
   s.loss = maximum(l1, l2);
   {
     NoGradGuard ng;
@@ -147,6 +154,28 @@ Tensor per_token(const Tensor& seq, const Mask& m) { return seq.unsqueeze(1).exp
 
 }  // namespace
 
+LossAgg parse_loss_agg(const std::string& name, const char* flag) {
+  for (LossAgg a : {LossAgg::token_mean, LossAgg::seq_mean_token_mean, LossAgg::seq_mean_token_sum_norm})
+    if (name == loss_agg_name(a)) return a;
+  throw std::invalid_argument(fmt::format(
+      "{}: '{}' is not a loss aggregation (token-mean, seq-mean-token-mean, seq-mean-token-sum-norm)", flag, name));
+}
+
+const char* loss_agg_name(LossAgg a) {
+  switch (a) {
+    case LossAgg::token_mean: return "token-mean";
+    case LossAgg::seq_mean_token_mean: return "seq-mean-token-mean";
+    default: return "seq-mean-token-sum-norm";
+  }
+}
+
+RewardScale parse_reward_scale(const std::string& name, const char* flag) {
+  if (name == "group") return RewardScale::group;
+  if (name == "batch") return RewardScale::batch;
+  if (name == "none") return RewardScale::none;
+  throw std::invalid_argument(fmt::format("{}: '{}' is not a reward scaling (group, batch, none)", flag, name));
+}
+
 Tensor sequence_logp(const Tensor& logp, const Tensor& mask) {
   const Mask m = read_mask(mask, logp, "sequence_logp");
   return sum(mul(masked(logp, m), m.f), {1});
@@ -162,17 +191,18 @@ Tensor low_var_kl(const Tensor& logp, const Tensor& ref_logp, const Tensor& mask
 
 // ---------------------------------------------------------------- GRPO
 
-Tensor group_advantages(const Tensor& rewards, int64_t group_size, double eps) {
+Tensor group_advantages(const Tensor& rewards, int64_t group_size, double eps, RewardScale scale) {
   if (!rewards.defined() || rewards.dim() != 1 || !is_floating(rewards.dtype()))
     throw std::invalid_argument("group_advantages: rewards must be a [N] float tensor");
   const int64_t N = rewards.size(0);
   if (group_size < 1 || N % group_size != 0)
     throw std::invalid_argument(fmt::format(
         "group_advantages: {} rewards do not make groups of {} (--n-samples); N must be a multiple", N, group_size));
-  return group_advantages(rewards, std::vector<int64_t>(size_t(N / group_size), group_size), eps);
+  return group_advantages(rewards, std::vector<int64_t>(size_t(N / group_size), group_size), eps, scale);
 }
 
-Tensor group_advantages(const Tensor& rewards, const std::vector<int64_t>& group_sizes, double eps) {
+Tensor group_advantages(const Tensor& rewards, const std::vector<int64_t>& group_sizes, double eps,
+                        RewardScale scale) {
   if (!rewards.defined() || rewards.dim() != 1 || !is_floating(rewards.dtype()))
     throw std::invalid_argument("group_advantages: rewards must be a [N] float tensor");
   const int64_t N = rewards.size(0);
@@ -185,6 +215,14 @@ Tensor group_advantages(const Tensor& rewards, const std::vector<int64_t>& group
     throw std::invalid_argument(fmt::format("group_advantages: groups of {} rewards in all for {} rewards", total, N));
   const std::vector<double> r = host_f64(rewards);
   std::vector<double> a(r.size(), 0.0);
+  double batch_std = 0;  // unbiased, over every reward (TRL's "batch")
+  if (scale == RewardScale::batch && N > 1) {
+    double mean = 0, ss = 0;
+    for (double x : r) mean += x;
+    mean /= double(N);
+    for (double x : r) ss += (x - mean) * (x - mean);
+    batch_std = std::sqrt(ss / double(N - 1));
+  }
   int64_t g0 = 0;
   for (int64_t group_size : group_sizes) {
     const auto first = r.begin() + g0, last = first + group_size;
@@ -196,7 +234,8 @@ Tensor group_advantages(const Tensor& rewards, const std::vector<int64_t>& group
       double ss = 0;
       for (auto it = first; it != last; ++it) ss += (*it - mean) * (*it - mean);
       const double std = std::sqrt(ss / double(group_size - 1));
-      for (int64_t j = g0; j < g0 + group_size; ++j) a[size_t(j)] = (r[size_t(j)] - mean) / (std + eps);
+      const double div = scale == RewardScale::group ? std + eps : scale == RewardScale::batch ? batch_std + eps : 1.0;
+      for (int64_t j = g0; j < g0 + group_size; ++j) a[size_t(j)] = (r[size_t(j)] - mean) / div;
     }
     g0 += group_size;
   }
@@ -212,13 +251,13 @@ PolicyLoss grpo_loss(const Tensor& logp, const Tensor& old_logp, const Tensor& a
     throw std::invalid_argument("grpo: kl_coef > 0 needs the reference log-probabilities");
   Tensor lp = masked(logp, m), old = masked(old_logp, m);
   Tensor adv = masked(per_token(advantages.to(logp.dtype()), m), m);
-  Surrogate s = clipped_surrogate(log_ratio_of(lp, old), adv, o.clip_eps, 0.0);
+  Surrogate s = clipped_surrogate(log_ratio_of(lp, old), adv, o.clip_eps, 0.0, o.eps_high());
 
   PolicyLoss out;
-  Tensor pg = aggregate(s.loss, m, o.agg);
+  Tensor pg = aggregate(s.loss, m, o.agg, o.norm_length);
   out.loss = pg;
   if (o.kl_coef > 0) {
-    Tensor kl = aggregate(low_var_kl(logp, ref_logp, mask), m, o.agg);
+    Tensor kl = aggregate(low_var_kl(logp, ref_logp, mask), m, o.agg, o.norm_length);
     out.stats.kl_loss = kl.item();
     out.loss = add_scaled(pg, kl, o.kl_coef);
   }
@@ -299,26 +338,62 @@ Tensor neg_log_sigmoid(const Tensor& z) {
 
 }  // namespace
 
+DpoLossType parse_dpo_loss_type(const std::string& name, const char* flag) {
+  for (DpoLossType t : {DpoLossType::sigmoid, DpoLossType::robust, DpoLossType::hinge, DpoLossType::ipo})
+    if (name == dpo_loss_type_name(t)) return t;
+  throw std::invalid_argument(fmt::format("{}: '{}' is not a DPO loss (sigmoid, robust, hinge, ipo)", flag, name));
+}
+
+const char* dpo_loss_type_name(DpoLossType t) {
+  switch (t) {
+    case DpoLossType::sigmoid: return "sigmoid";
+    case DpoLossType::robust: return "robust";
+    case DpoLossType::hinge: return "hinge";
+    default: return "ipo";
+  }
+}
+
 DpoLoss dpo_loss(const Tensor& policy_chosen, const Tensor& policy_rejected, const Tensor& ref_chosen,
                  const Tensor& ref_rejected, const DpoOptions& o) {
   if (!policy_chosen.defined() || policy_chosen.dim() != 1)
     throw std::invalid_argument("dpo: policy_chosen must be a [B] float tensor of summed log-probabilities");
+  const double ls = o.label_smoothing;
+  if (!(ls >= 0 && ls < 0.5))
+    throw std::invalid_argument(fmt::format("dpo: label_smoothing must be in [0, 0.5), got {}", ls));
+  if (ls > 0 && (o.loss_type == DpoLossType::hinge || o.loss_type == DpoLossType::ipo))
+    throw std::invalid_argument("dpo: label smoothing applies to the sigmoid and robust losses only");
   const int64_t B = policy_chosen.size(0);
   check_sequences(policy_chosen, B, "dpo", "policy_chosen");
   check_sequences(policy_rejected, B, "dpo", "policy_rejected");
   check_sequences(ref_chosen, B, "dpo", "ref_chosen");
   check_sequences(ref_rejected, B, "dpo", "ref_rejected");
   Tensor chosen = sub(policy_chosen, ref_chosen), rejected = sub(policy_rejected, ref_rejected);
-  Tensor z = mul(sub(chosen, rejected), o.beta);
+  const Tensor z = sub(chosen, rejected);
+  const Tensor x = mul(z, o.beta);
 
   DpoLoss out;
-  out.loss = mean(neg_log_sigmoid(z));
+  Tensor terms;
+  switch (o.loss_type) {
+    case DpoLossType::sigmoid:
+      terms = ls > 0 ? add(mul(neg_log_sigmoid(x), 1 - ls), mul(neg_log_sigmoid(neg(x)), ls)) : neg_log_sigmoid(x);
+      break;
+    case DpoLossType::robust:
+      terms = mul(sub(mul(neg_log_sigmoid(x), 1 - ls), mul(neg_log_sigmoid(neg(x)), ls)), 1.0 / (1 - 2 * ls));
+      break;
+    case DpoLossType::hinge: terms = relu(add(neg(x), 1.0)); break;
+    case DpoLossType::ipo: {
+      const Tensor d = add(z, -1.0 / (2 * o.beta));
+      terms = mul(d, d);
+      break;
+    }
+  }
+  out.loss = mean(terms);
   out.stats.loss = out.loss.item();
   NoGradGuard ng;
   out.stats.chosen_reward = mean(mul(chosen, o.beta)).item();
   out.stats.rejected_reward = mean(mul(rejected, o.beta)).item();
-  out.stats.reward_margin = mean(z).item();
-  out.stats.reward_accuracy = mean(gt(z, zeros_like(z)).to(DType::f64)).item();
+  out.stats.reward_margin = mean(x).item();
+  out.stats.reward_accuracy = mean(gt(x, zeros_like(x)).to(DType::f64)).item();
   return out;
 }
 
@@ -399,6 +474,54 @@ PpoLoss ppo_loss(const Tensor& logp, const Tensor& old_logp, const Tensor& advan
   out.stats.vf_clip_frac = mean_of(gt(e2, e1), m);
   out.stats.value_mean = mean_of(v, m);
   out.stats.return_mean = mean_of(ret, m);
+  return out;
+}
+
+// ---------------------------------------------------------------- KL in the reward
+
+KlPenalty parse_kl_penalty(const std::string& name, const char* flag) {
+  if (name == "kl" || name == "k1") return KlPenalty::kl;
+  if (name == "abs") return KlPenalty::abs;
+  if (name == "mse" || name == "k2") return KlPenalty::mse;
+  if (name == "low_var_kl" || name == "k3") return KlPenalty::low_var_kl;
+  throw std::invalid_argument(
+      fmt::format("{}: '{}' is not a KL penalty (kl/k1, abs, mse/k2, low_var_kl/k3)", flag, name));
+}
+
+Tensor kl_penalty(const Tensor& logp, const Tensor& ref_logp, const Tensor& mask, KlPenalty type) {
+  if (type == KlPenalty::low_var_kl) return low_var_kl(logp, ref_logp, mask);
+  const Mask m = read_mask(mask, logp, "kl_penalty");
+  check_tokens(ref_logp, m.N, m.T, "kl_penalty", "ref_logp");
+  const Tensor d = sub(masked(logp, m), masked(ref_logp, m));
+  switch (type) {
+    case KlPenalty::kl: return mul(d, m.f);
+    case KlPenalty::abs: return mul(abs(d), m.f);
+    default: return mul(mul(mul(d, d), 0.5), m.f);
+  }
+}
+
+void KlController::update(double kl, int64_t n) {
+  if (!adaptive) return;
+  const double err = std::clamp(kl / target - 1.0, -0.2, 0.2);
+  value *= 1.0 + err * double(n) / double(horizon);
+}
+
+KlShaped apply_kl_penalty(const Tensor& token_rewards, const Tensor& logp, const Tensor& ref_logp,
+                          const Tensor& mask, KlPenalty type, double beta) {
+  const Mask m = read_mask(mask, logp, "apply_kl_penalty");
+  check_tokens(token_rewards, m.N, m.T, "apply_kl_penalty", "token_rewards");
+  NoGradGuard ng;
+  const Tensor kld = kl_penalty(logp.detach(), ref_logp, mask, type);
+  KlShaped out;
+  out.rewards = sub(token_rewards, mul(kld, beta));
+  const std::vector<double> k = kld.to(Device::cpu(), DType::f64).to_vector<double>();
+  double total = 0;
+  for (int64_t i = 0; i < m.N; ++i) {
+    double s = 0;
+    for (int64_t t = 0; t < m.T; ++t) s += k[size_t(i * m.T + t)];
+    total += s / (m.lens[size_t(i)] + 1e-8);  // verl's masked_mean
+  }
+  out.kl = m.N ? total / double(m.N) : 0.0;
   return out;
 }
 

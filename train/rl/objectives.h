@@ -16,6 +16,7 @@
 // of logp's dtype; the statistics are host doubles, named as the issue names
 // the step's metrics.
 #include <cstdint>
+#include <string>
 
 #include "tensor/tensor.h"
 
@@ -27,8 +28,16 @@ namespace areno::train::rl {
 //                        length: verl's default, DAPO's argument)
 //   seq_mean_token_mean: mean over sequences of each sequence's token mean (the
 //                        GRPO and GSPO papers' 1/G sum_i 1/|o_i| sum_t)
+//   seq_mean_token_sum_norm: sum over every response token / (N * L), L a
+//                        constant (the generation budget): Dr. GRPO's
+//                        unbiased normaliser (TRL's "dr_grpo", verl's
+//                        seq-mean-token-sum-norm), no length bias either way
 // Sequences without a response token are left out of the sequence mean.
-enum class LossAgg { token_mean, seq_mean_token_mean };
+enum class LossAgg { token_mean, seq_mean_token_mean, seq_mean_token_sum_norm };
+// verl's names: "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm";
+// throws std::invalid_argument naming `flag` otherwise.
+LossAgg parse_loss_agg(const std::string& name, const char* flag);
+const char* loss_agg_name(LossAgg a);
 
 // Per-token statistics of a policy objective, means over response tokens
 // unless said otherwise.
@@ -59,27 +68,41 @@ Tensor low_var_kl(const Tensor& logp, const Tensor& ref_logp, const Tensor& mask
 
 // ---- GRPO ----
 
+// How group advantages are scaled (TRL's scale_rewards):
+//   group: divided by the group's std (GRPO);
+//   batch: divided by the std of the whole batch's rewards (TRL "batch");
+//   none:  not divided (Dr. GRPO: the std's difficulty bias removed).
+enum class RewardScale { group, batch, none };
+// "group", "batch", "none"; throws std::invalid_argument naming `flag` otherwise.
+RewardScale parse_reward_scale(const std::string& name, const char* flag);
+
 // rewards [N] (N a multiple of group_size; the samples of one prompt are
 // consecutive) -> advantages [N]: (r - mean_group) / (std_group + eps) with the
-// unbiased std (divide by G - 1, torch.std's default, as verl and TRL). A group
-// whose rewards are all equal (a group of one included) gets advantages
-// exactly 0: no signal, no NaN. Computed in f64, returned in rewards' dtype.
-// Throws std::invalid_argument when N is not a multiple of group_size.
-Tensor group_advantages(const Tensor& rewards, int64_t group_size, double eps = 1e-6);
+// unbiased std (divide by G - 1, torch.std's default, as verl and TRL), or the
+// batch's std, or 1 (`scale`). A group whose rewards are all equal (a group
+// of one included) gets advantages exactly 0: no signal, no NaN. Computed in
+// f64, returned in rewards' dtype. Throws std::invalid_argument when N is not
+// a multiple of group_size.
+Tensor group_advantages(const Tensor& rewards, int64_t group_size, double eps = 1e-6,
+                        RewardScale scale = RewardScale::group);
 // The same over groups of the given sizes (consecutive, summing to N, each at
 // least 1): the groups of a step whose failed agent runs were skipped
 // (--skip-failed-agents). Throws std::invalid_argument otherwise.
-Tensor group_advantages(const Tensor& rewards, const std::vector<int64_t>& group_sizes, double eps = 1e-6);
+Tensor group_advantages(const Tensor& rewards, const std::vector<int64_t>& group_sizes, double eps = 1e-6,
+                        RewardScale scale = RewardScale::group);
 
 struct GrpoOptions {
-  double clip_eps = 0.2;  // --grpo-clip-eps
-  LossAgg agg = LossAgg::token_mean;
-  double kl_coef = 0.0;   // weight of low_var_kl to ref_logp (needs ref_logp when > 0)
+  double clip_eps = 0.2;        // --grpo-clip-eps (the lower bound's, and the upper's unless set)
+  double clip_eps_high = -1;    // --grpo-clip-eps-high: DAPO's clip-higher; negative: clip_eps
+  LossAgg agg = LossAgg::token_mean;  // --loss-agg-mode
+  int64_t norm_length = 0;      // L of seq_mean_token_sum_norm (--max-new-tokens), required then
+  double kl_coef = 0.0;         // weight of low_var_kl to ref_logp (needs ref_logp when > 0)
+  double eps_high() const { return clip_eps_high < 0 ? clip_eps : clip_eps_high; }
 };
 
 // Token-level clipped surrogate with ratio = exp(clamp(logp - old_logp, -20, 20)):
-//   loss_t = max(-A r_t, -A clip(r_t, 1 - eps, 1 + eps))   ( = -min(r A, clip(r) A) )
-// aggregated by o.agg, plus kl_coef * token_mean(low_var_kl) when kl_coef > 0.
+//   loss_t = max(-A r_t, -A clip(r_t, 1 - eps, 1 + eps_high))   ( = -min(r A, clip(r) A) )
+// aggregated by o.agg, plus kl_coef * low_var_kl aggregated alike when kl_coef > 0.
 // advantages: [N] (one per sequence, from group_advantages).
 PolicyLoss grpo_loss(const Tensor& logp, const Tensor& old_logp, const Tensor& advantages,
                      const Tensor& mask, const GrpoOptions& o = {}, const Tensor& ref_logp = Tensor());
@@ -102,8 +125,22 @@ PolicyLoss gspo_loss(const Tensor& logp, const Tensor& old_logp, const Tensor& a
 
 // ---- DPO ----
 
+// TRL's DPO loss types (loss_type), on z = (pc - rc) - (pr - rr) and x = beta z:
+//   sigmoid: (1 - ls) nls(x) + ls nls(-x)           (ls > 0: cDPO, conservative labels)
+//   robust:  ((1 - ls) nls(x) - ls nls(-x)) / (1 - 2 ls)   (Chowdhury et al. 2024)
+//   hinge:   relu(1 - x)                              (SLiC)
+//   ipo:     (z - 1 / (2 beta))^2                      (Azar et al. 2023; the caller
+//            passes log-probabilities averaged over each response, as TRL)
+// with nls(x) = -log sigmoid(x) and ls = label_smoothing.
+enum class DpoLossType { sigmoid, robust, hinge, ipo };
+// "sigmoid", "robust", "hinge", "ipo"; throws std::invalid_argument naming `flag` otherwise.
+DpoLossType parse_dpo_loss_type(const std::string& name, const char* flag);
+const char* dpo_loss_type_name(DpoLossType t);
+
 struct DpoOptions {
   double beta = 0.1;  // --dpo-beta
+  DpoLossType loss_type = DpoLossType::sigmoid;  // --dpo-loss-type
+  double label_smoothing = 0;  // --dpo-label-smoothing: [0, 0.5), sigmoid and robust only
 };
 
 struct DpoStats {
@@ -119,11 +156,11 @@ struct DpoLoss {
   DpoStats stats;
 };
 
-// Summed sequence log-probabilities [B] of the chosen and rejected responses
-// under the policy (pc, pr) and the reference (rc, rr):
-//   loss = mean_b -log sigmoid(beta * ((pc - rc) - (pr - rr)))
-// with -log sigmoid(z) = max(-z, 0) + log(1 + exp(-|z|)) (no overflow) and its
-// gradient sigmoid(z) - 1 written out.
+// Summed (ipo: averaged) sequence log-probabilities [B] of the chosen and
+// rejected responses under the policy (pc, pr) and the reference (rc, rr):
+//   loss = mean_b of the loss type's term (sigmoid, ls = 0: -log sigmoid(beta z))
+// with -log sigmoid(x) = max(-x, 0) + log(1 + exp(-|x|)) (no overflow) and its
+// gradient sigmoid(x) - 1 written out. Rewards are beta (pc - rc) and beta (pr - rr).
 DpoLoss dpo_loss(const Tensor& policy_chosen, const Tensor& policy_rejected, const Tensor& ref_chosen,
                  const Tensor& ref_rejected, const DpoOptions& o = {});
 
@@ -175,5 +212,35 @@ struct PpoLoss {
 PpoLoss ppo_loss(const Tensor& logp, const Tensor& old_logp, const Tensor& advantages,
                  const Tensor& mask, const Tensor& values, const Tensor& old_values,
                  const Tensor& returns, const PpoOptions& o = {}, const Tensor& ref_logp = Tensor());
+
+// ---- KL penalty in the reward (verl's algorithm.use_kl_in_reward) ----
+
+// verl's kl_penalty estimators of KL(policy || reference), per token, d = logp - ref_logp:
+//   kl (k1): d;  abs: |d|;  mse (k2): d^2 / 2;  low_var_kl (k3): as low_var_kl above.
+enum class KlPenalty { kl, abs, mse, low_var_kl };
+// "kl" or "k1", "abs", "mse" or "k2", "low_var_kl" or "k3"; throws
+// std::invalid_argument naming `flag` otherwise.
+KlPenalty parse_kl_penalty(const std::string& name, const char* flag);
+// [N, T]; mask-0 positions are 0.
+Tensor kl_penalty(const Tensor& logp, const Tensor& ref_logp, const Tensor& mask, KlPenalty type);
+
+// verl's KL coefficient controller: fixed, or adaptive (Ziegler et al. 2019)
+// towards `target`: after a step over n sequences whose penalty averaged kl,
+//   value *= 1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon.
+struct KlController {
+  double value = 0.001;  // --kl-coef at the start
+  bool adaptive = false;  // --kl-ctrl adaptive
+  double target = 0.1;    // --kl-target
+  int64_t horizon = 10000;  // --kl-horizon
+  void update(double kl, int64_t n);
+};
+
+struct KlShaped {
+  Tensor rewards;  // [N, T]: token_rewards - beta * kl_penalty (0 penalty at mask-0 positions)
+  double kl = 0;   // the penalty's mean: each sequence's token mean (0 without tokens), averaged over sequences
+};
+// verl's apply_kl_penalty (no gradient: logp is the pre-update policy's). All [N, T].
+KlShaped apply_kl_penalty(const Tensor& token_rewards, const Tensor& logp, const Tensor& ref_logp,
+                          const Tensor& mask, KlPenalty type, double beta);
 
 }  // namespace areno::train::rl

@@ -61,6 +61,13 @@ void validate(const PpoTrainOptions& o) {
   if (!(o.gamma >= 0 && o.gamma <= 1)) throw std::invalid_argument("--gamma: must be in [0, 1]");
   if (!(o.lam >= 0 && o.lam <= 1)) throw std::invalid_argument("--lam: must be in [0, 1]");
   if (o.ppo_epochs < 1) throw std::invalid_argument("--ppo-epochs: must be at least 1");
+  if (o.ppo_mini_batch_size < 0 || o.ppo_mini_batch_size > o.loop.batch_size)
+    throw std::invalid_argument(fmt::format("--ppo-mini-batch-size: must be between 1 and --batch-size ({})",
+                                            o.loop.batch_size));
+  const KlController& k = o.kl_ctrl;
+  if (!(k.value >= 0) || !std::isfinite(k.value)) throw std::invalid_argument("--kl-coef: must be 0 or more");
+  if (!(k.target > 0) || !std::isfinite(k.target)) throw std::invalid_argument("--kl-target: must be positive");
+  if (k.horizon < 1) throw std::invalid_argument("--kl-horizon: must be at least 1");
   if (!(o.critic_lr >= 0)) throw std::invalid_argument("--critic-lr: must be positive (0: --lr)");
   if (o.critic_warmup_steps < 0) throw std::invalid_argument("--critic-warmup-steps: must be 0 or more");
 }
@@ -84,7 +91,10 @@ PpoTrainer::PpoTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::sh
   agent_ = make_agent_rollout(model_, tok_, options_.rollout, options_.loop.seed, options_.agent);
   if (options_.ppo.use_kl_loss && !reference_)
     throw std::invalid_argument("--use-kl-loss: needs a reference model (the starting policy)");
-  if (!options_.ppo.use_kl_loss) reference_.reset();
+  if (options_.use_kl_in_reward && !reference_)
+    throw std::invalid_argument("--use-kl-in-reward: needs a reference model (the starting policy)");
+  if (!options_.ppo.use_kl_loss && !options_.use_kl_in_reward) reference_.reset();
+  kl_ctrl_ = options_.kl_ctrl;
   const SftOptions& lo = options_.loop;
   optimizer_ = make_training_optimizer(*model_, lo, total_steps());
   disable_dropout(*model_);
@@ -130,6 +140,11 @@ PpoStepStats PpoTrainer::step() {
   RlStepStats& rs = st.rl;
   rs.step = state_.step + 1;
   st.policy_stepped = state_.step >= options_.critic_warmup_steps;
+  // One learning rate per training step, whatever the passes and mini-batches
+  // (the policy's schedule counts the steps it took, as its optimizer did
+  // with one update per step).
+  optimizer_->set_schedule_step(std::max<int64_t>(0, state_.step - options_.critic_warmup_steps));
+  critic_optimizer_->set_schedule_step(state_.step);
   rs.lrs = group_lrs(*optimizer_);
   for (const auto& l : critic_lrs(*critic_optimizer_)) rs.lrs.push_back(l);
 
@@ -151,6 +166,7 @@ PpoStepStats PpoTrainer::step() {
   // 2. Old values, parity statistics and reference log-probabilities, without autograd.
   const size_t n_samples = static_cast<size_t>(N);
   std::vector<std::vector<float>> old_values(n_samples), ref_logp(n_samples), adv(n_samples), ret(n_samples);
+  std::vector<std::vector<float>> train_logp(options_.use_kl_in_reward ? n_samples : 0);
   LogpParity parity;
   {
     NoGradGuard ng;
@@ -161,6 +177,7 @@ PpoStepStats PpoTrainer::step() {
       const ResponseHidden rh = response_hidden(*model_, mb.prompts, mb.seqs, opts);
       const TokenLogp tl = token_logp(rh, *model_, lo.loss_chunk_rows);
       parity.add(tl.logp, r, b, e - b);
+      if (options_.use_kl_in_reward) unpad(tl.logp, r.samples, b, train_logp);
       unpad(values_of(rh, mb, opts), r.samples, b, old_values);
       if (reference_) unpad(policy_logp(*reference_, mb.prompts, mb.seqs, opts).logp, r.samples, b, ref_logp);
     }
@@ -181,8 +198,22 @@ PpoStepStats PpoTrainer::step() {
         if (s.trainable.empty() || s.trainable[size_t(t)] != 0) mask[size_t(i * T + t)] = 1.0f, last = t;
       if (last >= 0) tr[size_t(i * T + last)] = float(row_reward[size_t(i)]);
     }
-    const Gae g = gae(from_vector(tr, {N, T}), padded(old_values, 0, N, T, Device::cpu()), from_vector(mask, {N, T}),
-                      options_.gamma, options_.lam, /*whiten=*/true);
+    Tensor token_rewards = from_vector(tr, {N, T});
+    const Tensor token_mask = from_vector(mask, {N, T});
+    if (options_.use_kl_in_reward) {
+      // verl's apply_kl_penalty: the pre-update policy (the training forward
+      // of step 2) against the reference, beta from the controller.
+      st.kl_in_reward = true;
+      st.reward_kl_penalty_coeff = kl_ctrl_.value;
+      const KlShaped k = apply_kl_penalty(token_rewards, padded(train_logp, 0, N, T, Device::cpu()),
+                                          padded(ref_logp, 0, N, T, Device::cpu()), token_mask,
+                                          options_.kl_penalty, kl_ctrl_.value);
+      token_rewards = k.rewards;
+      st.reward_kl_penalty = k.kl;
+      kl_ctrl_.update(k.kl, N);
+    }
+    const Gae g = gae(token_rewards, padded(old_values, 0, N, T, Device::cpu()), token_mask, options_.gamma,
+                      options_.lam, /*whiten=*/true);
     unpad(g.advantages, r.samples, 0, adv);
     unpad(g.returns, r.samples, 0, ret);
     double adv_sum = 0, ret_sum = 0;
@@ -195,51 +226,64 @@ PpoStepStats PpoTrainer::step() {
     st.returns_mean = ret_sum / std::max<double>(1, double(tokens));
   }
 
-  // 4. The passes. Each micro-batch's token-mean loss is weighted by its share
-  // of the batch's tokens, so the accumulated gradient is the whole batch's.
-  const int64_t micros = (N + lo.mini_bs - 1) / lo.mini_bs;
-  const double E = double(options_.ppo_epochs);
+  // 4. The passes, each over mini-batches of ppo_mini_batch_size prompts
+  // (their completions), one optimizer step each. Each micro-batch's
+  // token-mean loss is weighted by its share of its mini-batch's tokens, so
+  // the accumulated gradient is the mini-batch's.
+  const int64_t per_prompt = std::max<int64_t>(1, options_.rollout.n_samples);
+  const int64_t mini = options_.ppo_mini_batch_size > 0 ? options_.ppo_mini_batch_size * per_prompt : N;
+  std::vector<std::pair<int64_t, int64_t>> minis;  // sample ranges [b, e)
+  for (int64_t b = 0; b < N; b += mini) minis.emplace_back(b, std::min(N, b + mini));
+  const double U = double(options_.ppo_epochs) * double(minis.size());  // updates per optimizer
+  st.updates = int64_t(U);
+  int64_t micro = 0;  // dropout stream
   for (int64_t epoch = 0; epoch < options_.ppo_epochs; ++epoch) {
-    for (int64_t b = 0, micro = 0; b < N; b += lo.mini_bs, ++micro) {
-      const int64_t e = std::min(N, b + lo.mini_bs);
-      const int64_t n = e - b;
-      const MicroBatch mb = micro_batch(r, b, e);
-      const PolicyLogpOptions opts = step_logp_options(lo, state_.step, epoch * micros + micro);
-      ResponseHidden rh;
-      TokenLogp tl;
-      {
-        // Critic warm-up: the policy's forward is data only.
-        std::optional<NoGradGuard> ng;
-        if (!st.policy_stepped) ng.emplace();
-        rh = response_hidden(*model_, mb.prompts, mb.seqs, opts);
-        tl = token_logp(rh, *model_, lo.loss_chunk_rows);
+    for (const auto& [mb_begin, mb_end] : minis) {
+      int64_t mini_tokens = 0;
+      for (int64_t i = mb_begin; i < mb_end; ++i) mini_tokens += trainable_tokens(r.samples[size_t(i)]);
+      // The statistics: token-weighted over the batch, averaged over the passes.
+      const double share = double(mini_tokens) / double(std::max<int64_t>(1, tokens)) / double(options_.ppo_epochs);
+      for (int64_t b = mb_begin; b < mb_end; b += lo.mini_bs, ++micro) {
+        const int64_t e = std::min(mb_end, b + lo.mini_bs);
+        const int64_t n = e - b;
+        const MicroBatch mb = micro_batch(r, b, e);
+        const PolicyLogpOptions opts = step_logp_options(lo, state_.step, micro);
+        ResponseHidden rh;
+        TokenLogp tl;
+        {
+          // Critic warm-up: the policy's forward is data only.
+          std::optional<NoGradGuard> ng;
+          if (!st.policy_stepped) ng.emplace();
+          rh = response_hidden(*model_, mb.prompts, mb.seqs, opts);
+          tl = token_logp(rh, *model_, lo.loss_chunk_rows);
+        }
+        const Tensor values = values_of(rh, mb, opts);
+        const int64_t T = tl.logp.size(1);
+        const Device dev = tl.logp.device();
+        const PpoLoss pl =
+            ppo_loss(tl.logp, rollout_logp(r, b, tl.logp), padded(adv, b, n, T, dev), tl.mask, values,
+                     padded(old_values, b, n, T, dev), padded(ret, b, n, T, dev), po,
+                     reference_ && po.use_kl_loss ? padded(ref_logp, b, n, T, dev) : Tensor());
+        const double w = double(mb.tokens) / double(std::max<int64_t>(1, mini_tokens));
+        Tensor loss = mul(pl.loss, w);
+        const double ws = w * share;
+        rs.loss += loss.item() * share;
+        if (loss.requires_grad()) loss.backward();
+        rs.pg_loss += ws * pl.stats.policy.pg_loss;
+        rs.ratio_mean += ws * pl.stats.policy.ratio_mean;
+        rs.clip_frac += ws * pl.stats.policy.clip_frac;
+        rs.kl += ws * pl.stats.policy.kl;
+        st.kl_loss += ws * pl.stats.policy.kl_loss;
+        st.clip_frac_lower += ws * pl.stats.policy.clip_frac_lower;
+        st.vf_loss += ws * pl.stats.vf_loss;
+        st.vf_clip_frac += ws * pl.stats.vf_clip_frac;
+        st.value_mean += ws * pl.stats.value_mean;
       }
-      const Tensor values = values_of(rh, mb, opts);
-      const int64_t T = tl.logp.size(1);
-      const Device dev = tl.logp.device();
-      const PpoLoss pl =
-          ppo_loss(tl.logp, rollout_logp(r, b, tl.logp), padded(adv, b, n, T, dev), tl.mask, values,
-                   padded(old_values, b, n, T, dev), padded(ret, b, n, T, dev), po,
-                   reference_ ? padded(ref_logp, b, n, T, dev) : Tensor());
-      const double w = double(mb.tokens) / double(std::max<int64_t>(1, tokens));
-      Tensor loss = mul(pl.loss, w);
-      rs.loss += loss.item() / E;
-      if (loss.requires_grad()) loss.backward();
-      const double wE = w / E;
-      rs.pg_loss += wE * pl.stats.policy.pg_loss;
-      rs.ratio_mean += wE * pl.stats.policy.ratio_mean;
-      rs.clip_frac += wE * pl.stats.policy.clip_frac;
-      rs.kl += wE * pl.stats.policy.kl;
-      st.kl_loss += wE * pl.stats.policy.kl_loss;
-      st.clip_frac_lower += wE * pl.stats.policy.clip_frac_lower;
-      st.vf_loss += wE * pl.stats.vf_loss;
-      st.vf_clip_frac += wE * pl.stats.vf_clip_frac;
-      st.value_mean += wE * pl.stats.value_mean;
+      // One step per mini-batch for each optimizer (each clipped on its own, as verl's actor and critic).
+      if (st.policy_stepped) rs.grad_norm += clip_and_step(*optimizer_, lo.grad_clip_norm) / U;
+      else optimizer_->zero_grad();
+      st.critic_grad_norm += clip_and_step(*critic_optimizer_, lo.grad_clip_norm) / U;
     }
-    // One step per pass for each optimizer (each clipped on its own, as verl's actor and critic).
-    if (st.policy_stepped) rs.grad_norm += clip_and_step(*optimizer_, lo.grad_clip_norm) / E;
-    else optimizer_->zero_grad();
-    st.critic_grad_norm += clip_and_step(*critic_optimizer_, lo.grad_clip_norm) / E;
   }
 
   advance(state_, rs.prompts, int64_t(rows_.size()));
@@ -254,6 +298,7 @@ fs::path PpoTrainer::save_checkpoint(const fs::path& save_path, const fs::path& 
   st["algo"] = "ppo";
   st["critic"] = critic_ ? "separate" : "value_head";
   st["critic_warmup_steps"] = options_.critic_warmup_steps;
+  if (options_.use_kl_in_reward) st["kl_ctrl_value"] = kl_ctrl_.value;  // the adaptive coefficient after this step
   st["run"] = run_keys();
   st["rollout_runs"] = rollout_runs(rollout_, agent_.get());
   return save_step_folder(*model_, *optimizer_, state_.step, save_path, source, st, [&](const fs::path& tmp) {
@@ -275,6 +320,8 @@ json PpoTrainer::run_keys() const {
   k["--critic-ckpt"] = critic_ != nullptr;
   k["--critic-warmup-steps"] = options_.critic_warmup_steps;
   k["--use-kl-loss"] = options_.ppo.use_kl_loss;
+  if (options_.use_kl_in_reward) k["--use-kl-in-reward"] = true;  // (only then: earlier checkpoints keep their keys)
+  if (options_.ppo_mini_batch_size > 0) k["--ppo-mini-batch-size"] = options_.ppo_mini_batch_size;
   if (agent_) k.update(agent_run_keys(options_.agent));  // (only then: engine runs' checkpoints keep their keys)
   k.update(options_.run_keys);
   return k;
@@ -282,7 +329,14 @@ json PpoTrainer::run_keys() const {
 
 void PpoTrainer::load_state(const fs::path& step_dir) {
   int64_t runs = 0;
-  const TrainerState s = load_rollout_state(step_dir, run_keys(), int64_t(rows_.size()), *optimizer_, runs).state;
+  const SavedState saved = load_rollout_state(step_dir, run_keys(), int64_t(rows_.size()), *optimizer_, runs);
+  const TrainerState& s = saved.state;
+  if (options_.use_kl_in_reward) {
+    if (!saved.json.contains("kl_ctrl_value") || !saved.json["kl_ctrl_value"].is_number())
+      throw std::runtime_error(fmt::format("{}: trainer_state.json: no kl_ctrl_value (--use-kl-in-reward)",
+                                           step_dir.string()));
+    kl_ctrl_.value = saved.json["kl_ctrl_value"].get<double>();
+  }
   head_->load((critic_ ? step_dir / "critic" : step_dir) / kValueHeadFile);
   critic_optimizer_->load_state((step_dir / "optimizer" / "critic_optimizer.safetensors").string());
   set_rollout_runs(rollout_, agent_.get(), runs);
@@ -298,7 +352,11 @@ Scalars ppo_scalars(const PpoStepStats& st) {
                      {"kl_loss", st.kl_loss},
                      {"clip_frac_lower", st.clip_frac_lower},
                      {"critic_grad_norm", st.critic_grad_norm},
-                     {"policy_stepped", st.policy_stepped ? 1.0 : 0.0}});
+                     {"policy_stepped", st.policy_stepped ? 1.0 : 0.0},
+                     {"updates", double(st.updates)}});
+  if (st.kl_in_reward)
+    s.insert(s.end(), {{"reward_kl_penalty", st.reward_kl_penalty},
+                       {"reward_kl_penalty_coeff", st.reward_kl_penalty_coeff}});
   return s;
 }
 

@@ -30,12 +30,19 @@
 //      log-probabilities (parity statistics) and, with --use-kl-loss, the
 //      reference's log-probabilities;
 //   3. token rewards: the sequence's reward on its last trainable token, 0
-//      elsewhere; gae(gamma, lam) over each response, advantages whitened
+//      elsewhere; with --use-kl-in-reward minus beta times the per-token KL
+//      penalty of the training forward's log-probabilities to the reference's
+//      (verl's apply_kl_penalty; beta from the fixed or adaptive controller,
+//      updated after); gae(gamma, lam) over each response, advantages whitened
 //      over the batch's response tokens (verl's masked_whiten);
-//   4. ppo_epochs passes: micro-batches of ppo_loss (old_logp = the rollout's
-//      log-probabilities, as GRPO), each weighted by its share of the batch's
-//      response tokens, backward; then per optimizer the gradient norm clipped
-//      (--grad-clip-norm) and one AdamW step. During the first
+//   4. ppo_epochs passes, each over mini-batches of ppo_mini_batch_size
+//      prompts (their completions in order; 0: the whole batch): micro-batches
+//      of ppo_loss (old_logp = the rollout's log-probabilities, as GRPO), each
+//      weighted by its share of the mini-batch's response tokens, backward;
+//      then per optimizer the gradient norm clipped (--grad-clip-norm) and one
+//      AdamW step. The learning rates are those of the training step
+//      (Optimizer::set_schedule_step: one scheduler step per update, as verl),
+//      however many optimizer steps it takes. During the first
 //      critic_warmup_steps steps the policy is not stepped (its forward runs
 //      without autograd) and only the critic learns.
 #include <cstdint>
@@ -74,6 +81,10 @@ struct PpoTrainOptions {
   double gamma = 1.0;      // --gamma
   double lam = 1.0;        // --lam
   int64_t ppo_epochs = 1;  // --ppo-epochs: passes over the batch per step
+  int64_t ppo_mini_batch_size = 0;  // --ppo-mini-batch-size: prompts per optimizer step in a pass (0: the batch)
+  bool use_kl_in_reward = false;    // --use-kl-in-reward (needs the reference model)
+  KlPenalty kl_penalty = KlPenalty::kl;  // --kl-penalty
+  KlController kl_ctrl;             // --kl-coef, --kl-ctrl, --kl-target, --kl-horizon
   double critic_lr = 0;    // --critic-lr, 0: loop.lr
   int64_t critic_warmup_steps = 0;  // --critic-warmup-steps
   // The command's own options a resumed run must repeat ({"--reward": "exact"}),
@@ -95,10 +106,15 @@ struct PpoStepStats {
   double clip_frac_lower = 0;  // tokens held by the dual clip
   double critic_grad_norm = 0;  // before clipping, mean over the passes
   bool policy_stepped = true;   // false during critic warm-up
+  int64_t updates = 0;          // optimizer steps per optimizer: passes x mini-batches
+  bool kl_in_reward = false;           // --use-kl-in-reward
+  double reward_kl_penalty = 0;        // its penalty's mean (verl's actor/reward_kl_penalty)
+  double reward_kl_penalty_coeff = 0;  // the beta it was applied with
 };
 
 // rl_scalars plus vf_loss, vf_clip_frac, value_mean, returns_mean, kl_loss,
-// clip_frac_lower, critic_grad_norm, policy_stepped.
+// clip_frac_lower, critic_grad_norm, policy_stepped, updates, and with
+// --use-kl-in-reward reward_kl_penalty and reward_kl_penalty_coeff.
 Scalars ppo_scalars(const PpoStepStats& st);
 // format_rl_progress with "vf_loss … vf_clip … value … returns …" (and "critic warm-up").
 std::string format_ppo_progress(const PpoStepStats& st, int64_t total_steps);
@@ -119,6 +135,7 @@ class PpoTrainer {
   bool done() const { return state_.step >= total_steps(); }
   const TrainerState& state() const { return state_; }
   const PpoTrainOptions& options() const { return options_; }
+  const KlController& kl_controller() const { return kl_ctrl_; }
   AdamW& optimizer() { return *optimizer_; }
   AdamW& critic_optimizer() { return *critic_optimizer_; }
   ValueHead& value_head() { return *head_; }
@@ -138,7 +155,7 @@ class PpoTrainer {
   std::filesystem::path save_checkpoint(const std::filesystem::path& save_path, const std::filesystem::path& source,
                                         const std::function<void(const std::filesystem::path&)>& add_files = {}) const;
   // Restores both optimizers, the value head, the data position (and with it
-  // the critic warm-up, which counts steps) and the rollout count from a step
+  // the critic warm-up, which counts steps), the adaptive KL coefficient and the rollout count from a step
   // folder save_checkpoint wrote. The caller loads the policy's weights from
   // the folder and a separate critic's from its critic/ (then passes it to
   // the constructor), and the --use-kl-loss reference from the run's starting
@@ -147,6 +164,7 @@ class PpoTrainer {
   void load_state(const std::filesystem::path& step_dir);
   // The options a resumed run must repeat: rollout_run_keys, --critic-ckpt
   // (whether there is a separate critic), --critic-warmup-steps, --use-kl-loss,
+  // --use-kl-in-reward, --ppo-mini-batch-size,
   // --agent-cmd and --train-tool-results (when agents run), and options.run_keys.
   nlohmann::json run_keys() const;
 
@@ -162,6 +180,7 @@ class PpoTrainer {
   Rollout rollout_;
   std::unique_ptr<AgentRollout> agent_;
   TrainerState state_;
+  KlController kl_ctrl_;  // options_.kl_ctrl, its value adapted step by step
 };
 
 }  // namespace areno::train::rl

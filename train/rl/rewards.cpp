@@ -503,4 +503,42 @@ std::vector<double> RewardProcess::score(const std::vector<RewardInput>& inputs)
   return out;
 }
 
+namespace {
+
+class OverlongPenalty : public RewardFn {
+ public:
+  OverlongPenalty(std::unique_ptr<RewardFn> inner, int64_t max_new_tokens, int64_t buffer_len, double factor)
+      : inner_(std::move(inner)), expected_(max_new_tokens - buffer_len), buffer_(buffer_len), factor_(factor) {}
+  std::vector<double> score(const std::vector<RewardInput>& inputs) override {
+    std::vector<double> out = inner_->score(inputs);
+    for (size_t i = 0; i < out.size() && i < inputs.size(); ++i) {
+      const double exceed = double(inputs[i].completion_tokens - expected_);
+      out[i] += std::min(0.0, -exceed / double(buffer_) * factor_);
+    }
+    return out;
+  }
+
+ private:
+  std::unique_ptr<RewardFn> inner_;
+  int64_t expected_, buffer_;
+  double factor_;
+};
+
+}  // namespace
+
+std::unique_ptr<RewardFn> with_overlong_penalty(std::unique_ptr<RewardFn> inner, int64_t max_new_tokens,
+                                                int64_t buffer_len, double factor) {
+  if (!inner) throw std::invalid_argument("--overlong-buffer-len: needs --reward or --reward-cmd");
+  validate_overlong_penalty(max_new_tokens, buffer_len, factor);
+  return std::make_unique<OverlongPenalty>(std::move(inner), max_new_tokens, buffer_len, factor);
+}
+
+void validate_overlong_penalty(int64_t max_new_tokens, int64_t buffer_len, double factor) {
+  if (!(buffer_len > 0 && buffer_len < max_new_tokens))
+    throw std::invalid_argument(fmt::format("--overlong-buffer-len: must be between 1 and --max-new-tokens - 1 ({}), "
+                                            "got {}", max_new_tokens - 1, buffer_len));
+  if (!(factor >= 0) || !std::isfinite(factor))
+    throw std::invalid_argument("--overlong-penalty-factor: must be 0 or more");
+}
+
 }  // namespace areno::train::rl

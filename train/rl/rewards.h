@@ -77,6 +77,18 @@ class RewardFn {
 // the flag and the offset).
 std::unique_ptr<RewardFn> make_reward(const std::string& spec);
 
+// DAPO's soft overlong punishment (Yu et al. 2025; verl's
+// reward_model.overlong_buffer): `inner`'s score plus
+//   min(0, -(completion_tokens - (max_new_tokens - buffer_len)) / buffer_len * factor),
+// 0 up to max_new_tokens - buffer_len tokens, falling linearly to -factor at
+// max_new_tokens, so truncated answers are not rewarded for what they got
+// right before the cut. Throws std::invalid_argument (naming the flag) unless
+// 0 < buffer_len < max_new_tokens and factor >= 0.
+std::unique_ptr<RewardFn> with_overlong_penalty(std::unique_ptr<RewardFn> inner, int64_t max_new_tokens,
+                                                int64_t buffer_len, double factor);
+// The checks of with_overlong_penalty, for a command to run before it loads anything.
+void validate_overlong_penalty(int64_t max_new_tokens, int64_t buffer_len, double factor);
+
 // The line --reward-cmd reads for `in` (no newline): one JSON object with the
 // keys "row", "prompt", "completion", "completion_tokens", "sample_index",
 // "prompt_index". Invalid UTF-8 in strings becomes U+FFFD.

@@ -7,13 +7,22 @@ padding holds never enters; the C++ side instead masks in place), in float64,
 and differentiated by torch.autograd:
 
   GRPO  Shao et al. 2024 (DeepSeekMath), token-level clipped surrogate with
-        group-normalized advantages; the KL term is verl's low_var_kl (k3)
+        group-normalized advantages; the KL term is verl's low_var_kl (k3);
+        DAPO's clip-higher (Yu et al. 2025), Dr. GRPO's unscaled advantages
+        and constant normaliser (Liu et al. 2025), TRL's batch-std scaling
   GSPO  Zheng et al. 2025, sequence ratio s_i = exp(mean_t log r_it), clipped
         per sequence, J = mean_i -min(s_i A_i, clip(s_i) A_i)
-  DPO   Rafailov et al. 2023, -log sigmoid(beta ((pc - rc) - (pr - rr)))
+  DPO   Rafailov et al. 2023, -log sigmoid(beta ((pc - rc) - (pr - rr))), and
+        TRL's variants of z = (pc - pr) - (rc - rr): label smoothing (cDPO),
+        robust (Chowdhury et al. 2024), hinge (SLiC), IPO (Azar et al. 2023,
+        (z - 1/(2 beta))^2 on length-averaged log-probabilities)
   PPO   Schulman et al. 2017 (clipped surrogate, GAE in closed form
         A_t = sum_l (gamma lam)^l delta_{t+l}), dual clip (Ye et al. 2020),
         clipped value loss and low_var_kl as verl
+  KL in the reward  verl's apply_kl_penalty (kl / abs / mse / low_var_kl
+        estimators, beta times the penalty off each token's reward, the
+        penalty's mean per sequence then over sequences) and its adaptive
+        controller (Ziegler et al. 2019)
 
 Writes tests/data/rl/rl_golden.safetensors (float64): the inputs, each loss,
 its statistics and its gradients. Deterministic: the same file on every run.
@@ -92,23 +101,35 @@ def scalars(out, prefix, d):
 
 # ---------------------------------------------------------------- GRPO
 
-def grpo_advantages(rewards, G, eps=1e-6):
+def grpo_advantages(rewards, G, eps=1e-6, scale="group"):
     r = rewards.view(-1, G)
-    adv = (r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + eps)  # torch.std: unbiased
+    centred = r - r.mean(1, keepdim=True)
+    if scale == "group":
+        adv = centred / (r.std(1, keepdim=True) + eps)  # torch.std: unbiased
+    elif scale == "batch":
+        adv = centred / (rewards.std() + eps)
+    else:
+        adv = centred
     equal = r.max(1, keepdim=True).values == r.min(1, keepdim=True).values
     return torch.where(equal, torch.zeros_like(adv), adv).reshape(-1)
 
 
-def grpo_reference(logp, old, adv_seq, mask, eps, agg, kl_coef, ref):
+def grpo_reference(logp, old, adv_seq, mask, eps, agg, kl_coef, ref, eps_high=None, norm_length=None):
     logp = logp.clone().requires_grad_()
     m = mask.bool()
     lp, ol = logp[m], old[m]
     A = adv_seq.unsqueeze(1).expand_as(mask)[m]
     ids = seq_ids(mask)
     ratio = torch.exp(torch.clamp(lp - ol, -20, 20))
-    unclipped, clipped = ratio * A, torch.clamp(ratio, 1 - eps, 1 + eps) * A
+    hi = eps if eps_high is None else eps_high
+    unclipped, clipped = ratio * A, torch.clamp(ratio, 1 - eps, 1 + hi) * A
     tok = -torch.min(unclipped, clipped)
-    reduce = (lambda x: x.mean()) if agg == "token_mean" else (lambda x: seq_mean_token_mean(x, ids, mask.shape[0]))
+    if agg == "token_mean":
+        reduce = lambda x: x.mean()
+    elif agg == "seq_mean_token_mean":
+        reduce = lambda x: seq_mean_token_mean(x, ids, mask.shape[0])
+    else:  # Dr. GRPO / TRL "dr_grpo": sum over tokens / (N * L)
+        reduce = lambda x: x.sum() / (mask.shape[0] * norm_length)
     pg = reduce(tok)
     loss = pg
     stats = {}
@@ -160,6 +181,14 @@ def make_grpo(rng, out):
         assert kl_coef > 0 or (grad[4:8] == 0).all()  # equal rewards: no policy gradient
         out[f"grpo.{agg}.grad_logp"] = grad
         scalars(out, f"grpo.{agg}", stats)
+    # DAPO's clip-higher (0.2 below, 0.28 above: row 0's token at exactly 1.2 is inside) with
+    # Dr. GRPO's sum / (N * L), L = 8 > T; and the advantages scaled by the batch std or not at all.
+    stats, grad = grpo_reference(logp, old, adv, mask, eps, "sum_norm", 0.0, ref, eps_high=0.28, norm_length=8)
+    assert torch.isfinite(grad).all() and (grad[mask == 0] == 0).all()
+    out["grpo.dapo.grad_logp"] = grad
+    scalars(out, "grpo.dapo", dict(stats, eps_high=0.28, norm_length=8))
+    for scale in ["batch", "none"]:
+        out[f"grpo.advantages_{scale}"] = grpo_advantages(rewards, G, scale=scale)
 
 
 # ---------------------------------------------------------------- GSPO
@@ -227,6 +256,32 @@ def dpo_reference(lc, mc, lr, mr, ref_c, ref_r, beta):
     return stats, lc.grad, lr.grad
 
 
+def dpo_variant(lc, mc, lr, mr, ref_c, ref_r, beta, kind, ls):
+    """TRL's DPOTrainer.dpo_loss for loss_type `kind`; IPO averages the log-probabilities over each response."""
+    lc, lr = lc.clone().requires_grad_(), lr.clone().requires_grad_()
+    pc = torch.stack([lc[i][mc[i].bool()].sum() for i in range(lc.shape[0])])
+    pr = torch.stack([lr[i][mr[i].bool()].sum() for i in range(lr.shape[0])])
+    rc, rr = ref_c, ref_r
+    if kind == "ipo":
+        pc, pr, rc, rr = pc / mc.sum(1), pr / mr.sum(1), rc / mc.sum(1), rr / mr.sum(1)
+    z = (pc - pr) - (rc - rr)
+    if kind == "sigmoid":
+        losses = -F.logsigmoid(beta * z) * (1 - ls) - F.logsigmoid(-beta * z) * ls
+    elif kind == "robust":
+        losses = (-F.logsigmoid(beta * z) * (1 - ls) + F.logsigmoid(-beta * z) * ls) / (1 - 2 * ls)
+    elif kind == "hinge":
+        losses = torch.relu(1 - beta * z)
+    else:
+        losses = (z - 1 / (2 * beta)) ** 2
+    loss = losses.mean()
+    loss.backward()
+    chosen, rejected = beta * (pc - rc), beta * (pr - rr)
+    stats = {"loss": loss.item(), "chosen_reward": chosen.mean().item(), "rejected_reward": rejected.mean().item(),
+             "reward_margin": (chosen - rejected).mean().item(),
+             "reward_accuracy": (chosen > rejected).double().mean().item()}
+    return stats, lc.grad, lr.grad
+
+
 def make_dpo(rng, out):
     B, T, beta = 5, 5, 0.1
     mc = mask_from_lengths([5, 3, 4, 2, 5], T, holes=[(0, 1)])
@@ -246,6 +301,14 @@ def make_dpo(rng, out):
     assert torch.isfinite(gc).all() and torch.isfinite(gr).all()
     out["dpo.grad_chosen_logp"], out["dpo.grad_rejected_logp"] = gc, gr
     scalars(out, "dpo", stats)
+    # The variants on the same pairs; hinge with beta 0.5 so that some pairs sit past the hinge.
+    for kind, b, ls in [("sigmoid", beta, 0.1), ("robust", beta, 0.1), ("hinge", 0.5, 0.0), ("ipo", beta, 0.0)]:
+        stats, gc, gr = dpo_variant(lc, mc, lr, mr, ref_c, ref_r, b, kind, ls)
+        assert torch.isfinite(gc).all() and torch.isfinite(gr).all()
+        if kind == "hinge":
+            assert (gc.abs().sum(1) == 0).any() and (gc.abs().sum(1) > 0).any()
+        out[f"dpo.{kind}.grad_chosen_logp"], out[f"dpo.{kind}.grad_rejected_logp"] = gc, gr
+        scalars(out, f"dpo.{kind}", dict(stats, beta=b, label_smoothing=ls))
 
 
 # ---------------------------------------------------------------- PPO
@@ -342,6 +405,48 @@ def make_ppo(rng, out):
     scalars(out, "ppo", stats)
 
 
+# ---------------------------------------------------------------- KL in the reward
+
+def kl_estimate(logp, ref, kind):
+    d = logp - ref
+    return {"kl": d, "abs": d.abs(), "mse": 0.5 * d * d, "low_var_kl": k3(logp, ref)}[kind]
+
+
+def make_kl_reward(rng, out):
+    N, T, beta = 4, 6, 0.05
+    mask = mask_from_lengths([6, 3, 5, 0], T, holes=[(0, 2)])  # row 3 has no response token
+    scores = torch.zeros(N, T)
+    for i, r in enumerate([1.0, -0.5, 0.25, 0.0]):
+        if mask[i].any():
+            scores[i, int(mask[i].nonzero().max())] = r
+    logp = -torch.rand(N, T, generator=rng) * 2.5 - 0.05
+    ref = logp + torch.randn(N, T, generator=rng) * 0.4
+    ref[2, 1] = logp[2, 1] + 3.0  # the k3 clamp at 10
+    logp = fill_masked(logp, mask, [NAN, 7.0])
+    ref = fill_masked(ref, mask, [-math.inf, NAN])
+    out.update({"klr.logp": logp, "klr.ref_logp": ref, "klr.mask": mask, "klr.scores": scores})
+    scalars(out, "klr", {"beta": beta})
+    m = mask.bool()
+    for kind in ["kl", "abs", "mse", "low_var_kl"]:
+        kld = torch.zeros(N, T)
+        kld[m] = kl_estimate(logp[m], ref[m], kind)
+        rewards = scores - beta * kld
+        per_seq = (kld * mask).sum(-1) / (mask.sum(-1) + 1e-8)  # verl's masked_mean
+        out[f"klr.{kind}.penalty"] = kld
+        out[f"klr.{kind}.rewards"] = rewards
+        scalars(out, f"klr.{kind}", {"kl": per_seq.mean().item()})
+    # The adaptive controller over five steps of the "kl" penalty's means.
+    value, target, horizon, n = 0.2, 0.1, 50, 8
+    trace = []
+    for kl in [0.5, 0.02, 0.11, 0.1, -0.3]:
+        err = min(max(kl / target - 1, -0.2), 0.2)
+        value *= 1 + err * n / horizon
+        trace.append(value)
+    out["klr.adaptive.kls"] = torch.tensor([0.5, 0.02, 0.11, 0.1, -0.3])
+    out["klr.adaptive.values"] = torch.tensor(trace)
+    scalars(out, "klr.adaptive", {"start": 0.2, "target": target, "horizon": horizon, "n": n})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -353,6 +458,7 @@ def main():
     make_gspo(rng, out)
     make_dpo(rng, out)
     make_ppo(rng, out)
+    make_kl_reward(torch.Generator().manual_seed(16), out)
     out = {k: v.contiguous() for k, v in out.items()}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     save_file(out, args.out, metadata={"generator": "tests/reference/rl/make_rl_golden.py", "torch": torch.__version__})
