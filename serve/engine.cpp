@@ -50,20 +50,29 @@ phi4mm::BlockDigest block_digest(std::string_view bytes) {
   return d;
 }
 
-// The media cache's key: the salt's digest, then each item's kind, size and
-// the digest of its pixels or samples, in order (an image's rows depend on
-// whether the request has audio too, so the key is the whole list).
-std::string media_cache_key(const std::string& salt_digest, const std::vector<phi4mm::Media>& media) {
+// The media cache's key of one item: the salt's digest, its kind and size,
+// the digest of its pixels or samples, and for a clip whether its request
+// has an image (the clip's rows then come from the vision projector; an
+// image's rows do not depend on the other items).
+std::string media_item_key(const std::string& salt_digest, const phi4mm::Media& m, bool with_image) {
   std::string buf = salt_digest;
-  for (const phi4mm::Media& m : media) {
-    const bool image = m.kind == phi4mm::MediaKind::kImage;
-    const int64_t dims[3] = {int64_t(m.kind), image ? m.image.width : m.sample_rate,
-                             image ? m.image.height : int64_t(m.samples.size())};
-    buf.append(reinterpret_cast<const char*>(dims), sizeof dims);
-    buf += image ? sha256({reinterpret_cast<const char*>(m.image.rgb.data()), m.image.rgb.size()})
-                 : sha256({reinterpret_cast<const char*>(m.samples.data()), m.samples.size() * sizeof(double)});
-  }
+  const bool image = m.kind == phi4mm::MediaKind::kImage;
+  const int64_t dims[4] = {int64_t(m.kind), image ? m.image.width : m.sample_rate,
+                           image ? m.image.height : int64_t(m.samples.size()), image ? 0 : int64_t(with_image)};
+  buf.append(reinterpret_cast<const char*>(dims), sizeof dims);
+  buf += image ? sha256({reinterpret_cast<const char*>(m.image.rgb.data()), m.image.rgb.size()})
+               : sha256({reinterpret_cast<const char*>(m.samples.data()), m.samples.size() * sizeof(double)});
   return sha256(buf);
+}
+
+// The digests of each row of `rows` (prefix caching keys blocks by them).
+std::vector<std::string> row_digests(const Tensor& rows) {
+  const Tensor host = rows.to(Device::cpu()).contiguous();
+  const auto* p = static_cast<const char*>(host.data_ptr());
+  const size_t row_bytes = size_t(host.size(1)) * dtype_size(host.dtype());
+  std::vector<std::string> out;
+  for (int64_t m = 0; m < host.size(0); ++m) out.push_back(sha256({p + size_t(m) * row_bytes, row_bytes}));
+  return out;
 }
 
 }  // namespace
@@ -172,76 +181,10 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
   auto q = std::make_unique<Req>();
   q->media_rows = std::move(r.media_rows);
   q->salt_digest = r.cache_salt.empty() ? std::string(SHA256_DIGEST_LENGTH, '\0') : sha256(r.cache_salt);
-  std::string media_key;  // the media cache's key, when it is on
-  if (!r.media.empty() && opts_.media_cache_bytes > 0) {
-    media_key = media_cache_key(q->salt_digest, r.media);
-    bool hit = false;
-    {
-      std::lock_guard<std::mutex> lk(media_mu_);
-      if (auto it = media_by_key_.find(media_key); it != media_by_key_.end()) {
-        media_lru_.splice(media_lru_.begin(), media_lru_, it->second);
-        q->media_rows = it->second->second.rows;
-        q->media_digest = it->second->second.row_digests;
-        hit = true;
-      }
-    }
-    if (hit) {
-      if (q->media_rows.size(0) != n_media)
-        throw std::invalid_argument(fmt::format("prompt: {} media placeholder ids, but its media give {} rows", n_media,
-                                                q->media_rows.size(0)));
-      r.media.clear();
-      std::lock_guard<std::mutex> lk(mu_);
-      ++media_cache_hits_;
-    }
-  }
-  if (!r.media.empty()) {
-    // The processors and towers run here, on the submitting thread, so an
-    // image never stalls the decode steps of the engine thread. A request
-    // that would be refused anyway is refused before this work.
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      check_accepting();
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      NoGradGuard ng;
-      q->media_rows = phi4mm::media_rows(*model_, r.media);
-      release_cpu_threads();  // the towers' workers: this thread is done with ops
-    } catch (const std::exception& e) {
-      release_cpu_threads();
-      throw std::runtime_error(fmt::format("media encoding failed: {}", e.what()));
-    }
-    if (q->media_rows.dim() != 2 || q->media_rows.size(0) != n_media || q->media_rows.size(1) != H)
-      throw std::runtime_error(fmt::format("media encoding failed: media rows {} do not match the prompt's {} "
-                                           "placeholders", shape_str(q->media_rows.shape()), n_media));
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::lock_guard<std::mutex> lk(mu_);
-    media_items_total_ += int64_t(r.media.size());
-    media_seconds_total_ += secs;
-    r.media.clear();  // the rows are what the engine keeps
-  }
-  if (opts_.prefix_caching && q->media_rows.defined() && q->media_digest.empty()) {
-    // Each media row's bytes, for the digests of the blocks its placeholder is in.
-    const Tensor rows = q->media_rows.to(Device::cpu()).contiguous();
-    const auto* p = static_cast<const char*>(rows.data_ptr());
-    const size_t row_bytes = size_t(rows.size(1)) * dtype_size(rows.dtype());
-    for (int64_t m = 0; m < rows.size(0); ++m) q->media_digest.push_back(sha256({p + size_t(m) * row_bytes, row_bytes}));
-  }
-  if (!media_key.empty()) {
-    // Kept for the next request with the same media, least recently used out.
-    const size_t bytes = size_t(q->media_rows.numel()) * dtype_size(q->media_rows.dtype());
-    std::lock_guard<std::mutex> lk(media_mu_);
-    if (bytes <= opts_.media_cache_bytes && !media_by_key_.count(media_key)) {
-      media_lru_.emplace_front(media_key, MediaEntry{q->media_rows, q->media_digest, bytes});
-      media_by_key_[media_key] = media_lru_.begin();
-      media_bytes_ += bytes;
-      while (media_bytes_ > opts_.media_cache_bytes) {
-        media_bytes_ -= media_lru_.back().second.bytes;
-        media_by_key_.erase(media_lru_.back().first);
-        media_lru_.pop_back();
-      }
-    }
-  }
+  if (!r.media.empty()) encode_media(*q, r.media, n_media, check_accepting);
+  r.media.clear();  // the rows are what the engine keeps
+  if (opts_.prefix_caching && q->media_rows.defined() && q->media_digest.empty())
+    q->media_digest = row_digests(q->media_rows);  // rows the caller gave
   q->r = std::move(r);
   q->cb = std::move(on_output);
   q->stop_ids = q->r.params.stop_token_ids;
@@ -300,6 +243,97 @@ void Engine::release(Seq& s) {
   if (!s.kv.blocks.empty() || s.kv.length) cache_->release(s.kv);
   s.remembered = 0;
   s.digests.clear();
+}
+
+// The media rows of a request: each item from the media cache when it is
+// there (same item, same salt, for a clip the same projector), the others
+// encoded together here, on the submitting thread (an image never stalls the
+// decode steps of the engine thread), then kept in the cache, least recently
+// used out past its bytes. Sets q.media_rows and, with prefix caching,
+// q.media_digest.
+void Engine::encode_media(Req& q, const std::vector<phi4mm::Media>& media, int64_t n_media,
+                          const std::function<void()>& check_accepting) {
+  const int64_t H = model_->config().text.hidden_size;
+  const size_t n = media.size();
+  bool with_image = false;
+  for (const phi4mm::Media& m : media) with_image |= m.kind == phi4mm::MediaKind::kImage;
+  const bool cached = opts_.media_cache_bytes > 0;
+  std::vector<std::string> keys(cached ? n : 0);
+  std::vector<Tensor> parts(n);
+  std::vector<std::vector<std::string>> digests(n);
+  int64_t hits = 0;
+  if (cached) {
+    for (size_t i = 0; i < n; ++i) keys[i] = media_item_key(q.salt_digest, media[i], with_image);
+    std::lock_guard<std::mutex> lk(media_mu_);
+    for (size_t i = 0; i < n; ++i)
+      if (auto it = media_by_key_.find(keys[i]); it != media_by_key_.end()) {
+        media_lru_.splice(media_lru_.begin(), media_lru_, it->second);
+        parts[i] = it->second->second.rows;
+        digests[i] = it->second->second.row_digests;
+        ++hits;
+      }
+  }
+  std::vector<phi4mm::Media> misses;
+  for (size_t i = 0; i < n; ++i)
+    if (!parts[i].defined()) misses.push_back(media[i]);
+  if (!misses.empty()) {
+    // A request that would be refused anyway is refused before this work.
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      check_accepting();
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<Tensor> encoded;
+    try {
+      NoGradGuard ng;
+      encoded = phi4mm::media_rows_each(*model_, misses, with_image);
+      release_cpu_threads();  // the towers' workers: this thread is done with ops
+    } catch (const std::exception& e) {
+      release_cpu_threads();
+      throw std::runtime_error(fmt::format("media encoding failed: {}", e.what()));
+    }
+    if (encoded.size() != misses.size())
+      throw std::runtime_error(fmt::format("media encoding failed: {} row sets for {} items", encoded.size(),
+                                           misses.size()));
+    for (size_t i = 0, k = 0; i < n; ++i)
+      if (!parts[i].defined()) parts[i] = encoded[k++];
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::lock_guard<std::mutex> lk(mu_);
+    media_items_total_ += int64_t(misses.size());
+    media_seconds_total_ += secs;
+  }
+  int64_t rows = 0;
+  for (const Tensor& t : parts) {
+    if (t.dim() != 2 || t.size(1) != H)
+      throw std::runtime_error(fmt::format("media encoding failed: media rows {} (hidden {})", shape_str(t.shape()), H));
+    rows += t.size(0);
+  }
+  if (rows != n_media)
+    throw std::invalid_argument(fmt::format("prompt: {} media placeholder ids, but its media give {} rows", n_media, rows));
+  if (opts_.prefix_caching)
+    for (size_t i = 0; i < n; ++i)
+      if (digests[i].empty()) digests[i] = row_digests(parts[i]);
+  q.media_rows = n == 1 ? parts[0] : cat(parts, 0);
+  if (opts_.prefix_caching)
+    for (auto& d : digests) q.media_digest.insert(q.media_digest.end(), d.begin(), d.end());
+  if (!cached) return;
+  std::lock_guard<std::mutex> lk(media_mu_);
+  for (size_t i = 0; i < n; ++i) {
+    const size_t bytes = size_t(parts[i].numel()) * dtype_size(parts[i].dtype());
+    if (bytes > opts_.media_cache_bytes || media_by_key_.count(keys[i])) continue;
+    media_lru_.emplace_front(keys[i], MediaEntry{parts[i], digests[i], bytes});
+    media_by_key_[keys[i]] = media_lru_.begin();
+    media_bytes_ += bytes;
+    while (media_bytes_ > opts_.media_cache_bytes) {
+      media_bytes_ -= media_lru_.back().second.bytes;
+      media_by_key_.erase(media_lru_.back().first);
+      media_lru_.pop_back();
+    }
+  }
+  if (hits) {
+    std::lock_guard<std::mutex> lk2(mu_);
+    media_cache_hits_ += hits;
+  }
 }
 
 std::string Engine::audit() const {

@@ -104,9 +104,10 @@ struct EngineOptions {
   // start reuses them instead of computing them. Off by default: a trainer
   // changes the weights under the engine (areno serve turns it on).
   bool prefix_caching = false;
-  // Media rows kept across requests, keyed by the SHA-256 of a request's
-  // decoded media (pixels, samples, sizes): the same image or clip sent
-  // again skips its processor and tower. Least recently used out past this
+  // Media rows kept across requests per item, keyed by the SHA-256 of its
+  // decoded pixels or samples and size (and, for a clip, whether its request
+  // has an image): the same image or clip sent again, alone or beside other
+  // items, skips its processor and tower. Least recently used out past this
   // many bytes; 0: off (the default: a trainer may change the towers).
   size_t media_cache_bytes = 0;
 };
@@ -124,7 +125,7 @@ struct EngineStats {
   // Prefix caching: prompt tokens looked up, and those found cached.
   int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;
   int64_t kv_blocks_cached = 0;  // remembered blocks (held or evictable)
-  int64_t media_cache_hits = 0;  // requests whose media rows came from the media cache
+  int64_t media_cache_hits = 0;  // media items whose rows came from the media cache
   int64_t steps = 0;
   double step_seconds_total = 0, last_step_seconds = 0;
   // Media items encoded by submit (on submitting threads) and the time spent.
@@ -190,6 +191,8 @@ class Engine {
   bool caches_prefix(const Seq& s) const;
   bool attach_cached(Seq& s);
   void remember_blocks(const std::vector<StepItem>& items);
+  void encode_media(Req& q, const std::vector<phi4mm::Media>& media, int64_t n_media,
+                    const std::function<void()>& check_accepting);
   bool admit_seq(Seq& s, std::vector<StepItem>& items, int64_t& budget);
   void report_token(Seq& s, const Picked& picked);
   void finish_request(Req& r, FinishReason why, const std::string& error = {});

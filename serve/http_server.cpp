@@ -687,7 +687,7 @@ struct HttpServer::Impl {
     metric("areno_media_items_total", "counter", "Media items encoded at submit (processors + towers).",
            double(s.media_items_total));
     metric("areno_media_seconds_total", "counter", "Seconds spent encoding media at submit.", s.media_seconds_total);
-    metric("areno_media_cache_hits_total", "counter", "Requests whose media rows came from the media cache.",
+    metric("areno_media_cache_hits_total", "counter", "Media items whose rows came from the media cache.",
            double(s.media_cache_hits));
     metric("areno_prompt_tokens_total", "counter", "Prompt tokens admitted (expanded media included).", double(s.prompt_tokens));
     metric("areno_generation_tokens_total", "counter", "Tokens generated.", double(s.generated_tokens));

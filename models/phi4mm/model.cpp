@@ -50,16 +50,17 @@ std::shared_ptr<Phi4MMForCausalLM> init_phi4mm(const Config& config, uint64_t se
   return m;
 }
 
-Tensor media_rows(const Phi4MMForCausalLM& model, std::span<const Media> media) {
+std::vector<Tensor> media_rows_each(const Phi4MMForCausalLM& model, std::span<const Media> media,
+                                    std::optional<bool> with_image) {
   std::vector<RgbImage> images;
   std::vector<AudioClip> clips;
   for (const Media& m : media) {
     if (m.kind == MediaKind::kImage) images.push_back(m.image);
     else clips.push_back({m.samples, m.sample_rate});
   }
-  const bool has_image = !images.empty();
+  const bool has_image = with_image.value_or(!images.empty());
   std::vector<Tensor> image_rows, audio_rows;
-  if (has_image) {
+  if (!images.empty()) {
     if (!model.image_embed()) throw std::invalid_argument("this model has no vision tower; images cannot be used");
     ImageBatch b = process_images(images);
     image_rows = split_rows(model.image_embed()->forward(b), b.num_img_tokens, "vision tower");
@@ -73,10 +74,15 @@ Tensor media_rows(const Phi4MMForCausalLM& model, std::span<const Media> media) 
   }
   std::vector<Tensor> parts;
   size_t ii = 0, ai = 0;
-  for (const Media& m : media) parts.push_back(m.kind == MediaKind::kImage ? image_rows[ii++] : audio_rows[ai++]);
-  if (parts.empty()) return Tensor();
   const DType dt = model.dtype();
-  for (auto& p : parts) p = p.to(model.device(), dt);
+  for (const Media& m : media)
+    parts.push_back((m.kind == MediaKind::kImage ? image_rows[ii++] : audio_rows[ai++]).to(model.device(), dt));
+  return parts;
+}
+
+Tensor media_rows(const Phi4MMForCausalLM& model, std::span<const Media> media) {
+  std::vector<Tensor> parts = media_rows_each(model, media);
+  if (parts.empty()) return Tensor();
   return parts.size() == 1 ? parts[0] : cat(parts, 0);
 }
 

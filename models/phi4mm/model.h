@@ -6,6 +6,7 @@
 // media rows the towers compute for a prompt.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,6 +35,12 @@ std::shared_ptr<Phi4MMForCausalLM> init_phi4mm(const Config& config, uint64_t se
 // projector, or the vision projector when the request has an image).
 // [sum of token counts, hidden]; undefined when `media` is empty.
 Tensor media_rows(const Phi4MMForCausalLM& model, std::span<const Media> media);
+// The same, one tensor per item ([its token count, hidden]). `with_image`:
+// whether the request holds an image (its clips then take the vision
+// projector), when `media` is only part of the request's items (the serving
+// engine's per-item cache); nullopt: whether `media` holds one.
+std::vector<Tensor> media_rows_each(const Phi4MMForCausalLM& model, std::span<const Media> media,
+                                    std::optional<bool> with_image = std::nullopt);
 
 // Token counts of each item: num_image_tokens(w, h) (image_processor.h) and
 // audio_token_count(samples, rate) (audio_features.h).

@@ -809,16 +809,47 @@ TEST_CASE("engine: text, image, audio and image+audio requests through the tower
       }
     EngineStats ms = e.stats();
     CHECK(ms.media_items_total == 4);  // encoded once each: 1 + 1 + 2 items
-    CHECK(ms.media_cache_hits == 3);
+    CHECK(ms.media_cache_hits == 4);   // per item: 1 + 1 + 2 on the second pass
     CHECK(ms.prefix_cache_hits > 0);
     CHECK(one(1) == ref[1]);
-    CHECK(e.stats().media_cache_hits == 4);
+    CHECK(e.stats().media_cache_hits == 5);
     // Another cache_salt: the media are encoded again, not taken from the unsalted rows.
     Request salted = request(1);
     salted.cache_salt = "tenant-a";
     CHECK(generate(e, {salted})[0][0].tokens == ref[1]);
-    CHECK(e.stats().media_cache_hits == 4);
+    CHECK(e.stats().media_cache_hits == 5);
     CHECK(e.stats().media_items_total == 5);
+    // Per item: case 1's image beside case 2's clip takes the kept image rows
+    // and encodes only the clip, which beside an image takes the vision
+    // projector, so it is not case 2's kept (speech) rows. The outputs are
+    // those of the whole list encoded at once. Then the same two items with a
+    // new image: only the new image is encoded.
+    MediaCase pair = build({pattern_image(60, 40, 1)}, {chirp(16000, 16000)}, {16000});
+    MediaCase three = build({pattern_image(60, 40, 1), pattern_image(44, 36, 3)}, {chirp(16000, 16000)}, {16000});
+    auto reference = [&](const MediaCase& c) {
+      Engine plain(lm, tokenizer(), opts(4, 512, 1024));
+      Request r;
+      r.prompt = c.prompt;
+      r.adapter = c.adapter;
+      r.media_rows = phi4mm::media_rows(*mm, c.media);
+      r.params.max_tokens = steps;
+      r.params.temperature = 0;
+      r.params.ignore_eos = true;
+      return generate(plain, {r})[0][0].tokens;
+    };
+    for (const MediaCase* c : {&pair, &three}) {
+      Request r;
+      r.prompt = c->prompt;
+      r.adapter = c->adapter;
+      r.media = c->media;
+      r.params.max_tokens = steps;
+      r.params.temperature = 0;
+      r.params.ignore_eos = true;
+      const int64_t items0 = e.stats().media_items_total, hits0 = e.stats().media_cache_hits;
+      CHECK(generate(e, {r})[0][0].tokens == reference(*c));
+      CHECK(e.stats().media_items_total - items0 == 1);  // the clip, then the new image
+      CHECK(e.stats().media_cache_hits - hits0 == (c == &pair ? 1 : 2));
+    }
     // Room for one request's rows: each new one pushes the last out.
     const int64_t H = lm->config().text.hidden_size;
     auto row_bytes = [&](size_t i) {

@@ -967,8 +967,11 @@ TEST_CASE("serve/http image, audio and image+audio requests through the real tow
     }
   }
   const std::string metrics = get(served.port, "/metrics").raw;
-  CHECK(metrics.find("areno_media_cache_hits_total 3") != std::string::npos);
-  CHECK(engine.stats().media_items_total == 4);  // image, audio, image + audio: encoded once each
+  // Per item: the image (then the second time), the clip (then again), and
+  // beside the image the kept image and a clip in the vision projector's mode
+  // (encoded), then both again: 1 + 1 + 1 + 2 hits, 3 items encoded.
+  CHECK(metrics.find("areno_media_cache_hits_total 5") != std::string::npos);
+  CHECK(engine.stats().media_items_total == 3);
   CHECK(engine.stats().prefix_cache_hits > 0);
   engine.stop(true);
   CHECK(engine.stats().kv_blocks_used == 0);
