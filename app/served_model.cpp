@@ -29,9 +29,7 @@ ServedModel load_served_model(const std::string& model_path, const std::string& 
                                               phi4mm::quantize_name(needs.quantize), device));
     phi4mm::quantize_model(*m.model, needs.quantize);
     if (!dev.is_cpu()) m.model->to(dev);
-    auto t = phi4mm::make_tokenizer();
-    t.set_padded_vocab_size(size_t(m.model->config().text.vocab_size));
-    m.tokenizer = std::make_shared<const tok::Tokenizer>(std::move(t));
+    m.tokenizer = phi4mm::padded_tokenizer(phi4mm::make_tokenizer(), m.model->config().text.vocab_size);
     m.name = "areno-demo";
     m.demo = true;
     return m;
@@ -52,9 +50,7 @@ ServedModel load_served_model(const std::string& model_path, const std::string& 
                m.model->image_embed() ? "loaded" : "absent", m.model->audio_embed() ? "loaded" : "absent");
   fmt::print(stderr, "loaded {} in {:.1f} s: {}\n", model_path, load_s, report.summary());
   if (needs.tokenizer) {
-    auto t = phi4mm::load_tokenizer(model_path);
-    t.set_padded_vocab_size(size_t(m.model->config().text.vocab_size));
-    m.tokenizer = std::make_shared<const tok::Tokenizer>(std::move(t));
+    m.tokenizer = phi4mm::padded_tokenizer(phi4mm::load_tokenizer(model_path), m.model->config().text.vocab_size);
   }
   m.name = model_path;
   return m;

@@ -63,9 +63,7 @@ int main(int argc, char** argv) {
     }
   }
   auto model = phi4mm::init_phi4mm(preset, 0);
-  auto t = phi4mm::make_tokenizer();
-  t.set_padded_vocab_size(size_t(model->config().text.vocab_size));
-  auto tokenizer = std::make_shared<const tok::Tokenizer>(std::move(t));
+  auto tokenizer = phi4mm::padded_tokenizer(phi4mm::make_tokenizer(), model->config().text.vocab_size);
   auto ids = [&](const std::string& s) {
     std::vector<int64_t> out;
     for (tok::TokenId id : tokenizer->encode(s)) out.push_back(id);

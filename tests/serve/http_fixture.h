@@ -13,9 +13,7 @@ namespace areno::serve {
 
 // The demo tokenizer, padded to `model`'s vocabulary.
 inline std::shared_ptr<const tok::Tokenizer> tokenizer_for(const phi4mm::Phi4MMForCausalLM& model) {
-  auto t = phi4mm::make_tokenizer();
-  t.set_padded_vocab_size(size_t(model.config().text.vocab_size));
-  return std::make_shared<const tok::Tokenizer>(std::move(t));
+  return phi4mm::padded_tokenizer(phi4mm::make_tokenizer(), model.config().text.vocab_size);
 }
 
 struct Served {

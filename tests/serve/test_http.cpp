@@ -912,9 +912,7 @@ TEST_CASE("serve/http a client that disconnects mid-stream frees its sequence an
 TEST_CASE("serve/http image, audio and image+audio requests through the real towers") {
   // The demo model with every component: SigLIP + Conformer towers and projectors.
   auto mm = phi4mm::init_phi4mm("tiny", 0);
-  auto t = phi4mm::make_tokenizer();
-  t.set_padded_vocab_size(size_t(mm->config().text.vocab_size));
-  auto tokenizer = std::make_shared<const tok::Tokenizer>(std::move(t));
+  auto tokenizer = tokenizer_for(*mm);
   EngineOptions eo;
   eo.kv_blocks = 512;
   eo.prefill_chunk_tokens = 128;

@@ -43,12 +43,10 @@ Engine& engine() {
     Running() {
       std::signal(SIGPIPE, SIG_IGN);
       auto model = phi4mm::init_model("tiny", 0);
-      auto t = phi4mm::make_tokenizer();
-      t.set_padded_vocab_size(size_t(model->config().text.vocab_size));
       EngineOptions eo;
       eo.max_running = 4;
       eo.kv_blocks = 128;
-      engine = std::make_unique<Engine>(model, std::make_shared<const tok::Tokenizer>(std::move(t)), eo);
+      engine = std::make_unique<Engine>(model, tokenizer_for(*model), eo);
       engine->start();
     }
     ~Running() { engine->stop(false); }

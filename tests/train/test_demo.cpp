@@ -54,10 +54,8 @@ void make_heldout(const fs::path& dir) {
 TEST_CASE("demo: the embedded demo model answers held-out rows of its synthetic set") {
   testing::TempDir dir;
   make_heldout(dir.path);
-  auto tk = phi4mm::make_tokenizer();
   auto model = phi4mm::demo_model();
-  tk.set_padded_vocab_size(size_t(model->config().text.vocab_size));
-  auto tokenizer = std::make_shared<const tok::Tokenizer>(std::move(tk));
+  auto tokenizer = phi4mm::padded_tokenizer(phi4mm::make_tokenizer(), model->config().text.vocab_size);
   const train::SftDataset data = train::load_sft_dataset(dir.path / "heldout.jsonl", *tokenizer, {});
   REQUIRE(data.rows.size() == size_t(kRows));
   std::map<int64_t, std::string> family;

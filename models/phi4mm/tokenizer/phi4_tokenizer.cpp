@@ -65,6 +65,11 @@ bool is_unused_id(TokenId id) {
   return id >= 200000 && id <= 200017 && id != kImageToken && id != kAudioToken;
 }
 
+std::shared_ptr<const tok::Tokenizer> padded_tokenizer(tok::Tokenizer t, int64_t vocab_size) {
+  t.set_padded_vocab_size(size_t(vocab_size));
+  return std::make_shared<const tok::Tokenizer>(std::move(t));
+}
+
 tok::Tokenizer make_tokenizer() {
   tok::Tokenizer t = tok::Tokenizer::from_tiktoken_data(embedded_o200k_ranks(), "embedded o200k_base.tiktoken",
                                                         tok::kO200kPattern, added_tokens());

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <filesystem>
+#include <memory>
 
 #include "models/phi4mm/tokenizer/tokenizer.h"
 
@@ -50,6 +51,10 @@ bool is_unused_id(TokenId id);
 // (so `areno` runs from any directory), or from a rank file on disk.
 tok::Tokenizer make_tokenizer();
 tok::Tokenizer make_tokenizer(const std::filesystem::path& rank_file);
+// `t` padded to a model's vocabulary (its embedding rows: ids past the
+// tokenizer's own decode to nothing), shared, as the engine, the trainers and
+// the server take it.
+std::shared_ptr<const tok::Tokenizer> padded_tokenizer(tok::Tokenizer t, int64_t vocab_size);
 // The embedded copy of models/phi4mm/tokenizer/o200k_base.tiktoken.
 std::string_view embedded_o200k_ranks();
 
