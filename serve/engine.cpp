@@ -316,6 +316,10 @@ void Engine::encode_media(Req& q, const std::vector<phi4mm::Media>& media, int64
   q.media_rows = n == 1 ? parts[0] : cat(parts, 0);
   if (opts_.prefix_caching)
     for (auto& d : digests) q.media_digest.insert(q.media_digest.end(), d.begin(), d.end());
+  if (hits) {
+    std::lock_guard<std::mutex> lk(mu_);
+    media_cache_hits_ += hits;
+  }
   if (!cached) return;
   std::lock_guard<std::mutex> lk(media_mu_);
   for (size_t i = 0; i < n; ++i) {
@@ -329,10 +333,6 @@ void Engine::encode_media(Req& q, const std::vector<phi4mm::Media>& media, int64
       media_by_key_.erase(media_lru_.back().first);
       media_lru_.pop_back();
     }
-  }
-  if (hits) {
-    std::lock_guard<std::mutex> lk2(mu_);
-    media_cache_hits_ += hits;
   }
 }
 
