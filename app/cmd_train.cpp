@@ -247,7 +247,6 @@ struct RlFlags {
   double reward_timeout_s = 30;
   int64_t overlong_buffer_len = 0;  // 0: no overlong penalty
   double overlong_penalty_factor = 1.0;
-  int64_t max_new_tokens = 0;       // the rollouts' (the penalty's end)
   // The reward options a resumed run must repeat.
   nlohmann::json reward_keys() const {
     nlohmann::json k = {{"--reward", reward}, {"--reward-cmd", reward_cmd}};
@@ -281,7 +280,7 @@ std::unique_ptr<train::rl::RewardFn> make_rl_reward(const RlFlags& f) {
     r = train::rl::make_reward(f.reward);
   }
   if (r && f.overlong_buffer_len > 0)
-    r = train::rl::with_overlong_penalty(std::move(r), f.max_new_tokens, f.overlong_buffer_len,
+    r = train::rl::with_overlong_penalty(std::move(r), f.options.rollout.max_new_tokens, f.overlong_buffer_len,
                                          f.overlong_penalty_factor);
   return r;
 }
@@ -617,7 +616,6 @@ int cmd_train(const Args& args) {
     train::validate(o);
   }
   // DAPO's overlong penalty adjusts the reward's scores up to the rollouts' --max-new-tokens.
-  rl.max_new_tokens = ro.max_new_tokens;
   if (rl.overlong_buffer_len > 0) {
     if (!is_rl) throw std::invalid_argument("--overlong-buffer-len: only with --algo grpo|gspo|ppo");
     if (rl.reward.empty() && rl.reward_cmd.empty())

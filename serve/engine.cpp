@@ -37,17 +37,16 @@ const char* finish_reason_name(FinishReason r) {
 
 namespace {
 
-std::string sha256(std::string_view bytes) {
-  std::string d(SHA256_DIGEST_LENGTH, '\0');
-  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), reinterpret_cast<unsigned char*>(d.data()));
-  return d;
-}
-
 phi4mm::BlockDigest block_digest(std::string_view bytes) {
   static_assert(sizeof(phi4mm::BlockDigest) == SHA256_DIGEST_LENGTH);
   phi4mm::BlockDigest d;
   SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), d.data());
   return d;
+}
+
+std::string sha256(std::string_view bytes) {
+  const phi4mm::BlockDigest d = block_digest(bytes);
+  return std::string(reinterpret_cast<const char*>(d.data()), d.size());
 }
 
 // The media cache's key of one item: the salt's digest, its kind and size,

@@ -48,6 +48,7 @@ GrpoTrainer::GrpoTrainer(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model,
       reward_(std::move(reward)),
       rollout_(model_, tok_, seeded_rollout(options_.rollout, options_.loop.seed)) {
   validate(options_);
+  options_.grpo.norm_length = options_.rollout.max_new_tokens;  // Dr. GRPO's constant L
   if (rows_.empty()) throw std::invalid_argument("the dataset has no prompts to train on");
   if (!reward_ && options_.agent.cmd.empty())
     throw std::invalid_argument("an RL run needs a reward (--reward or --reward-cmd)");
@@ -103,10 +104,8 @@ RlStepStats GrpoTrainer::step() {
     // old_logp: the rollout's; the training forward's own where a trainable token has none (ratio 1).
     const Tensor old_logp = rollout_logp(r, b, tl.logp);
     const Tensor advantages = from_vector(a, {n}).to(dev);
-    GrpoOptions go = options_.grpo;
-    go.norm_length = options_.rollout.max_new_tokens;  // Dr. GRPO's constant L
     PolicyLoss pl = options_.algo == RlAlgo::grpo
-                        ? grpo_loss(tl.logp, old_logp, advantages, tl.mask, go)
+                        ? grpo_loss(tl.logp, old_logp, advantages, tl.mask, options_.grpo)
                         : gspo_loss(tl.logp, old_logp, advantages, tl.mask, options_.gspo);
     const double wt = double(mb.tokens) / double(std::max<int64_t>(1, tokens)), ws = double(n) / double(N);
     const double w = per_token ? wt : ws;
