@@ -22,9 +22,11 @@
 # .gpu/areno-gpu.tar.xz), CUDA_ARCH (default 90), BUILD_DIR (default build-gpu),
 # JOBS (default nproc), DEADLINE (seconds for the whole script, default 3000: a
 # step that would run past it is cut short or skipped), STEPS (which parts to
-# run: any of "tests bench train profile peer serve full decode peerfull";
+# run: any of "tests bench train composed profile peer serve full decode
+# peerfull";
 # default "tests bench train profile peer serve", about 2 minutes on an H200;
-# full, decode and peerfull build the released sizes and take minutes more),
+# full, decode and peerfull build the released sizes and take minutes more;
+# composed reruns the bf16 training rows with ARENO_CUDA_FUSED_ATTENTION=0),
 # TAR_LOGS=1 (pack the per-step logs into $OUT/logs.tar.gz, for tools that
 # bring back few files). Exits non-zero when there is no GPU or any step fails.
 set -uo pipefail
@@ -187,6 +189,16 @@ small=(--seq 2048 --batch-size 8 --mini-bs 8 --warmup 1 --steps 3 --activation-c
 if want train; then
   train_row "train-small-f32" 150 --preset small --dtype f32 "${small[@]}" --peak-tflops 67
   train_row "train-small-bf16" 150 --preset small --dtype bf16 "${small[@]}" --peak-tflops 989
+fi
+if want composed; then
+  # The same rows with the fused attention kernels off (the composed op), for
+  # the comparison in one run.
+  export ARENO_CUDA_FUSED_ATTENTION=0
+  train_row "train-small-bf16-composed" 150 --preset small --dtype bf16 "${small[@]}" --peak-tflops 989
+  want full && train_row "train-full-lora-bf16-composed" 400 --preset full --dtype bf16 --lm-trainable lora \
+    --seq 2048 --batch-size 4 --mini-bs 4 --warmup 1 --steps 2 --activation-checkpointing on --phases off \
+    --peak-tflops 989
+  unset ARENO_CUDA_FUSED_ATTENTION
 fi
 if want full; then
   # The released sizes, random weights, LoRA only (the base frozen in bf16).

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <cstdlib>
 #include <chrono>
 #include <functional>
 #include <string>
@@ -100,6 +101,36 @@ int main(int argc, char** argv) {
       fmt::print("{{\"bench\": \"gemm_f32_pT_h_200064x256x1024\", \"device\": \"{}\", \"ms\": {:.3f}, \"gflops\": {:.1f}}}\n",
                  d.str(), ms, 2.0 * 200064 * 256 * 1024 / ms / 1e6);
     }
+    // Causal attention at Phi-4-mini's heads (24 query, 8 KV, head dim 128),
+    // bf16, q a transposed view as in the decoder: the fused kernels
+    // (kernels/cuda/attention.cu) and the composed op
+    // (ARENO_CUDA_FUSED_ATTENTION=0); TFLOP/s count the visible pairs only
+    // (forward 2 products, backward 5), as FlashAttention reports.
+    for (int64_t T : {int64_t(2048), int64_t(8192)})
+      for (bool fused : {true, false}) {
+        setenv("ARENO_CUDA_FUSED_ATTENTION", fused ? "1" : "0", 1);
+        const int64_t HQ = 24, HKV = 8, D = 128;
+        Tensor q = rand_normal({1, T, HQ, D}, g, 0, 1, TensorOptions(DType::bf16, d)).transpose(1, 2);
+        Tensor k = rand_normal({1, HKV, T, D}, g, 0, 1, TensorOptions(DType::bf16, d));
+        Tensor v = rand_normal({1, HKV, T, D}, g, 0, 1, TensorOptions(DType::bf16, d));
+        Tensor w = rand_normal({1, HQ, T, D}, g, 0, 1, TensorOptions(DType::bf16, d));
+        AttentionOptions o;
+        o.causal = true;
+        const double pairs = double(T) * double(T + 1) / 2, unit = 2.0 * HQ * D * pairs;
+        const double fwd = best_ms([&] { scaled_dot_product_attention(q, k, v, o); }, d, 5);
+        const double both = best_ms(
+            [&] {
+              GradModeGuard on(true);
+              Tensor ql = q.detach(), kl = k.detach(), vl = v.detach();
+              for (Tensor* t : {&ql, &kl, &vl}) t->set_requires_grad(true);
+              sum(mul(scaled_dot_product_attention(ql, kl, vl, o), w)).backward();
+            },
+            d, 5);
+        fmt::print("{{\"bench\": \"attention_{}_bf16_causal_24x8x{}x128\", \"device\": \"{}\", \"fwd_ms\": {:.3f}, "
+                   "\"fwd_bwd_ms\": {:.3f}, \"fwd_tflops\": {:.1f}, \"fwd_bwd_tflops\": {:.1f}}}\n",
+                   fused ? "fused" : "composed", T, d.str(), fwd, both, 2 * unit / fwd / 1e9, 7 * unit / both / 1e9);
+      }
+    unsetenv("ARENO_CUDA_FUSED_ATTENTION");
     Tensor src = empty({int64_t(1) << 28}, TensorOptions(DType::f32, d));  // 1 GiB
     Tensor dst = empty_like(src);
     double ms = best_ms([&] { dst.copy_(src); }, d, 20);

@@ -30,6 +30,11 @@ class CudaBackend final : public Backend {
   void scaled_softmax(const Tensor& x, const Tensor& out, double scale, int64_t tq) override;
   void scaled_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, double scale) override;
   bool cross_entropy_rows(const Tensor& logits, const Tensor& targets, const Tensor& loss) override;
+  bool attention_train(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                       double scale, bool causal) override;
+  bool attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv, double scale,
+                          bool causal) override;
   void sort(const Tensor& x, int64_t k, bool descending, const Tensor& values,
             const Tensor& indices) override;
   void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
