@@ -223,6 +223,21 @@ __device__ __forceinline__ int64_t visible_end(const Params& p, int64_t i) {
   return p.causal ? max(int64_t(0), min(p.TK, i + p.TK - p.TQ + 1)) : p.TK;
 }
 
+// Double-buffered tiles: `issue(i)` starts loading tile i into buffer i % 2
+// (one cp.async group). Before tile `it` is used, tile it + 1 starts loading
+// and tile it is waited for, block-wide.
+template <typename Issue>
+__device__ __forceinline__ void tile_ready(int it, int ntiles, Issue&& issue) {
+  if (it + 1 < ntiles) {
+    issue(it + 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+}
+
 // ---- forward ----------------------------------------------------------------
 
 template <int D>
@@ -242,11 +257,13 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(Params p) {
   const int64_t kend = visible_end(p, min(p.TQ, q0 + kRows) - 1);  // keys any row of the block sees
   const int ntiles = int((kend + kTile - 1) / kTile);
 
+  auto issue = [&](int it) {  // K and V tile `it`
+    const int64_t k0 = int64_t(it) * kTile;
+    load_tile<D, kTile>(Ks + (it & 1) * kTileElems, kbase + k0 * p.k.st, p.k.st, p.TK - k0, vec);
+    load_tile<D, kTile>(Vs + (it & 1) * kTileElems, vbase + k0 * p.v.st, p.v.st, p.TK - k0, vec);
+  };
   load_tile<D, kRows>(Qs, p.q.p + b * p.q.sb + h * p.q.sh + q0 * p.q.st, p.q.st, p.TQ - q0, vec);
-  if (ntiles > 0) {
-    load_tile<D, kTile>(Ks, kbase, p.k.st, p.TK, vec);
-    load_tile<D, kTile>(Vs, vbase, p.v.st, p.TK, vec);
-  }
+  if (ntiles > 0) issue(0);
   cp_async_commit();
 
   // Row state for rows g and g + 8 of the warp (each lane holds a quarter of
@@ -262,19 +279,9 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(Params p) {
 
   for (int it = 0; it < ntiles; ++it) {
     const int64_t k0 = int64_t(it) * kTile;
-    bf16* Kc = Ks + (it & 1) * kTileElems;
-    bf16* Vc = Vs + (it & 1) * kTileElems;
-    if (it + 1 < ntiles) {  // the next tile loads while this one is used
-      load_tile<D, kTile>(Ks + ((it + 1) & 1) * kTileElems, kbase + (k0 + kTile) * p.k.st, p.k.st,
-                          p.TK - k0 - kTile, vec);
-      load_tile<D, kTile>(Vs + ((it + 1) & 1) * kTileElems, vbase + (k0 + kTile) * p.v.st, p.v.st,
-                          p.TK - k0 - kTile, vec);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    const bf16* Kc = Ks + (it & 1) * kTileElems;
+    const bf16* Vc = Vs + (it & 1) * kTileElems;
+    tile_ready(it, ntiles, issue);
     if (it == 0) {
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) load_a<D>(qf[kk], Qs, warp * 16, kk * 16);
@@ -317,7 +324,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(Params p) {
       o[n][2] *= alpha[1], o[n][3] *= alpha[1];
     }
     product_pm<D, kTile>(o, s, Vc);
-    __syncthreads();  // this tile's buffers are reloaded two iterations on
+    __syncthreads();  // this tile's buffers are reloaded in the next iteration's tile_ready
   }
   if (ntiles == 0) {
     cp_async_wait<0>();
@@ -426,14 +433,7 @@ __global__ void __launch_bounds__(kThreads) attention_dkv_kernel(Params p) {
   for (int it = 0; it < ntiles; ++it) {
     const int64_t q0 = qfirst + int64_t(it % per_head) * kQTile;
     const int buf = it & 1;
-    if (it + 1 < ntiles) {
-      issue(it + 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    tile_ready(it, ntiles, issue);
     const bf16* Qc = Qs + buf * kTileElems;
     const bf16* Gc = Gs + buf * kTileElems;
     const float* Lc = Ls + buf * kQTile;
@@ -488,10 +488,12 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(Params p) {
   const int ntiles = int((kend + kTile - 1) / kTile);
   load_tile<D, kRows>(Qs, p.q.p + b * p.q.sb + h * p.q.sh + q0 * p.q.st, p.q.st, p.TQ - q0, vec);
   load_tile<D, kRows>(Gs, p.dout.p + b * p.dout.sb + h * p.dout.sh + q0 * p.dout.st, p.dout.st, p.TQ - q0, vec);
-  if (ntiles > 0) {
-    load_tile<D, kTile>(Ks, kbase, p.k.st, p.TK, vec);
-    load_tile<D, kTile>(Vs, vbase, p.v.st, p.TK, vec);
-  }
+  auto issue = [&](int it) {  // K and V tile `it`
+    const int64_t k0 = int64_t(it) * kTile;
+    load_tile<D, kTile>(Ks + (it & 1) * kTileElems, kbase + k0 * p.k.st, p.k.st, p.TK - k0, vec);
+    load_tile<D, kTile>(Vs + (it & 1) * kTileElems, vbase + k0 * p.v.st, p.v.st, p.TK - k0, vec);
+  };
+  if (ntiles > 0) issue(0);
   cp_async_commit();
 
   const int64_t row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
@@ -513,19 +515,9 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(Params p) {
 
   for (int it = 0; it < ntiles; ++it) {
     const int64_t k0 = int64_t(it) * kTile;
-    bf16* Kc = Ks + (it & 1) * kTileElems;
-    bf16* Vc = Vs + (it & 1) * kTileElems;
-    if (it + 1 < ntiles) {
-      load_tile<D, kTile>(Ks + ((it + 1) & 1) * kTileElems, kbase + (k0 + kTile) * p.k.st, p.k.st,
-                          p.TK - k0 - kTile, vec);
-      load_tile<D, kTile>(Vs + ((it + 1) & 1) * kTileElems, vbase + (k0 + kTile) * p.v.st, p.v.st,
-                          p.TK - k0 - kTile, vec);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    const bf16* Kc = Ks + (it & 1) * kTileElems;
+    const bf16* Vc = Vs + (it & 1) * kTileElems;
+    tile_ready(it, ntiles, issue);
     if (it == 0) {
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) load_a<D>(qf[kk], Qs, warp * 16, kk * 16);
