@@ -125,6 +125,11 @@ constexpr const char* kTrainUsage =
     "                            seq-mean-token-sum-norm (Dr. GRPO: / (N x --max-new-tokens))\n"
     "  --scale-rewards group|batch|none   advantages divided by the group's reward std\n"
     "                            (default), the batch's, or not at all (Dr. GRPO)\n"
+    "  --filter-groups           DAPO's dynamic sampling (grpo/gspo): drop the groups whose\n"
+    "                            samples all scored alike and roll out the next prompts until\n"
+    "                            --batch-size groups remain\n"
+    "  --max-num-gen-batches N   batches of prompts a step may roll out for it (default 10); a\n"
+    "                            step with no group left after them stops the run\n"
     "  --gspo-clip-eps X         GSPO sequence ratio clip (default 3e-4)\n"
     "  --drop-rollout-state      free the engine and its KV cache after each rollout\n"
     "  --agent-cmd CMD           agentic rollouts: run `/bin/sh -c CMD` per prompt and sample with\n"
@@ -499,6 +504,10 @@ int cmd_train(const Args& args) {
   std::optional<std::string> loss_agg, scale_rewards;
   flags.value("--loss-agg-mode", [&](const std::string& v) { loss_agg = v; });
   flags.value("--scale-rewards", [&](const std::string& v) { scale_rewards = v; });
+  std::optional<int64_t> max_gen_batches;
+  flags.toggle("--filter-groups", rl.options.filter_groups);
+  flags.value("--max-num-gen-batches",
+              [&](const std::string& v) { max_gen_batches = parse_int_flag("--max-num-gen-batches", v, 1); });
   flags.toggle("--drop-rollout-state", ro.drop_rollout_state);
   train::rl::AgentOptions& ag = rl.options.agent;
   flags.value("--agent-cmd", ag.cmd).value("--agent-timeout-s", num("--agent-timeout-s", ag.timeout_s, 0));
@@ -545,6 +554,11 @@ int cmd_train(const Args& args) {
     throw std::invalid_argument("--loss-agg-mode, --scale-rewards: only with --algo grpo|gspo");
   if (loss_agg) rl.options.grpo.agg = train::rl::parse_loss_agg(*loss_agg, "--loss-agg-mode");
   if (scale_rewards) rl.options.scale_rewards = train::rl::parse_reward_scale(*scale_rewards, "--scale-rewards");
+  if ((rl.options.filter_groups || max_gen_batches) && !(is_rl && !is_ppo))
+    throw std::invalid_argument("--filter-groups, --max-num-gen-batches: only with --algo grpo|gspo");
+  if (max_gen_batches && !rl.options.filter_groups)
+    throw std::invalid_argument("--max-num-gen-batches: only with --filter-groups");
+  rl.options.max_num_gen_batches = max_gen_batches.value_or(10);
   rl.ppo.kl_penalty = train::rl::parse_kl_penalty(kl_penalty, "--kl-penalty");
   if (kl_ctrl != "fixed" && kl_ctrl != "adaptive")
     throw std::invalid_argument(fmt::format("--kl-ctrl: '{}' is not a controller (fixed, adaptive)", kl_ctrl));

@@ -170,6 +170,10 @@ double clip_and_step(AdamW& optimizer, double grad_clip_norm) {
 
 void advance(TrainerState& state, int64_t taken, int64_t rows) {
   state.step += 1;
+  advance_position(state, taken, rows);
+}
+
+void advance_position(TrainerState& state, int64_t taken, int64_t rows) {
   state.position += taken;
   if (state.position >= rows) {
     state.epoch += 1;

@@ -121,6 +121,9 @@ struct TrainerState {
 // After a step that read `taken` rows of a dataset of `rows`: the next
 // position, and the next epoch when this one is done.
 void advance(TrainerState& state, int64_t taken, int64_t rows);
+// The same without counting a step (a step that reads several batches:
+// GRPO's --filter-groups).
+void advance_position(TrainerState& state, int64_t taken, int64_t rows);
 
 // A loop over `rows` rows with o.batch_size rows a step: steps per epoch (the
 // last may be shorter) and in the run (o.max_steps, else o.epochs epochs).

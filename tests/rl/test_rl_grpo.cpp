@@ -242,6 +242,80 @@ TEST_CASE("rl/grpo equal rewards in every group give zero gradient and no update
   CHECK(snapshot(*model) == before);
 }
 
+// DAPO's dynamic sampling (--filter-groups): rows {"id": i, "flat": i % 4 == 0},
+// in order (no shuffle), 2 prompts per batch, 4 samples each; a flat row's
+// samples all score 1, another's id * 10 + sample / 2.
+TEST_CASE("rl/grpo --filter-groups: groups whose samples scored alike are dropped and refilled from the next prompts") {
+  struct RowReward : RewardFn {
+    std::vector<double> score(const std::vector<RewardInput>& in) override {
+      std::vector<double> out;
+      for (const RewardInput& r : in)
+        out.push_back(r.row["flat"].get<bool>() ? 1.0 : r.row["id"].get<double>() * 10 + 0.5 * double(r.sample_index));
+      return out;
+    }
+  };
+  std::vector<json> rows;
+  for (int i = 0; i < 8; ++i) rows.push_back({{"prompt", fmt::format("What is {} + 1?", i)}, {"id", i}, {"flat", i % 4 == 0}});
+  auto make = [&](int64_t max_gen, int64_t mini_bs, std::unique_ptr<RewardFn> reward) {
+    RlOptions o = options(mini_bs);
+    o.loop.shuffle = false;
+    o.filter_groups = true;
+    o.max_num_gen_batches = max_gen;
+    return GrpoTrainer(testing::tiny_phi4mm(), tokenizer(), testing::prompt_rows(rows), o, std::move(reward));
+  };
+  auto group_rewards = [](int id) {
+    std::vector<double> r;
+    for (int j = 0; j < 4; ++j) r.push_back(id * 10 + 0.5 * j);
+    return r;
+  };
+  {
+    GrpoTrainer tr = make(10, 3, std::make_unique<RowReward>());
+    // Batch 1 (rows 0, 1) keeps row 1; batch 2 (rows 2, 3) both, of which row 2 fills the step.
+    RlStepStats st = tr.step();
+    std::vector<double> want = group_rewards(1), more = group_rewards(2);
+    want.insert(want.end(), more.begin(), more.end());
+    CHECK(st.rewards == want);
+    CHECK(st.gen_batches == 2);
+    CHECK(st.filtered_groups == 1);
+    CHECK(st.prompts_read == 4);
+    CHECK(st.prompts == 2);
+    CHECK(st.samples == 8);
+    CHECK(st.grad_norm > 0);
+    // The kept rows train on their own prompts: the training forward sees what the engine saw.
+    CHECK(st.logp_abs_diff_mean < 1e-5);
+    CHECK(tr.state().step == 1);
+    CHECK(tr.state().position == 4);
+    const train::Scalars sc = rl_scalars(st);
+    CHECK(std::find(sc.begin(), sc.end(), std::pair<std::string, double>{"filter_groups/filtered", 1.0}) != sc.end());
+    CHECK(format_rl_progress(st, 3).find("groups 2 of 4 prompts in 2 batches") != std::string::npos);
+    // Step 2: rows 4 (flat) and 5, then 6 and 7: the epoch's end.
+    st = tr.step();
+    want = group_rewards(5), more = group_rewards(6);
+    want.insert(want.end(), more.begin(), more.end());
+    CHECK(st.rewards == want);
+    CHECK(tr.state().epoch == 1);
+    CHECK(tr.state().position == 0);
+    CHECK(tr.run_keys()["--filter-groups"] == "--max-num-gen-batches 10");
+  }
+  {
+    // One batch allowed: the step trains on the one varied group it found.
+    GrpoTrainer tr = make(1, 8, std::make_unique<RowReward>());
+    const RlStepStats st = tr.step();
+    CHECK(st.rewards == group_rewards(1));
+    CHECK(st.gen_batches == 1);
+    CHECK(st.prompts == 1);
+    CHECK(st.samples == 4);
+    CHECK(st.grad_norm > 0);
+    CHECK(tr.state().position == 2);
+  }
+  {
+    // Nothing varies: the step stops with the flags to look at, and counts no step.
+    GrpoTrainer tr = make(3, 8, std::make_unique<ConstantReward>());
+    CHECK_THROWS_WITH_AS(tr.step(), doctest::Contains("--max-num-gen-batches 3"), std::runtime_error);
+    CHECK(tr.state().step == 0);
+  }
+}
+
 TEST_CASE("areno train --algo grpo|gspo: 2 steps on a prompt file write the issue's metrics") {
   testing::TempDir dir;
   {
@@ -296,7 +370,10 @@ TEST_CASE("areno train --algo grpo|gspo: 2 steps on a prompt file write the issu
            {{"--algo", "gspo", "--loss-agg-mode", "token-mean", "--grpo-clip-eps-high", "0.3"}, "only with --algo grpo"},
            {{"--overlong-buffer-len", "256", "--max-new-tokens", "256"}, "--overlong-buffer-len: must be between"},
            {{"--algo", "sft", "--overlong-buffer-len", "4"}, "--overlong-buffer-len: only with"},
-           {{"--overlong-buffer-len", "4", "--overlong-penalty-factor", "-1"}, "--overlong-penalty-factor"}}) {
+           {{"--overlong-buffer-len", "4", "--overlong-penalty-factor", "-1"}, "--overlong-penalty-factor"},
+           {{"--algo", "ppo", "--filter-groups"}, "--filter-groups, --max-num-gen-batches: only with --algo grpo|gspo"},
+           {{"--max-num-gen-batches", "3"}, "--max-num-gen-batches: only with --filter-groups"},
+           {{"--filter-groups", "--max-num-gen-batches", "0"}, "--max-num-gen-batches"}}) {
     std::vector<std::string> args = {"--algo", "grpo", "--dataset-path", prompts, "--reward", "exact"};
     args.insert(args.end(), extra.begin(), extra.end());
     CAPTURE(what);

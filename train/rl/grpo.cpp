@@ -34,6 +34,8 @@ void validate(const RlOptions& o) {
     throw std::invalid_argument("--grpo-clip-eps-high: must be positive");
   if (o.algo != RlAlgo::grpo && (o.grpo.clip_eps_high >= 0 || o.grpo.agg != LossAgg::token_mean))
     throw std::invalid_argument("--grpo-clip-eps-high, --loss-agg-mode: only with --algo grpo");
+  if (o.filter_groups && o.max_num_gen_batches < 1)
+    throw std::invalid_argument("--max-num-gen-batches: must be at least 1");
   if (!(o.gspo.clip_eps > 0 && o.gspo.clip_eps < 1))
     throw std::invalid_argument("--gspo-clip-eps: must be in (0, 1)");
 }
@@ -70,8 +72,16 @@ RlStepStats GrpoTrainer::step() {
   st.lrs = group_lrs(*optimizer_);
 
   // 1-3. The step's prompts, rollouts (KV blocks free afterwards; the engine's
-  // or the agents') and rewards per trajectory.
-  const ScoredRollouts r = roll_and_score(rows_, state_, lo, rollout_, agent_.get(), reward_.get(), *tok_);
+  // or the agents') and rewards per trajectory; with --filter-groups as many
+  // batches of prompts as it takes. `next`: the data position after them.
+  TrainerState next = state_;
+  ScoredRollouts r;
+  if (options_.filter_groups) {
+    r = roll_varied(next, st);
+  } else {
+    r = roll_and_score(rows_, state_, lo, rollout_, agent_.get(), reward_.get(), *tok_);
+    advance_position(next, int64_t(r.rows.size()), int64_t(rows_.size()));
+  }
   record_rollouts(r, st);
   const int64_t N = st.samples;
 
@@ -125,15 +135,37 @@ RlStepStats GrpoTrainer::step() {
 
   // 6. Clip and step.
   st.grad_norm = clip_and_step(*optimizer_, lo.grad_clip_norm);
-  advance(state_, st.prompts, int64_t(rows_.size()));
+  state_ = next;
+  state_.step += 1;
   st.train_s = seconds_since(t_train);
   st.total_s = seconds_since(t0);
   return st;
 }
 
+ScoredRollouts GrpoTrainer::roll_varied(TrainerState& pos, RlStepStats& st) {
+  const SftOptions& lo = options_.loop;
+  ScoredRollouts kept;
+  do {
+    const ScoredRollouts r = roll_and_score(rows_, pos, lo, rollout_, agent_.get(), reward_.get(), *tok_);
+    ++st.gen_batches;
+    st.prompts_read += int64_t(r.rows.size());
+    advance_position(pos, int64_t(r.rows.size()), int64_t(rows_.size()));
+    const std::vector<int64_t> varied = varied_groups(r);
+    st.filtered_groups += int64_t(r.group_sizes.size() - varied.size());
+    append_groups(kept, r, varied, lo.batch_size);
+  } while (int64_t(kept.group_sizes.size()) < lo.batch_size && st.gen_batches < options_.max_num_gen_batches);
+  if (kept.group_sizes.empty())
+    throw std::runtime_error(fmt::format(
+        "--filter-groups: in each of the {} prompts read ({} batches, --max-num-gen-batches {}) every sample of a "
+        "prompt scored the same: nothing to learn from; check the reward, or raise --max-num-gen-batches",
+        st.prompts_read, st.gen_batches, options_.max_num_gen_batches));
+  return kept;
+}
+
 json GrpoTrainer::run_keys() const {
   json k = rollout_run_keys(rows_, options_.loop, options_.rollout, rl_algo_name(options_.algo));
   k.update(agent_run_keys(options_.agent));
+  if (options_.filter_groups) k["--filter-groups"] = fmt::format("--max-num-gen-batches {}", options_.max_num_gen_batches);
   k.update(options_.run_keys);
   return k;
 }

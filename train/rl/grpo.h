@@ -14,7 +14,10 @@
 //      train/rl/agent.h: rows with a per-token trainable mask);
 //   3. each trajectory's reward: the agent's printed one, else its final text
 //      (special tokens skipped) scored by the RewardFn (1-3: roll_and_score,
-//      rl_step.h, which PPO shares);
+//      rl_step.h, which PPO shares). With filter_groups (DAPO's dynamic
+//      sampling), 1-3 repeat over the next batches of prompts until
+//      batch_size groups whose rewards differ are in hand (varied_groups,
+//      append_groups: rl_step.h);
 //   4. group_advantages over each task's trajectories (scaled by
 //      scale_rewards), each row taking its trajectory's advantage;
 //   5. micro-batches of `loop.mini_bs` rows: policy_logp + grpo_loss (or
@@ -69,6 +72,13 @@ struct RlOptions {
   GrpoOptions grpo;  // clip_eps, clip_eps_high, agg (norm_length: set from rollout.max_new_tokens)
   GspoOptions gspo;
   RewardScale scale_rewards = RewardScale::group;  // --scale-rewards (GRPO and GSPO)
+  // --filter-groups (DAPO's dynamic sampling, verl's algorithm.filter_groups):
+  // a step rolls out batches of prompts until loop.batch_size groups with
+  // unequal rewards are in hand (the extra ones of the last batch dropped),
+  // at most max_num_gen_batches batches; it then trains on the groups it has
+  // and throws std::runtime_error when it has none.
+  bool filter_groups = false;
+  int64_t max_num_gen_batches = 10;  // --max-num-gen-batches (>= 1)
   AgentOptions agent;      // cmd non-empty: agentic rollouts (--agent-cmd)
   // The command's own options a resumed run must repeat ({"--reward": "exact"}),
   // saved with the trainer's (run_keys).
@@ -112,10 +122,16 @@ class GrpoTrainer {
   // folder whose run_keys differ.
   void load_state(const std::filesystem::path& step_dir);
   // The options a resumed run must repeat: rollout_run_keys, --agent-cmd and
-  // --train-tool-results, and options.run_keys.
+  // --train-tool-results, --filter-groups with --max-num-gen-batches, and
+  // options.run_keys.
   nlohmann::json run_keys() const;
 
  private:
+  // --filter-groups: batches of prompts from `pos` (advanced past each) rolled
+  // out and scored until loop.batch_size varied groups are kept (see RlOptions);
+  // fills st's gen_batches, filtered_groups and prompts_read.
+  ScoredRollouts roll_varied(TrainerState& pos, RlStepStats& st);
+
   std::shared_ptr<phi4mm::Phi4MMForCausalLM> model_;
   std::shared_ptr<const tok::Tokenizer> tok_;
   std::vector<PromptRow> rows_;

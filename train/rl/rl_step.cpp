@@ -126,6 +126,20 @@ RolloutBatch agent_rollouts(AgentRollout& agent, const std::vector<const PromptR
 
 }  // namespace
 
+namespace {
+
+// The first trajectory of each group of `r` (task-major: a new group where
+// the task changes), and one past the last.
+std::vector<int64_t> group_starts(const ScoredRollouts& r) {
+  std::vector<int64_t> starts;
+  for (size_t k = 0; k < r.trajectories.size(); ++k)
+    if (k == 0 || r.trajectories[k].task != r.trajectories[k - 1].task) starts.push_back(int64_t(k));
+  starts.push_back(int64_t(r.trajectories.size()));
+  return starts;
+}
+
+}  // namespace
+
 ScoredRollouts roll_and_score(const std::vector<PromptRow>& rows, const TrainerState& state, const SftOptions& loop,
                               Rollout& rollout, AgentRollout* agent, RewardFn* reward,
                               const tok::Tokenizer& tokenizer) {
@@ -141,11 +155,8 @@ ScoredRollouts roll_and_score(const std::vector<PromptRow>& rows, const TrainerS
   if (NT + skipped != P * G)
     throw std::logic_error(fmt::format("the rollout gave {} trajectories ({} failed runs skipped) for {} prompts x {} "
                                        "samples", NT, skipped, P, G));
-  for (int64_t k = 0; k < NT; ++k) {  // task-major: a new group where the task changes
-    const int64_t task = r.trajectories[size_t(k)].task;
-    if (k == 0 || task != r.trajectories[size_t(k - 1)].task) r.group_sizes.push_back(0);
-    ++r.group_sizes.back();
-  }
+  const std::vector<int64_t> starts = group_starts(r);
+  for (size_t g = 0; g + 1 < starts.size(); ++g) r.group_sizes.push_back(starts[g + 1] - starts[g]);
   for (const RolloutSample& s : r.samples) r.tokens += trainable_tokens(s);
 
   // Rewards: the source's, else the RewardFn's on the decoded final answer.
@@ -175,6 +186,50 @@ ScoredRollouts roll_and_score(const std::vector<PromptRow>& rows, const TrainerS
   }
   r.reward_s = seconds_since(t_reward);
   return r;
+}
+
+
+std::vector<int64_t> varied_groups(const ScoredRollouts& r) {
+  const std::vector<int64_t> starts = group_starts(r);
+  std::vector<int64_t> out;
+  for (size_t g = 0; g + 1 < starts.size(); ++g) {
+    const auto b = r.rewards.begin() + starts[g], e = r.rewards.begin() + starts[g + 1];
+    const auto [lo, hi] = std::minmax_element(b, e);
+    if (e - b == 1 || *lo != *hi) out.push_back(int64_t(g));
+  }
+  return out;
+}
+
+void append_groups(ScoredRollouts& into, const ScoredRollouts& from, const std::vector<int64_t>& groups,
+                   int64_t limit) {
+  const std::vector<int64_t> starts = group_starts(from);
+  std::map<int64_t, int64_t> prompt_at;  // from's prompt index -> into's
+  for (int64_t g : groups) {
+    if (int64_t(into.group_sizes.size()) >= limit) break;
+    if (g < 0 || g + 1 >= int64_t(starts.size()))
+      throw std::logic_error(fmt::format("append_groups: no group {} of {}", g, starts.size() - 1));
+    const int64_t task = int64_t(into.rows.size());
+    into.rows.push_back(from.rows[size_t(from.trajectories[size_t(starts[size_t(g)])].task)]);
+    into.group_sizes.push_back(starts[size_t(g) + 1] - starts[size_t(g)]);
+    for (int64_t k = starts[size_t(g)]; k < starts[size_t(g) + 1]; ++k) {
+      RolloutBatch::Trajectory t = from.trajectories[size_t(k)];
+      t.task = task;
+      for (int64_t& row : t.rows) {
+        RolloutSample s = from.samples[size_t(row)];
+        auto [it, fresh] = prompt_at.emplace(s.prompt, int64_t(into.prompts.size()));
+        if (fresh) into.prompts.push_back(from.prompts[size_t(s.prompt)]);
+        s.prompt = it->second;
+        into.tokens += trainable_tokens(s);
+        row = int64_t(into.samples.size());
+        into.samples.push_back(std::move(s));
+      }
+      into.trajectories.push_back(std::move(t));
+      into.rewards.push_back(from.rewards[size_t(k)]);
+    }
+  }
+  into.agent_failures.insert(into.agent_failures.end(), from.agent_failures.begin(), from.agent_failures.end());
+  into.rollout_s += from.rollout_s;
+  into.reward_s += from.reward_s;
 }
 
 std::vector<double> per_row(const ScoredRollouts& r, const std::vector<double>& per_trajectory) {
@@ -285,6 +340,10 @@ Scalars rl_scalars(const RlStepStats& st) {
                      {"time/train_s", st.train_s},
                      {"time/total_s", st.total_s},
                      {"memory/peak_rss_bytes", double(peak_rss_bytes())}});
+  if (st.gen_batches > 0)
+    s.insert(s.end(), {{"filter_groups/gen_batches", double(st.gen_batches)},
+                       {"filter_groups/filtered", double(st.filtered_groups)},
+                       {"filter_groups/prompts_read", double(st.prompts_read)}});
   return s;
 }
 
@@ -295,6 +354,9 @@ std::string format_rl_progress(const RlStepStats& st, int64_t total_steps, const
                      st.ratio_mean, st.clip_frac,
                      (st.agent_failures.empty() ? std::string()
                                                 : fmt::format("agents_failed {}  ", st.agent_failures.size())) +
+                         (st.gen_batches == 0 ? std::string()
+                                              : fmt::format("groups {} of {} prompts in {} batches  ", st.prompts,
+                                                            st.prompts_read, st.gen_batches)) +
                          (extra.empty() ? "" : extra + "  "),
                      format_group_lrs(st.lrs),
                      st.grad_norm, st.rollout_s + st.reward_s, st.train_s, st.total_s);

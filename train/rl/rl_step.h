@@ -54,6 +54,10 @@ struct RlStepStats {
   std::vector<std::pair<std::string, double>> lrs;
   double rollout_s = 0, reward_s = 0, train_s = 0, total_s = 0;
   std::vector<double> rewards;       // per trajectory, prompt-major
+  // --filter-groups (DAPO's dynamic sampling): the batches of prompts rolled
+  // out for the step (0: off), the groups dropped for equal rewards, and the
+  // prompts read (prompts counts those trained on).
+  int64_t gen_batches = 0, filtered_groups = 0, prompts_read = 0;
 };
 
 // The step's scalars for MetricsWriter, named as issue 15 names them
@@ -135,6 +139,19 @@ struct ScoredRollouts : RolloutBatch {
 ScoredRollouts roll_and_score(const std::vector<PromptRow>& rows, const TrainerState& state, const SftOptions& loop,
                               Rollout& rollout, AgentRollout* agent, RewardFn* reward,
                               const tok::Tokenizer& tokenizer);
+
+// The groups of `r` (in order, as group_sizes counts them) whose rewards
+// are not all equal, and groups of one trajectory: DAPO's dynamic sampling
+// (verl's filter_groups) keeps these; a group whose samples all scored alike
+// has zero advantages and teaches nothing.
+std::vector<int64_t> varied_groups(const ScoredRollouts& r);
+
+// Appends the groups `groups` of `from` (indices as varied_groups gives
+// them, ascending) to `into`, at most until `into` holds `limit` groups: their
+// prompt rows, prompts, samples, trajectories (re-indexed), rewards and group
+// sizes; the trainable tokens, timings and skipped agent runs add up.
+void append_groups(ScoredRollouts& into, const ScoredRollouts& from, const std::vector<int64_t>& groups,
+                   int64_t limit);
 
 // Per-trajectory values (rewards, advantages) copied to each trajectory's rows.
 std::vector<double> per_row(const ScoredRollouts& r, const std::vector<double>& per_trajectory);
