@@ -545,6 +545,22 @@ bool Engine::attach_cached(Seq& s) {
   return true;
 }
 
+// Whether a new sequence's first chunk fits in the cache: with prefix
+// caching, the chunk after the cached blocks it will attach (a request that
+// shares a long cached prefix needs only its new tokens' blocks), else the
+// chunk from its start.
+bool Engine::first_chunk_fits(Seq& s) {
+  const int64_t n = int64_t(s.tokens.size());
+  if (!caches_prefix(s) || s.kv.length != 0 || !s.kv.blocks.empty())
+    return cache_->can_grow(s.kv, std::min<int64_t>(n, opts_.prefill_chunk_tokens));
+  const int64_t BS = cache_->block_size();
+  extend_digests(s, table_for(s), (n - 1) / BS);  // what attach_cached will look up
+  int64_t idle = 0;
+  const int64_t cached = cache_->cached_prefix(s.digests, idle);
+  const int64_t chunk = std::min<int64_t>(n - cached * BS, opts_.prefill_chunk_tokens);
+  return cache_->manager().can_allocate(idle + cache_->blocks_for(cached * BS + chunk) - cached);
+}
+
 // After a forward: the full blocks each sequence has filled, prompt and
 // generated tokens alike, are remembered (a next chat turn starts with them).
 void Engine::remember_blocks(const std::vector<StepItem>& items) {
@@ -682,7 +698,7 @@ std::vector<Engine::StepItem> Engine::plan_step() {
         q.media_before[size_t(i + 1)] = q.media_before[size_t(i)] + phi4mm::is_media_token(q.r.prompt[size_t(i)]);
       stats_.prompt_tokens += q.prompt_len;
     }
-    if (!cache_->can_grow(q.seqs[0]->kv, std::min<int64_t>(q.prompt_len, opts_.prefill_chunk_tokens))) break;
+    if (!first_chunk_fits(*q.seqs[0])) break;
     std::unique_ptr<Req> owned = std::move(waiting_.front());
     waiting_.pop_front();
     Req* qp = owned.get();

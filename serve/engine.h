@@ -190,6 +190,7 @@ class Engine {
   void extend_digests(Seq& s, phi4mm::RopeTable table, int64_t n) const;
   bool caches_prefix(const Seq& s) const;
   bool attach_cached(Seq& s);
+  bool first_chunk_fits(Seq& s);
   void remember_blocks(const std::vector<StepItem>& items);
   void encode_media(Req& q, const std::vector<phi4mm::Media>& media, int64_t n_media,
                     const std::function<void()>& check_accepting);

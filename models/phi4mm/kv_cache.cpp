@@ -199,6 +199,18 @@ int64_t PagedKvCache::attach_prefix(KvSequence& s, const std::vector<BlockDigest
   return int64_t(s.blocks.size());
 }
 
+int64_t PagedKvCache::cached_prefix(const std::vector<BlockDigest>& digests, int64_t& idle) const {
+  int64_t cached = 0;
+  idle = 0;
+  for (const BlockDigest& d : digests) {
+    const int64_t b = manager_.lookup(d);
+    if (b < 0) break;
+    ++cached;
+    idle += manager_.holds(b) == 0;
+  }
+  return cached;
+}
+
 void PagedKvCache::remember(const KvSequence& s, int64_t i, const BlockDigest& digest) {
   if (i < 0 || (i + 1) * block_size_ > s.length)
     throw std::invalid_argument(fmt::format("PagedKvCache::remember: block {} of a sequence of {} tokens is not full",

@@ -155,6 +155,9 @@ class PagedKvCache {
   // length and table (`table`: the digests were made for it). Returns the
   // blocks attached.
   int64_t attach_prefix(KvSequence& s, const std::vector<BlockDigest>& digests, RopeTable table);
+  // The blocks attach_prefix(digests) would attach, and in `idle` how many
+  // of them no one holds (attached, they stop counting as free).
+  int64_t cached_prefix(const std::vector<BlockDigest>& digests, int64_t& idle) const;
   // Remembers block i of `s` (full: its length covers it) under `digest`.
   void remember(const KvSequence& s, int64_t i, const BlockDigest& digest);
 

@@ -335,6 +335,43 @@ TEST_CASE("engine: n samples share the prompt's full blocks; each copies only th
   CHECK(std::set<std::vector<int64_t>>(got.begin(), got.end()).size() > 1);  // sampled apart
 }
 
+TEST_CASE("engine: a request whose prefix is cached is admitted when its new tokens' blocks are free") {
+  // 16 blocks of 4 tokens, prefill chunks of 16 tokens (4 blocks). D holds a
+  // 40-token prefix and decodes until 13 blocks are in use; C shares the
+  // prefix: it needs 1 new block, not a whole chunk's 4, and 3 are free.
+  EngineOptions o = opts(8, 16, 16);
+  o.prefix_caching = true;
+  Engine e(tiny_model(), tokenizer(), o);
+  std::vector<int64_t> prefix;
+  while (prefix.size() < 40) {
+    const std::vector<int64_t> w = ids_of(" the quick brown fox jumps");
+    prefix.insert(prefix.end(), w.begin(), w.end());
+  }
+  prefix.resize(40);
+  Case d{prefix}, c{prefix};
+  d.prompt.push_back(ids_of("A")[0]);
+  c.prompt.push_back(ids_of("B")[0]);
+  std::vector<int64_t> got_d, got_c;
+  e.submit(make_request(d, 12), [&](const RequestOutput& out) {
+    got_d.insert(got_d.end(), out.tokens.begin(), out.tokens.end());
+  });
+  for (int i = 0; i < 40 && e.stats().kv_blocks_used < 13; ++i) e.step();
+  REQUIRE(e.stats().kv_blocks_used == 13);
+  REQUIRE(e.stats().running == 1);
+  e.submit(make_request(c, 2), [&](const RequestOutput& out) {
+    got_c.insert(got_c.end(), out.tokens.begin(), out.tokens.end());
+  });
+  e.step();
+  CHECK(e.stats().running == 2);  // admitted beside D (was: waiting for D to end)
+  CHECK(e.stats().prefix_cache_hits == 40);
+  CHECK(e.audit().empty());
+  e.run_until_idle();
+  CHECK(got_d == reference_greedy(d, 12));
+  CHECK(got_c == reference_greedy(c, 2));
+  CHECK(e.stats().kv_blocks_used == 0);
+  CHECK(e.audit().empty());
+}
+
 TEST_CASE("engine: random traffic over a small prefix-cached pool; the books balance after every step") {
   // Requests arrive and are aborted at random steps: shared starts (two
   // system prompts), repeated media rows (so media digests match), n = 1..3
