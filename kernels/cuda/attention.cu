@@ -566,7 +566,7 @@ bool fused_supported(const Tensor& q, const Tensor& k, const Tensor& v) {
     if (t->dtype() != DType::bf16 || !t->device().is_cuda() || t->device() != q.device() || t->stride(3) != 1)
       return false;
   const int64_t D = q.size(3);
-  if (D != 32 && D != 64 && D != 128) return false;
+  if ((D != 32 && D != 64 && D != 128) || k.size(3) != D || v.size(3) != D) return false;
   if (q.size(0) * q.size(1) > 65535 || q.size(0) * k.size(1) > 65535) return false;
   return true;
 }

@@ -124,10 +124,6 @@ RolloutBatch agent_rollouts(AgentRollout& agent, const std::vector<const PromptR
   return agent.run(tasks);
 }
 
-}  // namespace
-
-namespace {
-
 // The first trajectory of each group of `r` (task-major: a new group where
 // the task changes), and one past the last.
 std::vector<int64_t> group_starts(const ScoredRollouts& r) {
@@ -187,7 +183,6 @@ ScoredRollouts roll_and_score(const std::vector<PromptRow>& rows, const TrainerS
   r.reward_s = seconds_since(t_reward);
   return r;
 }
-
 
 std::vector<int64_t> varied_groups(const ScoredRollouts& r) {
   const std::vector<int64_t> starts = group_starts(r);
