@@ -125,6 +125,10 @@ constexpr const char* kTrainUsage =
     "                            seq-mean-token-sum-norm (Dr. GRPO: / (N x --max-new-tokens))\n"
     "  --scale-rewards group|batch|none   advantages divided by the group's reward std\n"
     "                            (default), the batch's, or not at all (Dr. GRPO)\n"
+    "  --adv-estimator NAME      grpo (default), rloo (leave-one-out baseline),\n"
+    "                            reinforce_plus_plus (rewards whitened over the batch's tokens) or\n"
+    "                            reinforce_plus_plus_baseline (group mean subtracted, then\n"
+    "                            whitened): verl's algorithm.adv_estimator; grpo/gspo\n"
     "  --filter-groups           DAPO's dynamic sampling (grpo/gspo): drop the groups whose\n"
     "                            samples all scored alike and roll out the next prompts until\n"
     "                            --batch-size groups remain\n"
@@ -501,7 +505,8 @@ int cmd_train(const Args& args) {
   flags.value("--grpo-clip-eps", num("--grpo-clip-eps", rl.options.grpo.clip_eps, 0));
   flags.value("--gspo-clip-eps", num("--gspo-clip-eps", rl.options.gspo.clip_eps, 0));
   flags.value("--grpo-clip-eps-high", num("--grpo-clip-eps-high", rl.options.grpo.clip_eps_high, 0));
-  std::optional<std::string> loss_agg, scale_rewards;
+  std::optional<std::string> loss_agg, scale_rewards, adv_estimator;
+  flags.value("--adv-estimator", [&](const std::string& v) { adv_estimator = v; });
   flags.value("--loss-agg-mode", [&](const std::string& v) { loss_agg = v; });
   flags.value("--scale-rewards", [&](const std::string& v) { scale_rewards = v; });
   std::optional<int64_t> max_gen_batches;
@@ -550,8 +555,9 @@ int cmd_train(const Args& args) {
   if (!is_ppo && ppo.use_kl_loss)
     throw std::invalid_argument("--use-kl-loss: only with --algo ppo (grpo/gspo run without a KL term)");
   if (!is_ppo && rl.ppo.use_kl_in_reward) throw std::invalid_argument("--use-kl-in-reward: only with --algo ppo");
-  if ((loss_agg || scale_rewards) && !(is_rl && !is_ppo))
-    throw std::invalid_argument("--loss-agg-mode, --scale-rewards: only with --algo grpo|gspo");
+  if ((loss_agg || scale_rewards || adv_estimator) && !(is_rl && !is_ppo))
+    throw std::invalid_argument("--loss-agg-mode, --scale-rewards, --adv-estimator: only with --algo grpo|gspo");
+  if (adv_estimator) rl.options.adv_estimator = train::rl::parse_adv_estimator(*adv_estimator, "--adv-estimator");
   if (loss_agg) rl.options.grpo.agg = train::rl::parse_loss_agg(*loss_agg, "--loss-agg-mode");
   if (scale_rewards) rl.options.scale_rewards = train::rl::parse_reward_scale(*scale_rewards, "--scale-rewards");
   if ((rl.options.filter_groups || max_gen_batches) && !(is_rl && !is_ppo))

@@ -227,6 +227,32 @@ TEST_CASE("rl/grpo micro-batches accumulate to the one-batch gradient (GRPO, GSP
                        doctest::Contains("only with --algo grpo"), std::invalid_argument);
 }
 
+// The step's advantages come from --adv-estimator: REINFORCE++ whitens the
+// rewards over the batch's trainable tokens, so their token mean (the
+// step's advantage_mean) is 0; RLOO's leave-one-out baseline moves the
+// policy as GRPO's does, by other amounts.
+TEST_CASE("rl/grpo --adv-estimator: REINFORCE++ advantages have token mean 0; RLOO trains") {
+  std::vector<RlStepStats> st;
+  for (AdvEstimator e : {AdvEstimator::grpo, AdvEstimator::rloo, AdvEstimator::reinforce_plus_plus}) {
+    RlOptions o = options(8);
+    o.adv_estimator = e;
+    GrpoTrainer tr(testing::tiny_phi4mm(), tokenizer(), sum_prompts(4), o, std::make_unique<SpreadReward>());
+    st.push_back(tr.step());
+  }
+  CHECK(st[1].rewards == st[0].rewards);  // the same rollouts
+  CHECK(st[2].rewards == st[0].rewards);
+  CHECK(std::abs(st[2].advantage_mean) < 1e-12);
+  for (const RlStepStats& s : st) CHECK(s.grad_norm > 0);
+  CHECK(st[1].grad_norm != doctest::Approx(st[0].grad_norm));
+  CHECK(st[2].grad_norm != doctest::Approx(st[0].grad_norm));
+  RlOptions bad = options(8);
+  bad.adv_estimator = AdvEstimator::rloo;
+  bad.scale_rewards = RewardScale::none;
+  CHECK_THROWS_WITH_AS(GrpoTrainer(testing::tiny_phi4mm(), tokenizer(), sum_prompts(4), bad,
+                                   std::make_unique<SpreadReward>()),
+                       doctest::Contains("--scale-rewards: only with --adv-estimator grpo"), std::invalid_argument);
+}
+
 TEST_CASE("rl/grpo equal rewards in every group give zero gradient and no update") {
   auto model = testing::tiny_phi4mm();
   const auto before = snapshot(*model);
@@ -372,6 +398,9 @@ TEST_CASE("areno train --algo grpo|gspo: 2 steps on a prompt file write the issu
            {{"--algo", "sft", "--overlong-buffer-len", "4"}, "--overlong-buffer-len: only with"},
            {{"--overlong-buffer-len", "4", "--overlong-penalty-factor", "-1"}, "--overlong-penalty-factor"},
            {{"--algo", "ppo", "--filter-groups"}, "--filter-groups, --max-num-gen-batches: only with --algo grpo|gspo"},
+           {{"--algo", "ppo", "--adv-estimator", "rloo"}, "only with --algo grpo|gspo"},
+           {{"--adv-estimator", "gae"}, "--adv-estimator: 'gae'"},
+           {{"--adv-estimator", "rloo", "--scale-rewards", "batch"}, "--scale-rewards: only with --adv-estimator grpo"},
            {{"--max-num-gen-batches", "3"}, "--max-num-gen-batches: only with --filter-groups"},
            {{"--filter-groups", "--max-num-gen-batches", "0"}, "--max-num-gen-batches"}}) {
     std::vector<std::string> args = {"--algo", "grpo", "--dataset-path", prompts, "--reward", "exact"};

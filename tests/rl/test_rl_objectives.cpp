@@ -131,6 +131,54 @@ TEST_CASE("rl/objectives: GRPO group advantages are torch's; a group of equal re
             .find("a group of 0") != std::string::npos);
 }
 
+// verl's outcome estimators (algorithm.adv_estimator), implemented in torch
+// after verl's code (make_rl_golden.py): RLOO, REINFORCE++ (gamma 1: the
+// score whitened over the batch's response tokens) and REINFORCE++ with the
+// group mean subtracted; groups of 4 with one all-equal group, and ragged
+// groups of 3, 1 and 2 (a lone sample keeps its score).
+TEST_CASE("rl/objectives: RLOO and REINFORCE++ advantages are verl's formulas in torch") {
+  for (const char* c : {"even", "ragged"}) {
+    CAPTURE(c);
+    const std::string p = std::string("adv.") + c + ".";
+    std::vector<int64_t> sizes, tokens;
+    for (double x : G(p + "group_sizes").to_vector<double>()) sizes.push_back(int64_t(x));
+    for (double x : G(p + "tokens").to_vector<double>()) tokens.push_back(int64_t(x));
+    const Tensor r = G(p + "rewards");
+    for (AdvEstimator e : {AdvEstimator::rloo, AdvEstimator::reinforce_plus_plus,
+                           AdvEstimator::reinforce_plus_plus_baseline}) {
+      const std::string name = adv_estimator_name(e);
+      CAPTURE(name);
+      CHECK(parse_adv_estimator(name, "--adv-estimator") == e);
+      const std::vector<double> got = outcome_advantages(e, r, sizes, tokens).to_vector<double>();
+      const std::vector<double> want = G(p + name).to_vector<double>();
+      REQUIRE(got.size() == want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (tokens[i] == 0 && e != AdvEstimator::rloo) continue;  // no token: torch's whitening never sees it
+        CAPTURE(i);
+        CHECK(std::abs(got[i] - want[i]) <= 1e-12 * std::max(1.0, std::abs(want[i])));
+      }
+      if (std::string(c) == "even" && e != AdvEstimator::reinforce_plus_plus) {
+        // The all-equal group: exactly 0 before whitening (RLOO: exactly 0).
+        if (e == AdvEstimator::rloo)
+          for (size_t i = 4; i < 8; ++i) CHECK(got[i] == 0.0);
+        else
+          CHECK(got[4] == got[7]);
+      }
+    }
+  }
+  // grpo is group_advantages; errors name the flag and the mismatch.
+  const Tensor r = G("grpo.rewards");
+  CHECK(outcome_advantages(AdvEstimator::grpo, r, {4, 4, 4}, std::vector<int64_t>(12, 1)).to_vector<double>() ==
+        group_advantages(r, 4).to_vector<double>());
+  CHECK(testing::error_of([] { parse_adv_estimator("gae", "--adv-estimator"); }).find("--adv-estimator: 'gae'") !=
+        std::string::npos);
+  CHECK(testing::error_of([&] { outcome_advantages(AdvEstimator::rloo, r, {4, 4, 4}, {1, 2}); })
+            .find("2 token counts for 12 rewards") != std::string::npos);
+  // Fewer than 2 tokens in all: nothing to whiten over.
+  CHECK(outcome_advantages(AdvEstimator::reinforce_plus_plus, tensor<double>({1.0, 3.0}), {2}, {1, 0})
+            .to_vector<double>() == std::vector<double>{0.0, 0.0});
+}
+
 TEST_CASE("rl/objectives: GRPO loss, statistics and gradient are torch's, token mean with KL and sequence mean") {
   // The golden's edge tokens really sit on the bound: exp(logp - old) == 1 +- eps.
   {

@@ -34,6 +34,8 @@ void validate(const RlOptions& o) {
     throw std::invalid_argument("--grpo-clip-eps-high: must be positive");
   if (o.algo != RlAlgo::grpo && (o.grpo.clip_eps_high >= 0 || o.grpo.agg != LossAgg::token_mean))
     throw std::invalid_argument("--grpo-clip-eps-high, --loss-agg-mode: only with --algo grpo");
+  if (o.adv_estimator != AdvEstimator::grpo && o.scale_rewards != RewardScale::group)
+    throw std::invalid_argument("--scale-rewards: only with --adv-estimator grpo");
   if (o.filter_groups && o.max_num_gen_batches < 1)
     throw std::invalid_argument("--max-num-gen-batches: must be at least 1");
   if (!(o.gspo.clip_eps > 0 && o.gspo.clip_eps < 1))
@@ -85,11 +87,18 @@ RlStepStats GrpoTrainer::step() {
   record_rollouts(r, st);
   const int64_t N = st.samples;
 
-  // 4. Group advantages (f64), one per trajectory, then per row.
-  // (Groups of n_samples, fewer where --skip-failed-agents dropped runs.)
+  // 4. Advantages (f64), one per trajectory, then per row: the group
+  // advantages, or another --adv-estimator (whose whitening weighs each
+  // trajectory by its trainable tokens). (Groups of n_samples, fewer where
+  // --skip-failed-agents dropped runs.)
+  std::vector<int64_t> traj_tokens;
+  for (const RolloutBatch::Trajectory& t : r.trajectories) {
+    traj_tokens.push_back(0);
+    for (int64_t row : t.rows) traj_tokens.back() += trainable_tokens(r.samples[size_t(row)]);
+  }
   const std::vector<double> adv =
-      per_row(r, group_advantages(from_vector(r.rewards, {st.trajectories}), r.group_sizes, 1e-6,
-                                  options_.scale_rewards)
+      per_row(r, outcome_advantages(options_.adv_estimator, from_vector(r.rewards, {st.trajectories}), r.group_sizes,
+                                    traj_tokens, 1e-6, options_.scale_rewards)
                      .to_vector<double>());
 
   // 5. Micro-batches. Each loss is weighted by its share of the batch's

@@ -71,7 +71,8 @@ struct RlOptions {
   RolloutOptions rollout;  // n_samples is the group size; seed is set from loop.seed
   GrpoOptions grpo;  // clip_eps, clip_eps_high, agg (norm_length: set from rollout.max_new_tokens)
   GspoOptions gspo;
-  RewardScale scale_rewards = RewardScale::group;  // --scale-rewards (GRPO and GSPO)
+  RewardScale scale_rewards = RewardScale::group;  // --scale-rewards (GRPO and GSPO; with adv_estimator grpo)
+  AdvEstimator adv_estimator = AdvEstimator::grpo;  // --adv-estimator (outcome_advantages, objectives.h)
   // --filter-groups (DAPO's dynamic sampling, verl's algorithm.filter_groups):
   // a step rolls out batches of prompts until loop.batch_size groups with
   // unequal rewards are in hand (the extra ones of the last batch dropped),

@@ -242,6 +242,71 @@ Tensor group_advantages(const Tensor& rewards, const std::vector<int64_t>& group
   return from_vector(a, {N}, TensorOptions(rewards.dtype(), rewards.device()));
 }
 
+const char* adv_estimator_name(AdvEstimator e) {
+  switch (e) {
+    case AdvEstimator::grpo: return "grpo";
+    case AdvEstimator::rloo: return "rloo";
+    case AdvEstimator::reinforce_plus_plus: return "reinforce_plus_plus";
+    case AdvEstimator::reinforce_plus_plus_baseline: return "reinforce_plus_plus_baseline";
+  }
+  return "?";
+}
+
+AdvEstimator parse_adv_estimator(const std::string& name, const char* flag) {
+  for (AdvEstimator e : {AdvEstimator::grpo, AdvEstimator::rloo, AdvEstimator::reinforce_plus_plus,
+                         AdvEstimator::reinforce_plus_plus_baseline})
+    if (name == adv_estimator_name(e)) return e;
+  throw std::invalid_argument(fmt::format(
+      "{}: '{}' is not an advantage estimator (grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline)", flag,
+      name));
+}
+
+Tensor outcome_advantages(AdvEstimator e, const Tensor& rewards, const std::vector<int64_t>& group_sizes,
+                          const std::vector<int64_t>& tokens, double eps, RewardScale scale) {
+  if (e == AdvEstimator::grpo) return group_advantages(rewards, group_sizes, eps, scale);
+  // The group checks of group_advantages (its result is not used here).
+  group_advantages(rewards, group_sizes, eps, RewardScale::none);
+  const std::vector<double> r = host_f64(rewards);
+  const size_t N = r.size();
+  if (tokens.size() != N)
+    throw std::invalid_argument(
+        fmt::format("outcome_advantages: {} token counts for {} rewards", tokens.size(), N));
+  std::vector<double> a(N, 0.0);
+  size_t g0 = 0;
+  for (int64_t gs : group_sizes) {
+    const auto first = r.begin() + int64_t(g0), last = first + gs;
+    const auto [lo, hi] = std::minmax_element(first, last);
+    if (e == AdvEstimator::reinforce_plus_plus || gs == 1) {  // no baseline (verl: a lone sample's mean is 0)
+      std::copy(first, last, a.begin() + int64_t(g0));
+    } else if (*lo != *hi) {
+      double mean = 0;
+      for (auto it = first; it != last; ++it) mean += *it;
+      mean /= double(gs);
+      const double f = e == AdvEstimator::rloo ? double(gs) / double(gs - 1) : 1.0;
+      for (size_t j = g0; j < g0 + size_t(gs); ++j) a[j] = f * (r[j] - mean);
+    }
+    g0 += size_t(gs);
+  }
+  if (e == AdvEstimator::reinforce_plus_plus || e == AdvEstimator::reinforce_plus_plus_baseline) {
+    double n = 0, mean = 0;
+    for (size_t i = 0; i < N; ++i) {
+      if (tokens[i] < 0) throw std::invalid_argument("outcome_advantages: a negative token count");
+      n += double(tokens[i]);
+      mean += double(tokens[i]) * a[i];
+    }
+    if (n < 2) {
+      std::fill(a.begin(), a.end(), 0.0);
+    } else {
+      mean /= n;
+      double ss = 0;
+      for (size_t i = 0; i < N; ++i) ss += double(tokens[i]) * (a[i] - mean) * (a[i] - mean);
+      const double sd = std::sqrt(ss / (n - 1) + 1e-8);
+      for (double& x : a) x = (x - mean) / sd;
+    }
+  }
+  return from_vector(a, {int64_t(N)}, TensorOptions(rewards.dtype(), rewards.device()));
+}
+
 PolicyLoss grpo_loss(const Tensor& logp, const Tensor& old_logp, const Tensor& advantages, const Tensor& mask,
                      const GrpoOptions& o, const Tensor& ref_logp) {
   const Mask m = read_mask(mask, logp, "grpo");

@@ -91,6 +91,33 @@ Tensor group_advantages(const Tensor& rewards, int64_t group_size, double eps = 
 Tensor group_advantages(const Tensor& rewards, const std::vector<int64_t>& group_sizes, double eps = 1e-6,
                         RewardScale scale = RewardScale::group);
 
+// The outcome-advantage estimators of verl's algorithm.adv_estimator for
+// --algo grpo|gspo (--adv-estimator): one value per sequence, which every
+// response token of the sequence takes.
+//   grpo: group_advantages with `scale`;
+//   rloo: REINFORCE leave-one-out, r_i minus the mean of the group's other
+//         rewards, = n / (n - 1) (r_i - mean); a group of one keeps r_i
+//         (verl's rule);
+//   reinforce_plus_plus: r whitened over the batch's response tokens (verl
+//         with gamma 1: every token's return is its sequence's reward), each
+//         sequence weighted by its token count: (r - mean) / sqrt(var +
+//         1e-8), var unbiased over the tokens;
+//   reinforce_plus_plus_baseline: r minus its group's mean (a group of one:
+//         0 subtracted), then whitened over the tokens as above.
+// A group whose rewards are all equal gets exactly 0 before whitening (rloo
+// and the baseline), as in group_advantages. `tokens[i]`: sequence i's
+// response tokens (its trainable tokens; at least 2 in all for the
+// whitening, else the whitened advantages are 0). Computed in f64, returned
+// in rewards' dtype; throws std::invalid_argument for groups that do not add
+// up to N or a tokens vector of another length.
+enum class AdvEstimator { grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline };
+// Its verl name; parse_adv_estimator throws std::invalid_argument naming `flag` for another.
+const char* adv_estimator_name(AdvEstimator e);
+AdvEstimator parse_adv_estimator(const std::string& name, const char* flag);
+Tensor outcome_advantages(AdvEstimator e, const Tensor& rewards, const std::vector<int64_t>& group_sizes,
+                          const std::vector<int64_t>& tokens, double eps = 1e-6,
+                          RewardScale scale = RewardScale::group);
+
 struct GrpoOptions {
   double clip_eps = 0.2;        // --grpo-clip-eps (the lower bound's, and the upper's unless set)
   double clip_eps_high = -1;    // --grpo-clip-eps-high: DAPO's clip-higher; negative: clip_eps

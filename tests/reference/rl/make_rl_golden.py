@@ -191,6 +191,69 @@ def make_grpo(rng, out):
         out[f"grpo.advantages_{scale}"] = grpo_advantages(rewards, G, scale=scale)
 
 
+# ------------------------------------------- outcome advantage estimators (verl)
+
+def verl_group_mean(scores, index):
+    # verl's id2mean: the mean of each index's scores, 0 for an index with one score.
+    means = torch.zeros_like(scores)
+    for g in set(index):
+        members = [i for i in range(len(index)) if index[i] == g]
+        means[members] = 0.0 if len(members) == 1 else scores[members].mean()
+    return means
+
+
+def verl_equal(scores, index):
+    # Members of a group (of more than one) whose scores are all equal: areno gives them exactly 0.
+    eq = torch.zeros(len(index), dtype=torch.bool)
+    for g in set(index):
+        members = [i for i in range(len(index)) if index[i] == g]
+        eq[members] = len(members) > 1 and bool(scores[members].max() == scores[members].min())
+    return eq
+
+
+def verl_rloo(scores, index):
+    # verl compute_rloo_outcome_advantage: s * n / (n - 1) - mean * n / (n - 1) where n > 1.
+    means = verl_group_mean(scores, index)
+    out = scores.clone()
+    for i in range(len(index)):
+        n = index.count(index[i])
+        if n > 1:
+            out[i] = scores[i] * n / (n - 1) - means[i] * n / (n - 1)
+    return torch.where(verl_equal(scores, index), torch.zeros_like(out), out)
+
+
+def verl_reinforce_pp(scores, mask):
+    # gamma 1: every response token's return is the score; verl_F.masked_whiten over the batch's tokens.
+    w = whiten(scores.unsqueeze(1).expand_as(mask).clone(), mask)
+    return torch.stack([w[i][mask[i].bool()][0] if mask[i].any() else torch.tensor(0.0, dtype=w.dtype)
+                        for i in range(mask.shape[0])])
+
+
+def verl_reinforce_pp_baseline(scores, index, mask):
+    centred = scores - verl_group_mean(scores, index)
+    centred = torch.where(verl_equal(scores, index), torch.zeros_like(centred), centred)
+    return verl_reinforce_pp(centred, mask)
+
+
+def make_adv_estimators(out):
+    # The GRPO case's rewards (groups of 4, group 1 all 0.7) and trainable tokens per row, and a
+    # ragged case (groups of 3, 1, 2: a lone sample keeps its score in verl).
+    mask = out["grpo.mask"]
+    rewards = out["grpo.rewards"]
+    index = [i // 4 for i in range(12)]
+    cases = {"even": (rewards, index, mask)}
+    r2 = torch.tensor([1.0, 2.0, 4.0, 9.0, 3.0, 5.0], dtype=torch.float64)
+    m2 = mask_from_lengths([2, 3, 1, 4, 2, 2], 4)
+    cases["ragged"] = (r2, [0, 0, 0, 1, 2, 2], m2)
+    for name, (r, idx, m) in cases.items():
+        out[f"adv.{name}.rewards"] = r.clone()
+        out[f"adv.{name}.tokens"] = m.sum(1)
+        out[f"adv.{name}.group_sizes"] = torch.tensor([idx.count(g) for g in sorted(set(idx))], dtype=torch.float64)
+        out[f"adv.{name}.rloo"] = verl_rloo(r, idx)
+        out[f"adv.{name}.reinforce_plus_plus"] = verl_reinforce_pp(r, m)
+        out[f"adv.{name}.reinforce_plus_plus_baseline"] = verl_reinforce_pp_baseline(r, idx, m)
+
+
 # ---------------------------------------------------------------- GSPO
 
 def gspo_reference(logp, old, adv, mask, eps):
@@ -459,6 +522,7 @@ def main():
     make_dpo(rng, out)
     make_ppo(rng, out)
     make_kl_reward(torch.Generator().manual_seed(16), out)
+    make_adv_estimators(out)
     out = {k: v.contiguous() for k, v in out.items()}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     save_file(out, args.out, metadata={"generator": "tests/reference/rl/make_rl_golden.py", "torch": torch.__version__})
