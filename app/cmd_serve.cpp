@@ -58,6 +58,12 @@ constexpr const char* kServeUsage =
     "  --media-cache-mb X        media rows kept for requests that send the same images and clips\n"
     "                            again (their towers skipped); least recently used out (default\n"
     "                            256; 0: off)\n"
+    "  --speculative-tokens N    speculative decoding by prompt lookup (vLLM's ngram method): up to\n"
+    "                            N tokens that followed an earlier occurrence of a sequence's last\n"
+    "                            tokens are checked in one step; the output is unchanged (default\n"
+    "                            0: off)\n"
+    "  --prompt-lookup-max N, --prompt-lookup-min N   the suffix lengths looked up, longest\n"
+    "                            first (default 4 and 2)\n"
     "requests:\n"
     "  --default-max-tokens N    chat completion budget when the request sets none (default 1024;\n"
     "                            clamped to the context left)\n"
@@ -142,6 +148,9 @@ int cmd_serve(const Args& args) {
   flags.integer("--max-queue", eo.max_queue, 1).integer("--seed", eo.seed, 0);
   eo.prefix_caching = true;
   flags.toggle("--enable-prefix-caching", eo.prefix_caching).toggle("--no-enable-prefix-caching", eo.prefix_caching, false);
+  flags.integer("--speculative-tokens", eo.speculative_tokens, 0)
+      .integer("--prompt-lookup-max", eo.prompt_lookup_max, 1)
+      .integer("--prompt-lookup-min", eo.prompt_lookup_min, 1);
   double media_cache_mb = 256;
   flags.value("--media-cache-mb", [&](const std::string& v) {
     media_cache_mb = parse_double_flag("--media-cache-mb", v, 0);
@@ -183,6 +192,9 @@ int cmd_serve(const Args& args) {
   double decode_mb = double(so.max_media_decode_bytes >> 20);
   flags.value("--max-media-decode-mb", positive_flag("--max-media-decode-mb", decode_mb));
   if (auto rc = flags.parse(args)) return *rc;
+  if (eo.prompt_lookup_min > eo.prompt_lookup_max)
+    throw std::invalid_argument(fmt::format("--prompt-lookup-min {} exceeds --prompt-lookup-max {}",
+                                            eo.prompt_lookup_min, eo.prompt_lookup_max));
   eo.kv_cache_bytes = size_t(kv_gb * double(size_t(1) << 30));
   eo.media_cache_bytes = size_t(media_cache_mb * double(size_t(1) << 20));
   so.max_body_bytes = size_t(body_mb * double(size_t(1) << 20));

@@ -125,6 +125,8 @@ Engine::Engine(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::shared_ptr
   if (opts_.max_running < 1) throw std::invalid_argument("Engine: max_running must be at least 1");
   if (opts_.max_batch_tokens < 1) throw std::invalid_argument("Engine: max_batch_tokens must be at least 1");
   if (opts_.prefill_chunk_tokens < 1) throw std::invalid_argument("Engine: prefill_chunk_tokens must be at least 1");
+  if (opts_.speculative_tokens < 0 || opts_.prompt_lookup_min < 1 || opts_.prompt_lookup_max < opts_.prompt_lookup_min)
+    throw std::invalid_argument("Engine: speculative_tokens must be >= 0 and 1 <= prompt_lookup_min <= prompt_lookup_max");
   const int64_t blocks = opts_.kv_blocks > 0
                              ? opts_.kv_blocks
                              : phi4mm::PagedKvCache::blocks_for_budget(*model_, opts_.kv_cache_bytes, opts_.block_size);
@@ -499,6 +501,9 @@ struct Engine::StepItem {
   RopeTable table;
   bool sample;        // the chunk ends the sequence's tokens: sample the next one
   bool prompt_rows;   // logits of every row for prompt logprobs
+  // Speculative decoding: tokens proposed after the sequence's last one (the
+  // chunk's last draft.size() tokens; every row's logits come back).
+  std::vector<int64_t> draft = {};
 };
 
 // A logits row of the step: its item and its position in the sequence.
@@ -568,7 +573,9 @@ void Engine::remember_blocks(const std::vector<StepItem>& items) {
   for (const StepItem& it : items) {
     Seq& s = *it.s;
     if (!caches_prefix(s)) continue;
-    const int64_t n = s.kv.length / BS;
+    // Full blocks of kept tokens only (a speculative chunk's drafts are not
+    // in s.tokens until they are accepted).
+    const int64_t n = std::min<int64_t>(s.kv.length, int64_t(s.tokens.size())) / BS;
     if (s.remembered >= n) continue;
     extend_digests(s, s.kv.rope, n);
     for (; s.remembered < n; ++s.remembered) cache_->remember(s.kv, s.remembered, s.digests[size_t(s.remembered)]);
@@ -660,13 +667,16 @@ std::vector<Engine::StepItem> Engine::plan_step() {
       release(*s);  // LongRoPE boundary: recompute everything with the long table
       stats_.reprefills++;
     }
-    const int64_t c = chunk_for(*s, budget);
+    int64_t c = chunk_for(*s, budget);
     if (c <= 0) continue;
     const RopeTable table = table_for(*s);
+    std::vector<int64_t> draft = c == 1 ? draft_for(*s, budget) : std::vector<int64_t>{};
+    c += int64_t(draft.size());
     if (!make_room(*s, s->kv.length + c, items)) continue;
-    const bool ends = s->kv.length + c == int64_t(s->tokens.size());
+    const bool ends = s->kv.length + c - int64_t(draft.size()) == int64_t(s->tokens.size());
     items.push_back({s, s->kv.length, c, table, ends,
-                     s->req->r.params.prompt_logprobs >= 0 && !s->req->prompt_lp_sent && s->sample == 0});
+                     s->req->r.params.prompt_logprobs >= 0 && !s->req->prompt_lp_sent && s->sample == 0,
+                     std::move(draft)});
     budget -= c;
   }
 
@@ -720,7 +730,9 @@ Tensor Engine::run_step(const std::vector<StepItem>& items, std::vector<RowRef>&
   for (size_t i = 0; i < items.size(); ++i) {
     const StepItem& it = items[i];
     Seq& s = *it.s;
-    std::vector<int64_t> ids(s.tokens.begin() + it.start, s.tokens.begin() + it.start + it.len);
+    const int64_t d = int64_t(it.draft.size());
+    std::vector<int64_t> ids(s.tokens.begin() + it.start, s.tokens.begin() + it.start + it.len - d);
+    ids.insert(ids.end(), it.draft.begin(), it.draft.end());
     b.add(s.kv, ids, s.req->r.adapter, it.table);
     const int64_t P = s.req->prompt_len;
     if (it.start < P && s.req->media_before.back() > 0) {
@@ -728,7 +740,7 @@ Tensor Engine::run_step(const std::vector<StepItem>& items, std::vector<RowRef>&
       const int64_t e = s.req->media_before[size_t(std::min(P, it.start + it.len))];
       if (e > a) media_parts.push_back(s.req->media_rows.narrow(0, a, e - a));
     }
-    if (it.prompt_rows) {
+    if (it.prompt_rows || d > 0) {
       for (int64_t r = 0; r < it.len; ++r) {
         b.logit_rows.push_back(row0 + r);
         rows.push_back({i, it.start + r});
@@ -894,7 +906,7 @@ void Engine::emit_step(const std::vector<StepItem>& items, const std::vector<Row
   };
   std::vector<Job> jobs;
   for (auto& it : items) {
-    if (!it.sample) continue;
+    if (!it.sample || !it.draft.empty()) continue;  // drafts: verify_draft below
     Seq& s = *it.s;
     if (s.finished || s.req->done) continue;
     const float* row = last_row.at(&s);
@@ -927,6 +939,85 @@ void Engine::emit_step(const std::vector<StepItem>& items, const std::vector<Row
   }
   for (auto& j : jobs)
     if (!j.s->finished && !j.s->req->done) report_token(*j.s, j.picked);
+  // Speculative chunks: their rows in order, each picked as plain decoding would.
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].draft.empty()) continue;
+    std::vector<const float*> rs;
+    for (size_t r = 0; r < rows.size(); ++r)
+      if (rows[r].item == i) rs.push_back(host + r * size_t(V));
+    verify_draft(items[i], rs);
+  }
+}
+
+// ---- speculative decoding (prompt lookup) ----
+
+// The drafts a sequence in decode proposes this step (none: decode as usual):
+// prompt lookup (propose_draft) when speculation is on and the sequence has
+// produced a token (the first one forks n > 1 samples), at most what its
+// max_tokens, context, the step's budget and the free blocks allow (a draft
+// never preempts), and never across the LongRoPE boundary (crossing it
+// re-prefills).
+std::vector<int64_t> Engine::draft_for(const Seq& s, int64_t budget) const {
+  if (opts_.speculative_tokens <= 0 || s.generated < 1 || s.finished) return {};
+  const Req& q = *s.req;
+  const int64_t n = int64_t(s.tokens.size());
+  if (n - s.kv.length != 1) return {};
+  const int64_t k = std::min({opts_.speculative_tokens, budget - 1, q.r.params.max_tokens - s.generated - 1,
+                              q.max_context - n - 1});
+  if (k < 1) return {};
+  std::vector<int64_t> d = propose_draft(s, k);
+  while (!d.empty() && (!cache_->can_grow(s.kv, n + int64_t(d.size())) ||
+                        phi4mm::needs_reprefill(*model_, s.kv, n + int64_t(d.size()))))
+    d.clear();
+  return d;
+}
+
+// The tokens that followed an earlier occurrence of the sequence's longest
+// suffix of prompt_lookup_max .. prompt_lookup_min tokens (within its last
+// 8192 tokens), at most `max_tokens` of them, cut at a media placeholder
+// (whose rows come with the request). Of the occurrences of that length, the
+// latest that `max_tokens` tokens follow, else the one most tokens follow (in
+// a loop shorter than the draft, the latest match is followed by only a few).
+// One backward pass: each position's common suffix with the sequence's end.
+std::vector<int64_t> Engine::propose_draft(const Seq& s, int64_t max_tokens) const {
+  const std::vector<int64_t>& t = s.tokens;
+  const int64_t n = int64_t(t.size()), lo = std::max<int64_t>(0, n - 8192);
+  const int64_t gmax = std::min(opts_.prompt_lookup_max, n - 1);
+  int64_t best = -1, best_len = 0;  // the match ends at t[best]
+  for (int64_t j = n - 2; j >= lo; --j) {
+    int64_t m = 0;
+    while (m < gmax && j - m >= 0 && t[size_t(j - m)] == t[size_t(n - 1 - m)]) ++m;
+    if (m > best_len || (m == best_len && m > 0 && n - 1 - best < max_tokens)) best = j, best_len = m;
+    if (best_len == gmax && n - 1 - best >= max_tokens) break;
+  }
+  std::vector<int64_t> d;
+  if (best < 0 || best_len < opts_.prompt_lookup_min) return d;
+  for (int64_t k = best + 1; k < n && int64_t(d.size()) < max_tokens && !phi4mm::is_media_token(t[size_t(k)]); ++k)
+    d.push_back(t[size_t(k)]);
+  return d;
+}
+
+// Picks the rows of a speculative chunk in order, as plain decoding would
+// (row i is the distribution after the sequence's last token and drafts
+// 0..i-1), reporting each pick; draft i is kept while it equals pick i. The
+// K/V of the rejected drafts are dropped (the sequence's length is its last
+// kept token's position + 1; its next chunk starts at the last pick).
+void Engine::verify_draft(const StepItem& it, const std::vector<const float*>& rows) {
+  Seq& s = *it.s;
+  Req& q = *s.req;
+  if (s.finished || q.done) return;
+  const int64_t V = model_->config().text.vocab_size, d = int64_t(it.draft.size());
+  stats_.spec_draft_tokens += d;
+  int64_t kept = 0;
+  for (int64_t i = 0; i <= d; ++i) {
+    const Picked picked =
+        pick_token(q.r.params, {s.tokens, &s.counts, s.generated, s.sample, q.seed}, rows[size_t(i)], V, q.stop_ids);
+    report_token(s, picked);
+    if (s.finished || q.done || i == d || picked.token != it.draft[size_t(i)]) break;
+    ++kept;
+  }
+  stats_.spec_accepted_tokens += kept;
+  if (!s.finished && !q.done) cache_->truncate(s.kv, it.start + 1 + kept);
 }
 
 // ---- blocking helpers ----

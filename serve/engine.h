@@ -110,6 +110,17 @@ struct EngineOptions {
   // items, skips its processor and tower. Least recently used out past this
   // many bytes; 0: off (the default: a trainer may change the towers).
   size_t media_cache_bytes = 0;
+  // Speculative decoding by prompt lookup (vLLM's "ngram" method): a
+  // sequence in decode whose last prompt_lookup_max .. prompt_lookup_min
+  // tokens occurred before in its prompt or output proposes the up to
+  // speculative_tokens tokens that followed them; one forward computes the
+  // rows of its last token and the drafts, each row is picked as plain
+  // decoding would pick it (the same sampling, penalties, constraints and
+  // seeded draws) and the drafts are kept while they equal the picks. The
+  // output is the plain decoder's; repeated text costs one step for several
+  // tokens. 0: off.
+  int64_t speculative_tokens = 0;
+  int64_t prompt_lookup_max = 4, prompt_lookup_min = 2;
 };
 
 struct QueueFull : std::runtime_error {
@@ -126,6 +137,8 @@ struct EngineStats {
   int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;
   int64_t kv_blocks_cached = 0;  // remembered blocks (held or evictable)
   int64_t media_cache_hits = 0;  // media items whose rows came from the media cache
+  // Speculative decoding: draft tokens computed, and those kept.
+  int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0;
   int64_t steps = 0;
   double step_seconds_total = 0, last_step_seconds = 0;
   // Media items encoded by submit (on submitting threads) and the time spent.
@@ -191,6 +204,9 @@ class Engine {
   bool caches_prefix(const Seq& s) const;
   bool attach_cached(Seq& s);
   bool first_chunk_fits(Seq& s);
+  std::vector<int64_t> draft_for(const Seq& s, int64_t budget) const;
+  std::vector<int64_t> propose_draft(const Seq& s, int64_t max_tokens) const;
+  void verify_draft(const StepItem& it, const std::vector<const float*>& rows);
   void remember_blocks(const std::vector<StepItem>& items);
   void encode_media(Req& q, const std::vector<phi4mm::Media>& media, int64_t n_media,
                     const std::function<void()>& check_accepting);

@@ -703,6 +703,10 @@ struct HttpServer::Impl {
            double(s.prefix_cache_queries));
     metric("areno_prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache (not computed).",
            double(s.prefix_cache_hits));
+    metric("areno_spec_draft_tokens_total", "counter", "Draft tokens checked by speculative decoding.",
+           double(s.spec_draft_tokens));
+    metric("areno_spec_accepted_tokens_total", "counter", "Draft tokens kept (equal to the token decoding picked).",
+           double(s.spec_accepted_tokens));
     metric("areno_kv_cache_usage_ratio", "gauge", "Fraction of KV blocks in use.",
            s.kv_blocks_total ? double(s.kv_blocks_used) / double(s.kv_blocks_total) : 0.0);
     metric("areno_engine_steps_total", "counter", "Engine steps run.", double(s.steps));

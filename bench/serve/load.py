@@ -377,6 +377,8 @@ def main():
         "prefix_cache_hit_tokens": m.get("areno_prefix_cache_hits_total"),
         "prefix_cache_query_tokens": m.get("areno_prefix_cache_queries_total"),
         "kv_blocks_cached_end": m.get("areno_kv_blocks_cached"),
+        "spec_draft_tokens": m.get("areno_spec_draft_tokens_total"),
+        "spec_accepted_tokens": m.get("areno_spec_accepted_tokens_total"),
         "rss_mb_start": round(rss_start, 1), "rss_mb_end_after_drain": round(rss_end, 1),
         "rss_mb_max": round(max(rss_samples), 1) if rss_samples else float("nan"),
         "rss_mb_peak_hwm": round(rss_peak, 1),  # VmHWM: the process's peak since it started

@@ -183,6 +183,23 @@ void PagedKvCache::release(KvSequence& s) {
   s.rope = RopeTable::automatic;
 }
 
+void PagedKvCache::truncate(KvSequence& s, int64_t length) {
+  if (length < 1 || length > s.length)
+    throw std::invalid_argument(
+        fmt::format("PagedKvCache::truncate: {} tokens for a sequence of {}", length, s.length));
+  const int64_t keep = blocks_for(length);
+  if (length % block_size_ != 0) {
+    const int64_t b = s.blocks[size_t(keep - 1)];
+    if (manager_.holds(b) != 1 || manager_.remembered(b))
+      throw std::logic_error(fmt::format("PagedKvCache::truncate: block {} (shared or cached) would change", b));
+  }
+  if (keep < int64_t(s.blocks.size())) {
+    manager_.free(std::vector<int64_t>(s.blocks.begin() + keep, s.blocks.end()));
+    s.blocks.resize(size_t(keep));
+  }
+  s.length = length;
+}
+
 int64_t PagedKvCache::attach_prefix(KvSequence& s, const std::vector<BlockDigest>& digests, RopeTable table) {
   if (s.length != 0 || !s.blocks.empty())
     throw std::invalid_argument("PagedKvCache::attach_prefix: the sequence must be empty");

@@ -79,6 +79,7 @@ class BlockManager {
   // cached prefix taken back, or a forked sequence sharing a full block).
   void hold(int64_t block);
   int32_t holds(int64_t block) const { return refs_.at(size_t(block)); }
+  bool remembered(int64_t block) const { return remembered_.at(size_t(block)) != 0; }
   // Remembers a held, full block under `digest`; a block already remembered,
   // or a digest another block has, is left as it is.
   void remember(int64_t block, const BlockDigest& digest);
@@ -148,6 +149,12 @@ class PagedKvCache {
   void reserve(KvSequence& s, int64_t new_length);
   // Returns every block of `s` to the pool and resets it (length 0, table automatic).
   void release(KvSequence& s);
+  // Shortens `s` to `length` tokens (at most its length; at least 1) and
+  // returns the blocks past blocks_for(length): speculative decoding keeps
+  // the K/V of the accepted draft tokens only. The kept partial last block,
+  // which later writes fill, must be held by `s` alone and not remembered
+  // (std::logic_error otherwise: a shared or cached block would change).
+  void truncate(KvSequence& s, int64_t length);
 
   // Prefix caching. attach_prefix gives the empty `s` the longest run of
   // cached blocks whose digests are digests[0..] (block i's digest covers

@@ -386,11 +386,15 @@ TEST_CASE("engine: random traffic over a small prefix-cached pool; the books bal
       {}, ids_of("<|system|>You are a careful assistant.<|end|>"), ids_of("<|system|>Answer in French.<|end|>")};
   std::mt19937_64 rng(20261205);
   auto pick = [&](size_t n) { return size_t(rng() % n); };
-  int64_t preemptions = 0, hits = 0, aborted_mid = 0;
+  int64_t preemptions = 0, hits = 0, aborted_mid = 0, drafted = 0, kept = 0;
   for (int round = 0; round < 5; ++round) {
     CAPTURE(round);
     EngineOptions o = opts(4, 8, 20);
     o.prefix_caching = true;
+    // Odd rounds speculate (prompt lookup from 1-token matches): drafts take
+    // blocks, are cut back and must leave the same answers and books.
+    o.speculative_tokens = round % 2 ? 3 : 0;
+    o.prompt_lookup_min = 1;
     Engine e(tiny_model(), tokenizer(), o);
     struct Live {
       Request r;
@@ -443,6 +447,8 @@ TEST_CASE("engine: random traffic over a small prefix-cached pool; the books bal
     CHECK(st.kv_blocks_cached <= 20);
     preemptions += st.preemptions;
     hits += st.prefix_cache_hits;
+    drafted += st.spec_draft_tokens;
+    kept += st.spec_accepted_tokens;
     Engine plain(tiny_model(), tokenizer(), opts(8, 16, 256));
     for (auto& L : live) {
       REQUIRE(L->done);
@@ -454,11 +460,71 @@ TEST_CASE("engine: random traffic over a small prefix-cached pool; the books bal
       for (size_t k = 0; k < ref.size(); ++k) CHECK(L->tokens[k] == ref[k].tokens);
     }
   }
-  MESSAGE(fmt::format("5 rounds: {} preemptions, {} prompt tokens from the cache, {} aborted mid-answer", preemptions,
-                      hits, aborted_mid));
+  MESSAGE(fmt::format("5 rounds: {} preemptions, {} prompt tokens from the cache, {} aborted mid-answer; {} of {} "
+                      "draft tokens kept", preemptions, hits, aborted_mid, kept, drafted));
   CHECK(preemptions > 0);
+  CHECK(kept > 0);
+  CHECK(kept < drafted);
   CHECK(hits > 0);
   CHECK(aborted_mid > 0);
+}
+
+// Prompt lookup speculation (EngineOptions::speculative_tokens): each row
+// of a speculative chunk is picked as plain decoding picks it, so greedy and
+// seeded sampled answers (top_k 3, with logprobs and a presence penalty)
+// equal a plain engine's, token for token, in fewer steps when the text
+// repeats.
+TEST_CASE("engine: speculative (prompt lookup) decoding gives plain decoding's tokens in fewer steps") {
+  std::vector<Case> cases = mixed_cases();
+  cases.push_back({ids_of("one two three four five six seven eight nine ten one two three four five six seven eight "
+                          "nine ten one two three four")});
+  for (double temperature : {0.0, 0.5}) {
+    CAPTURE(temperature);
+    std::vector<Request> reqs;
+    for (const Case& c : cases) {
+      Request r = make_request(c, 24, temperature);
+      r.params.seed = 11;
+      r.params.logprobs = 2;
+      if (temperature > 0) {  // few candidates, so the sampled text repeats too
+        r.params.top_k = 3;
+        r.params.presence_penalty = 0.1;
+      }
+      reqs.push_back(r);
+    }
+    auto run = [&](int64_t spec, EngineStats& st) {
+      EngineOptions o = opts(8, 16, 256);
+      o.speculative_tokens = spec;
+      o.prompt_lookup_min = 1;
+      Engine e(tiny_model(), tokenizer(), o);
+      std::vector<std::vector<int64_t>> tokens(reqs.size());
+      std::vector<std::vector<float>> lps(reqs.size());
+      for (size_t i = 0; i < reqs.size(); ++i)
+        e.submit(reqs[i], [&, i](const RequestOutput& out) {
+          tokens[i].insert(tokens[i].end(), out.tokens.begin(), out.tokens.end());
+          for (const TokenLogprob& lp : out.logprobs) lps[i].push_back(lp.logprob);
+        });
+      for (int guard = 0; e.step(); ++guard) {
+        REQUIRE(guard < 1000);  // a sequence left with nothing to compute would spin
+        REQUIRE(e.audit().empty());
+      }
+      st = e.stats();
+      CHECK(st.kv_blocks_used == 0);
+      return std::make_pair(tokens, lps);
+    };
+    EngineStats plain_st, spec_st;
+    const auto plain = run(0, plain_st), spec = run(4, spec_st);
+    CHECK(spec.first == plain.first);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      REQUIRE(spec.second[i].size() == plain.second[i].size());
+      for (size_t k = 0; k < spec.second[i].size(); ++k)
+        CHECK(spec.second[i][k] == doctest::Approx(plain.second[i][k]).epsilon(1e-4));
+    }
+    MESSAGE(fmt::format("temperature {}: {} of {} draft tokens kept, {} steps instead of {}", temperature,
+                        spec_st.spec_accepted_tokens, spec_st.spec_draft_tokens, spec_st.steps, plain_st.steps));
+    CHECK(spec_st.spec_accepted_tokens > 0);
+    CHECK(spec_st.steps < plain_st.steps);
+    CHECK(spec_st.generated_tokens == plain_st.generated_tokens);
+  }
 }
 
 TEST_CASE("engine: crossing original_max_position_embeddings re-prefills and continues as the reference") {
