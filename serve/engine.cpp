@@ -968,7 +968,7 @@ std::vector<int64_t> Engine::draft_for(const Seq& s, int64_t budget) const {
   std::vector<int64_t> d = propose_draft(s, k);
   while (!d.empty() && (!cache_->can_grow(s.kv, n + int64_t(d.size())) ||
                         phi4mm::needs_reprefill(*model_, s.kv, n + int64_t(d.size()))))
-    d.clear();
+    d.pop_back();  // as many drafts as fit
   return d;
 }
 
