@@ -25,7 +25,7 @@ constexpr const char* kGenerateUsage =
     "usage: areno generate [--model-path DIR] --prompt TEXT [--system TEXT] [--image FILE] [--audio FILE]\n"
     "                      [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
     "                      [--no-chat-template] [--device cpu|cuda[:N]] [--dtype f32|bf16] [--check-weights]\n"
-    "                      [--quantize int8] [--print-ids] [--threads N]\n"
+    "                      [--quantize int8] [--print-ids] [--speculative-tokens N] [--threads N]\n"
     "\n"
     "Runs one chat request and streams the answer to stdout (statistics to stderr).\n"
     "  --model-path DIR    checkpoint (default: the embedded demo model, docs/demo.md)\n"
@@ -43,6 +43,8 @@ constexpr const char* kGenerateUsage =
     "                      scales, f32 activations; CPU only; about half the memory of bf16)\n"
     "  --print-ids         instead of streaming the text, print one JSON object:\n"
     "                      {\"prompt_ids\", \"ids\", \"logprobs\" (raw distribution), \"text\", \"finish_reason\"}\n"
+    "  --speculative-tokens N  speculative decoding by prompt lookup, as areno serve's (the output\n"
+    "                      is unchanged; default 0: off)\n"
     "  --threads N         compute threads (default: OMP_NUM_THREADS, else the physical cores)\n";
 
 constexpr const char* kScoreUsage =
@@ -138,6 +140,8 @@ int cmd_generate(const Args& args) {
   flags.value("--seed", [&](const std::string& v) { p.seed = uint64_t(parse_int_flag("--seed", v, 0)); });
   bool print_ids = false;
   flags.toggle("--print-ids", print_ids);
+  int64_t speculative_tokens = 0;
+  flags.integer("--speculative-tokens", speculative_tokens, 0);
   if (auto rc = flags.parse(args)) return *rc;
   if (print_ids) p.logprobs = 0;
   if (!have_prompt) {
@@ -149,6 +153,7 @@ int cmd_generate(const Args& args) {
   CliPrompt cp = make_prompt(m, system, prompt, chat_template, image, audio);
   serve::EngineOptions eo;
   eo.eos_token_ids = m.model->config().generation.eos_token_ids;
+  eo.speculative_tokens = speculative_tokens;
   // A KV cache that holds the prompt and every requested token (at least 256
   // MiB): a fixed 256 MiB ended a 1,000-token prompt on the released sizes in
   // f32 after 35 of 128 tokens with "finish length".

@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <thread>
 
+#include "app/commands_model.h"
 #include "app/commands_serve.h"
 #include "app/flags.h"
 #include "models/phi4mm/demo/demo.h"
@@ -74,6 +75,23 @@ TEST_CASE("cli --threads: the compute threads of the command, default the physic
 
 TEST_CASE("serve/cli generate and score run on the embedded demo model") {
   CHECK(app::cmd_generate({"--prompt", "Hello", "--max-tokens", "3", "--temperature", "1", "--seed", "5"}) == 0);
+  // Speculative decoding leaves the answer as it is (ids and logprobs), on a
+  // random tiny checkpoint (the demo model answers in two tokens; greedy
+  // random weights run on and repeat themselves).
+  testing::TempDir dir;
+  REQUIRE(app::cmd_init({"--preset", "tiny", "--out", dir.str("tiny"), "--seed", "3", "--dtype", "f32"}) == 0);
+  const std::vector<std::string> args = {"--model-path", dir.str("tiny"), "--prompt", "one two one two one two",
+                                         "--no-chat-template", "--max-tokens", "24", "--print-ids"};
+  std::vector<std::string> spec = args;
+  spec.insert(spec.end(), {"--speculative-tokens", "4"});
+  const std::string plain_out = testing::captured_stdout([&] { CHECK(app::cmd_generate(args) == 0); });
+  const std::string spec_out = testing::captured_stdout([&] { CHECK(app::cmd_generate(spec) == 0); });
+  const auto a = nlohmann::json::parse(plain_out), b = nlohmann::json::parse(spec_out);
+  CHECK(a["ids"].size() == 24);
+  CHECK(a["ids"] == b["ids"]);
+  REQUIRE(a["logprobs"].size() == b["logprobs"].size());
+  for (size_t i = 0; i < a["logprobs"].size(); ++i)
+    CHECK(a["logprobs"][i].get<double>() == doctest::Approx(b["logprobs"][i].get<double>()).epsilon(1e-4));
   CHECK(app::cmd_score({"--prompt", "Hello", "--completion", "hello world"}) == 0);
 }
 
