@@ -564,7 +564,7 @@ int cmd_train(const Args& args) {
     throw std::invalid_argument("--filter-groups, --max-num-gen-batches: only with --algo grpo|gspo");
   if (max_gen_batches && !rl.options.filter_groups)
     throw std::invalid_argument("--max-num-gen-batches: only with --filter-groups");
-  rl.options.max_num_gen_batches = max_gen_batches.value_or(10);
+  if (max_gen_batches) rl.options.max_num_gen_batches = *max_gen_batches;
   rl.ppo.kl_penalty = train::rl::parse_kl_penalty(kl_penalty, "--kl-penalty");
   if (kl_ctrl != "fixed" && kl_ctrl != "adaptive")
     throw std::invalid_argument(fmt::format("--kl-ctrl: '{}' is not a controller (fixed, adaptive)", kl_ctrl));

@@ -311,12 +311,12 @@ void Engine::encode_media(Req& q, const std::vector<phi4mm::Media>& media, int64
   }
   if (rows != n_media)
     throw std::invalid_argument(fmt::format("prompt: {} media placeholder ids, but its media give {} rows", n_media, rows));
-  if (opts_.prefix_caching)
-    for (size_t i = 0; i < n; ++i)
-      if (digests[i].empty()) digests[i] = row_digests(parts[i]);
   q.media_rows = n == 1 ? parts[0] : cat(parts, 0);
   if (opts_.prefix_caching)
-    for (auto& d : digests) q.media_digest.insert(q.media_digest.end(), d.begin(), d.end());
+    for (size_t i = 0; i < n; ++i) {
+      if (digests[i].empty()) digests[i] = row_digests(parts[i]);
+      q.media_digest.insert(q.media_digest.end(), digests[i].begin(), digests[i].end());
+    }
   if (hits) {
     std::lock_guard<std::mutex> lk(mu_);
     media_cache_hits_ += hits;
@@ -545,21 +545,26 @@ bool Engine::caches_prefix(const Seq& s) const {
 bool Engine::attach_cached(Seq& s) {
   if (!caches_prefix(s) || s.kv.length != 0 || !s.kv.blocks.empty() || s.pending_fork) return false;
   const RopeTable table = table_for(s);
-  extend_digests(s, table, (int64_t(s.tokens.size()) - 1) / cache_->block_size());
+  lookup_digests(s, table);
   s.remembered = cache_->attach_prefix(s.kv, s.digests, table);
   return true;
 }
 
-// Whether a new sequence's first chunk fits in the cache: with prefix
-// caching, the chunk after the cached blocks it will attach (a request that
-// shares a long cached prefix needs only its new tokens' blocks), else the
-// chunk from its start.
+// The digests an empty sequence looks up: its full blocks before its last
+// token (the step that samples computes at least that one).
+void Engine::lookup_digests(Seq& s, RopeTable table) const {
+  extend_digests(s, table, (int64_t(s.tokens.size()) - 1) / cache_->block_size());
+}
+
+// Whether a new request's first sequence (empty) can take its first chunk:
+// with prefix caching, the chunk after the cached blocks it will attach (a
+// request that shares a long cached prefix needs only its new tokens'
+// blocks), else the chunk from its start.
 bool Engine::first_chunk_fits(Seq& s) {
   const int64_t n = int64_t(s.tokens.size());
-  if (!caches_prefix(s) || s.kv.length != 0 || !s.kv.blocks.empty())
-    return cache_->can_grow(s.kv, std::min<int64_t>(n, opts_.prefill_chunk_tokens));
+  if (!caches_prefix(s)) return cache_->can_grow(s.kv, std::min<int64_t>(n, opts_.prefill_chunk_tokens));
   const int64_t BS = cache_->block_size();
-  extend_digests(s, table_for(s), (n - 1) / BS);  // what attach_cached will look up
+  lookup_digests(s, table_for(s));
   int64_t idle = 0;
   const int64_t cached = cache_->cached_prefix(s.digests, idle);
   const int64_t chunk = std::min<int64_t>(n - cached * BS, opts_.prefill_chunk_tokens);
@@ -872,6 +877,7 @@ void Engine::emit_step(const std::vector<StepItem>& items, const std::vector<Row
   }
   // 4. Prompt logprobs and sampling.
   std::unordered_map<const Seq*, const float*> last_row;
+  std::unordered_map<size_t, std::vector<const float*>> draft_rows;  // a speculative chunk's rows, in order
   for (size_t r = 0; r < rows.size(); ++r) {
     const StepItem& it = items[rows[r].item];
     const float* row = host + size_t(r) * size_t(V);
@@ -884,6 +890,7 @@ void Engine::emit_step(const std::vector<StepItem>& items, const std::vector<Row
       q.prompt_lp[size_t(p + 1)] = make_logprob(row, V, lse, q.r.prompt[size_t(p + 1)], q.r.params.prompt_logprobs);
     }
     if (it.sample && p == it.start + it.len - 1) last_row[&s] = row;
+    if (!it.draft.empty()) draft_rows[rows[r].item].push_back(row);
   }
   // Prompt logprobs go out once the prompt prefill is complete.
   for (auto& it : items) {
@@ -940,13 +947,8 @@ void Engine::emit_step(const std::vector<StepItem>& items, const std::vector<Row
   for (auto& j : jobs)
     if (!j.s->finished && !j.s->req->done) report_token(*j.s, j.picked);
   // Speculative chunks: their rows in order, each picked as plain decoding would.
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (items[i].draft.empty()) continue;
-    std::vector<const float*> rs;
-    for (size_t r = 0; r < rows.size(); ++r)
-      if (rows[r].item == i) rs.push_back(host + r * size_t(V));
-    verify_draft(items[i], rs);
-  }
+  for (size_t i = 0; i < items.size(); ++i)
+    if (!items[i].draft.empty()) verify_draft(items[i], draft_rows[i]);
 }
 
 // ---- speculative decoding (prompt lookup) ----
@@ -958,7 +960,7 @@ void Engine::emit_step(const std::vector<StepItem>& items, const std::vector<Row
 // never preempts), and never across the LongRoPE boundary (crossing it
 // re-prefills).
 std::vector<int64_t> Engine::draft_for(const Seq& s, int64_t budget) const {
-  if (opts_.speculative_tokens <= 0 || s.generated < 1 || s.finished) return {};
+  if (opts_.speculative_tokens <= 0 || s.generated < 1) return {};
   const Req& q = *s.req;
   const int64_t n = int64_t(s.tokens.size());
   if (n - s.kv.length != 1) return {};

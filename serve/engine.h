@@ -203,6 +203,7 @@ class Engine {
   void extend_digests(Seq& s, phi4mm::RopeTable table, int64_t n) const;
   bool caches_prefix(const Seq& s) const;
   bool attach_cached(Seq& s);
+  void lookup_digests(Seq& s, phi4mm::RopeTable table) const;
   bool first_chunk_fits(Seq& s);
   std::vector<int64_t> draft_for(const Seq& s, int64_t budget) const;
   std::vector<int64_t> propose_draft(const Seq& s, int64_t max_tokens) const;

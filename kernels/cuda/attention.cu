@@ -117,11 +117,17 @@ __device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const bf16* s, int k
   ldsm_x4_t(b, s + (k0 + (m & 1) * 8 + i) * kLd<D> + n0 + (m >> 1) * 8);
 }
 
+// Accumulators of the warp's 16 rows set to 0.
+template <int N>
+__device__ __forceinline__ void zero(float (&acc)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+}
+
 // acc[N / 8] (16 x N) = A (16 x D, from registers) B^T, B a tile stored [N][D].
 template <int D, int N>
 __device__ __forceinline__ void product_abt(float (&acc)[N / 8][4], const uint32_t (&a)[D / 16][4], const bf16* b) {
-#pragma unroll
-  for (int n = 0; n < N / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  zero(acc);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
 #pragma unroll
@@ -136,8 +142,7 @@ __device__ __forceinline__ void product_abt(float (&acc)[N / 8][4], const uint32
 // The same with A read from a tile (rows [r0, r0 + 16)).
 template <int D, int N>
 __device__ __forceinline__ void product_abt_s(float (&acc)[N / 8][4], const bf16* a, int r0, const bf16* b) {
-#pragma unroll
-  for (int n = 0; n < N / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  zero(acc);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     uint32_t fa[4];
@@ -238,6 +243,31 @@ __device__ __forceinline__ void tile_ready(int it, int ntiles, Issue&& issue) {
   __syncthreads();
 }
 
+// K and V tile `it` (keys [it * kTile, (it + 1) * kTile) of one KV head) into
+// buffer it % 2 of Ks and Vs: the forward's and dQ's `issue`.
+template <int D>
+__device__ __forceinline__ void load_kv_tile(int it, bf16* Ks, bf16* Vs, const bf16* kbase, const bf16* vbase,
+                                             const Params& p, bool vec) {
+  constexpr int kTileElems = kTile * kLd<D>;
+  const int64_t k0 = int64_t(it) * kTile;
+  load_tile<D, kTile>(Ks + (it & 1) * kTileElems, kbase + k0 * p.k.st, p.k.st, p.TK - k0, vec);
+  load_tile<D, kTile>(Vs + (it & 1) * kTileElems, vbase + k0 * p.v.st, p.v.st, p.TK - k0, vec);
+}
+
+// The scores S = Q K^T of the warp's 16 query rows against K tile `it` (in
+// Kc): waits for the tile (tile_ready: the next one starts loading) and
+// takes the warp's Q fragments from Qs on the first tile.
+template <int D, typename Issue>
+__device__ __forceinline__ void tile_scores(int it, int ntiles, Issue&& issue, const bf16* Qs, const bf16* Kc,
+                                            uint32_t (&qf)[D / 16][4], float (&s)[kTile / 8][4]) {
+  tile_ready(it, ntiles, issue);
+  if (it == 0) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) load_a<D>(qf[kk], Qs, (threadIdx.x >> 5) * 16, kk * 16);
+  }
+  product_abt<D, kTile>(s, qf, Kc);
+}
+
 // ---- forward ----------------------------------------------------------------
 
 template <int D>
@@ -257,11 +287,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(Params p) {
   const int64_t kend = visible_end(p, min(p.TQ, q0 + kRows) - 1);  // keys any row of the block sees
   const int ntiles = int((kend + kTile - 1) / kTile);
 
-  auto issue = [&](int it) {  // K and V tile `it`
-    const int64_t k0 = int64_t(it) * kTile;
-    load_tile<D, kTile>(Ks + (it & 1) * kTileElems, kbase + k0 * p.k.st, p.k.st, p.TK - k0, vec);
-    load_tile<D, kTile>(Vs + (it & 1) * kTileElems, vbase + k0 * p.v.st, p.v.st, p.TK - k0, vec);
-  };
+  auto issue = [&](int it) { load_kv_tile<D>(it, Ks, Vs, kbase, vbase, p, vec); };
   load_tile<D, kRows>(Qs, p.q.p + b * p.q.sb + h * p.q.sh + q0 * p.q.st, p.q.st, p.TQ - q0, vec);
   if (ntiles > 0) issue(0);
   cp_async_commit();
@@ -272,8 +298,7 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(Params p) {
   const int64_t vis[2] = {visible_end(p, row[0]), visible_end(p, row[1])};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   float o[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  zero(o);
   uint32_t qf[D / 16][4];
   const float sc = p.scale * kLog2e;
 
@@ -281,13 +306,8 @@ __global__ void __launch_bounds__(kThreads) attention_fwd_kernel(Params p) {
     const int64_t k0 = int64_t(it) * kTile;
     const bf16* Kc = Ks + (it & 1) * kTileElems;
     const bf16* Vc = Vs + (it & 1) * kTileElems;
-    tile_ready(it, ntiles, issue);
-    if (it == 0) {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) load_a<D>(qf[kk], Qs, warp * 16, kk * 16);
-    }
     float s[kTile / 8][4];
-    product_abt<D, kTile>(s, qf, Kc);
+    tile_scores<D>(it, ntiles, issue, Qs, Kc, qf, s);
     // Scale (log2 units), mask, row max.
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -424,10 +444,8 @@ __global__ void __launch_bounds__(kThreads) attention_dkv_kernel(Params p) {
 
   const int64_t kj[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};  // this lane's key rows
   float dv[D / 8][4], dk[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dv[n][e] = dk[n][e] = 0.0f;
+  zero(dv);
+  zero(dk);
   const float sc = p.scale * kLog2e;
 
   for (int it = 0; it < ntiles; ++it) {
@@ -488,11 +506,7 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(Params p) {
   const int ntiles = int((kend + kTile - 1) / kTile);
   load_tile<D, kRows>(Qs, p.q.p + b * p.q.sb + h * p.q.sh + q0 * p.q.st, p.q.st, p.TQ - q0, vec);
   load_tile<D, kRows>(Gs, p.dout.p + b * p.dout.sb + h * p.dout.sh + q0 * p.dout.st, p.dout.st, p.TQ - q0, vec);
-  auto issue = [&](int it) {  // K and V tile `it`
-    const int64_t k0 = int64_t(it) * kTile;
-    load_tile<D, kTile>(Ks + (it & 1) * kTileElems, kbase + k0 * p.k.st, p.k.st, p.TK - k0, vec);
-    load_tile<D, kTile>(Vs + (it & 1) * kTileElems, vbase + k0 * p.v.st, p.v.st, p.TK - k0, vec);
-  };
+  auto issue = [&](int it) { load_kv_tile<D>(it, Ks, Vs, kbase, vbase, p, vec); };
   if (ntiles > 0) issue(0);
   cp_async_commit();
 
@@ -508,8 +522,7 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(Params p) {
     if (lse2[rr] != lse2[rr]) vis[rr] = 0;  // no visible key: no gradient
   }
   float dq[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+  zero(dq);
   uint32_t qf[D / 16][4];
   const float sc = p.scale * kLog2e;
 
@@ -517,13 +530,8 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(Params p) {
     const int64_t k0 = int64_t(it) * kTile;
     const bf16* Kc = Ks + (it & 1) * kTileElems;
     const bf16* Vc = Vs + (it & 1) * kTileElems;
-    tile_ready(it, ntiles, issue);
-    if (it == 0) {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) load_a<D>(qf[kk], Qs, warp * 16, kk * 16);
-    }
     float s[kTile / 8][4];
-    product_abt<D, kTile>(s, qf, Kc);
+    tile_scores<D>(it, ntiles, issue, Qs, Kc, qf, s);
 #pragma unroll
     for (int n = 0; n < kTile / 8; ++n)
 #pragma unroll

@@ -902,12 +902,15 @@ DEVICE_TEST_CASE("ops/scaled_softmax: scale, causal mask and softmax in one pass
 // with grouped heads, a cached history (more keys than queries), one query,
 // no mask, key counts across several key blocks and chunks, and a transposed
 // query; the same bits with one thread as with all.
+// An attention case: batch, query and KV heads, query and key lengths, head dim.
+struct AttentionCase {
+  int64_t b, hq, hkv, tq, tk, d;
+  bool causal;
+};
+
 DEVICE_TEST_CASE("ops/attention: the fused kernel and its backward equal the composed op") {
   Generator g(11);
-  struct Case {
-    int64_t b, hq, hkv, tq, tk, d;
-    bool causal;
-  };
+  using Case = AttentionCase;
   for (const Case& c : {Case{1, 4, 2, 130, 130, 16, true}, Case{2, 3, 3, 7, 40, 8, true},
                         Case{1, 6, 2, 1, 75, 32, true}, Case{1, 2, 1, 66, 66, 12, false},
                         Case{1, 2, 2, 20, 20, 4, true}, Case{1, 4, 1, 200, 330, 8, true},
@@ -973,10 +976,7 @@ DEVICE_TEST_CASE("ops/attention: the fused kernel and its backward equal the com
 // whose rows are not 16-byte aligned.
 DEVICE_TEST_CASE("ops/attention: bf16 attention and its gradients within bf16 error of f64") {
   Generator g(21);
-  struct Case {
-    int64_t b, hq, hkv, tq, tk, d;
-    bool causal;
-  };
+  using Case = AttentionCase;
   for (const Case& c : {Case{1, 6, 2, 130, 130, 64, true}, Case{2, 4, 4, 70, 200, 128, true},
                         Case{1, 3, 1, 17, 75, 128, true}, Case{1, 2, 1, 100, 90, 64, false},
                         Case{1, 24, 8, 300, 300, 128, true}, Case{1, 4, 2, 40, 40, 32, true}}) {

@@ -201,19 +201,30 @@ Tensor group_advantages(const Tensor& rewards, int64_t group_size, double eps, R
   return group_advantages(rewards, std::vector<int64_t>(size_t(N / group_size), group_size), eps, scale);
 }
 
-Tensor group_advantages(const Tensor& rewards, const std::vector<int64_t>& group_sizes, double eps,
-                        RewardScale scale) {
+namespace {
+
+// rewards [N] on the host in f64, after checking that `group_sizes` (each at
+// least 1) add up to N; errors name `op`.
+std::vector<double> grouped_rewards(const Tensor& rewards, const std::vector<int64_t>& group_sizes, const char* op) {
   if (!rewards.defined() || rewards.dim() != 1 || !is_floating(rewards.dtype()))
-    throw std::invalid_argument("group_advantages: rewards must be a [N] float tensor");
+    throw std::invalid_argument(fmt::format("{}: rewards must be a [N] float tensor", op));
   const int64_t N = rewards.size(0);
   int64_t total = 0;
   for (int64_t g : group_sizes) {
-    if (g < 1) throw std::invalid_argument(fmt::format("group_advantages: a group of {} rewards", g));
+    if (g < 1) throw std::invalid_argument(fmt::format("{}: a group of {} rewards", op, g));
     total += g;
   }
   if (total != N)
-    throw std::invalid_argument(fmt::format("group_advantages: groups of {} rewards in all for {} rewards", total, N));
-  const std::vector<double> r = host_f64(rewards);
+    throw std::invalid_argument(fmt::format("{}: groups of {} rewards in all for {} rewards", op, total, N));
+  return host_f64(rewards);
+}
+
+}  // namespace
+
+Tensor group_advantages(const Tensor& rewards, const std::vector<int64_t>& group_sizes, double eps,
+                        RewardScale scale) {
+  const std::vector<double> r = grouped_rewards(rewards, group_sizes, "group_advantages");
+  const int64_t N = int64_t(r.size());
   std::vector<double> a(r.size(), 0.0);
   double batch_std = 0;  // unbiased, over every reward (TRL's "batch")
   if (scale == RewardScale::batch && N > 1) {
@@ -264,9 +275,7 @@ AdvEstimator parse_adv_estimator(const std::string& name, const char* flag) {
 Tensor outcome_advantages(AdvEstimator e, const Tensor& rewards, const std::vector<int64_t>& group_sizes,
                           const std::vector<int64_t>& tokens, double eps, RewardScale scale) {
   if (e == AdvEstimator::grpo) return group_advantages(rewards, group_sizes, eps, scale);
-  // The group checks of group_advantages (its result is not used here).
-  group_advantages(rewards, group_sizes, eps, RewardScale::none);
-  const std::vector<double> r = host_f64(rewards);
+  const std::vector<double> r = grouped_rewards(rewards, group_sizes, "outcome_advantages");
   const size_t N = r.size();
   if (tokens.size() != N)
     throw std::invalid_argument(
