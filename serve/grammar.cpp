@@ -15,12 +15,6 @@
 
 namespace areno::serve {
 
-namespace {
-
-// The bytes a UTF-8 sequence may take after lead byte c: how many follow,
-// and the range of the first of them (the rest are 80-BF). 0 follow for
-// ASCII; -1 for a byte that cannot begin a code point (a continuation,
-// C0, C1, F5-FF: overlong or beyond U+10FFFF).
 int utf8_lead(unsigned char c, unsigned char& lo, unsigned char& hi) {
   lo = 0x80, hi = 0xBF;
   if (c < 0x80) return 0;
@@ -37,6 +31,8 @@ int utf8_lead(unsigned char c, unsigned char& lo, unsigned char& hi) {
   }
   return -1;
 }
+
+namespace {
 
 // Whole code points of well-formed UTF-8.
 bool whole_utf8(std::string_view b) {
@@ -81,8 +77,20 @@ TokenBytes::TokenBytes(const tok::Tokenizer& tokenizer, int64_t vocab_size) {
     offsets_.push_back(int64_t(data_.size()));
   }
   for (int64_t id = 0; id < vocab_size; ++id)
-    if (!special_[size_t(id)] && !bytes(id).empty()) sorted_.push_back(int32_t(id));
-  std::stable_sort(sorted_.begin(), sorted_.end(), [&](int32_t a, int32_t b) { return bytes(a) < bytes(b); });
+    if (!special_[size_t(id)] && !bytes(id).empty()) ordered_.push_back(int32_t(id));
+  std::stable_sort(ordered_.begin(), ordered_.end(), [&](int32_t a, int32_t b) { return bytes(a) < bytes(b); });
+  ordered_offsets_.push_back(0);
+  std::string_view prev;
+  for (int32_t id : ordered_) {
+    const std::string_view b = bytes(id);
+    size_t l = 0;
+    while (l < std::min(prev.size(), b.size()) && prev[l] == b[l]) ++l;
+    ordered_shared_.push_back(uint32_t(l));
+    ordered_data_ += b;
+    ordered_offsets_.push_back(uint32_t(ordered_data_.size()));
+    prev = b;
+  }
+  sorted_ = ordered_;
   sorted_.erase(std::unique(sorted_.begin(), sorted_.end(), [&](int32_t a, int32_t b) { return bytes(a) == bytes(b); }),
                 sorted_.end());
 }

@@ -31,10 +31,17 @@
 #include <vector>
 
 #include "models/phi4mm/tokenizer/tokenizer.h"
+#include "serve/constraint.h"
 #include "serve/json_schema.h"
 #include "serve/regex.h"
 
 namespace areno::serve {
+
+// The bytes a UTF-8 sequence may take after lead byte c: how many follow,
+// and the range of the first of them (the rest are 80-BF). 0 follow for
+// ASCII; -1 for a byte that cannot begin a code point (a continuation,
+// C0, C1, F5-FF: overlong or beyond U+10FFFF).
+int utf8_lead(unsigned char c, unsigned char& lo, unsigned char& hi);
 
 // The bytes of every id below vocab_size, special (added) tokens flagged, the
 // id of each single-byte token, and the ordinary ids sorted by their bytes
@@ -61,17 +68,30 @@ class TokenBytes {
   // first token is longest, then likewise from there on). O(text.size() x
   // the longest token matched x log vocabulary), no allocation but the DP's.
   int64_t spell(std::string_view text, std::vector<int64_t>* out = nullptr) const;
+  // Every ordinary id with bytes, sorted by its bytes (then by id): ids that
+  // share a prefix are neighbours (a mask can walk them as a trie). Entry i:
+  // its id, its bytes (stored in this order, so a walk reads memory in
+  // order), and how many leading bytes it shares with entry i - 1.
+  size_t ordered_size() const { return ordered_.size(); }
+  int32_t ordered_id(size_t i) const { return ordered_[i]; }
+  std::string_view ordered_bytes(size_t i) const {
+    return std::string_view(ordered_data_).substr(ordered_offsets_[i], ordered_offsets_[i + 1] - ordered_offsets_[i]);
+  }
+  uint32_t ordered_shared(size_t i) const { return ordered_shared_[i]; }
 
  private:
   std::string data_;
   std::vector<int64_t> offsets_;
-  std::vector<int32_t> sorted_;  // the ordinary ids by their bytes (one id per distinct bytes)
+  std::vector<int32_t> ordered_;
+  std::string ordered_data_;
+  std::vector<uint32_t> ordered_offsets_, ordered_shared_;
+  std::vector<int32_t> sorted_;  // ordered_ with one id per distinct bytes
   std::vector<uint8_t> special_, string_safe_;
   std::vector<uint16_t> code_points_;
   int64_t byte_token_[256];
 };
 
-class OutputGrammar {
+class OutputGrammar final : public OutputConstraint {
  public:
   static constexpr int kMaxDepth = JsonSchema::kMaxDepth;
   static constexpr size_t kMaxNames = 64;
@@ -103,7 +123,7 @@ class OutputGrammar {
   // first token of the shortest completion gets 0 and every other -inf. A
   // finished grammar (its last token generated) leaves work as it is.
   // Throws std::logic_error when `generated` is not a prefix of the language.
-  void mask(std::span<const int64_t> generated, int64_t remaining, float* work, int64_t V) const;
+  void mask(std::span<const int64_t> generated, int64_t remaining, float* work, int64_t V) const override;
 
   // The output's text so far is a prefix of the language (tests; the replay).
   bool accepts(std::span<const int64_t> generated) const;
@@ -112,11 +132,11 @@ class OutputGrammar {
   // among the names still possible, spelled in the fewest tokens.
   std::vector<int64_t> completion(std::span<const int64_t> generated) const;
   // Its length (tests: equal to the above's size).
-  int64_t completion_length(std::span<const int64_t> generated) const;
+  int64_t completion_length(std::span<const int64_t> generated) const override;
   // The tokens the shortest complete output needs, counted as the mask
   // counts: max_tokens below it cannot give a complete output (the HTTP
   // layer refuses such a request).
-  int64_t min_tokens() const { return min_tokens_; }
+  int64_t min_tokens() const override { return min_tokens_; }
 
   struct Segment {
     enum Kind { special, literal, choice, json, regex } kind;

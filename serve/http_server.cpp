@@ -17,6 +17,7 @@
 
 #include "areno_build_config.h"
 #include "models/phi4mm/processor/chat_processor.h"
+#include "serve/cfg.h"
 #include "serve/grammar.h"
 
 namespace areno::serve {
@@ -286,7 +287,7 @@ struct HttpServer::Impl {
   }
 
   // Checks the prompt length and fixes max_tokens / max_context of `r`; a
-  // forced tool call, a JSON object, a JSON schema, a choice or a regex gets its
+  // forced tool call, a JSON object, a JSON schema, a choice, a regex or a grammar gets its
   // grammar, and max_tokens must leave room for its shortest output.
   void fit_context(Request& r, const ApiRequest& ar, const char* field) {
     const int64_t len = int64_t(r.prompt.size());
@@ -298,11 +299,13 @@ struct HttpServer::Impl {
     if (ar.constraint_field.empty()) return;
     const char* what = ar.constraint_field.c_str();
     try {
-      r.params.grammar = !ar.forced_tools.empty() ? OutputGrammar::tool_call(token_bytes(), ar.forced_tools, ar.forced_schemas)
-                         : !ar.choices.empty()    ? OutputGrammar::choice(token_bytes(), ar.choices)
-                         : ar.has_regex           ? OutputGrammar::regex(token_bytes(), Regex::compile(ar.regex))
-                         : ar.output_schema       ? OutputGrammar::json_schema(token_bytes(), ar.output_schema)
-                                                  : OutputGrammar::json_object(token_bytes());
+      auto& g = r.params.grammar;
+      if (!ar.forced_tools.empty()) g = OutputGrammar::tool_call(token_bytes(), ar.forced_tools, ar.forced_schemas);
+      else if (!ar.choices.empty()) g = OutputGrammar::choice(token_bytes(), ar.choices);
+      else if (ar.has_regex) g = OutputGrammar::regex(token_bytes(), Regex::compile(ar.regex));
+      else if (ar.has_grammar) g = Cfg::compile(token_bytes(), ar.grammar);
+      else if (ar.output_schema) g = OutputGrammar::json_schema(token_bytes(), ar.output_schema);
+      else g = OutputGrammar::json_object(token_bytes());
     } catch (const std::invalid_argument& e) {
       throw ApiError(400, fmt::format("'{}': {}", what, e.what()), what);
     }

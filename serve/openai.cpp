@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 
+#include "serve/cfg.h"
 #include "serve/grammar.h"
 
 namespace areno::serve {
@@ -150,15 +151,26 @@ void parse_regex(const json& v, const std::string& field, ApiRequest& r) {
   r.has_regex = true;
 }
 
+void parse_grammar(const json& v, const std::string& field, ApiRequest& r) {
+  if (!v.is_string()) throw bad(field, fmt::format("'{}' must be a string (a GBNF grammar)", field));
+  if (v.get_ref<const std::string&>().size() > Cfg::kMaxGrammarBytes)
+    throw bad(field, fmt::format("'{}' must have at most {} bytes", field, Cfg::kMaxGrammarBytes));
+  r.grammar = v.get<std::string>();
+  r.has_grammar = true;
+}
+
 // vLLM's guided decoding fields and their newer form, structured_outputs:
-// JSON schemas, choices and regular expressions are enforced; grammars are
-// refused by name, never ignored.
+// JSON schemas, choices, regular expressions and grammars are enforced;
+// anything else is refused by name, never ignored.
 void parse_guided(const json& body, ApiRequest& r) {
-  for (const char* k : {"guided_grammar", "guided_whitespace_pattern"})
-    if (has(body, k))
-      throw bad(k, fmt::format("'{}' is not supported (supported: guided_json, guided_choice, guided_regex, "
-                               "response_format json_object and json_schema)",
-                               k));
+  if (has(body, "guided_whitespace_pattern"))
+    throw bad("guided_whitespace_pattern",
+              "'guided_whitespace_pattern' is not supported (supported: guided_json, guided_choice, guided_regex, "
+              "guided_grammar, response_format json_object and json_schema)");
+  if (has(body, "guided_grammar")) {
+    set_constraint(r, "guided_grammar");
+    parse_grammar(body["guided_grammar"], "guided_grammar", r);
+  }
   if (has(body, "guided_regex")) {
     set_constraint(r, "guided_regex");
     parse_regex(body["guided_regex"], "guided_regex", r);
@@ -190,15 +202,20 @@ void parse_guided(const json& body, ApiRequest& r) {
       } else if (it.key() == "regex") {
         set_constraint(r, "structured_outputs");
         parse_regex(it.value(), field, r);
+      } else if (it.key() == "grammar") {
+        set_constraint(r, "structured_outputs");
+        parse_grammar(it.value(), field, r);
       } else if (it.key() == "json_object") {
         if (!it.value().is_boolean()) throw bad(field, "'structured_outputs.json_object' must be a boolean");
         if (it.value().get<bool>()) set_constraint(r, "structured_outputs"), r.json_object = true;
       } else {
-        throw bad(field, fmt::format("'{}' is not supported (supported: json, choice, regex, json_object)", field));
+        throw bad(field, fmt::format("'{}' is not supported (supported: json, choice, regex, grammar, json_object)", field));
       }
     }
-    if (int(!r.schema_field.empty()) + int(!r.choices.empty()) + int(r.json_object) + int(r.has_regex) > 1)
-      throw bad("structured_outputs", "'structured_outputs' must hold one of json, choice, regex and json_object");
+    if (int(!r.schema_field.empty()) + int(!r.choices.empty()) + int(r.json_object) + int(r.has_regex) +
+            int(r.has_grammar) >
+        1)
+      throw bad("structured_outputs", "'structured_outputs' must hold one of json, choice, regex, grammar and json_object");
   }
 }
 

@@ -9,7 +9,7 @@
 // skip_special_tokens, include_stop_str_in_output, return_tokens_as_token_ids,
 // guided_json, guided_choice, structured_outputs). Unknown fields are
 // ignored, as vLLM does, except vLLM's guided-decoding fields this server
-// does not enforce (guided_regex, guided_grammar, ...): those are refused.
+// does not enforce (guided_whitespace_pattern, ...): those are refused.
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -94,6 +94,10 @@ struct ApiRequest {
   // (serve/regex.h); `has_regex` because the empty pattern is one.
   std::string regex;
   bool has_regex = false;
+  // guided_grammar / structured_outputs.grammar: a GBNF grammar the output
+  // is one sentence of (serve/cfg.h).
+  std::string grammar;
+  bool has_grammar = false;
   // The field that asked for a constrained output (errors name it); empty: none.
   std::string constraint_field;
   // Compiled by compile_output_schemas: the output schema, and each forced

@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 
 #include "kernels/cpu/vec_exp.h"
-#include "serve/grammar.h"
+#include "serve/constraint.h"
 #include "models/phi4mm/text.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 

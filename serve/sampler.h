@@ -23,7 +23,7 @@
 
 namespace areno::serve {
 
-class OutputGrammar;  // serve/grammar.h
+class OutputConstraint;  // serve/constraint.h
 
 struct SamplingParams {
   int64_t n = 1;                 // samples sharing the prompt
@@ -48,8 +48,8 @@ struct SamplingParams {
   // Constrained decoding (a forced tool call, a JSON object): only ids that
   // keep the output in the grammar's language and finishable within
   // max_tokens are drawn; applied after every other rule, and it wins over
-  // them when they leave no allowed id (serve/grammar.h).
-  std::shared_ptr<const OutputGrammar> grammar;
+  // them when they leave no allowed id (serve/constraint.h).
+  std::shared_ptr<const OutputConstraint> grammar;
 };
 
 // The range of one numeric parameter: [lo, hi], or (lo, hi] when lo_open.

@@ -1,6 +1,7 @@
-// Constrained decoding's cost per token: OutputGrammar::mask over the Phi-4
-// vocabulary (200064 ids) at typical states of a forced tool call, a JSON
-// object and a JSON schema (serve/grammar.h). Each state's mask runs --reps
+// Constrained decoding's cost per token: the mask over the Phi-4 vocabulary
+// (200064 ids) at typical states of a forced tool call, a JSON object, a JSON
+// schema, a regular expression (serve/grammar.h) and GBNF grammars
+// (serve/cfg.h). Each state's mask runs --reps
 // times on one thread over fixed random logits, with 1000 tokens left or
 // (the "tight" states) exactly the completion's count, where candidates
 // whose completion has more bytes than tokens left are spelled in tokens;
@@ -21,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+#include "serve/cfg.h"
 #include "serve/grammar.h"
 #include "serve/json_schema.h"
 #include "serve/regex.h"
@@ -55,6 +57,20 @@ int main(int argc, char** argv) {
        nullptr});
   const auto phone = OutputGrammar::regex(bytes, Regex::compile("\\(\\d{3}\\) \\d{3}-\\d{4}"));
   const auto line = OutputGrammar::regex(bytes, Regex::compile("[A-Z][^\\n]{0,200}\\."));
+  // GBNF: JSON as llama.cpp's grammars/json.gbnf writes it, and arithmetic.
+  const auto json = Cfg::compile(bytes, R"G(root ::= object
+value ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9]{1,2})? ws
+ws ::= | " " | "\n" [ \t]{0,20}
+)G");
+  const auto arith = Cfg::compile(bytes, R"G(root ::= expr
+expr ::= term (("+" | "-") term)*
+term ::= factor (("*" | "/") factor)*
+factor ::= [0-9]+ | "(" expr ")" | "-" factor
+)G");
   auto ids = [&](const std::string& text) {
     std::vector<int64_t> out;
     for (const tok::Segment& s : tokenizer.split_added_tokens(text)) {
@@ -69,7 +85,7 @@ int main(int argc, char** argv) {
   };
   struct Case {
     const char* name;
-    const OutputGrammar* g;
+    const OutputConstraint* g;
     std::string prefix;
     bool tight = false;
   };
@@ -92,6 +108,12 @@ int main(int argc, char** argv) {
       {"regex: digits", phone.get(), "(55", false},
       {"regex: free text (any but newline)", line.get(), "Hello, wor", false},
       {"tight: regex: free text", line.get(), "Hello, wor", true},
+      {"gbnf json: start", json.get(), ""},
+      {"gbnf json: value", json.get(), R"({"k": )"},
+      {"gbnf json: string", json.get(), R"({"k": "v)"},
+      {"gbnf json: nested number", json.get(), R"({"a": {"b": [1, 2, {"c": 12)"},
+      {"tight: gbnf json: string", json.get(), R"({"k": "v)", true},
+      {"gbnf arithmetic: nested", arith.get(), "((1+2)*(3-"},
   };
   std::mt19937 rng(1);
   std::normal_distribution<float> nd;

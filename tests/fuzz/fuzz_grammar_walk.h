@@ -1,6 +1,6 @@
 #pragma once
 // The constrained-decoding harnesses' shared part (fuzz_json_schema,
-// fuzz_regex): the Phi-4 vocabulary's bytes, and a greedy walk through an
+// fuzz_regex, fuzz_cfg): the Phi-4 vocabulary's bytes, and a greedy walk through an
 // output grammar's mask at a tight budget over logits drawn from the input.
 #include <cstdint>
 #include <cstdlib>
@@ -26,12 +26,25 @@ inline const std::shared_ptr<const serve::TokenBytes>& vocab_bytes() {
   return bytes;
 }
 
+}  // namespace areno::fuzz
+
+// The vocabulary's bytes once, before the first input (each harness that
+// includes this header): building them under ASan on a busy machine took
+// longer than one input's timeout (10 s).
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  areno::fuzz::vocab_bytes();
+  return 0;
+}
+
+namespace areno::fuzz {
+
 // Walks `g` greedily with max_tokens its shortest output's token count plus
 // size % 4, the characters of `favoured` raised at random; aborts when a
 // completion's count differs from its spelled tokens or no longer fits the
 // tokens left, or when the walk does not end in <|end|> within max_tokens.
 // Returns the output's text before <|end|>.
-inline std::string tight_walk(const serve::OutputGrammar& g, const uint8_t* data, size_t size,
+template <typename G>  // serve::OutputGrammar, serve::Cfg
+std::string tight_walk(const G& g, const uint8_t* data, size_t size,
                               std::string_view favoured) {
   const serve::TokenBytes& bytes = *vocab_bytes();
   uint64_t x = 0x9E3779B97F4A7C15ull ^ size;

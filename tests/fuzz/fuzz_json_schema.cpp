@@ -22,13 +22,6 @@
 
 using namespace areno;
 
-// The vocabulary's bytes once, before the first input: building them under
-// ASan on a busy machine took longer than one input's timeout (10 s).
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  fuzz::vocab_bytes();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto& bytes = fuzz::vocab_bytes();
   if (size > (1 << 16)) return 0;

@@ -20,13 +20,6 @@
 
 using namespace areno;
 
-// The vocabulary's bytes once, before the first input: building them under
-// ASan on a busy machine took longer than one input's timeout (10 s).
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  fuzz::vocab_bytes();
-  return 0;
-}
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size > 8192) return 0;
   const std::string pattern(reinterpret_cast<const char*>(data), size);

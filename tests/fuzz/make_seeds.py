@@ -143,6 +143,20 @@ def main():
                 r"[[:alpha:]]", r"a{1001}", r"(.{0,50}){20}", r"\w+@\w+\.(com|org)", ""]
     for i, p in enumerate(patterns):
         put("regex", "seed_%02d" % i, p)
+    # context-free grammars (guided_grammar, GBNF)
+    grammars = [
+        'root ::= "[" item (", " item){0,3} "]"\nitem ::= [a-z]+ | "(" item ")"',
+        'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= [0-9]+ | "(" expr ")"',
+        'root ::= object\nobject ::= "{" (pair ("," pair)*)? "}"\npair ::= "\\"" [a-z]* "\\":" value\n'
+        'value ::= object | [0-9]+ | "true"',
+        'root ::= item*\nitem ::= "(" root ")" | "[" root "]"',
+        'root ::= w{1,8} "."\nw ::= [a-z] | [a-z] [a-z]  # words',
+        'root ::= [\\u3040-\\u309F]{2} "\\u00e9" [^\\x00-\\x7f]?',
+        'root ::= ("x"?)*', 'root ::= a\na ::= a "b" | "c"', 'root ::= "a" root', 'root ::= x',
+        'root ::= "a"{2,5} | "b"{3,} | .', "root: 'a'", 'root ::= "a" | "ab" | "abc"',
+    ]
+    for i, g in enumerate(grammars):
+        put("cfg", "seed_%02d" % i, g)
 
 
 if __name__ == "__main__":

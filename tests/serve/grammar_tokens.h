@@ -2,6 +2,9 @@
 // The constrained-decoding tests' view of the Phi-4 tokenizer: its full
 // padded vocabulary, the bytes of every id, text to ids (control tokens by
 // id) and back.
+#include <doctest/doctest.h>
+
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <random>
@@ -55,7 +58,8 @@ inline std::string text(const std::vector<int64_t>& v) {
 struct MaskCheck {
   int64_t allowed = 0, wrong = 0;
 };
-inline MaskCheck check_mask(const OutputGrammar& g, const std::vector<int64_t>& prefix, int64_t remaining,
+template <typename G>  // OutputGrammar, Cfg
+MaskCheck check_mask(const G& g, const std::vector<int64_t>& prefix, int64_t remaining,
                             const std::vector<float>& logits, std::vector<float>& w) {
   w = logits;
   g.mask(prefix, remaining, w.data(), kVocab);
@@ -74,8 +78,8 @@ inline MaskCheck check_mask(const OutputGrammar& g, const std::vector<int64_t>& 
 // A greedy walk through the mask over random logits (normal, scale 3), the
 // characters of `favoured` raised by 6 and those of `closers` by 7, until
 // <|end|> or max_tokens; `each(out)` after every token.
-template <typename F>
-std::vector<int64_t> masked_walk(const OutputGrammar& g, int64_t max_tokens, std::mt19937& rng, const std::string& favoured,
+template <typename G, typename F>
+std::vector<int64_t> masked_walk(const G& g, int64_t max_tokens, std::mt19937& rng, const std::string& favoured,
                                  const std::string& closers, F&& each) {
   std::normal_distribution<float> nd;
   std::vector<float> w(static_cast<size_t>(kVocab));
@@ -92,6 +96,36 @@ std::vector<int64_t> masked_walk(const OutputGrammar& g, int64_t max_tokens, std
     each(out);
   }
   return out;
+}
+
+// check_mask after `v` with the completion's token count plus each of
+// `extra` tokens left: exact, and something allowed.
+template <typename G>
+void check_masks_after(const G& g, const std::vector<int64_t>& v, std::initializer_list<int64_t> extra,
+                       const std::vector<float>& logits) {
+  const int64_t need = g.completion_length(v);
+  for (int64_t e : extra) {
+    CAPTURE(need + e);
+    std::vector<float> w;
+    const MaskCheck m = check_mask(g, v, need + e, logits, w);
+    CHECK(m.wrong == 0);
+    CHECK(m.allowed > 0);
+  }
+}
+
+// A masked walk (above) with `max_tokens`: every step's completion fits the
+// tokens left, and it ends in <|end|> within max_tokens. Returns the text
+// before <|end|>.
+template <typename G>
+std::string checked_walk(const G& g, int64_t max_tokens, std::mt19937& rng, const std::string& favoured) {
+  const std::vector<int64_t> out = masked_walk(g, max_tokens, rng, favoured, "", [&](const std::vector<int64_t>& o) {
+    CHECK(g.completion_length(o) <= max_tokens - int64_t(o.size()));
+  });
+  const std::string t = text(out);
+  CAPTURE(t);
+  REQUIRE(out.back() == phi4mm::kEnd);
+  CHECK(int64_t(out.size()) <= max_tokens);
+  return t.substr(0, t.size() - 7);
 }
 
 }  // namespace areno::serve::testing

@@ -208,11 +208,14 @@ def main():
             raise AssertionError("a lookahead in guided_regex was accepted")
         except openai.BadRequestError as e:
             assert e.body["param"] == "guided_regex", e.body
+        c = client.completions.create(model=model, prompt="List", max_tokens=30, temperature=1.0, seed=8,
+                                      extra_body={"guided_grammar": 'root ::= "(" word ("," word){0,2} ")"\nword ::= [a-z]+'})
+        assert re.fullmatch(r"\([a-z]+(,[a-z]+){0,2}\)", c.choices[0].text), c
         try:
             client.chat.completions.create(model=model, messages=ask, max_tokens=4, extra_body={"guided_grammar": "root ::= x"})
-            raise AssertionError("guided_grammar was accepted")
+            raise AssertionError("a grammar with an undefined rule was accepted")
         except openai.BadRequestError as e:
-            assert e.body["param"] == "guided_grammar", e.body
+            assert e.body["param"] == "guided_grammar" and "never defined" in e.body["message"], e.body
         print("json_schema (Pydantic, patterns and formats too), tool parameters and vLLM's guided fields ok")
 
         c = client.completions.create(model=model, prompt=[24912, 2375, 13], echo=True, logprobs=1, max_tokens=0)

@@ -20,6 +20,7 @@
 
 #include "models/phi4mm/init.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+#include "serve/cfg.h"
 #include "serve/engine.h"
 #include "serve/http_server.h"
 #include "tests/serve/grammar_tokens.h"
@@ -364,8 +365,28 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
               "guided_regex");
   check_error(post(w.plain->port, "/v1/chat/completions", {{"messages", messages}, {"structured_outputs", {{"regex", "(a"}}}}),
               400, "missing ')'", "structured_outputs");
+  // guided_grammar: a sentence of the grammar, at its minimum max_tokens
+  // too; a grammar that does not compile is a 400 naming the field and the
+  // byte.
+  const std::string list = "root ::= \"[\" item (\", \" item){0,3} \"]\"\nitem ::= [a-z]+ | \"(\" item \")\"";
+  const auto cfg = Cfg::compile(testing::bytes(), list);
+  for (const auto& [max_tokens, temperature] : {std::pair{cfg->min_tokens(), 1.0}, std::pair{int64_t(40), 1.0}}) {
+    CAPTURE(max_tokens);
+    Reply r = post(w.plain->port, "/v1/completions",
+                   {{"prompt", "List"}, {"max_tokens", max_tokens}, {"temperature", temperature}, {"seed", 5},
+                    {"guided_grammar", list}});
+    REQUIRE(r.status == 200);
+    const std::string t = r.body["choices"][0]["text"];
+    CAPTURE(t);
+    CHECK(cfg->matches(t));
+    CHECK(r.body["choices"][0]["finish_reason"] == "stop");
+  }
+  check_error(post(w.plain->port, "/v1/completions", {{"prompt", "x"}, {"max_tokens", cfg->min_tokens() - 1}, {"guided_grammar", list}}),
+              400, "shortest output", "max_tokens");
   check_error(post(w.plain->port, "/v1/completions", {{"prompt", "x"}, {"guided_grammar", "root ::= x"}}), 400,
-              "not supported", "guided_grammar");
+              "the rule 'x' is used but never defined (at byte 9)", "guided_grammar");
+  check_error(post(w.plain->port, "/v1/chat/completions", {{"messages", messages}, {"structured_outputs", {{"grammar", "root: \"a\""}}}}),
+              400, "expected '::='", "structured_outputs");
   check_error(post(w.plain->port, "/v1/chat/completions",
                    {{"messages", messages},
                     {"response_format",
