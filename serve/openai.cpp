@@ -185,6 +185,17 @@ void parse_guided(const json& body, ApiRequest& r) {
     set_constraint(r, "guided_choice");
     parse_choices(body["guided_choice"], "guided_choice", r);
   }
+  // llama.cpp's names (llama-server reads them beside its OpenAI fields too):
+  // a client moving from it keeps its constraint instead of losing it unseen.
+  if (has(body, "grammar")) {
+    set_constraint(r, "grammar");
+    parse_grammar(body["grammar"], "grammar", r);
+  }
+  if (has(body, "json_schema")) {
+    if (!body["json_schema"].is_object()) throw bad("json_schema", "'json_schema' must be a JSON schema (an object)");
+    set_constraint(r, "json_schema");
+    r.schema_field = "json_schema";
+  }
   if (has(body, "structured_outputs")) {
     const json& so = body["structured_outputs"];
     if (!so.is_object()) throw bad("structured_outputs", "'structured_outputs' must be an object");

@@ -383,6 +383,22 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
   }
   check_error(post(w.plain->port, "/v1/completions", {{"prompt", "x"}, {"max_tokens", cfg->min_tokens() - 1}, {"guided_grammar", list}}),
               400, "shortest output", "max_tokens");
+  {
+    // llama.cpp's `grammar` and `json_schema` fields constrain the same way.
+    Reply r = post(w.plain->port, "/v1/chat/completions",
+                   {{"messages", messages}, {"max_tokens", 40}, {"temperature", 1.0}, {"seed", 9}, {"grammar", list}});
+    REQUIRE(r.status == 200);
+    const std::string t = r.body["choices"][0]["message"]["content"];
+    CAPTURE(t);
+    CHECK(cfg->matches(t));
+    r = post(w.plain->port, "/v1/completions",
+             {{"prompt", "x"}, {"max_tokens", 40}, {"temperature", 1.0}, {"seed", 9},
+              {"json_schema", {{"type", "object"}, {"properties", {{"ok", {{"type", "boolean"}}}}}, {"required", {"ok"}}}}});
+    REQUIRE(r.status == 200);
+    const json v = json::parse(r.body["choices"][0]["text"].get<std::string>());
+    CHECK(v.size() == 1);
+    CHECK(v["ok"].is_boolean());
+  }
   check_error(post(w.plain->port, "/v1/completions", {{"prompt", "x"}, {"guided_grammar", "root ::= x"}}), 400,
               "the rule 'x' is used but never defined (at byte 9)", "guided_grammar");
   check_error(post(w.plain->port, "/v1/chat/completions", {{"messages", messages}, {"structured_outputs", {{"grammar", "root: \"a\""}}}}),

@@ -546,6 +546,13 @@ TEST_CASE("serve/json_schema the API: response_format json_schema and forced too
   refused("{" + msgs + R"(, "guided_grammar": "root ::= x", "guided_regex": "a"})", "guided_regex", "both constrain");
   refused("{" + msgs + R"(, "structured_outputs": {"grammar": "root ::= x", "regex": "a"}})", "structured_outputs", "one of");
   refused("{" + msgs + R"(, "guided_whitespace_pattern": " "})", "guided_whitespace_pattern", "not supported");
+  // llama.cpp's names for the same constraints.
+  ApiRequest lg = parse_completion_request(json::parse(R"({"prompt": "x", "grammar": "root ::= \"a\""})"), ApiLimits{});
+  CHECK((lg.has_grammar && lg.grammar == "root ::= \"a\"" && lg.constraint_field == "grammar"));
+  ApiRequest ls = parse_chat_request(json::parse("{" + msgs + R"(, "json_schema": {"type": "object"}})"), ApiLimits{});
+  CHECK((ls.schema_field == "json_schema" && ls.constraint_field == "json_schema"));
+  refused("{" + msgs + R"(, "json_schema": "{}"})", "json_schema", "must be a JSON schema");
+  refused("{" + msgs + R"(, "grammar": "root ::= x", "guided_choice": ["a"]})", "grammar", "both constrain");
   refused("{" + msgs + R"(, "guided_regex": 5})", "guided_regex", "must be a string");
   refused("{" + msgs + R"(, "guided_regex": ")" + std::string(4097, 'a') + R"("})", "guided_regex", "at most 4096 bytes");
   refused("{" + msgs + R"(, "guided_regex": "a", "guided_choice": ["a"]})", "guided_choice", "both constrain");
