@@ -36,7 +36,8 @@ std::string_view keyword_type(std::string_view k) {
   if (k == "properties" || k == "required" || k == "additionalProperties") return "object";
   if (k == "items" || k == "prefixItems" || k == "minItems" || k == "maxItems") return "array";
   if (k == "minLength" || k == "maxLength" || k == "pattern" || k == "format") return "string";
-  if (k == "minimum" || k == "maximum" || k == "exclusiveMinimum" || k == "exclusiveMaximum") return "number";  // integers too
+  if (k == "minimum" || k == "maximum" || k == "exclusiveMinimum" || k == "exclusiveMaximum" || k == "multipleOf")
+    return "number";  // integers too
   if (k == "type" || k == "enum" || k == "const" || k == "anyOf" || k == "oneOf" || k == "allOf" || k == "$ref")
     return "";
   return "?";
@@ -679,8 +680,9 @@ class SchemaCompiler {
   }
 
   // A number or an integer with `minimum` / `maximum` (or their exclusive
-  // forms): the pattern of the texts inside the range (serve/number_range.h),
-  // counted with the string patterns in work and states.
+  // forms): the pattern of the texts inside the range (serve/number_range.h);
+  // with `multipleOf`, those texts that are its multiples (Regex::
+  // with_multiple). Counted with the string patterns in work and states.
   void numeric_range(const json& s, const std::string& path, Node& n) {
     std::vector<NumberBound> lower, upper;
     for (const char* k : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}) {
@@ -691,13 +693,19 @@ class SchemaCompiler {
       const std::string_view kk = k;
       (kk == "minimum" || kk == "exclusiveMinimum" ? lower : upper).push_back(NumberBound{v.dump(), kk.starts_with("exclusive")});
     }
-    if (lower.empty() && upper.empty()) return;
+    const bool multiple = s.contains("multipleOf");
+    if (lower.empty() && upper.empty() && !multiple) return;
     const bool integer = n.kind == Node::integer;
     std::string source;
-    try {
-      source = number_range_pattern(lower, upper, integer);
-    } catch (const std::invalid_argument& e) {
-      refuse(path, e.what());
+    if (lower.empty() && upper.empty()) {
+      // The texts a ranged number takes, unbounded: no exponent, no -0 (the multiples exclude it).
+      source = integer ? "-?(0|[1-9][0-9]{0,15})" : "-?(0|[1-9][0-9]{0,15})(\\.[0-9]{1,16})?";
+    } else {
+      try {
+        source = number_range_pattern(lower, upper, integer);
+      } catch (const std::invalid_argument& e) {
+        refuse(path, e.what());
+      }
     }
     n.pattern = cached("range:" + source, path, [&] {
       Regex::Options o;
@@ -708,6 +716,57 @@ class SchemaCompiler {
         refuse(path, fmt::format("the range: {}", e.what()));
       }
     });
+    if (!multiple) return;
+    const std::pair<uint64_t, uint32_t> m = multiple_of(s["multipleOf"], integer, path);
+    const uint64_t divisor = m.first;  // not structured bindings: clang 14 cannot capture them
+    const uint32_t scale = m.second;
+    const std::shared_ptr<const Regex> texts = n.pattern;
+    n.pattern = cached(fmt::format("multiple:{}/{}:{}", divisor, scale, source), path, [&] {
+      try {
+        return texts->with_multiple(divisor, scale, &pattern_work_);
+      } catch (const std::invalid_argument& e) {
+        refuse(path, fmt::format("'multipleOf': {}", e.what()));
+      }
+    });
+  }
+
+  // `multipleOf` read exactly from its JSON text as divisor x 10^-scale,
+  // reduced to what the written numbers can tell apart: an integer is a
+  // multiple of 2.5 when it is one of 5 (scale 0); a number has at most 16
+  // fraction digits, so a finer scale divides out.
+  std::pair<uint64_t, uint32_t> multiple_of(const json& v, bool integer, const std::string& path) {
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() <= 0)
+      refuse(path, "'multipleOf' must be a number greater than 0");
+    const std::string text = v.dump();
+    std::string digits;
+    int64_t scale = 0, exponent = 0;
+    bool fraction = false;
+    for (size_t i = 0; i < text.size(); ++i) {
+      const char c = text[i];
+      if (c == '.') {
+        fraction = true;
+      } else if (c == 'e' || c == 'E') {
+        exponent = std::stoll(text.substr(i + 1));
+        break;
+      } else {
+        digits += c;
+        scale += fraction;
+      }
+    }
+    scale -= exponent;
+    while (digits.size() > 1 && digits.back() == '0') digits.pop_back(), --scale;
+    while (digits.size() > 1 && digits.front() == '0') digits.erase(0, 1);
+    constexpr uint64_t kMaxDivisor = 1000000000000ull;  // 10^12
+    for (; scale < 0; ++scale) digits += '0';
+    if (digits.size() > 13 || std::stoull(digits) > kMaxDivisor)
+      refuse(path, fmt::format("'multipleOf' {} needs a divisor above 10^12", text));
+    uint64_t divisor = std::stoull(digits);
+    // x has at most `keep` fraction digits: x = X / 10^keep, and D x 10^-scale
+    // divides it when D / gcd(D, 10^(scale - keep)) divides X.
+    const int64_t keep = integer ? 0 : 16;
+    for (int64_t i = 0; i < scale - keep && divisor % 2 == 0; ++i) divisor /= 2;
+    for (int64_t i = 0; i < scale - keep && divisor % 5 == 0; ++i) divisor /= 5;
+    return {divisor, uint32_t(std::min(scale, keep))};
   }
 
   // The automaton kept under `key`, or the one `build` makes, then kept for

@@ -21,9 +21,11 @@
 //   here), written without escapes; integer: no fraction or exponent;
 //   number and integer: `minimum` / `maximum` and their exclusive forms, on
 //   either side or both (the texts inside the range as a pattern,
-//   serve/number_range.h: a ranged number is written without exponent);
+//   serve/number_range.h: a ranged number is written without exponent),
+//   and `multipleOf` (exact in decimal, alone or beside a range:
+//   Regex::with_multiple);
 // - annotations (title, description, default, examples, ...) are ignored.
-// Anything else (multipleOf, uniqueItems, other formats, ...) is refused by
+// Anything else (uniqueItems, not, other formats, ...) is refused by
 // name with the path where it stands, never ignored: a constraint the output
 // would not keep must not be accepted silently. The alternatives of a union
 // must differ in their first character (string | null, object | array, ...).

@@ -723,6 +723,86 @@ std::shared_ptr<const Regex> Regex::with_length(uint32_t min_cp, uint32_t max_cp
   return re;
 }
 
+std::shared_ptr<const Regex> Regex::with_multiple(uint64_t divisor, uint32_t scale, int64_t* work_left) const {
+  if (divisor == 0) throw std::invalid_argument("a multiple of 0");
+  // Byte classes: this automaton's, with '-', '.' and each digit apart.
+  uint8_t class_of[256];
+  std::vector<uint8_t> reps;
+  std::map<std::pair<uint8_t, int>, uint8_t> ids;
+  for (int b = 0; b < 256; ++b) {
+    const bool numeric = (b >= '0' && b <= '9') || b == '-' || b == '.';
+    const auto key = std::make_pair(class_of_[b], numeric ? b : -1);
+    auto it = ids.find(key);
+    if (it == ids.end()) it = ids.emplace(key, uint8_t(reps.size())).first, reps.push_back(uint8_t(b));
+    class_of[b] = it->second;
+  }
+  // A state: this automaton's, the remainder of (the digits so far as an
+  // integer) mod divisor, the fraction digits read (-1: in the integer part;
+  // at most scale, past which only zeros come), and whether a '-' still
+  // waits for a digit other than 0.
+  struct Key {
+    int32_t s;
+    uint64_t r;
+    int32_t frac;
+    bool neg_zero;
+    auto operator<=>(const Key&) const = default;
+  };
+  std::map<Key, int32_t> index = {{Key{start(), 0, -1, false}, 0}};
+  std::vector<Key> states = {{start(), 0, -1, false}};
+  std::vector<std::vector<int32_t>> trans;
+  int64_t work = 0;
+  const int64_t limit = work_left ? std::min(kMaxBuildWork, *work_left) : kMaxBuildWork;
+  for (size_t d = 0; d < states.size(); ++d) {
+    const Key k = states[d];
+    std::vector<int32_t> row(reps.size(), kDead);
+    for (size_t c = 0; c < reps.size(); ++c) {
+      const unsigned char b = reps[c];
+      const int32_t t = next(k.s, b);
+      if (t == kDead) continue;
+      Key n{t, k.r, k.frac, k.neg_zero};
+      if (b == '-') {
+        n.neg_zero = true;
+      } else if (b == '.') {
+        if (k.frac >= 0) continue;
+        n.frac = 0;
+      } else if (b >= '0' && b <= '9') {
+        const uint64_t digit = b - '0';
+        if (digit) n.neg_zero = false;
+        if (k.frac >= int32_t(scale)) {
+          if (digit) continue;  // past the scale only zeros keep the value a multiple
+        } else {
+          n.r = (k.r * 10 + digit) % divisor;
+          if (k.frac >= 0) ++n.frac;
+        }
+      } else {
+        continue;  // not a number's byte
+      }
+      auto it = index.find(n);
+      if (it == index.end()) {
+        if (states.size() >= kMaxDfaStates)
+          throw std::invalid_argument(fmt::format("the multiples need more than {} automaton states", kMaxDfaStates));
+        it = index.emplace(n, int32_t(states.size())).first;
+        states.push_back(n);
+      }
+      row[c] = it->second;
+    }
+    work += int64_t(reps.size());
+    if (work > limit) throw std::invalid_argument("the multiples are too complex to compile");
+    trans.push_back(std::move(row));
+  }
+  std::vector<uint8_t> accepts(states.size());
+  for (size_t d = 0; d < states.size(); ++d) {
+    const Key& k = states[d];
+    // Pad the fraction to the scale with zeros: r x 10^(scale - digits read).
+    uint64_t r = k.r;
+    for (int32_t i = std::max(k.frac, 0); i < int32_t(scale); ++i) r = r * 10 % divisor;
+    accepts[d] = accepting(k.s) && r == 0 && !k.neg_zero;
+  }
+  auto re = from_table(trans, accepts, class_of, reps.size(), "no number it matches is such a multiple");
+  if (work_left) *work_left -= work;
+  return re;
+}
+
 std::string Regex::shortest(int32_t s) const {
   std::string out;
   while (dist_[size_t(s)] > 0) {

@@ -77,6 +77,14 @@ class Regex {
   // beside `minLength` / `maxLength`.
   std::shared_ptr<const Regex> with_length(uint32_t min_cp, uint32_t max_cp, int64_t* work_left = nullptr) const;
 
+  // The same language limited to the texts whose decimal value times
+  // 10^scale is a multiple of `divisor` (JSON Schema's `multipleOf` of
+  // divisor x 10^-scale), and never a negative zero: this automaton's texts
+  // must be JSON numbers without exponent ('-', digits, one '.'). Beyond
+  // `scale` fraction digits only zeros follow. The product of the automaton
+  // and the remainder, bounded like with_length.
+  std::shared_ptr<const Regex> with_multiple(uint64_t divisor, uint32_t scale, int64_t* work_left = nullptr) const;
+
  private:
   // The automaton from its transition table (per state, per byte class) and
   // accepting states: the shortest continuations, dead ends pruned. Throws

@@ -15,6 +15,7 @@
 #include <random>
 #include <regex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -94,6 +95,10 @@ bool valid(const ojson& v, const ojson& s, const ojson& root, std::string& why, 
         (s.contains("exclusiveMinimum") && x <= s["exclusiveMinimum"].get<double>()) ||
         (s.contains("exclusiveMaximum") && x >= s["exclusiveMaximum"].get<double>()))
       return fail("out of range");
+    if (s.contains("multipleOf")) {
+      const double q = x / s["multipleOf"].get<double>();
+      if (std::fabs(q - std::round(q)) > 1e-9 * std::max(1.0, std::fabs(q))) return fail("not a multiple");
+    }
     return true;
   }
   if (type == "string") {
@@ -240,7 +245,15 @@ TEST_CASE("serve/json_schema compile: what it refuses, by path and keyword") {
            Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": "0", "maximum": 4}}})", "'minimum' must be a finite number"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "number", "minimum": 0, "exclusiveMinimum": true}}})", "'exclusiveMinimum' must be a finite number"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "string", "minimum": 0}}})", "'minimum' does not apply to type 'string'"},
-           Bad{R"({"type": "object", "properties": {"a": {"type": "number", "multipleOf": 0.5}}})", "'multipleOf'"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "number", "not": {"const": 1}}}})", "'not'"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "number", "multipleOf": 0}}})", "#/properties/a: 'multipleOf' must be a number greater than 0"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": -2}}})", "greater than 0"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": "3"}}})", "greater than 0"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 1e13}}})", "'multipleOf' 10000000000000.0 needs a divisor above 10^12"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 6}}})",
+               "#/properties/a: 'multipleOf': no number it matches is such a multiple"},
+           Bad{R"({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 99991}}})",
+               "'multipleOf': the multiples need more than 32767 automaton states"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": true}}})", "#/properties/a: the keyword 'uniqueItems' is not supported"},
            Bad{R"({"type": "object", "properties": {"a": {"type": "array", "prefixItems": {}}}})", "'prefixItems' must be an array"},
            Bad{R"({"type": "object", "properties": {"a": {"prefixItems": [{}, {}], "items": false, "minItems": 3}}})",
@@ -482,12 +495,12 @@ TEST_CASE("serve/json_schema the API: response_format json_schema and forced too
   refused("{" + msgs + R"(, "response_format": {"type": "xml"}})", "response_format", "not supported");
   const std::string tools =
       R"("tools": [{"type": "function", "function": {"name": "f"}},
-                   {"type": "function", "function": {"name": "g", "parameters": {"type": "object", "properties": {"x": {"type": "number", "multipleOf": 3}}}}}])";
+                   {"type": "function", "function": {"name": "g", "parameters": {"type": "object", "properties": {"x": {"type": "number", "not": {"const": 3}}}}}}])";
   // A schema outside the subset: a 400 for a strict function, any object otherwise.
   const std::string strict_tools =
       R"("tools": [{"type": "function", "function": {"name": "f"}},
-                   {"type": "function", "function": {"name": "g", "strict": true, "parameters": {"type": "object", "properties": {"x": {"type": "number", "multipleOf": 3}}}}}])";
-  refused("{" + msgs + ", " + strict_tools + R"(, "tool_choice": "required"})", "tools[1].function.parameters", "'multipleOf'");
+                   {"type": "function", "function": {"name": "g", "strict": true, "parameters": {"type": "object", "properties": {"x": {"type": "number", "not": {"const": 3}}}}}}])";
+  refused("{" + msgs + ", " + strict_tools + R"(, "tool_choice": "required"})", "tools[1].function.parameters", "'not'");
   const std::string loose = "{" + msgs + ", " + tools + R"(, "tool_choice": "required"})";
   ApiRequest l = parse_chat_request(json::parse(loose), ApiLimits{});
   compile_output_schemas(parse_ordered_json_bounded(loose, 64), l);
@@ -713,6 +726,71 @@ TEST_CASE("serve/json_schema number ranges: Pydantic's confloat, PositiveFloat a
                    R"({"p": 0.5, "t": 1, "d": 0.2, "n": -)", R"({"p": 0.5, "t": 1, "d": 0.2, "n": -0.0000)"},
               {0, 1, 3}, logits);
   walks_valid(*g, schema, 6, 8, rng, "0123456789-.");
+}
+
+TEST_CASE("serve/json_schema multipleOf: integers and decimals, alone or in a range, exact in decimal") {
+  // Every integer text from -120 to 120 against exact arithmetic.
+  for (const auto& [m, lo, hi, ranged] : {std::tuple{std::string("3"), -120, 120, false}, std::tuple{std::string("7"), -50, 60, true},
+                                          std::tuple{std::string("12"), 0, 120, true}, std::tuple{std::string("2.5"), -120, 120, false}}) {
+    CAPTURE(m);
+    const std::string range = ranged ? fmt::format(", \"minimum\": {}, \"maximum\": {}", lo, hi) : "";
+    const auto g = OutputGrammar::json_schema(
+        bytes(), JsonSchema::compile(ojson::parse(R"({"type": "object", "properties": {"x": {"type": "integer", "multipleOf": )" + m +
+                                                  range + R"(}}, "required": ["x"]})")));
+    const int step = m == "2.5" ? 5 : std::stoi(m);
+    int yes = 0;
+    for (int x = -120; x <= 120; ++x) {
+      CAPTURE(x);
+      const bool want = x % step == 0 && x >= lo && x <= hi;
+      CHECK(g->accepts(ids(fmt::format("{{\"x\": {}}}<|end|>", x))) == want);
+      yes += want;
+    }
+    CHECK(yes > 5);
+    CHECK_FALSE(g->accepts(ids("{\"x\": -0}<|end|>")));
+  }
+  // Decimals: multiples of 0.25 in [0, 3], written with 1 to 4 fraction digits.
+  const ojson quarter = ojson::parse(R"({"type": "object", "properties": {
+      "q": {"type": "number", "multipleOf": 0.25, "minimum": 0, "maximum": 3},
+      "t": {"type": "number", "multipleOf": 0.1},
+      "f": {"type": "number", "multipleOf": 1e-20}},
+    "required": ["q", "t", "f"]})");
+  const auto g = OutputGrammar::json_schema(bytes(), JsonSchema::compile(quarter));
+  CHECK(text(g->completion({})) == R"({"q":0,"t":0,"f":0}<|end|>)");
+  int checked = 0;
+  for (int v = -50; v <= 350; ++v)  // v / 100
+    for (int digits : {2, 3, 4}) {
+      std::string t = fmt::format("{}{}.{:02d}", v < 0 ? "-" : "", std::abs(v) / 100, std::abs(v) % 100) + std::string(size_t(digits - 2), '0');
+      CAPTURE(t);
+      const bool want = v % 25 == 0 && v >= 0 && v <= 300;
+      CHECK(g->accepts(ids("{\"q\": " + t + ",")) == want);
+      ++checked;
+    }
+  CHECK(checked == 1203);
+  for (const char* t : {"1.251", "0.2500001", "1e0", "3.25", "-0.25"}) {
+    CAPTURE(t);
+    CHECK_FALSE(g->accepts(ids(std::string("{\"q\": ") + t + ",")));
+  }
+  for (const char* t : {"0.3", "-0.3", "12", "-7.10", "0.1000000000000000"}) {
+    CAPTURE(t);
+    CHECK(g->accepts(ids(std::string("{\"q\": 1, \"t\": ") + t + ", \"f\": 1}<|end|>")));
+  }
+  for (const char* t : {"0.35", "-0", "-0.0", "1e1", "0.01"}) {
+    CAPTURE(t);
+    CHECK_FALSE(g->accepts(ids(std::string("{\"q\": 1, \"t\": ") + t + ",")));
+  }
+  // 1e-20 is finer than the 16 fraction digits the grammar writes: any such number.
+  CHECK(g->accepts(ids("{\"q\": 1, \"t\": 1, \"f\": -0.0000000000000001}<|end|>")));
+  // The shortest multiple of 7 from 10 is 14; the mask's exact rule inside the number.
+  const ojson seven = ojson::parse(R"({"type": "object", "properties": {"s": {"type": "integer", "multipleOf": 7, "minimum": 10}}, "required": ["s"]})");
+  const auto g7 = OutputGrammar::json_schema(bytes(), JsonSchema::compile(seven));
+  CHECK(text(g7->completion({})) == R"({"s":14}<|end|>)");
+  CHECK(text(g7->completion(ids(R"({"s": 3)"))) == R"(5}<|end|>)");  // 35
+  std::mt19937 rng(41);
+  const std::vector<float> logits = normal_logits(rng);
+  check_masks(*g7, {R"({"s": )", R"({"s": 1)", R"({"s": 10)"}, {0, 1, 3}, logits);
+  check_masks(*g, {R"({"q": 2.)", R"({"q": 1, "t": -0.)"}, {0, 2}, logits);
+  walks_valid(*g7, seven, 4, 6, rng, "0123456789");
+  walks_valid(*g, quarter, 6, 8, rng, "0123456789-.");
 }
 
 TEST_CASE("serve/json_schema prefixItems: tuples (Pydantic's tuple[int, str]), then items or none") {
