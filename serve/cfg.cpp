@@ -122,6 +122,18 @@ struct Cfg::State {
   }
 };
 
+namespace {
+
+// A state's identity: its stacks and the code point in progress (not `cut`).
+std::string state_key(const Cfg::State& s) {
+  std::string k(reinterpret_cast<const char*>(s.flat.data()), s.flat.size() * sizeof(uint32_t));
+  const uint32_t tail[] = {uint32_t(s.accept), s.need, s.len, s.cp, s.lo, s.hi};
+  k.append(reinterpret_cast<const char*>(tail), sizeof tail);
+  return k;
+}
+
+}  // namespace
+
 bool Cfg::Class::contains(uint32_t c) const {
   auto it = std::upper_bound(ranges.begin(), ranges.end(), std::pair<uint32_t, uint32_t>(c, kNoCp));
   return it != ranges.begin() && std::prev(it)->second >= c;
@@ -754,7 +766,24 @@ struct Cfg::ReplayCache {
   uint64_t clock = 0;
 };
 
-Cfg::Cfg() : replayed_(std::make_unique<ReplayCache>()) {}
+// The ids the language allows after a state, kept per state (as xgrammar
+// keeps token masks per grammar state): with `fit_from` tokens left or more,
+// every one of them also fits, so the mask is those ids, whatever the
+// logits. Least recently used out first.
+struct Cfg::MaskCache {
+  static constexpr size_t kEntries = 16;
+  struct Entry {
+    std::string key;
+    std::vector<uint64_t> allowed;  // a bit per id
+    int64_t fit_from = 0;           // remaining tokens (this one included) from which all fit
+    uint64_t used = 0;
+  };
+  std::mutex mutex;
+  std::vector<Entry> entries;
+  uint64_t clock = 0;
+};
+
+Cfg::Cfg() : replayed_(std::make_unique<ReplayCache>()), masks_(std::make_unique<MaskCache>()) {}
 Cfg::~Cfg() = default;
 
 bool Cfg::replay(std::span<const int64_t> generated, State& st) const {
@@ -906,12 +935,38 @@ void Cfg::mask(std::span<const int64_t> generated, int64_t remaining, float* wor
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t budget = remaining - 1;  // tokens after this one
   const int64_t n = std::min(V, bytes_->size());
+  const std::string st_key = state_key(st);
+  auto apply = [&](const std::vector<uint64_t>& allowed) {
+    bool any = false;
+    for (int64_t id = 0; id < n; ++id) {
+      if (!(allowed[size_t(id) >> 6] >> (id & 63) & 1) || std::isnan(work[id])) work[id] = kNegInf;
+      else any |= work[id] != kNegInf;
+    }
+    std::fill(work + n, work + V, kNegInf);
+    return any;
+  };
+  {
+    std::unique_lock<std::mutex> lock(masks_->mutex);
+    for (MaskCache::Entry& e : masks_->entries)
+      if (e.key == st_key && remaining >= e.fit_from) {
+        e.used = ++masks_->clock;
+        const std::vector<uint64_t> allowed = e.allowed;
+        lock.unlock();
+        if (apply(allowed)) return;
+        const std::vector<int64_t> c = completion(generated);
+        std::fill(work, work + V, kNegInf);
+        work[c.at(0)] = 0.0f;
+        return;
+      }
+  }
   SpellCache cache;
   // A state fits when its completion's bytes and the end token do (each byte
   // is a token), else when its fewest tokens do.
+  int64_t worst = 1;  // the most bytes (and the end token) a reachable state's completion has
   auto fits = [&](const State& s) {
     int64_t b = s.accept && s.need == 0 ? 0 : kInf;
-    for (size_t k = 0; k < s.size() && b + 1 > budget; ++k) b = std::min(b, stack_bytes(s, k));
+    for (size_t k = 0; k < s.size(); ++k) b = std::min(b, stack_bytes(s, k));
+    worst = std::max(worst, b + 1);
     if (b + 1 <= budget) return true;
     return completion_tokens(s, &cache) <= budget;
   };
@@ -927,13 +982,7 @@ void Cfg::mask(std::span<const int64_t> generated, int64_t remaining, float* wor
   std::vector<int32_t> table(256, kUnknown);
   std::unordered_map<uint64_t, int32_t> next;  // -1: dead
   std::vector<int8_t> fit{-1};
-  auto key = [](const State& s) {
-    std::string k(reinterpret_cast<const char*>(s.flat.data()), s.flat.size() * sizeof(uint32_t));
-    const uint32_t tail[] = {uint32_t(s.accept), s.need, s.len, s.cp, s.lo, s.hi};
-    k.append(reinterpret_cast<const char*>(tail), sizeof tail);
-    return k;
-  };
-  index.emplace(key(st), 0);
+  index.emplace(state_key(st), 0);
   State scratch;
   auto step = [&](int32_t from, unsigned char c) {
     const bool dense = size_t(from) < kDense;
@@ -945,7 +994,7 @@ void Cfg::mask(std::span<const int64_t> generated, int64_t remaining, float* wor
     }
     int32_t to = -1;
     if (step_byte(states[size_t(from)], c, scratch)) {
-      auto [it, added] = index.emplace(key(scratch), int32_t(states.size()));
+      auto [it, added] = index.emplace(state_key(scratch), int32_t(states.size()));
       if (added) {
         states.push_back(scratch), fit.push_back(-1);
         if (states.size() <= kDense) table.resize(states.size() * 256, kUnknown);
@@ -961,7 +1010,8 @@ void Cfg::mask(std::span<const int64_t> generated, int64_t remaining, float* wor
   // previous id, known up to `have`; a prefix that dies at dead_at kills
   // every id that shares it. Memory is read in order; only the verdicts are
   // written by id, in the pass after.
-  std::vector<uint8_t> ok(size_t(n), 0);
+  // live: the ids the language allows (cached for the state); ok: those that also fit.
+  std::vector<uint64_t> live(size_t(n + 63) / 64, 0), ok(live.size(), 0);
   std::vector<int32_t> path(1, 0);
   size_t have = 0, dead_at = size_t(-1);
   for (size_t i = 0; i < bytes_->ordered_size(); ++i) {
@@ -979,19 +1029,28 @@ void Cfg::mask(std::span<const int64_t> generated, int64_t remaining, float* wor
         break;
       }
     have = dead_at == size_t(-1) ? b.size() : dead_at;
-    if (dead_at != size_t(-1)) continue;
+    const int32_t id = bytes_->ordered_id(i);
+    if (dead_at != size_t(-1) || id >= n) continue;
     const int32_t t = path[b.size()];
     if (fit[size_t(t)] < 0) fit[size_t(t)] = fits(states[size_t(t)]);
-    if (fit[size_t(t)] && bytes_->ordered_id(i) < n) ok[size_t(bytes_->ordered_id(i))] = 1;
+    live[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
+    if (fit[size_t(t)]) ok[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
   }
-  if (phi4mm::kEnd < n) ok[size_t(phi4mm::kEnd)] = st.accept && st.need == 0;
-  bool any = false;
-  for (int64_t id = 0; id < n; ++id) {
-    if (!ok[size_t(id)] || std::isnan(work[id])) work[id] = kNegInf;
-    else any |= work[id] != kNegInf;
+  if (phi4mm::kEnd < n && st.accept && st.need == 0) {
+    live[size_t(phi4mm::kEnd) >> 6] |= uint64_t(1) << (phi4mm::kEnd & 63);
+    ok[size_t(phi4mm::kEnd) >> 6] |= uint64_t(1) << (phi4mm::kEnd & 63);
   }
-  std::fill(work + n, work + V, kNegInf);
-  if (any) return;
+  {
+    std::lock_guard<std::mutex> lock(masks_->mutex);
+    MaskCache& c = *masks_;
+    MaskCache::Entry e{st_key, live, worst + 1, ++c.clock};
+    if (c.entries.size() < MaskCache::kEntries)
+      c.entries.push_back(std::move(e));
+    else
+      *std::min_element(c.entries.begin(), c.entries.end(), [](const auto& a, const auto& b) { return a.used < b.used; }) =
+          std::move(e);
+  }
+  if (apply(ok)) return;
   const std::vector<int64_t> c = completion(generated);
   std::fill(work, work + V, kNegInf);
   work[c.at(0)] = 0.0f;

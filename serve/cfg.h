@@ -135,6 +135,11 @@ class Cfg final : public OutputConstraint {
   // its output starts with, not the whole output again.
   struct ReplayCache;
   std::unique_ptr<ReplayCache> replayed_;
+  // The ids allowed after the last few states masked, with the budget from
+  // which they all fit: a state met again (inside a free string, every step)
+  // costs one pass over the ids.
+  struct MaskCache;
+  std::unique_ptr<MaskCache> masks_;
 };
 
 }  // namespace areno::serve

@@ -5,8 +5,8 @@
 // times on one thread over fixed random logits, with 1000 tokens left or
 // (the "tight" states) exactly the completion's count, where candidates
 // whose completion has more bytes than tokens left are spelled in tokens;
-// prints one JSON line per state with the best and median milliseconds and
-// how many ids stay allowed.
+// prints one JSON line per state with the first, best and median
+// milliseconds and how many ids stay allowed.
 //
 // usage: bench_grammar [--reps N]
 #include <fmt/format.h>
@@ -129,11 +129,12 @@ factor ::= [0-9]+ | "(" expr ")" | "-" factor
       c.g->mask(prefix, remaining, w.data(), kVocab);
       ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
+    const double first = ms.front();  // a grammar that keeps masks per state (Cfg) computes only this one
     std::sort(ms.begin(), ms.end());
     int64_t allowed = 0;
     for (float x : w) allowed += std::isfinite(x);
-    fmt::print("{{\"state\": \"{}\", \"best_ms\": {:.3f}, \"median_ms\": {:.3f}, \"allowed\": {}}}\n", c.name, ms.front(),
-               ms[ms.size() / 2], allowed);
+    fmt::print("{{\"state\": \"{}\", \"first_ms\": {:.3f}, \"best_ms\": {:.3f}, \"median_ms\": {:.3f}, \"allowed\": {}}}\n",
+               c.name, first, ms.front(), ms[ms.size() / 2], allowed);
   }
   return 0;
 }
