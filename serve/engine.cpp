@@ -910,6 +910,7 @@ void Engine::emit_step(const std::vector<StepItem>& items, const std::vector<Row
     Seq* s;
     const float* row;
     Picked picked;
+    std::string error;  // the pick threw: only this request fails
   };
   std::vector<Job> jobs;
   for (auto& it : items) {
@@ -918,7 +919,7 @@ void Engine::emit_step(const std::vector<StepItem>& items, const std::vector<Row
     if (s.finished || s.req->done) continue;
     const float* row = last_row.at(&s);
     Req& q = *s.req;
-    jobs.push_back({&s, row, {}});
+    jobs.push_back({&s, row, {}, {}});
     const bool fork = s.sample == 0 && s.generated == 0 && q.seqs.size() > 1 && q.seqs[1]->pending_fork;
     if (!fork) continue;
     for (size_t j = 1; j < q.seqs.size(); ++j) {
@@ -929,7 +930,7 @@ void Engine::emit_step(const std::vector<StepItem>& items, const std::vector<Row
         cache_->fork_sequence(s.kv, c.kv);
         c.order = ++admit_counter_;
         running_.push_back(&c);
-        jobs.push_back({&c, row, {}});
+        jobs.push_back({&c, row, {}, {}});
       } else {
         preempted_.push_back(&c);  // prefilled on its own later
       }
@@ -940,12 +941,21 @@ void Engine::emit_step(const std::vector<StepItem>& items, const std::vector<Row
   for (int64_t j = 0; j < nj; ++j) {
     Seq& s = *jobs[size_t(j)].s;
     const SamplingParams& p = s.req->r.params;
-    if (p.max_tokens > 0)
-      jobs[size_t(j)].picked = pick_token(p, {s.tokens, &s.counts, s.generated, s.sample, s.req->seed},
-                                          jobs[size_t(j)].row, V, s.req->stop_ids);
+    // Nothing may leave an OpenMP region: an exception here (a constraint
+    // that cannot go on) would end the process.
+    try {
+      if (p.max_tokens > 0)
+        jobs[size_t(j)].picked = pick_token(p, {s.tokens, &s.counts, s.generated, s.sample, s.req->seed},
+                                            jobs[size_t(j)].row, V, s.req->stop_ids);
+    } catch (const std::exception& e) {
+      jobs[size_t(j)].error = e.what();
+    }
   }
-  for (auto& j : jobs)
-    if (!j.s->finished && !j.s->req->done) report_token(*j.s, j.picked);
+  for (auto& j : jobs) {
+    if (j.s->finished || j.s->req->done) continue;
+    if (!j.error.empty()) fail_sampling(*j.s->req, j.error);
+    else report_token(*j.s, j.picked);
+  }
   // Speculative chunks: their rows in order, each picked as plain decoding would.
   for (size_t i = 0; i < items.size(); ++i)
     if (!items[i].draft.empty()) verify_draft(items[i], draft_rows[i]);
@@ -999,6 +1009,12 @@ std::vector<int64_t> Engine::propose_draft(const Seq& s, int64_t max_tokens) con
   return d;
 }
 
+// A pick that threw (a constrained output that cannot go on): the request
+// fails with the reason, the others go on.
+void Engine::fail_sampling(Req& q, const std::string& why) {
+  finish_request(q, FinishReason::abort, fmt::format("engine error: sampling failed: {}", why));
+}
+
 // Picks the rows of a speculative chunk in order, as plain decoding would
 // (row i is the distribution after the sequence's last token and drafts
 // 0..i-1), reporting each pick; draft i is kept while it equals pick i. The
@@ -1012,8 +1028,13 @@ void Engine::verify_draft(const StepItem& it, const std::vector<const float*>& r
   stats_.spec_draft_tokens += d;
   int64_t kept = 0;
   for (int64_t i = 0; i <= d; ++i) {
-    const Picked picked =
-        pick_token(q.r.params, {s.tokens, &s.counts, s.generated, s.sample, q.seed}, rows[size_t(i)], V, q.stop_ids);
+    Picked picked;
+    try {
+      picked = pick_token(q.r.params, {s.tokens, &s.counts, s.generated, s.sample, q.seed}, rows[size_t(i)], V, q.stop_ids);
+    } catch (const std::exception& e) {
+      fail_sampling(q, e.what());
+      return;
+    }
     report_token(s, picked);
     if (s.finished || q.done || i == d || picked.token != it.draft[size_t(i)]) break;
     ++kept;

@@ -14,6 +14,7 @@
 
 #include "models/phi4mm/init.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+#include "serve/constraint.h"
 #include "serve/engine.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
@@ -1151,6 +1152,58 @@ TEST_CASE("engine: a non-finite logit fails only its request, with a numerical-f
     CHECK(bad_error.find("non-finite logit") != std::string::npos);
     const EngineStats st = e.stats();
     CHECK(st.numerical_faults == 1);
+    CHECK(st.requests_failed == 1);
+    CHECK(st.kv_blocks_used == 0);
+  }
+}
+
+// A constraint that gives up after `after` tokens (what a grammar's
+// consistency error would do mid-output).
+struct FailingConstraint final : OutputConstraint {
+  int64_t after;
+  explicit FailingConstraint(int64_t a) : after(a) {}
+  void mask(std::span<const int64_t> generated, int64_t, float*, int64_t) const override {
+    if (int64_t(generated.size()) >= after) throw std::logic_error("grammar: the output is not a prefix of the language");
+  }
+  int64_t min_tokens() const override { return 1; }
+  int64_t completion_length(std::span<const int64_t>) const override { return 1; }
+};
+
+TEST_CASE("engine: a sampling error fails only its request (no exception leaves the engine), speculative or not") {
+  const auto cases = mixed_cases();
+  const Case& text = cases[0];
+  for (int64_t speculative : {int64_t(0), int64_t(3)}) {
+    CAPTURE(speculative);
+    EngineOptions o = opts(3, 16);
+    o.speculative_tokens = speculative;
+    Engine e(tiny_model(), tokenizer(), o);
+    Request bad = make_request(text, 8);
+    bad.params.grammar = std::make_shared<FailingConstraint>(3);
+    bad.params.n = 2;
+    std::vector<int64_t> good_tokens, bad_tokens;
+    std::string bad_error, good_error;
+    bool bad_done = false, good_done = false;
+    e.submit(make_request(text, 8), [&](const RequestOutput& r) {
+      good_tokens.insert(good_tokens.end(), r.tokens.begin(), r.tokens.end());
+      good_error += r.error;
+      good_done |= r.done;
+    });
+    e.submit(bad, [&](const RequestOutput& r) {
+      bad_tokens.insert(bad_tokens.end(), r.tokens.begin(), r.tokens.end());
+      bad_error += r.error;
+      bad_done |= r.done;
+    });
+    e.run_until_idle();
+    CHECK(good_done);
+    CHECK(good_error.empty());
+    CHECK(good_tokens == reference_greedy(text, 8));
+    CHECK(bad_done);
+    // At most 3 tokens from each of the 2 samples (the fourth pick throws and
+    // ends the request); in lockstep without speculation, exactly those.
+    if (speculative == 0) CHECK(bad_tokens.size() == 6);
+    else CHECK((bad_tokens.size() >= 3 && bad_tokens.size() <= 6));
+    CHECK(bad_error.find("engine error: sampling failed: grammar: the output is not a prefix") != std::string::npos);
+    const EngineStats st = e.stats();
     CHECK(st.requests_failed == 1);
     CHECK(st.kv_blocks_used == 0);
   }

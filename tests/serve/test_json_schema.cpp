@@ -15,7 +15,6 @@
 #include <random>
 #include <regex>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -730,8 +729,16 @@ TEST_CASE("serve/json_schema number ranges: Pydantic's confloat, PositiveFloat a
 
 TEST_CASE("serve/json_schema multipleOf: integers and decimals, alone or in a range, exact in decimal") {
   // Every integer text from -120 to 120 against exact arithmetic.
-  for (const auto& [m, lo, hi, ranged] : {std::tuple{std::string("3"), -120, 120, false}, std::tuple{std::string("7"), -50, 60, true},
-                                          std::tuple{std::string("12"), 0, 120, true}, std::tuple{std::string("2.5"), -120, 120, false}}) {
+  struct Multiple {
+    std::string m;
+    int lo, hi;
+    bool ranged;
+  };
+  for (const Multiple& c : {Multiple{"3", -120, 120, false}, Multiple{"7", -50, 60, true}, Multiple{"12", 0, 120, true},
+                            Multiple{"2.5", -120, 120, false}}) {
+    const std::string& m = c.m;
+    const int lo = c.lo, hi = c.hi;
+    const bool ranged = c.ranged;
     CAPTURE(m);
     const std::string range = ranged ? fmt::format(", \"minimum\": {}, \"maximum\": {}", lo, hi) : "";
     const auto g = OutputGrammar::json_schema(
