@@ -618,6 +618,12 @@ std::shared_ptr<const Cfg> Cfg::compile(std::shared_ptr<const TokenBytes> bytes,
     throw std::invalid_argument(fmt::format(
         "the grammar opens more than {} ways to read its first character (merge alternatives that begin alike)",
         kMaxStacks));
+  // The shortest sentence must itself be readable within the stacks'
+  // bounds, or even the first completion could not be followed.
+  if (!g->matches(g->shortest_[g->root_]))
+    throw std::invalid_argument(fmt::format(
+        "the shortest sentence of 'root' nests deeper than {} rules (or opens more than {} readings at once)", kMaxDepth,
+        kMaxStacks));
   g->min_tokens_ = g->completion_tokens(st, nullptr);
   return g;
 }
@@ -945,6 +951,18 @@ void Cfg::mask(std::span<const int64_t> generated, int64_t remaining, float* wor
     std::fill(work + n, work + V, kNegInf);
     return any;
   };
+  // No allowed id has a finite logit: the first token of the shortest
+  // completion, when the language takes it (it may not where the stacks'
+  // bounds cut that path), else the first id the language takes.
+  auto force = [&](const std::vector<uint64_t>& live) {
+    auto takes = [&](int64_t id) { return id >= 0 && id < n && (live[size_t(id) >> 6] >> (id & 63) & 1); };
+    const std::vector<int64_t> c = completion(generated);
+    int64_t id = c.empty() ? -1 : c[0];
+    for (int64_t k = 0; !takes(id) && k < n; ++k) id = k;
+    if (!takes(id)) throw std::runtime_error("grammar: no token can continue the output within the grammar's bounds");
+    std::fill(work, work + V, kNegInf);
+    work[id] = 0.0f;
+  };
   {
     std::unique_lock<std::mutex> lock(masks_->mutex);
     for (MaskCache::Entry& e : masks_->entries)
@@ -952,10 +970,7 @@ void Cfg::mask(std::span<const int64_t> generated, int64_t remaining, float* wor
         e.used = ++masks_->clock;
         const std::vector<uint64_t> allowed = e.allowed;
         lock.unlock();
-        if (apply(allowed)) return;
-        const std::vector<int64_t> c = completion(generated);
-        std::fill(work, work + V, kNegInf);
-        work[c.at(0)] = 0.0f;
+        if (!apply(allowed)) force(allowed);
         return;
       }
   }
@@ -1050,10 +1065,7 @@ void Cfg::mask(std::span<const int64_t> generated, int64_t remaining, float* wor
       *std::min_element(c.entries.begin(), c.entries.end(), [](const auto& a, const auto& b) { return a.used < b.used; }) =
           std::move(e);
   }
-  if (apply(ok)) return;
-  const std::vector<int64_t> c = completion(generated);
-  std::fill(work, work + V, kNegInf);
-  work[c.at(0)] = 0.0f;
+  if (!apply(ok)) force(live);
 }
 
 }  // namespace areno::serve

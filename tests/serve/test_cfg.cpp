@@ -224,6 +224,12 @@ TEST_CASE("serve/cfg refusals name what is wrong and the byte") {
   for (size_t i : {size_t(0), size_t(517), Cfg::kMaxStacks - 1}) CHECK(list->matches(fmt::format("{}{}", char('a' + i % 26), i)));
   CHECK_FALSE(list->matches("a1"));
   CHECK(refusal(words(Cfg::kMaxStacks + 1)).find("the grammar opens more than 1024 ways to read its first character") == 0);
+  // A shortest sentence that nests deeper than the stacks may: refused, not
+  // left to fail mid-output.
+  std::string nest = "root ::= r0\n";
+  for (size_t i = 0; i < Cfg::kMaxDepth + 10; ++i) nest += fmt::format("r{} ::= \"a\" r{} \"b\"\n", i, i + 1);
+  nest += fmt::format("r{} ::= \"x\"\n", Cfg::kMaxDepth + 10);
+  CHECK(refusal(nest).find("the shortest sentence of 'root' nests deeper than 128 rules") == 0);
   // What compiles.
   CHECK(refusal("root ::= \"\"") == "(compiled)");
   CHECK(refusal("root ::= \"a\" | # comment\n  \"b\" # another\n") == "(compiled)");
