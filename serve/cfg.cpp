@@ -619,7 +619,11 @@ std::shared_ptr<const Cfg> Cfg::compile(std::shared_ptr<const TokenBytes> bytes,
         "the grammar opens more than {} ways to read its first character (merge alternatives that begin alike)",
         kMaxStacks));
   // The shortest sentence must itself be readable within the stacks'
-  // bounds, or even the first completion could not be followed.
+  // bounds, or even the first completion could not be followed (a sentence
+  // that long would not fit any max_tokens a request can give anyway).
+  if (g->rule_bytes_[g->root_] > int64_t(kMaxRootBytes))
+    throw std::invalid_argument(fmt::format("the shortest sentence of 'root' has {} bytes (at most {})",
+                                            g->rule_bytes_[g->root_], kMaxRootBytes));
   if (!g->matches(g->shortest_[g->root_]))
     throw std::invalid_argument(fmt::format(
         "the shortest sentence of 'root' nests deeper than {} rules (or opens more than {} readings at once)", kMaxDepth,

@@ -12,8 +12,8 @@
 //                                where the next `name ::=` begins, so it may
 //                                span lines.
 //   a b | c                      sequence and alternation
-//   "text"                       literal text (UTF-8; escapes \n \r \t \\ \"
-//                                \' \[ \] \- \/ \xHH \uHHHH \UHHHHHHHH)
+//   "text"                       literal text (UTF-8; escapes \n \r \t \0 \\
+//                                \" \' \[ \] \- \/ \^ \xHH \uHHHH \UHHHHHHHH)
 //   [a-z_] [^"\\]                a class of code points, ranges, negated
 //   .                            any code point
 //   ( ... )                      a group
@@ -27,12 +27,16 @@
 //
 // Bounds (each a clear error): the grammar's bytes, its rules and elements
 // after repetitions are expanded, the shortest sentence of every rule
-// together. While decoding, a state keeps at most kMaxStacks parse stacks
-// of at most kMaxDepth frames (a deeper nesting is not written; of more
-// stacks, the ones with the shortest completions are kept): the output
-// stays in the language, and an ambiguous grammar cannot make a step cost
-// more than a bounded amount of work. The parser and every walk over the
-// rules use explicit work lists: nothing recurses on client data.
+// together, root's shortest sentence (its bytes; and it must be readable
+// within the stacks' bounds), more than kMaxStacks readings of the first
+// character.
+// While decoding, a state keeps at most kMaxStacks parse stacks of at most
+// kMaxDepth frames (a deeper nesting is not written; of more stacks, the
+// ones with the shortest completions are kept), and closing a step visits
+// at most a fixed number of frames: the output stays in the language, and
+// an ambiguous grammar cannot make a step cost more than a bounded amount of
+// work. The parser and every walk over the rules use explicit work lists:
+// nothing recurses on client data.
 //
 // As for the other constraints, the state is replayed from the generated
 // tokens at each step, and an id is allowed only when the output after it
@@ -59,6 +63,7 @@ class Cfg final : public OutputConstraint {
   static constexpr size_t kMaxElements = 65536;      // symbols of all alternatives, expanded
   static constexpr uint32_t kMaxRepeat = 1000;       // m and n of {m,n}
   static constexpr size_t kMaxShortestBytes = 1 << 20;  // every rule's shortest sentence, together
+  static constexpr size_t kMaxRootBytes = 65536;         // root's shortest sentence
   static constexpr size_t kMaxStacks = 1024;
   static constexpr size_t kMaxDepth = 128;
 
@@ -80,7 +85,7 @@ class Cfg final : public OutputConstraint {
   bool matches(std::string_view text) const;
   size_t rules() const { return rules_.size(); }
 
-  struct State;
+  struct State;  // the parse stacks after an output (serve/cfg.cpp)
 
  private:
   enum Kind : uint8_t { kEnd, kTerm, kRule };

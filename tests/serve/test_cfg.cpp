@@ -224,6 +224,7 @@ TEST_CASE("serve/cfg refusals name what is wrong and the byte") {
   for (size_t i : {size_t(0), size_t(517), Cfg::kMaxStacks - 1}) CHECK(list->matches(fmt::format("{}{}", char('a' + i % 26), i)));
   CHECK_FALSE(list->matches("a1"));
   CHECK(refusal(words(Cfg::kMaxStacks + 1)).find("the grammar opens more than 1024 ways to read its first character") == 0);
+  CHECK(refusal("root ::= a{100}\na ::= \"x\"{700}") == "the shortest sentence of 'root' has 70000 bytes (at most 65536)");
   // A shortest sentence that nests deeper than the stacks may: refused, not
   // left to fail mid-output.
   std::string nest = "root ::= r0\n";
@@ -270,7 +271,8 @@ ws ::= | " " | "\n" [ \t]{0,20}
   split.push_back(bytes()->byte_token(0x97));
   for (const auto& [g, v] : {std::pair{json.get(), ids("")}, std::pair{json.get(), ids("{\"key\": [12")}, std::pair{json.get(), split},
                              std::pair{list.get(), ids("[ab, ((c")}, std::pair{words.get(), ids("abcdefghijklmnopq")}}) {
-    CAPTURE(text(v));
+    const std::string shown = text(v);  // not text(v) in CAPTURE: clang 14 cannot capture a structured binding
+    CAPTURE(shown);
     REQUIRE(g->accepts(v));
     CHECK(g->completion_length(v) == int64_t(g->completion(v).size()));
     check_masks_after(*g, v, {0, 4}, logits);

@@ -324,7 +324,8 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
               400, "shortest output", "max_tokens");
   for (const auto& [max_tokens, temperature] : {std::pair{label_tokens, 0.0}, std::pair{label_tokens, 1.0},
                                                 std::pair{int64_t(8), 0.0}, std::pair{int64_t(8), 1.0}}) {
-    CAPTURE(max_tokens);
+    const auto& max_tokens_ = max_tokens;  // clang 14 cannot capture a structured binding
+    CAPTURE(max_tokens_);
     Reply r = post(w.plain->port, "/v1/completions",
                    {{"prompt", "The answer is"}, {"max_tokens", max_tokens}, {"temperature", temperature}, {"seed", 3},
                     {"guided_choice", {"positive", "negative", "neutral"}}});
@@ -349,7 +350,8 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
   const auto phone = Regex::compile("\\(\\d{3}\\) \\d{3}-\\d{4}");
   const int64_t phone_tokens = OutputGrammar::regex(testing::bytes(), phone)->min_tokens();
   for (const auto& [max_tokens, temperature] : {std::pair{phone_tokens, 1.0}, std::pair{int64_t(30), 0.0}, std::pair{int64_t(30), 1.0}}) {
-    CAPTURE(max_tokens);
+    const auto& max_tokens_ = max_tokens;  // clang 14 cannot capture a structured binding
+    CAPTURE(max_tokens_);
     Reply r = post(w.plain->port, "/v1/completions",
                    {{"prompt", "Call"}, {"max_tokens", max_tokens}, {"temperature", temperature}, {"seed", 2},
                     {"guided_regex", "\\(\\d{3}\\) \\d{3}-\\d{4}"}});
@@ -371,7 +373,8 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
   const std::string list = "root ::= \"[\" item (\", \" item){0,3} \"]\"\nitem ::= [a-z]+ | \"(\" item \")\"";
   const auto cfg = Cfg::compile(testing::bytes(), list);
   for (const auto& [max_tokens, temperature] : {std::pair{cfg->min_tokens(), 1.0}, std::pair{int64_t(40), 1.0}}) {
-    CAPTURE(max_tokens);
+    const auto& max_tokens_ = max_tokens;  // clang 14 cannot capture a structured binding
+    CAPTURE(max_tokens_);
     Reply r = post(w.plain->port, "/v1/completions",
                    {{"prompt", "List"}, {"max_tokens", max_tokens}, {"temperature", temperature}, {"seed", 5},
                     {"guided_grammar", list}});
@@ -776,8 +779,10 @@ TEST_CASE("serve/http deep JSON nesting is refused while parsing, in every field
       {"/tokenize", R"({"prompt": )" + deep_array + "}"},
   };
   for (const auto& [path, body] : bodies) {
-    CAPTURE(path);
-    CAPTURE(body.substr(0, 120));
+    const auto& path_ = path;  // clang 14 cannot capture a structured binding
+    CAPTURE(path_);
+    const std::string body_ = body.substr(0, 120);  // clang 14 cannot capture a structured binding
+    CAPTURE(body_);
     Reply r = send(port, "POST", path, body);
     check_error(r, 400, "more than 64 levels deep");
     CHECK(r.raw.size() < 1000);  // the error does not echo the element

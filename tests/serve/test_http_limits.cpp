@@ -403,7 +403,8 @@ TEST_CASE("serve/http limits: with --api-key every route but /health needs the k
     CAPTURE(wrong.empty() ? std::string("(none)") : wrong.begin()->second);
     for (const auto& [path, body] : std::vector<std::pair<std::string, std::string>>{
              {"/tokenize", kTokenizeBody}, {"/detokenize", detok}, {"/v1/completions", R"({"prompt": "hi"})"}}) {
-      CAPTURE(path);
+      const auto& path_ = path;  // clang 14 cannot capture a structured binding
+      CAPTURE(path_);
       auto r = cli.Post(path, wrong, body, "application/json");
       REQUIRE(r);
       CHECK(r->status == 401);

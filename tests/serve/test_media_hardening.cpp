@@ -281,7 +281,8 @@ TEST_CASE("serve/media_fetch non-public addresses: IPv4, IPv6 and IPv4 inside IP
       {"::127.0.0.1", "loopback"},      {"64:ff9b::7f00:1", "loopback"}, {"2002:a00:1::", "private"},
       {"2001:db8::1", "reserved"},      {"2001:4860:4860::8888", ""},    {"2606:4700::1111", ""}};
   for (const auto& [ip, kind] : table) {
-    CAPTURE(ip);
+    const auto& ip_ = ip;  // clang 14 cannot capture a structured binding
+    CAPTURE(ip_);
     CHECK(non_public_address_kind(ip) == kind);
   }
   CHECK_THROWS_AS(non_public_address_kind("localhost"), std::invalid_argument);

@@ -251,7 +251,8 @@ TEST_CASE("serve/regex the output grammar: a whole match, then <|end|>, within m
   const auto words = OutputGrammar::regex(bytes(), Regex::compile("[A-Z][a-z]{2,8}( [A-Z][a-z]{2,8}){0,3}\\."));
   for (const auto& [g, prefix] : {std::pair{phone.get(), std::string("")}, std::pair{phone.get(), std::string("55")},
                                   std::pair{words.get(), std::string("Hello Wor")}}) {
-    CAPTURE(prefix);
+    const auto& prefix_ = prefix;  // clang 14 cannot capture a structured binding
+    CAPTURE(prefix_);
     check_masks_after(*g, ids(prefix), {0, 5}, logits);
   }
   // Random walks end in a match within max_tokens, down to the minimum.
