@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <stdexcept>
 
@@ -14,7 +15,10 @@
 #include "app/flags.h"
 #include "models/phi4mm/processor/chat_processor.h"
 #include "models/phi4mm/kv_cache.h"
+#include "serve/cfg.h"
 #include "serve/engine.h"
+#include "serve/grammar.h"
+#include "serve/json_schema.h"
 #include "serve/openai.h"
 
 namespace areno::app {
@@ -26,6 +30,7 @@ constexpr const char* kGenerateUsage =
     "                      [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
     "                      [--no-chat-template] [--device cpu|cuda[:N]] [--dtype f32|bf16] [--check-weights]\n"
     "                      [--quantize int8] [--print-ids] [--speculative-tokens N] [--threads N]\n"
+    "                      [--grammar-file FILE | --json-schema SCHEMA]\n"
     "\n"
     "Runs one chat request and streams the answer to stdout (statistics to stderr).\n"
     "  --model-path DIR    checkpoint (default: the embedded demo model, docs/demo.md)\n"
@@ -45,7 +50,11 @@ constexpr const char* kGenerateUsage =
     "                      {\"prompt_ids\", \"ids\", \"logprobs\" (raw distribution), \"text\", \"finish_reason\"}\n"
     "  --speculative-tokens N  speculative decoding by prompt lookup, as areno serve's (the output\n"
     "                      is unchanged; default 0: off)\n"
-    "  --threads N         compute threads (default: OMP_NUM_THREADS, else the physical cores)\n";
+    "  --threads N         compute threads (default: OMP_NUM_THREADS, else the physical cores)\n"
+    "  --grammar-file FILE the answer is one sentence of this GBNF grammar (rule root), as\n"
+    "                      areno serve's guided_grammar and llama-cli's --grammar-file\n"
+    "  --json-schema SCHEMA  the answer is one instance of this JSON schema (its text), as\n"
+    "                      areno serve's guided_json and llama-cli's --json-schema\n";
 
 constexpr const char* kScoreUsage =
     "usage: areno score [--model-path DIR] --prompt TEXT --completion TEXT [--no-chat-template]\n"
@@ -118,6 +127,35 @@ void add_common_flags(Flags& flags, std::string& model_path, std::string& prompt
   flags.compute_threads();
 }
 
+// The constraint of --grammar-file or --json-schema; errors name the flag
+// (and the file), and a --max-tokens below the shortest answer is refused.
+std::shared_ptr<const serve::OutputConstraint> constraint(const tok::Tokenizer& tokenizer, int64_t vocab,
+                                                          const std::string& grammar_file, const std::string& json_schema,
+                                                          int64_t max_tokens) {
+  const auto bytes = std::make_shared<const serve::TokenBytes>(tokenizer, vocab);
+  std::shared_ptr<const serve::OutputConstraint> c;
+  const std::string flag = grammar_file.empty() ? "--json-schema" : "--grammar-file " + grammar_file;
+  try {
+    if (!grammar_file.empty()) {
+      std::ifstream f(grammar_file, std::ios::binary);
+      if (!f) throw std::invalid_argument("cannot read the file");
+      std::string text;
+      text.resize(serve::Cfg::kMaxGrammarBytes + 1);
+      f.read(text.data(), std::streamsize(text.size()));
+      text.resize(size_t(f.gcount()));
+      c = serve::Cfg::compile(bytes, text);
+    } else {
+      c = serve::OutputGrammar::json_schema(bytes, serve::JsonSchema::compile(serve::parse_ordered_json_bounded(json_schema, 64)));
+    }
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(fmt::format("{}: {}", flag, e.what()));
+  }
+  if (max_tokens < c->min_tokens())
+    throw std::invalid_argument(fmt::format("--max-tokens is {}, but the shortest answer {} allows takes {} tokens", max_tokens,
+                                            flag, c->min_tokens()));
+  return c;
+}
+
 }  // namespace
 
 int cmd_generate(const Args& args) {
@@ -142,7 +180,11 @@ int cmd_generate(const Args& args) {
   flags.toggle("--print-ids", print_ids);
   int64_t speculative_tokens = 0;
   flags.integer("--speculative-tokens", speculative_tokens, 0);
+  std::string grammar_file, json_schema;
+  flags.value("--grammar-file", grammar_file).value("--json-schema", json_schema);
   if (auto rc = flags.parse(args)) return *rc;
+  if (!grammar_file.empty() && !json_schema.empty())
+    throw std::invalid_argument("--grammar-file and --json-schema both constrain the answer; give one");
   if (print_ids) p.logprobs = 0;
   if (!have_prompt) {
     fmt::print(stderr, "areno generate: --prompt is required\n\n{}", kGenerateUsage);
@@ -160,6 +202,8 @@ int cmd_generate(const Args& args) {
   eo.kv_blocks = std::max(phi4mm::PagedKvCache::blocks_for_budget(*m.model, size_t(256) << 20, eo.block_size),
                           (int64_t(cp.ids.size()) + p.max_tokens + eo.block_size) / eo.block_size + 1);
   serve::Engine engine(m.model, m.tokenizer, eo);
+  if (!grammar_file.empty() || !json_schema.empty())
+    p.grammar = constraint(*m.tokenizer, m.model->config().text.vocab_size, grammar_file, json_schema, p.max_tokens);
   serve::Request r;
   r.prompt = cp.ids;
   r.adapter = cp.adapter;

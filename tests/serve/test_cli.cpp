@@ -24,9 +24,11 @@
 #include "models/phi4mm/demo/demo.h"
 #include "models/phi4mm/model.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+#include "serve/cfg.h"
 #include "serve/media_fetch.h"
 #include "serve/openai.h"
 #include "serve/sampler.h"
+#include "tests/serve/grammar_tokens.h"
 #include "tests/test_util.h"
 
 using namespace areno;
@@ -93,6 +95,46 @@ TEST_CASE("serve/cli generate and score run on the embedded demo model") {
   for (size_t i = 0; i < a["logprobs"].size(); ++i)
     CHECK(a["logprobs"][i].get<double>() == doctest::Approx(b["logprobs"][i].get<double>()).epsilon(1e-4));
   CHECK(app::cmd_score({"--prompt", "Hello", "--completion", "hello world"}) == 0);
+}
+
+TEST_CASE("serve/cli generate --grammar-file / --json-schema: the answer follows them; errors name the flag and file") {
+  testing::TempDir dir;
+  const std::string grammar = "root ::= \"(\" word (\",\" word){0,2} \")\"\nword ::= [a-z]+\n";
+  {
+    std::ofstream(dir.str("list.gbnf")) << grammar;
+  }
+  const auto cfg = serve::Cfg::compile(serve::testing::bytes(), grammar);
+  for (const char* temperature : {"0", "1"}) {
+    CAPTURE(temperature);
+    const std::string out = testing::captured_stdout([&] {
+      CHECK(app::cmd_generate({"--prompt", "List", "--max-tokens", "12", "--temperature", temperature, "--seed", "4",
+                               "--grammar-file", dir.str("list.gbnf"), "--print-ids"}) == 0);
+    });
+    const auto j = nlohmann::json::parse(out);
+    const std::string text = j["text"];
+    CAPTURE(text);
+    CHECK(cfg->matches(text));
+    CHECK(j["finish_reason"] == "stop");
+  }
+  const std::string out = testing::captured_stdout([&] {
+    CHECK(app::cmd_generate({"--prompt", "Hi", "--max-tokens", "30", "--temperature", "1", "--print-ids", "--json-schema",
+                             R"({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 5}}, "required": ["n"]})"}) == 0);
+  });
+  const auto v = nlohmann::json::parse(nlohmann::json::parse(out)["text"].get<std::string>());
+  CHECK(v["n"].get<int64_t>() % 5 == 0);
+  {
+    std::ofstream(dir.str("bad.gbnf")) << "root ::= x";
+  }
+  CHECK(error_of([&] { app::cmd_generate({"--prompt", "x", "--grammar-file", dir.str("bad.gbnf")}); }) ==
+        "--grammar-file " + dir.str("bad.gbnf") + ": the rule 'x' is used but never defined (at byte 9)");
+  CHECK(error_of([&] { app::cmd_generate({"--prompt", "x", "--grammar-file", dir.str("none.gbnf")}); }).find("cannot read") !=
+        std::string::npos);
+  CHECK(error_of([] { app::cmd_generate({"--prompt", "x", "--json-schema", "{\"type\": \"array\"}"}); }).find("--json-schema: ") == 0);
+  CHECK(error_of([&] { app::cmd_generate({"--prompt", "x", "--max-tokens", "2", "--grammar-file", dir.str("list.gbnf")}); })
+            .find("--max-tokens is 2, but the shortest answer --grammar-file") == 0);
+  CHECK(error_of([&] {
+          app::cmd_generate({"--prompt", "x", "--grammar-file", dir.str("list.gbnf"), "--json-schema", "{}"});
+        }).find("both constrain") != std::string::npos);
 }
 
 TEST_CASE("serve/media_fetch remote URLs with --allow-remote-media: bytes, size limit, HTTP errors") {
