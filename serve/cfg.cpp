@@ -718,7 +718,7 @@ void Cfg::normalize(State& st) const {
   st.starts.swap(out.starts);
 }
 
-void Cfg::step_cp(const State& in, uint32_t cp, State& out) const {
+void Cfg::step_cp(const State& in, uint32_t cp, State& out, size_t* spent) const {
   out.clear();
   std::vector<uint32_t> s;
   size_t work_left = kMaxCloseWork;
@@ -729,10 +729,11 @@ void Cfg::step_cp(const State& in, uint32_t cp, State& out) const {
     s.back() += 1;
     close(s, out, work_left);
   }
+  if (spent) *spent += kMaxCloseWork - work_left;
   normalize(out);
 }
 
-bool Cfg::step_byte(const State& in, unsigned char c, State& out) const {
+bool Cfg::step_byte(const State& in, unsigned char c, State& out, size_t* spent) const {
   if (in.finished) return false;
   uint32_t cp;
   int need;
@@ -749,7 +750,7 @@ bool Cfg::step_byte(const State& in, unsigned char c, State& out) const {
     out.lo = 0x80, out.hi = 0xBF;
   }
   if (need == 0) {
-    step_cp(in, cp, out);
+    step_cp(in, cp, out, spent);
     return !out.dead();
   }
   // A code point in progress: the stacks whose top may still take it.
@@ -1003,6 +1004,7 @@ void Cfg::mask(std::span<const int64_t> generated, int64_t remaining, float* wor
   std::vector<int8_t> fit{-1};
   index.emplace(state_key(st), 0);
   State scratch;
+  size_t spent = 0;
   auto step = [&](int32_t from, unsigned char c) {
     const bool dense = size_t(from) < kDense;
     const uint64_t k = uint64_t(from) << 8 | c;
@@ -1012,7 +1014,12 @@ void Cfg::mask(std::span<const int64_t> generated, int64_t remaining, float* wor
       return it->second;
     }
     int32_t to = -1;
-    if (step_byte(states[size_t(from)], c, scratch)) {
+    const bool alive = step_byte(states[size_t(from)], c, scratch, &spent);
+    if (spent > kMaxMaskWork)
+      throw std::runtime_error(fmt::format("grammar: the mask of one token needs more than {} parse steps (an ambiguous "
+                                           "grammar)",
+                                           kMaxMaskWork));
+    if (alive) {
       auto [it, added] = index.emplace(state_key(scratch), int32_t(states.size()));
       if (added) {
         states.push_back(scratch), fit.push_back(-1);

@@ -66,6 +66,10 @@ class Cfg final : public OutputConstraint {
   static constexpr size_t kMaxRootBytes = 65536;         // root's shortest sentence
   static constexpr size_t kMaxStacks = 1024;
   static constexpr size_t kMaxDepth = 128;
+  // Frames the closing of new states may visit in one mask: past it the
+  // request fails ("the grammar needs more work for one token than ...")
+  // rather than hold the engine (a crafted ambiguous grammar).
+  static constexpr size_t kMaxMaskWork = size_t(1) << 22;
 
   // Throws std::invalid_argument (what is wrong, and at which byte).
   static std::shared_ptr<const Cfg> compile(std::shared_ptr<const TokenBytes> bytes, std::string_view grammar);
@@ -113,8 +117,9 @@ class Cfg final : public OutputConstraint {
   // The stacks that `s` (top not yet a terminal) stands for, added to `out`.
   void close(std::vector<uint32_t>& s, State& out, size_t& work_left) const;
   void start(State& st) const;
-  bool step_byte(const State& in, unsigned char c, State& out) const;
-  void step_cp(const State& in, uint32_t cp, State& out) const;
+  // `spent` (when given) grows by the frames the step's closing visited.
+  bool step_byte(const State& in, unsigned char c, State& out, size_t* spent = nullptr) const;
+  void step_cp(const State& in, uint32_t cp, State& out, size_t* spent) const;
   void normalize(State& st) const;
   bool replay(std::span<const int64_t> generated, State& st) const;
   // Bytes of the shortest completion of stack k of `st` (end token not counted).

@@ -236,6 +236,20 @@ TEST_CASE("serve/cfg refusals name what is wrong and the byte") {
   CHECK(refusal("root ::= \"a\" | # comment\n  \"b\" # another\n") == "(compiled)");
 }
 
+TEST_CASE("serve/cfg a crafted ambiguous grammar: one mask's work is bounded and fails the request, never holds the engine") {
+  // Every letter opens two readings (closed by the same letter, or not), so
+  // each prefix of letters is a new state of up to kMaxStacks stacks: over
+  // the vocabulary's letter tokens, hundreds of millions of frames.
+  std::string g = "root ::= e\ne ::= \".\"";
+  for (char c = 'a'; c <= 'z'; ++c) g += fmt::format(" | \"{0}\" e \"{0}\" | \"{0}\" e", c);
+  const auto cfg = Cfg::compile(bytes(), g);
+  CHECK(cfg->matches("ab.ba"));
+  CHECK(cfg->matches("abc.b"));
+  CHECK_FALSE(cfg->matches("ab.ab"));
+  std::vector<float> w(static_cast<size_t>(kVocab), 0.0f);
+  CHECK_THROWS_WITH_AS(cfg->mask({}, 100, w.data(), kVocab), doctest::Contains("parse steps"), std::runtime_error);
+}
+
 TEST_CASE("serve/cfg the mask: a sentence, then <|end|>, within max_tokens") {
   const std::string json_grammar = R"G(root ::= object
 value ::= object | array | string | number | ("true" | "false" | "null")
