@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+#include "models/phi4mm/tokenizer/utf8.h"
 #include "serve/grammar.h"
 
 namespace areno::serve {
@@ -28,24 +29,6 @@ constexpr size_t kMaxCloseWork = size_t(1) << 18;
 int64_t sat_add(int64_t a, int64_t b) { return std::min(a + b, kInf); }
 
 int utf8_bytes(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xC0 | (cp >> 6));
-    out += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += char(0xE0 | (cp >> 12));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  } else {
-    out += char(0xF0 | (cp >> 18));
-    out += char(0x80 | ((cp >> 12) & 0x3F));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  }
-}
 
 bool name_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
@@ -502,7 +485,7 @@ void Cfg::analyse() {
       }
     }
   rule_bytes_.assign(R, kInf);
-  rule_alt_.assign(R, 0);
+  std::vector<uint32_t> rule_alt(R, 0);  // per rule: the alternative its shortest sentence takes
   std::vector<uint8_t> done(R, 0);
   std::vector<uint32_t> order;  // rules as their lengths became final
   using Item = std::pair<int64_t, uint32_t>;
@@ -512,7 +495,7 @@ void Cfg::analyse() {
   auto offer = [&](uint32_t a) {
     const uint32_t r = alt_rule[a];
     if (!done[r] && alt_sum[a] < rule_bytes_[r]) {
-      rule_bytes_[r] = alt_sum[a], rule_alt_[r] = a - first_alt[r];
+      rule_bytes_[r] = alt_sum[a], rule_alt[r] = a - first_alt[r];
       queue.push({alt_sum[a], r});
     }
   };
@@ -586,8 +569,8 @@ void Cfg::analyse() {
   for (uint32_t r : order) {
     if (!seen[r]) continue;
     std::string& s = shortest_[r];
-    for (uint32_t p = rules_[r].alts[rule_alt_[r]]; elems_[p].kind != kEnd; ++p) {
-      if (elems_[p].kind == kTerm) append_utf8(s, classes_[elems_[p].id].pick);
+    for (uint32_t p = rules_[r].alts[rule_alt[r]]; elems_[p].kind != kEnd; ++p) {
+      if (elems_[p].kind == kTerm) tok::append_utf8(s, classes_[elems_[p].id].pick);
       else s += shortest_[elems_[p].id];
     }
   }
@@ -765,6 +748,22 @@ bool Cfg::step_byte(const State& in, unsigned char c, State& out, size_t* spent)
   return !out.dead();
 }
 
+namespace {
+
+// Puts `e` into a least-recently-used cache of `capacity` entries (each
+// with a `used` stamp).
+template <typename Entry>
+void lru_put(std::vector<Entry>& entries, Entry e, size_t capacity) {
+  if (entries.size() < capacity) {
+    entries.push_back(std::move(e));
+    return;
+  }
+  *std::min_element(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.used < b.used; }) =
+      std::move(e);
+}
+
+}  // namespace
+
 struct Cfg::ReplayCache {
   static constexpr size_t kEntries = 8;
   struct Entry {
@@ -826,12 +825,8 @@ bool Cfg::replay(std::span<const int64_t> generated, State& st) const {
   }
   std::lock_guard<std::mutex> lock(replayed_->mutex);
   ReplayCache& c = *replayed_;
-  ReplayCache::Entry e{std::vector<int64_t>(generated.begin(), generated.end()), st, ++c.clock};
-  if (c.entries.size() < ReplayCache::kEntries)
-    c.entries.push_back(std::move(e));
-  else
-    *std::min_element(c.entries.begin(), c.entries.end(), [](const auto& a, const auto& b) { return a.used < b.used; }) =
-        std::move(e);
+  lru_put(c.entries, ReplayCache::Entry{std::vector<int64_t>(generated.begin(), generated.end()), st, ++c.clock},
+          ReplayCache::kEntries);
   return true;
 }
 
@@ -860,7 +855,7 @@ std::string Cfg::stack_text(const State& st, size_t k) const {
   std::string out;
   auto rest = [&](uint32_t p) {
     for (; elems_[p].kind != kEnd; ++p) {
-      if (elems_[p].kind == kTerm) append_utf8(out, classes_[elems_[p].id].pick);
+      if (elems_[p].kind == kTerm) tok::append_utf8(out, classes_[elems_[p].id].pick);
       else out += shortest_[elems_[p].id];
     }
   };
@@ -868,7 +863,7 @@ std::string Cfg::stack_text(const State& st, size_t k) const {
   if (st.need) {
     const auto [a, b] = st.interval();
     std::string cp;
-    append_utf8(cp, classes_[elems_[top].id].first_in(a, b));
+    tok::append_utf8(cp, classes_[elems_[top].id].first_in(a, b));
     out += cp.substr(cp.size() - st.need);
     ++top;
   }
@@ -1002,7 +997,7 @@ void Cfg::mask(std::span<const int64_t> generated, int64_t remaining, float* wor
   std::vector<int32_t> table(256, kUnknown);
   std::unordered_map<uint64_t, int32_t> next;  // -1: dead
   std::vector<int8_t> fit{-1};
-  index.emplace(state_key(st), 0);
+  index.emplace(st_key, 0);
   State scratch;
   size_t spent = 0;
   auto step = [&](int32_t from, unsigned char c) {
@@ -1069,12 +1064,7 @@ void Cfg::mask(std::span<const int64_t> generated, int64_t remaining, float* wor
   {
     std::lock_guard<std::mutex> lock(masks_->mutex);
     MaskCache& c = *masks_;
-    MaskCache::Entry e{st_key, live, worst + 1, ++c.clock};
-    if (c.entries.size() < MaskCache::kEntries)
-      c.entries.push_back(std::move(e));
-    else
-      *std::min_element(c.entries.begin(), c.entries.end(), [](const auto& a, const auto& b) { return a.used < b.used; }) =
-          std::move(e);
+    lru_put(c.entries, MaskCache::Entry{st_key, live, worst + 1, ++c.clock}, MaskCache::kEntries);
   }
   if (!apply(ok)) force(live);
 }

@@ -137,7 +137,6 @@ class Cfg final : public OutputConstraint {
   uint32_t root_ = 0;
   std::vector<int64_t> rest_;         // per element: bytes of the shortest rest of its alternative from it
   std::vector<int64_t> rule_bytes_;   // per rule: bytes of its shortest sentence
-  std::vector<uint32_t> rule_alt_;    // per rule: the alternative that sentence takes
   std::vector<std::string> shortest_; // per rule: that sentence
   int64_t min_tokens_ = 0;
   // The states after the last few outputs replayed (one per sample of a

@@ -143,20 +143,22 @@ void parse_choices(const json& v, const std::string& field, ApiRequest& r) {
   }
 }
 
+// A constraint given as text (a regular expression, a GBNF grammar) of at
+// most `max_bytes`: into `out`, `given` set (the empty text is one).
+void parse_text(const json& v, const std::string& field, const char* kind, size_t max_bytes, std::string& out, bool& given) {
+  if (!v.is_string()) throw bad(field, fmt::format("'{}' must be a string ({})", field, kind));
+  if (v.get_ref<const std::string&>().size() > max_bytes)
+    throw bad(field, fmt::format("'{}' must have at most {} bytes", field, max_bytes));
+  out = v.get<std::string>();
+  given = true;
+}
+
 void parse_regex(const json& v, const std::string& field, ApiRequest& r) {
-  if (!v.is_string()) throw bad(field, fmt::format("'{}' must be a string (a regular expression)", field));
-  if (v.get_ref<const std::string&>().size() > Regex::kMaxPatternBytes)
-    throw bad(field, fmt::format("'{}' must have at most {} bytes", field, Regex::kMaxPatternBytes));
-  r.regex = v.get<std::string>();
-  r.has_regex = true;
+  parse_text(v, field, "a regular expression", Regex::kMaxPatternBytes, r.regex, r.has_regex);
 }
 
 void parse_grammar(const json& v, const std::string& field, ApiRequest& r) {
-  if (!v.is_string()) throw bad(field, fmt::format("'{}' must be a string (a GBNF grammar)", field));
-  if (v.get_ref<const std::string&>().size() > Cfg::kMaxGrammarBytes)
-    throw bad(field, fmt::format("'{}' must have at most {} bytes", field, Cfg::kMaxGrammarBytes));
-  r.grammar = v.get<std::string>();
-  r.has_grammar = true;
+  parse_text(v, field, "a GBNF grammar", Cfg::kMaxGrammarBytes, r.grammar, r.has_grammar);
 }
 
 // vLLM's guided decoding fields and their newer form, structured_outputs:
