@@ -12,8 +12,8 @@
 //                                where the next `name ::=` begins, so it may
 //                                span lines.
 //   a b | c                      sequence and alternation
-//   "text"                       literal text (UTF-8; escapes \n \r \t \0 \\
-//                                \" \' \[ \] \- \/ \^ \xHH \uHHHH \UHHHHHHHH)
+//   "text"                       literal text (UTF-8; escapes \n \r \t \0 \\ \"
+//                                \' \[ \] \- \/ \^ \xHH \uHHHH \UHHHHHHHH)
 //   [a-z_] [^"\\]                a class of code points, ranges, negated
 //   .                            any code point
 //   ( ... )                      a group

@@ -116,6 +116,7 @@ struct Engine::Req {
   bool prompt_lp_sent = false;
   bool aborted = false, done = false;
   int64_t finished = 0;
+  std::string cb_error;  // the output callback threw: the request is stopped with this error
 };
 
 Engine::Engine(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::shared_ptr<const tok::Tokenizer> tokenizer,
@@ -187,7 +188,18 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
   if (opts_.prefix_caching && q->media_rows.defined() && q->media_digest.empty())
     q->media_digest = row_digests(q->media_rows);  // rows the caller gave
   q->r = std::move(r);
-  q->cb = std::move(on_output);
+  // A callback that throws (a client that cannot take its outputs) stops its
+  // own request at the next step; the step's other requests go on.
+  q->cb = [this, qp = q.get(), cb = std::move(on_output)](const RequestOutput& o) {
+    try {
+      cb(o);
+    } catch (const std::exception& e) {
+      if (!qp->cb_error.empty()) return;
+      qp->cb_error = fmt::format("engine error: the output callback failed: {}", e.what());
+      fmt::print(stderr, "engine: request {}: {}\n", qp->id, qp->cb_error);
+      abort(qp->id);
+    }
+  };
   q->stop_ids = q->r.params.stop_token_ids;
   if (!q->r.params.ignore_eos) q->stop_ids.insert(q->stop_ids.end(), opts_.eos_token_ids.begin(), opts_.eos_token_ids.end());
   q->prompt_len = P;
@@ -233,9 +245,9 @@ void Engine::take_inbox() {
   }
   for (int64_t id : aborts) {
     for (auto& q : waiting_)
-      if (q && q->id == id && !q->done) finish_request(*q, FinishReason::abort);
+      if (q && q->id == id && !q->done) finish_request(*q, FinishReason::abort, q->cb_error);
     for (auto& q : active_)
-      if (q->id == id && !q->done) finish_request(*q, FinishReason::abort);
+      if (q->id == id && !q->done) finish_request(*q, FinishReason::abort, q->cb_error);
   }
   std::erase_if(waiting_, [](const std::unique_ptr<Req>& q) { return q->done; });
 }
@@ -421,7 +433,14 @@ bool Engine::step() {
   const bool work = !waiting_.empty() || !running_.empty() || !preempted_.empty();
   if (work) {
     const auto t0 = std::chrono::steady_clock::now();
-    schedule_and_run();
+    try {
+      schedule_and_run();
+    } catch (const std::exception& e) {
+      // The last line of defence: the forward and the picks fail only their
+      // own requests; anything else thrown here fails every admitted
+      // request, frees its blocks and keeps the engine (and server) alive.
+      fail_admitted(fmt::format("engine error: {}", e.what()));
+    }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     stats_.steps++;
     stats_.step_seconds_total += dt;
@@ -437,6 +456,18 @@ bool Engine::step() {
     published_ = stats_;
   }
   return work;
+}
+
+void Engine::fail_admitted(const std::string& why) {
+  for (auto& q : active_)
+    while (!q->done) {
+      // A callback that throws (it may be what failed) ends one sample per
+      // call: finish_request marks a sample finished before reporting it.
+      try {
+        finish_request(*q, FinishReason::abort, why);
+      } catch (const std::exception&) {
+      }
+    }
 }
 
 void Engine::run_until_idle() {
@@ -671,6 +702,12 @@ std::vector<Engine::StepItem> Engine::plan_step() {
     if (s->kv.length > 0 && phi4mm::needs_reprefill(*model_, s->kv, int64_t(s->tokens.size()))) {
       release(*s);  // LongRoPE boundary: recompute everything with the long table
       stats_.reprefills++;
+    }
+    if (int64_t(s->tokens.size()) <= s->kv.length) {
+      // A running sequence always has its next token to compute; one without
+      // would make every step report work and spin. Fail it instead.
+      finish_request(*s->req, FinishReason::abort, "engine error: a running sequence has nothing to compute");
+      continue;
     }
     int64_t c = chunk_for(*s, budget);
     if (c <= 0) continue;

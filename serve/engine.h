@@ -209,6 +209,7 @@ class Engine {
   std::vector<int64_t> propose_draft(const Seq& s, int64_t max_tokens) const;
   void verify_draft(const StepItem& it, const std::vector<const float*>& rows);
   void fail_sampling(Req& q, const std::string& why);
+  void fail_admitted(const std::string& why);
   void remember_blocks(const std::vector<StepItem>& items);
   void encode_media(Req& q, const std::vector<phi4mm::Media>& media, int64_t n_media,
                     const std::function<void()>& check_accepting);

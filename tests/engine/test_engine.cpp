@@ -1169,6 +1169,47 @@ struct FailingConstraint final : OutputConstraint {
   int64_t completion_length(std::span<const int64_t>) const override { return 1; }
 };
 
+TEST_CASE("engine: an output callback that throws stops only its request; the engine frees its blocks and goes on") {
+  const auto cases = mixed_cases();
+  const Case& text = cases[0];
+  Engine e(tiny_model(), tokenizer(), opts(3, 16));
+  int64_t thrown = 0;
+  std::vector<int64_t> other_tokens;
+  std::string other_error;
+  bool other_done = false;
+  Request bad = make_request(text, 8);
+  bad.params.n = 2;
+  // Throws at every output with a token and again when told it stopped.
+  e.submit(bad, [&](const RequestOutput& r) {
+    if (r.tokens.empty() && r.error.empty()) return;
+    ++thrown;
+    throw std::runtime_error("client gone");
+  });
+  e.submit(make_request(text, 8), [&](const RequestOutput& r) {
+    other_tokens.insert(other_tokens.end(), r.tokens.begin(), r.tokens.end());
+    other_error += r.error;
+    other_done |= r.done;
+  });
+  for (int guard = 0; e.step(); ++guard) {
+    REQUIRE(guard < 100);
+    REQUIRE(e.audit().empty());
+  }
+  CHECK(thrown >= 2);
+  CHECK(other_done);  // decoded in the same steps, untouched
+  CHECK(other_error.empty());
+  CHECK(other_tokens == reference_greedy(text, 8));
+  EngineStats st = e.stats();
+  CHECK(st.requests_failed == 1);
+  CHECK(st.requests_finished == 1);
+  CHECK(st.kv_blocks_used == 0);
+  CHECK(st.running == 0);
+  // The engine goes on.
+  std::vector<int64_t> tokens;
+  e.submit(make_request(text, 8), [&](const RequestOutput& r) { tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.end()); });
+  e.run_until_idle();
+  CHECK(tokens == reference_greedy(text, 8));
+}
+
 TEST_CASE("engine: a sampling error fails only its request (no exception leaves the engine), speculative or not") {
   const auto cases = mixed_cases();
   const Case& text = cases[0];
