@@ -89,7 +89,15 @@ constexpr const char* kTrainUsage =
     "  --threads N               compute threads (default: OMP_NUM_THREADS, else the physical cores)\n"
     "\n"
     "groups (towers and projectors are frozen by default):\n"
-    "  --lm-trainable all|lora|none   the decoder: everything, only the LoRA branches, nothing\n"
+    "  --lm-trainable all|lora|user|none   the decoder: everything, every LoRA branch, only the\n"
+    "                            user LoRA, nothing (default all; user with --lora-rank)\n"
+    "  --lora-rank N             add a LoRA of rank N (the user adapter) to the decoder's\n"
+    "                            linears, on every row beside the vision/speech adapter; the\n"
+    "                            base weights stay frozen; saved in the checkpoint (docs/training.md)\n"
+    "  --lora-alpha X            its scaling is X / N (default 2N)\n"
+    "  --lora-dropout P          its dropout (default 0)\n"
+    "  --lora-targets LIST       all (default) or a comma list of qkv_proj, o_proj,\n"
+    "                            gate_up_proj, down_proj"
     "  --embed-rows all|data|none   rows of the tied embedding/head that train with the lm group:\n"
     "                            all (default), only the token ids the dataset's rows use, none\n"
     "  --unfreeze-mm-projector   train the image/audio projections and separators\n"
@@ -249,10 +257,34 @@ void report_resume(const Trainer& trainer, const RunDirs& dirs) {
   fmt::print(stderr, "resumed from {} at step {}\n", dirs.step_dir.string(), trainer.state().step);
 }
 
+// `--lora-rank`: adds the user adapter, or checks that the checkpoint's (a
+// resumed or continued run) is the one asked for.
+void add_user_lora(phi4mm::Phi4MMForCausalLM& m, const phi4mm::LoraConfig& l, uint64_t seed,
+                   const std::string& dir) {
+  if (const auto& have = m.config().user_lora) {
+    if (have->r != l.r || have->alpha != l.alpha || have->dropout != l.dropout || have->targets != l.targets)
+      throw std::invalid_argument(fmt::format(
+          "--lora-rank: {} has a user LoRA already (rank {}, alpha {}, dropout {}, targets {}) and these flags ask "
+          "for another; repeat its settings to train it on", dir.empty() ? "the model" : dir, have->r,
+          have->alpha, have->dropout, fmt::join(have->targets, ",")));
+    return;
+  }
+  m.add_user_lora(l, seed);
+  fmt::print(stderr, "user LoRA: rank {}, alpha {}, dropout {}, on {} ({} parameters)\n", l.r, l.alpha, l.dropout,
+             fmt::join(l.targets, ","), [&] {
+               int64_t n = 0;
+               for (auto& [name, p] : m.named_parameters()) n += name.find(".lora_A.user.") != std::string::npos ||
+                                                                    name.find(".lora_B.user.") != std::string::npos
+                                                                ? p.numel() : 0;
+               return n;
+             }());
+}
+
 struct RlFlags {
   train::rl::RlOptions options;
   train::rl::PpoTrainOptions ppo;
   std::string reward, reward_cmd, critic_ckpt, kl_loss_type = "low_var_kl";
+  std::optional<phi4mm::LoraConfig> user_lora;  // --lora-rank: the separate critic gets one too
   double reward_timeout_s = 30;
   int64_t overlong_buffer_len = 0;  // 0: no overlong penalty
   double overlong_penalty_factor = 1.0;
@@ -366,6 +398,7 @@ int train_ppo(RlFlags f, const ServedModel& sm, const fs::path& dataset, const t
   std::shared_ptr<phi4mm::Phi4MMForCausalLM> critic;
   if (!f.critic_ckpt.empty())
     critic = load_served_model(resuming ? (dirs.step_dir / "critic").string() : f.critic_ckpt, device, dtype, needs).model;
+  if (critic && f.user_lora) add_user_lora(*critic, *f.user_lora, f.ppo.loop.seed + 1, f.critic_ckpt);
   // The KL reference is the starting policy, --ckpt, also when resuming.
   std::shared_ptr<const phi4mm::Phi4MMForCausalLM> reference;
   f.ppo.run_keys = f.reward_keys();
@@ -453,7 +486,11 @@ int train_dpo(train::rl::DpoTrainOptions o, const ServedModel& sm, const fs::pat
 
 int cmd_train(const Args& args) {
   std::string ckpt, algo = "sft", dataset, loader_cmd, media_root, train_on = "all", device = "cpu", dtype;
-  std::string lm_trainable = "all", embed_rows = "all", decay_style = "cosine", save_path, resume, metrics_dir;
+  std::string lm_trainable, embed_rows = "all", lora_targets = "all";
+  int64_t lora_rank = 0;
+  std::optional<double> lora_alpha;
+  double lora_dropout = 0;
+  std::string decay_style = "cosine", save_path, resume, metrics_dir;
   std::string ref_ckpt;
   bool skip_bad = false;
   int64_t max_prompt = 0, max_new = 0, save_interval = 0, grad_accum = 0;
@@ -483,6 +520,9 @@ int cmd_train(const Args& args) {
   flags.integer("--loss-chunk-rows", o.loss_chunk_rows, 1);
   flags.value("--device", device).value("--dtype", dtype).value("--lm-trainable", lm_trainable);
   flags.value("--embed-rows", embed_rows);
+  flags.integer("--lora-rank", lora_rank, 1).value("--lora-targets", lora_targets);
+  flags.value("--lora-alpha", [&](const std::string& v) { lora_alpha = parse_double_flag("--lora-alpha", v, 0); });
+  flags.value("--lora-dropout", num("--lora-dropout", lora_dropout, 0));
   flags.toggle("--unfreeze-mm-projector", o.groups.projector, true).toggle("--unfreeze-mm-tower", o.groups.tower, true);
   flags.value("--mm-projector-lr", num("--mm-projector-lr", o.mm_projector_lr, 0));
   flags.value("--mm-tower-lr", num("--mm-tower-lr", o.mm_tower_lr, 0));
@@ -615,7 +655,20 @@ int cmd_train(const Args& args) {
   }
   o.mini_bs = std::min(o.mini_bs, step_items);
   o.decay = train::decay_style_from_name(decay_style);
-  o.groups.lm = train::lm_trainable_from_name(lm_trainable);
+  // The user adapter, checked before any weight is read.
+  std::optional<phi4mm::LoraConfig> user_lora;
+  if (lora_rank > 0) {
+    phi4mm::LoraConfig l;
+    l.r = lora_rank;
+    l.alpha = lora_alpha.value_or(2.0 * double(lora_rank));
+    l.dropout = lora_dropout;
+    l.targets = phi4mm::parse_lora_targets(lora_targets, "--lora-targets");
+    phi4mm::check_user_lora(l, "--lora-rank/--lora-alpha/--lora-dropout");
+    user_lora = l;
+  } else if (lora_alpha || lora_dropout != 0 || lora_targets != "all") {
+    throw std::invalid_argument("--lora-alpha, --lora-dropout, --lora-targets: only with --lora-rank");
+  }
+  o.groups.lm = train::lm_trainable_from_name(lm_trainable.empty() ? (user_lora ? "user" : "all") : lm_trainable);
   o.groups.embed_rows = train::embed_rows_from_name(embed_rows);
   const train::TrainOn on = train::train_on_from_name(train_on);
   if (is_ppo) {
@@ -649,6 +702,8 @@ int cmd_train(const Args& args) {
   if (!resume.empty()) step_dir = train::resolve_resume_dir(resume);
   const std::string model_dir = !step_dir.empty() ? step_dir.string() : ckpt;
   ServedModel sm = load_served_model(model_dir, device, dtype);
+  if (user_lora) add_user_lora(*sm.model, *user_lora, uint64_t(o.seed), model_dir);
+  rl.user_lora = user_lora;
 
   // The rows, through the serving processor.
   train::DatasetOptions dopts;

@@ -35,6 +35,8 @@ const std::vector<Command>& commands() {
       {"score", "print per-token log-probabilities of a completion (JSON)", areno::app::cmd_score},
       {"train", "fine-tune: chat rows (--algo sft), RL on prompts (grpo|gspo), preference pairs (dpo)", areno::app::cmd_train},
       {"eval", "greedy exact-match accuracy on chat rows", areno::app::cmd_eval},
+      {"merge-lora", "fold a checkpoint's user LoRA (train --lora-rank) into its base weights",
+       areno::app::cmd_merge_lora},
   };
   return cmds;
 }

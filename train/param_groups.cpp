@@ -37,17 +37,23 @@ Group group_of(const std::string& name) {
 
 bool is_lora(const std::string& name) { return contains(name, ".lora_A.") || contains(name, ".lora_B."); }
 
+bool is_user_lora(const std::string& name) {
+  return contains(name, ".lora_A.user.") || contains(name, ".lora_B.user.");
+}
+
 LmTrainable lm_trainable_from_name(const std::string& name) {
   if (name == "all") return LmTrainable::all;
   if (name == "lora") return LmTrainable::lora;
+  if (name == "user") return LmTrainable::user;
   if (name == "none") return LmTrainable::none;
-  throw std::invalid_argument(fmt::format("--lm-trainable: '{}' is not all, lora or none", name));
+  throw std::invalid_argument(fmt::format("--lm-trainable: '{}' is not all, lora, user or none", name));
 }
 
 const char* lm_trainable_name(LmTrainable l) {
   switch (l) {
     case LmTrainable::all: return "all";
     case LmTrainable::lora: return "lora";
+    case LmTrainable::user: return "user";
     case LmTrainable::none: return "none";
   }
   return "?";
@@ -73,7 +79,8 @@ bool trains(const std::string& name, const GroupOptions& o) {
   switch (group_of(name)) {
     case Group::lm:
       if (o.embed_rows == EmbedRows::none && starts_with(name, "model.embed_tokens.")) return false;
-      return o.lm == LmTrainable::all || (o.lm == LmTrainable::lora && is_lora(name));
+      return o.lm == LmTrainable::all || (o.lm == LmTrainable::lora && is_lora(name)) ||
+             (o.lm == LmTrainable::user && is_user_lora(name));
     case Group::projector: return o.projector;
     case Group::tower: return o.tower;
   }
@@ -94,8 +101,9 @@ int64_t apply_trainable(phi4mm::Phi4MMForCausalLM& model, const GroupOptions& o)
   }
   if (n == 0)
     throw std::invalid_argument(
-        "nothing to train: --lm-trainable none with the projector and tower frozen (or a model without the "
-        "parts asked for)");
+        fmt::format("nothing to train: --lm-trainable {} with the projector and tower frozen (or a model without "
+                    "the parts asked for{})",
+                    lm_trainable_name(o.lm), o.lm == LmTrainable::user ? ": a user LoRA comes with --lora-rank" : ""));
   // Training mode exactly where parameters train: a module whose subtree
   // holds a trainable parameter. named_modules lists parents first, and
   // train() recurses, so each child is set after its parent.

@@ -2,14 +2,14 @@
 // Parameter groups of the trainer (issue 14, "Loop"): every parameter of the
 // model belongs to one of three groups, by checkpoint name:
 //   lm         the decoder: model.embed_tokens, model.layers.*, model.norm,
-//              the vision and speech LoRA branches (…lora_A.* / …lora_B.*)
+//              the vision, speech and user LoRA branches (…lora_A.* / …lora_B.*)
 //   projector  model.embed_tokens_extend.image_embed.img_projection.*,
 //              …image_embed.glb_GN / sub_GN, …audio_embed.audio_projection.*
 //              (speech and vision heads)
 //   tower      model.embed_tokens_extend.image_embed.img_processor.* (SigLIP),
 //              model.embed_tokens_extend.audio_embed.encoder.* (Conformer)
 // Each group has its own learning rate; the towers and projectors are frozen
-// by default, and `--lm-trainable all|lora|none` picks what of the decoder
+// by default, and `--lm-trainable all|lora|user|none` picks what of the decoder
 // trains. A frozen parameter does not require grad (it gets no gradient and
 // holds no optimizer state) and its modules run in evaluation mode (no dropout).
 #include <cstdint>
@@ -32,9 +32,13 @@ inline constexpr Group kGroups[] = {Group::lm, Group::projector, Group::tower};
 Group group_of(const std::string& name);
 // A LoRA branch weight (…lora_A.<adapter>.weight / …lora_B.<adapter>.weight).
 bool is_lora(const std::string& name);
+// A weight of the user adapter (…lora_A.user.weight / …lora_B.user.weight).
+bool is_user_lora(const std::string& name);
 
-enum class LmTrainable { all, lora, none };
-LmTrainable lm_trainable_from_name(const std::string& name);  // "all" | "lora" | "none"
+// all: the whole decoder; lora: every LoRA branch (vision, speech and the
+// user adapter); user: only the user adapter (`--lora-rank`); none: nothing.
+enum class LmTrainable { all, lora, user, none };
+LmTrainable lm_trainable_from_name(const std::string& name);  // "all" | "lora" | "user" | "none"
 const char* lm_trainable_name(LmTrainable l);
 
 enum class EmbedRows { all, data, none };

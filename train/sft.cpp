@@ -64,6 +64,7 @@ int64_t disable_dropout(phi4mm::Phi4MMForCausalLM& model) {
   for (auto& [name, m] : model.named_modules())
     if (auto* l = dynamic_cast<phi4mm::LoraLinear*>(m)) {
       for (phi4mm::Adapter a : {phi4mm::Adapter::vision, phi4mm::Adapter::speech}) n += l->dropout_p(a) > 0;
+      n += l->user_dropout_p() > 0;
       l->disable_dropout();
     }
   return n;
@@ -428,17 +429,7 @@ fs::path save_step_folder(const phi4mm::Phi4MMForCausalLM& model, const AdamW& o
   fs::remove_all(tmp);
   phi4mm::save_model(model, tmp.string());
   // Tokenizer, processor and remote-code files of the checkpoint the run started from.
-  if (!source.empty() && fs::is_directory(source)) {
-    for (const auto& entry : fs::directory_iterator(source)) {
-      if (!entry.is_regular_file()) continue;
-      const std::string f = entry.path().filename().string();
-      if (f == "config.json" || f == "generation_config.json" || f == "model.safetensors.index.json" ||
-          f == "trainer_state.json" || f == "latest" ||
-          entry.path().extension() == ".safetensors" || f.find(".tmp-") != std::string::npos)
-        continue;
-      write_file_atomic((tmp / f).string(), read_file(entry.path().string()));
-    }
-  }
+  phi4mm::copy_side_files(source, tmp);
   if (!fs::exists(tmp / "preprocessor_config.json")) phi4mm::write_preprocessor_config(tmp);
   if (add_files) add_files(tmp);
   // In a subfolder: tools that read every *.safetensors of a checkpoint

@@ -18,7 +18,11 @@
 // --lm-trainable all: the rows have no adapter (the base decoder, LoRA
 // branches not computed) and the whole decoder trains (the LoRA weights are
 // in the group but get no gradient). lora: the rows use the vision adapter and
-// only the LoRA branches train.
+// only the LoRA branches train. user: a user adapter of --lora-rank R (alpha
+// 2R, on the four projections; `areno train --lora-rank`) is added, the rows
+// have no modality adapter and only the user adapter trains. Its A is the
+// bench's own deterministic sin(k + 1) / sqrt(in) (k the row-major index) and
+// B is 0, as torch_train.py sets them, so both peers start from the same weights.
 //
 // After the measured steps, once: the time of one micro-batch's forward
 // (decoder layers, then the loss, which also takes the head's gradient
@@ -32,7 +36,7 @@
 //
 // usage: bench_train [--preset small] [--seed 1] [--seq 2048] [--batch-size 2]
 //   [--mini-bs 1] [--warmup 1] [--steps 3] [--rows N] [--activation-checkpointing on|off]
-//   [--lm-trainable all|lora] [--targets half|all] [--lr 1e-5] [--weight-decay 0.1]
+//   [--lm-trainable all|lora|user] [--lora-rank 16] [--targets half|all] [--lr 1e-5] [--weight-decay 0.1]
 //   [--phases on|off] [--gemm-peak on|off] [--perf-fifo PATH]
 //   [--device cpu|cuda[:N]] [--dtype f32|bf16] [--peak-tflops X] [--loss-only REPS]
 // --loss-only REPS: no training steps; times chunked_cross_entropy_sum alone
@@ -53,9 +57,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -114,6 +120,7 @@ struct Args {
   double peak_tflops = 0;  // > 0: MFU against this peak (e.g. 989 for H200 dense bf16)
   int64_t loss_only = 0;   // > 0: time only the loss, this many repetitions
   std::string lm = "all";
+  int64_t lora_rank = 16;  // --lm-trainable user
   double lr = 1e-5, weight_decay = 0.1;
 };
 
@@ -139,6 +146,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--rows") a.rows = std::stoll(v);
     else if (f == "--activation-checkpointing") a.ckpt = on_off(f, v);
     else if (f == "--lm-trainable") a.lm = v;
+    else if (f == "--lora-rank") a.lora_rank = std::stoll(v);
     else if (f == "--targets") {
       if (v != "half" && v != "all") throw std::invalid_argument("--targets: expected half or all");
       a.half = v == "half";
@@ -153,7 +161,8 @@ Args parse(int argc, char** argv) {
     else if (f == "--loss-only") a.loss_only = std::stoll(v);
     else throw std::invalid_argument(fmt::format("unknown option '{}' (see the top of bench_train.cpp)", f));
   }
-  if (a.lm != "all" && a.lm != "lora") throw std::invalid_argument("--lm-trainable: expected all or lora");
+  if (a.lm != "all" && a.lm != "lora" && a.lm != "user")
+    throw std::invalid_argument("--lm-trainable: expected all, lora or user");
   if (a.dtype != "f32" && a.dtype != "bf16") throw std::invalid_argument("--dtype: expected f32 or bf16");
   if (a.seq < 4 || a.batch < 1 || a.mini_bs < 1 || a.steps < 1 || a.warmup < 0)
     throw std::invalid_argument("--seq >= 4, --batch-size, --mini-bs, --steps >= 1, --warmup >= 0");
@@ -170,14 +179,15 @@ struct ForwardMacs {
   double head = 0;       // target rows x V x H
 };
 
-ForwardMacs forward_macs(const Config& c, int64_t rows_per_step, int64_t L, int64_t targets_per_row, bool lora) {
+ForwardMacs forward_macs(const Config& c, int64_t rows_per_step, int64_t L, int64_t targets_per_row,
+                         std::optional<int64_t> lora_rank) {
   const TextConfig& t = c.text;
   const double H = double(t.hidden_size), I = double(t.intermediate_size);
   const double T = double(rows_per_step) * double(L);
   ForwardMacs m;
   double per_token = H * double(t.qkv_size()) + double(t.q_size()) * H + H * 2 * I + I * H;
-  if (lora && c.vision_lora) {
-    const double r = double(c.vision_lora->r);
+  if (lora_rank) {
+    const double r = double(*lora_rank);
     // A: in x r, B: r x out, on the four projections.
     per_token += r * ((H + double(t.qkv_size())) + (double(t.q_size()) + H) + (H + 2 * I) + (I + H));
   }
@@ -268,9 +278,25 @@ int run(int argc, char** argv) {
   const int64_t rss_model = peak_rss_bytes();
 
   if (a.loss_only > 0) return loss_only(a, *model, dev);
-  const bool lora = a.lm == "lora";
+  const bool lora = a.lm != "all";
+  if (a.lm == "user") {
+    LoraConfig u;
+    u.r = a.lora_rank;
+    u.alpha = 2.0 * double(a.lora_rank);
+    u.targets = kLoraTargets;
+    model->add_user_lora(u, a.seed);
+    NoGradGuard ng;
+    for (auto& [name, p] : model->named_parameters()) {
+      if (name.find(".lora_A.user.") == std::string::npos) continue;
+      const int64_t n = p.numel(), in = p.size(1);
+      std::vector<float> v(static_cast<size_t>(n));
+      for (int64_t k = 0; k < n; ++k) v[size_t(k)] = float(std::sin(double(k + 1)) / std::sqrt(double(in)));
+      p.copy_(from_vector(v, p.shape()).to(p.dtype()).to(p.device()));
+    }
+  }
   std::vector<SftRow> rows;
-  for (int64_t r = 0; r < a.rows; ++r) rows.push_back(make_row(r, a.seq, a.half, lora ? Adapter::vision : Adapter::none));
+  for (int64_t r = 0; r < a.rows; ++r)
+    rows.push_back(make_row(r, a.seq, a.half, a.lm == "lora" ? Adapter::vision : Adapter::none));
   const int64_t targets_per_row = rows[0].target_tokens;
 
   SftOptions o;
@@ -322,7 +348,10 @@ int run(int argc, char** argv) {
   const double tok_s = double(measured_tokens) / measured_s;
 
   // GEMM FLOPs of one step.
-  const ForwardMacs fm = forward_macs(model->config(), a.batch, a.seq, targets_per_row, lora);
+  std::optional<int64_t> rank;
+  if (a.lm == "lora" && model->config().vision_lora) rank = model->config().vision_lora->r;
+  if (a.lm == "user") rank = a.lora_rank;
+  const ForwardMacs fm = forward_macs(model->config(), a.batch, a.seq, targets_per_row, rank);
   const double fwd = 2.0 * (fm.layers + fm.attention + fm.head);
   // Backward: 2x forward when weights train (input and weight gradients); the
   // LoRA run skips the frozen weights' gradients (1x for those, 2x for LoRA and
@@ -341,7 +370,7 @@ int run(int argc, char** argv) {
 
   std::string out = fmt::format(
       "{{\"impl\": \"areno\", \"device\": \"{}\", \"dtype\": \"{}\", \"preset\": \"{}\", \"seq\": {}, \"batch_size\": {}, \"mini_bs\": {}, "
-      "\"activation_checkpointing\": {}, \"lm_trainable\": \"{}\", \"targets\": \"{}\", \"threads\": \"{}\", "
+      "\"activation_checkpointing\": {}, \"lm_trainable\": \"{}\", \"lora_rank\": {}, \"targets\": \"{}\", \"threads\": \"{}\", "
       "\"warmup_steps\": {}, \"steps\": {}, \"trained_params\": {}, \"target_tokens_per_step\": {}, "
       "\"tokens_per_s\": {:.2f}, \"target_tokens_per_s\": {:.2f}, \"s_per_step\": {:.3f}, "
       "\"step_seconds\": {}, \"losses\": {}, \"grad_norms\": {}, "
@@ -349,7 +378,7 @@ int run(int argc, char** argv) {
       "\"forward_gflop_per_step\": {:.2f}, \"head_gflop_fwd\": {:.2f}, \"layers_gflop_fwd\": {:.2f}, "
       "\"attention_gflop_fwd\": {:.2f}, \"model_gflop_per_step\": {:.2f}, \"recompute_gflop_per_step\": {:.2f}, "
       "\"model_gflops_achieved\": {:.2f}",
-      dev.str(), a.dtype, a.preset, a.seq, a.batch, a.mini_bs, a.ckpt, a.lm, a.half ? "half" : "all", threads ? threads : "",
+      dev.str(), a.dtype, a.preset, a.seq, a.batch, a.mini_bs, a.ckpt, a.lm, a.lm == "user" ? a.lora_rank : 0, a.half ? "half" : "all", threads ? threads : "",
       a.warmup, a.steps, trained_params, measured_targets / a.steps, tok_s,
       double(measured_targets) / measured_s, step_s, json_list(seconds, 3), json_list(losses, 6),
       json_list(norms, 5), peak_rss, rss_model, build_s, fwd / 1e9, 2 * fm.head / 1e9, 2 * fm.layers / 1e9,

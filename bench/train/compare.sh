@@ -7,7 +7,7 @@
 #
 # usage: bench/train/compare.sh [builddir]
 #   PRESET (small), SEED (1), SEQ (2048), WARMUP (1), STEPS (2), ROUNDS (2),
-#   LM (all | lora), THREADS (2: OMP_NUM_THREADS for areno, torch.set_num_threads),
+#   LM (all | lora | user), LORA_RANK (16: the user adapter's rank with LM=user), THREADS (2: OMP_NUM_THREADS for areno, torch.set_num_threads),
 #   CONFIGS: space-separated "checkpointing:batch:mini_bs" (default
 #   "on:2:1 on:2:2 off:2:1"), PY (python with torch, transformers, peft:
 #   /work/venv/bin/python when present, else python3), OUT (a file that keeps
@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
 preset=${PRESET:-small} seed=${SEED:-1} seq=${SEQ:-2048} warmup=${WARMUP:-1} steps=${STEPS:-2}
-rounds=${ROUNDS:-2} lm=${LM:-all}
+rounds=${ROUNDS:-2} lm=${LM:-all} lora_rank=${LORA_RANK:-16}
 configs=${CONFIGS:-"on:2:1 on:2:2 off:2:1"}
 export THREADS=${THREADS:-2}
 export OMP_NUM_THREADS=$THREADS
@@ -39,7 +39,7 @@ for round in $(seq 1 "$rounds"); do
   for c in $configs; do
     IFS=: read -r ac batch mini <<<"$c"
     common=(--seq "$seq" --batch-size "$batch" --mini-bs "$mini" --warmup "$warmup" --steps "$steps"
-            --activation-checkpointing "$ac" --lm-trainable "$lm")
+            --activation-checkpointing "$ac" --lm-trainable "$lm" --lora-rank "$lora_rank")
     for impl in areno torch; do
       before=$(load)
       echo "round $round, $impl, checkpointing $ac, batch $batch, mini-bs $mini (load $before)" >&2

@@ -21,6 +21,9 @@ F.cross_entropy(reduction="sum").
 as areno's rows without an adapter), every decoder parameter (embedding / tied head,
 layers, final norm) and the LoRA weights require grad (the LoRA weights get none).
 lora: the vision adapter active, only the LoRA weights train.
+user: a third peft adapter "user" of rank --lora-rank R (lora_alpha 2R, the four projections)
+alone active, only its weights train: areno's `train --lora-rank`. Its A is
+sin(k + 1) / sqrt(in) (k the row-major index) and B is 0, as bench_train sets them.
 
 Optimizer: torch.optim.AdamW (defaults: for-loop implementation on CPU) with areno's
 groups: "lm" (tensors with at least two dimensions of size > 1, decayed) and "lm.no_decay";
@@ -33,8 +36,8 @@ Prints one JSON object with the keys bench_train prints (tokens_per_s, s_per_ste
 losses, peak_rss_bytes = VmHWM, ru_maxrss_bytes).
 
 usage: torch_train.py --checkpoint DIR [--seq 2048] [--batch-size 2] [--mini-bs 1]
-  [--warmup 1] [--steps 3] [--activation-checkpointing on|off] [--lm-trainable all|lora]
-  [--targets half|all] [--lr 1e-5] [--weight-decay 0.1] [--phases on|off]
+  [--warmup 1] [--steps 3] [--activation-checkpointing on|off] [--lm-trainable all|lora|user]
+  [--lora-rank 16] [--targets half|all] [--lr 1e-5] [--weight-decay 0.1] [--phases on|off]
   [--device cpu|cuda] [--dtype f32|bf16]   (THREADS env, default 2)
 --device cuda: the model is moved to the GPU after it is built; every step and phase ends
 with torch.cuda.synchronize(); peak_gpu_bytes = torch.cuda.max_memory_allocated().
@@ -99,7 +102,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--activation-checkpointing", choices=["on", "off"], default="on")
-    ap.add_argument("--lm-trainable", choices=["all", "lora"], default="all")
+    ap.add_argument("--lm-trainable", choices=["all", "lora", "user"], default="all")
+    ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--targets", choices=["half", "all"], default="half")
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--weight-decay", type=float, default=0.1)
@@ -126,7 +130,20 @@ def main():
     build_s = time.perf_counter() - t0
     inner = pm.base_model.model  # Phi4MultimodalForCausalLM with the LoRA layers injected
     lora = a.lm_trainable == "lora"
-    if lora:
+    user = a.lm_trainable == "user"
+    if user:
+        pm.add_adapter("user", e2e.LoraConfig(r=a.lora_rank, lora_alpha=2 * a.lora_rank, lora_dropout=0.0,
+                                               target_modules=e2e.PEFT_TARGETS))
+        with torch.no_grad():
+            for k, p in pm.named_parameters():
+                if ".lora_A.user." in k:
+                    n, fan_in = p.numel(), p.shape[1]
+                    v = torch.sin(torch.arange(1, n + 1, dtype=torch.float64)) / (fan_in ** 0.5)
+                    p.copy_(v.reshape(p.shape).to(p.dtype))
+                elif ".lora_B.user." in k:
+                    p.zero_()
+        pm.base_model.set_adapter(["user"])
+    elif lora:
         pm.set_adapter("vision")
     else:
         pm.base_model.disable_adapter_layers()
@@ -137,7 +154,11 @@ def main():
         name = e2e.released_name(k)
         in_lm = name.startswith("model.layers.") or name in ("model.embed_tokens.weight", "model.norm.weight")
         is_lora = ".lora_A." in name or ".lora_B." in name
-        if in_lm and (is_lora if lora else True):
+        if user:
+            train_it = ".lora_A.user." in name or ".lora_B.user." in name
+        else:
+            train_it = in_lm and (is_lora if lora else True)
+        if train_it:
             p.requires_grad_(True)
             trained.append((name, p))
     groups = [{"params": [p for _, p in trained if decays(p)], "weight_decay": a.weight_decay},
@@ -191,6 +212,7 @@ def main():
         "impl": "torch", "torch": torch.__version__, "transformers": e2e.transformers.__version__,
         "seq": L, "batch_size": a.batch_size, "mini_bs": a.mini_bs,
         "activation_checkpointing": a.activation_checkpointing == "on", "lm_trainable": a.lm_trainable,
+        "lora_rank": a.lora_rank if user else 0,
         "targets": a.targets, "threads": str(threads), "device": str(dev), "dtype": a.dtype, "warmup_steps": a.warmup, "steps": a.steps,
         "trained_params": sum(p.numel() for _, p in trained), "loaded_tensors": n_loaded,
         "target_tokens_per_step": n_targets,

@@ -270,7 +270,7 @@ std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const Load
       if (used.count(n)) continue;
       if ((!parts.vision && starts_with(n, kImageEmbedPrefix)) ||
           (!parts.audio && starts_with(n, kAudioEmbedPrefix)) || n == "lm_head.weight" ||
-          (!opts.with_lora && n.find(".lora_") != std::string::npos)) {
+          (!opts.with_lora && n.find(".lora_") != std::string::npos && n.find(".user.") == std::string::npos)) {
         ++skipped;
         continue;
       }
@@ -298,9 +298,32 @@ void save_model(const Phi4MMForCausalLM& model, const std::string& dir, const Sa
   if (ec) throw std::runtime_error(fmt::format("cannot create {}: {}", dir, ec.message()));
   std::vector<std::pair<std::string, Tensor>> tensors;
   const DType dtype = opts.dtype.value_or(model.dtype());
-  for (auto& [name, t] : model.named_parameters())
-    tensors.emplace_back(name, t.dtype() == dtype ? t.detach() : t.detach().to(dtype));
   Config c = model.config();
+  const bool merge = opts.merge_user_lora && c.user_lora;
+  const std::map<std::string, Tensor> params = [&] {
+    std::map<std::string, Tensor> out;
+    if (merge)
+      for (auto& [name, t] : model.named_parameters()) out[name] = t.detach();
+    return out;
+  }();
+  for (auto& [name, t] : model.named_parameters()) {
+    Tensor v = t.detach();
+    if (merge) {
+      if (name.find(".lora_A.user.") != std::string::npos || name.find(".lora_B.user.") != std::string::npos) continue;
+      const std::string suffix = ".base_layer.weight";
+      if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        const std::string m = name.substr(0, name.size() - suffix.size());
+        auto a = params.find(m + ".lora_A.user.weight"), b = params.find(m + ".lora_B.user.weight");
+        if (a != params.end() && b != params.end()) {
+          NoGradGuard ng;
+          const Tensor delta = mul(matmul(b->second.to(DType::f32), a->second.to(DType::f32)), c.user_lora->scaling());
+          v = add(v.to(DType::f32), delta.to(v.device()));
+        }
+      }
+    }
+    tensors.emplace_back(name, v.dtype() == dtype ? v : v.to(dtype));
+  }
+  if (merge) c.user_lora.reset();
   json j = to_original_json(c);
   j["torch_dtype"] = dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
   // Every file is written and synced before the first rename: a failure
@@ -321,6 +344,19 @@ void save_model(const Phi4MMForCausalLM& model, const std::string& dir, const Sa
       if (ec) throw std::runtime_error(fmt::format("cannot remove the stale {}: {}", (sub / f).string(), ec.message()));
     }
     if (fs::is_directory(sub, ec) && fs::is_empty(sub, ec)) fs::remove(sub, ec);
+  }
+}
+
+void copy_side_files(const fs::path& from, const fs::path& to) {
+  if (from.empty() || !fs::is_directory(from)) return;
+  for (const auto& entry : fs::directory_iterator(from)) {
+    if (!entry.is_regular_file()) continue;
+    const std::string f = entry.path().filename().string();
+    if (f == "config.json" || f == "generation_config.json" || f == "model.safetensors.index.json" ||
+        f == "trainer_state.json" || f == "latest" || entry.path().extension() == ".safetensors" ||
+        f.find(".tmp-") != std::string::npos)
+      continue;
+    write_file_atomic((to / f).string(), read_file(entry.path().string()));
   }
 }
 

@@ -23,6 +23,7 @@
 // Then the files of an older layout are removed: stale shards, a stale index or
 // single model.safetensors, and vision-lora/ / speech-lora/ adapter files.
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -32,7 +33,7 @@
 namespace areno::phi4mm {
 
 struct LoadOptions {
-  bool with_lora = true;     // load the vision/speech adapters the config declares
+  bool with_lora = true;     // load the vision/speech adapters the config declares (a user adapter always loads)
   std::optional<DType> dtype;  // default: the checkpoint's dtype of model.embed_tokens.weight
   Device device = Device::cpu();
   bool vision = true;  // the image embedding, when the checkpoint stores it
@@ -75,10 +76,20 @@ std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const Load
 struct SaveOptions {
   std::optional<DType> dtype;               // default: the model's dtype
   uint64_t max_shard_bytes = 5000000000ull;  // as the released checkpoint (about 5 GB)
+  // Fold the user adapter into the base weights, W + s·B·A computed in f32
+  // and rounded once to the saved dtype, and write neither its tensors nor its
+  // config block: a checkpoint of the released names only, for tools that do
+  // not know "user_lora" (`areno merge-lora`). No effect without one.
+  bool merge_user_lora = false;
 };
 
 // Writes the model (every part it has) into `dir` (created when missing) in
 // the original layout, replacing a checkpoint already there (see the top).
 void save_model(const Phi4MMForCausalLM& model, const std::string& dir, const SaveOptions& opts = {});
+
+// Copies the files of checkpoint folder `from` that are not weights, configs
+// or training state (tokenizer, processor and remote-code files) into `to`,
+// each written to a temporary, synced and renamed.
+void copy_side_files(const std::filesystem::path& from, const std::filesystem::path& to);
 
 }  // namespace areno::phi4mm

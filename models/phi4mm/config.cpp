@@ -1,5 +1,6 @@
 #include "models/phi4mm/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <stdexcept>
@@ -144,6 +145,33 @@ std::optional<LoraConfig> parse_lora(const json& j, const std::string& source, c
          fmt::format("unknown LoRA target pattern \"{}\"; only the released patterns (qkv_proj, "
                      "o_proj, gate_up_proj, down_proj of every layer) are supported",
                      l.layer_regex));
+  return l;
+}
+
+std::optional<LoraConfig> parse_user_lora(const json& j, const std::string& source) {
+  auto it = j.find("user_lora");
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_object()) fail(source, "user_lora", "expected an object with r, lora_alpha, dp, target_modules");
+  LoraConfig l;
+  const std::string where = source + ": user_lora";
+  l.r = get_positive(*it, where, "r", kMaxWidth);
+  l.alpha = get_positive_number(*it, where, "lora_alpha");
+  l.dropout = get_number(*it, where, "dp", 0.0);
+  auto t = it->find("target_modules");
+  if (t == it->end() || !t->is_array() || t->empty())
+    fail(source, "user_lora.target_modules", "expected a non-empty list of qkv_proj, o_proj, gate_up_proj, down_proj");
+  std::string list;
+  for (const json& e : *t) {
+    if (!e.is_string()) fail(source, "user_lora.target_modules", "expected strings");
+    list += (list.empty() ? "" : ",") + e.get<std::string>();
+  }
+  try {
+    l.targets = parse_lora_targets(list, where + ".target_modules");
+    if (l.targets.size() != t->size()) fail(source, "user_lora.target_modules", "lists a module twice");
+    check_user_lora(l, where);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(e.what());
+  }
   return l;
 }
 
@@ -324,6 +352,7 @@ Config parse_config(const json& j, const std::string& source) {
   if (c.layout == Layout::original) {
     c.vision_lora = parse_lora(j, source, "vision_lora");
     c.speech_lora = parse_lora(j, source, "speech_lora");
+    c.user_lora = parse_user_lora(j, source);
     validate_original_towers(j, source);
   } else {
     validate_native_towers(j, source);
@@ -389,7 +418,43 @@ json to_original_json(const Config& c) {
   };
   if (c.vision_lora) j["vision_lora"] = lora_json(*c.vision_lora);
   if (c.speech_lora) j["speech_lora"] = lora_json(*c.speech_lora);
+  if (c.user_lora) {
+    const LoraConfig& u = *c.user_lora;
+    j["user_lora"] = json{{"dp", u.dropout}, {"lora_alpha", u.alpha}, {"r", u.r}, {"target_modules", u.targets}};
+  } else {
+    j.erase("user_lora");
+  }
   return j;
+}
+
+std::vector<std::string> parse_lora_targets(const std::string& list, const std::string& what) {
+  if (list == "all") return kLoraTargets;
+  std::vector<bool> on(kLoraTargets.size(), false);
+  size_t a = 0;
+  for (;;) {
+    const size_t b = std::min(list.find(',', a), list.size());
+    const std::string name = list.substr(a, b - a);
+    auto it = std::find(kLoraTargets.begin(), kLoraTargets.end(), name);
+    if (it == kLoraTargets.end())
+      throw std::invalid_argument(fmt::format("{}: '{}' is not one of qkv_proj, o_proj, gate_up_proj, down_proj "
+                                              "(or all)", what, name));
+    on[size_t(it - kLoraTargets.begin())] = true;
+    if (b == list.size()) break;
+    a = b + 1;
+  }
+  std::vector<std::string> out;
+  for (size_t i = 0; i < kLoraTargets.size(); ++i)
+    if (on[i]) out.push_back(kLoraTargets[i]);
+  return out;
+}
+
+void check_user_lora(const LoraConfig& l, const std::string& what) {
+  if (l.r < 1 || l.r > 4096) throw std::invalid_argument(fmt::format("{}: rank {} is not in [1, 4096]", what, l.r));
+  if (!(l.alpha > 0) || !std::isfinite(l.alpha))
+    throw std::invalid_argument(fmt::format("{}: alpha must be positive and finite, got {}", what, l.alpha));
+  if (!(l.dropout >= 0 && l.dropout < 1))
+    throw std::invalid_argument(fmt::format("{}: dropout must be in [0, 1), got {}", what, l.dropout));
+  if (l.targets.empty()) throw std::invalid_argument(fmt::format("{}: no target modules", what));
 }
 
 json to_generation_json(const GenerationConfig& g) {

@@ -23,6 +23,9 @@ struct LoraConfig {
   double alpha = 0;
   double dropout = 0;
   std::string layer_regex;  // as written in config.json (informational once validated)
+  // The user adapter only: the linears it wraps in every decoder layer, a
+  // subset of kLoraTargets in that order (the released adapters wrap all four).
+  std::vector<std::string> targets;
   double scaling() const { return alpha / double(r); }
 };
 
@@ -70,6 +73,10 @@ struct Config {
   // Absent in the native layout (adapters live in PEFT folders there).
   std::optional<LoraConfig> vision_lora;
   std::optional<LoraConfig> speech_lora;
+  // The user adapter (config key "user_lora", written by `areno train
+  // --lora-rank`): a LoRA of our own on every row, beside the modality
+  // adapter the row uses. Absent in the released checkpoint.
+  std::optional<LoraConfig> user_lora;
   // Tower sizes (explicit keys or the released ones); whether a tower is
   // present is the checkpoint's business (Phi4MMForCausalLM::image_embed).
   VisionConfig vision;
@@ -96,5 +103,15 @@ nlohmann::json to_generation_json(const GenerationConfig& g);
 // rejected: we would not know which modules it wraps.
 extern const char* const kVisionLoraRegex;
 extern const char* const kSpeechLoraRegex;
+// The linears of a decoder layer a LoRA can wrap, in the layer's order.
+inline const std::vector<std::string> kLoraTargets{"qkv_proj", "o_proj", "gate_up_proj", "down_proj"};
+// Parses a user adapter's target list ("all" or names of kLoraTargets,
+// comma-separated) into kLoraTargets order; throws std::invalid_argument
+// naming `what` and the bad entry.
+std::vector<std::string> parse_lora_targets(const std::string& list, const std::string& what);
+// Checks a user adapter's sizes (r in [1, 4096], alpha > 0 and finite,
+// dropout in [0, 1), targets non-empty and known); throws
+// std::invalid_argument naming `what` and the field.
+void check_user_lora(const LoraConfig& l, const std::string& what);
 
 }  // namespace areno::phi4mm

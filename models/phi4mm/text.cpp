@@ -70,28 +70,56 @@ LoraLinear::LoraLinear(int64_t in, int64_t out, const std::optional<LoraConfig>&
                        const std::optional<LoraConfig>& speech, TensorOptions opts)
     : Module("LoraLinear"), in_features(in), out_features(out) {
   base_layer = register_module("base_layer", std::make_shared<Weight>("Linear", Shape{out, in}, opts));
-  if (!vision && !speech) return;
-  auto a_dict = register_module("lora_A", std::make_shared<Module>("ModuleDict"));
-  auto b_dict = register_module("lora_B", std::make_shared<Module>("ModuleDict"));
-  auto add = [&](Adapter which, const std::optional<LoraConfig>& cfg) {
-    if (!cfg) return;
-    const char* name = adapter_name(which);
-    auto a = a_dict->register_module(name, std::make_shared<Weight>("Linear", Shape{cfg->r, in}, opts));
-    auto b = b_dict->register_module(name, std::make_shared<Weight>("Linear", Shape{out, cfg->r}, opts));
-    lora_a_[int(which)] = a->weight;
-    lora_b_[int(which)] = b->weight;
-    scaling_[int(which)] = cfg->scaling();
-    dropout_[int(which)] = cfg->dropout;
-  };
-  add(Adapter::vision, vision);
-  add(Adapter::speech, speech);
+  if (vision) register_adapter(int(Adapter::vision), adapter_name(Adapter::vision), *vision, opts);
+  if (speech) register_adapter(int(Adapter::speech), adapter_name(Adapter::speech), *speech, opts);
 }
 
-Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
+void LoraLinear::register_adapter(int k, const char* name, const LoraConfig& cfg, TensorOptions opts) {
+  auto dict = [&](const char* key) {
+    for (auto& [n, m] : named_children())
+      if (n == key) return m;
+    return std::static_pointer_cast<Module>(register_module(key, std::make_shared<Module>("ModuleDict")));
+  };
+  auto a = dict("lora_A")->register_module(name, std::make_shared<Weight>("Linear", Shape{cfg.r, in_features}, opts));
+  auto b = dict("lora_B")->register_module(name, std::make_shared<Weight>("Linear", Shape{out_features, cfg.r}, opts));
+  lora_a_[k] = a->weight;
+  lora_b_[k] = b->weight;
+  scaling_[k] = cfg.scaling();
+  dropout_[k] = cfg.dropout;
+}
+
+void LoraLinear::add_user(const LoraConfig& cfg, TensorOptions opts) {
+  if (has_user()) throw std::invalid_argument("this linear has a user adapter already");
+  register_adapter(kUser, "user", cfg, opts);
+}
+
+void LoraLinear::init_user(Generator& g) {
+  NoGradGuard ng;
+  const double bound = 1.0 / std::sqrt(double(in_features));
+  Tensor& a = lora_a_[kUser];
+  a.copy_(rand_uniform(a.shape(), g, -bound, bound, TensorOptions(DType::f32)).to(a.dtype()).to(a.device()));
+  lora_b_[kUser].zero_();
+}
+
+// Adapter k's term for the rows x (every row for the user adapter).
+Tensor LoraLinear::adapter_delta(int k, const Tensor& x, const AdapterRows& rows) const {
   // A power-of-two scaling (the checkpoint's: alpha / r = 2 for both
   // adapters) commutes with every rounding, so it scales the r-wide x·Aᵀ
   // instead of the out-wide product: the same bits, forward and backward, for
   // a pass over [rows, r] instead of [rows, out].
+  int exponent = 0;
+  const bool pow2 = std::frexp(scaling_[k], &exponent) == 0.5;
+  Tensor xs = x;
+  if (is_training() && dropout_[k] > 0) {
+    Generator g(dropout_stream(rows.dropout_seed, salt * 3 + uint64_t(k)));
+    xs = dropout(xs, dropout_[k], true, g);
+  }
+  // PEFT rounding order: (drop(x)·Aᵀ)·Bᵀ, times the scaling, then added.
+  return pow2 ? linear(mul(linear(xs, lora_a_[k]), scaling_[k]), lora_b_[k])
+              : mul(linear(linear(xs, lora_a_[k]), lora_b_[k]), scaling_[k]);
+}
+
+Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
   auto pow2 = [&](int k) {
     int exponent = 0;
     return std::frexp(scaling_[k], &exponent) == 0.5;
@@ -116,20 +144,21 @@ Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
       throw std::runtime_error(fmt::format(
           "the batch asks for the {} adapter but the model has no {} LoRA weights", adapter_name(a),
           adapter_name(a)));
-    // PEFT rounding order: (drop(x)·Aᵀ)·Bᵀ, times the scaling, then added.
     // Only the rows of sequences that use this adapter pay for it.
     Tensor xs = rows.all[k] ? x : index_select(x, 0, rows.rows[k]);
-    if (is_training() && dropout_[k] > 0) {
-      Generator g(dropout_stream(rows.dropout_seed, salt * 3 + uint64_t(k)));
-      xs = dropout(xs, dropout_[k], true, g);
-    }
     if (joins_gemm(k) && y.is_contiguous()) {  // y: this call's own fresh output
       linear_add_(y, mul(k == paired ? xa : linear(xs, lora_a_[k]), scaling_[k]), lora_b_[k]);
       continue;
     }
-    Tensor d = pow2(k) ? linear(mul(linear(xs, lora_a_[k]), scaling_[k]), lora_b_[k])
-                    : mul(linear(linear(xs, lora_a_[k]), lora_b_[k]), scaling_[k]);
+    Tensor d = adapter_delta(k, xs, rows);
     y = rows.all[k] ? add(y, d) : index_add(y, 0, rows.rows[k], d);
+  }
+  if (has_user()) {
+    // Every row: at inference its product joins y in the GEMM too.
+    const bool fused = pow2(kUser) && !is_training() && x.dim() == 2 && y.is_contiguous() &&
+                       !needs_grad({x, base_layer->weight, lora_a_[kUser], lora_b_[kUser]});
+    if (fused) linear_add_(y, mul(linear(x, lora_a_[kUser]), scaling_[kUser]), lora_b_[kUser]);
+    else y = add(y, adapter_delta(kUser, x, rows));
   }
   return y;
 }
@@ -286,7 +315,39 @@ Phi4MMForCausalLM::Phi4MMForCausalLM(const Config& c, TensorOptions opts, const 
     cfg_.speech_lora.reset();
   }
   model = register_module("model", std::make_shared<TextModel>(cfg_, parts, opts));
+  if (cfg_.user_lora)
+    for (LoraLinear* l : user_lora_linears(*cfg_.user_lora)) l->add_user(*cfg_.user_lora, opts);
   eval();  // no dropout unless a trainer switches a part to training mode
+}
+
+std::vector<LoraLinear*> Phi4MMForCausalLM::user_lora_linears(const LoraConfig& cfg) const {
+  auto wants = [&](const char* name) { return std::find(cfg.targets.begin(), cfg.targets.end(), name) != cfg.targets.end(); };
+  std::vector<LoraLinear*> out;
+  for (size_t i = 0; i < model->layers->size(); ++i) {
+    auto layer = model->layers->at<DecoderLayer>(i);
+    if (wants("qkv_proj")) out.push_back(layer->self_attn->qkv_proj.get());
+    if (wants("o_proj")) out.push_back(layer->self_attn->o_proj.get());
+    if (wants("gate_up_proj")) out.push_back(layer->mlp->gate_up_proj.get());
+    if (wants("down_proj")) out.push_back(layer->mlp->down_proj.get());
+  }
+  return out;
+}
+
+void Phi4MMForCausalLM::add_user_lora(const LoraConfig& cfg, uint64_t seed) {
+  if (cfg_.user_lora)
+    throw std::invalid_argument(fmt::format("the model has a user LoRA already (rank {}); train it as it is, or "
+                                            "start from a checkpoint without one", cfg_.user_lora->r));
+  check_user_lora(cfg, "user LoRA");
+  if (is_quantized())
+    throw std::invalid_argument("a user LoRA needs an unquantized model (--quantize int8 is for inference)");
+  const TensorOptions opts(dtype(), device());
+  Generator g(seed);
+  for (LoraLinear* l : user_lora_linears(cfg)) {
+    l->add_user(cfg, opts);
+    l->init_user(g);
+    l->train(l->is_training());  // the new children follow their linear's mode
+  }
+  cfg_.user_lora = cfg;
 }
 
 std::shared_ptr<ImageEmbed> Phi4MMForCausalLM::image_embed() const {

@@ -101,11 +101,15 @@ struct AdapterRows {
   uint64_t dropout_seed = 0;
 };
 
-// A bias-free linear layer with optional vision and speech LoRA adapters:
-//   y = x·Wᵀ + s_a · (drop_a(x_a)·A_aᵀ)·B_aᵀ  for the rows x_a that use adapter a.
+// A bias-free linear layer with optional vision and speech LoRA adapters and
+// an optional user adapter (config "user_lora", `areno train --lora-rank`):
+//   y = x·Wᵀ + s_a · (drop_a(x_a)·A_aᵀ)·B_aᵀ  for the rows x_a that use adapter a
+//         + s_u · (drop_u(x)·A_uᵀ)·B_uᵀ          for every row,
+// added in that order (PEFT's with the adapters [a, user] active).
 // drop_a is the adapter's dropout (config "dp", PEFT's lora_dropout), applied
 // only in training mode; its mask is a function of (dropout_seed, salt,
 // adapter), so a recomputed forward (activation checkpointing) draws the same.
+// Parameter names: lora_A.<vision|speech|user>.weight, lora_B.<…>.weight.
 class LoraLinear : public Module {
  public:
   LoraLinear(int64_t in, int64_t out, const std::optional<LoraConfig>& vision,
@@ -113,19 +117,30 @@ class LoraLinear : public Module {
   // x: [T, in] -> [T, out]
   Tensor forward(const Tensor& x, const AdapterRows& rows) const;
   bool has(Adapter a) const { return lora_a_[int(a)].defined(); }
+  bool has_user() const { return lora_a_[kUser].defined(); }
   double dropout_p(Adapter a) const { return dropout_[int(a)]; }
+  double user_dropout_p() const { return dropout_[kUser]; }
   // No adapter dropout from now on, in training mode too (RL: a rollout and
   // the training forward must see the same policy). The config keeps its "dp".
   void disable_dropout() { std::fill(std::begin(dropout_), std::end(dropout_), 0.0); }
+  // Adds the user adapter (uninitialised: load it or call init_user).
+  void add_user(const LoraConfig& cfg, TensorOptions opts);
+  // PEFT's initialisation of a new adapter: A uniform in ±1/sqrt(in) (kaiming
+  // uniform, a = sqrt(5)), B zero, so the layer's output is unchanged.
+  void init_user(Generator& g);
 
   int64_t in_features, out_features;
   std::shared_ptr<Weight> base_layer;
   uint64_t salt = 0;  // this layer's place in the model (distinct dropout masks per layer)
 
  private:
-  Tensor lora_a_[3], lora_b_[3];  // [r, in], [out, r]
-  double scaling_[3] = {0, 0, 0};
-  double dropout_[3] = {0, 0, 0};
+  static constexpr int kUser = 3;  // index of the user adapter (after Adapter's values)
+  void register_adapter(int k, const char* name, const LoraConfig& cfg, TensorOptions opts);
+  Tensor adapter_delta(int k, const Tensor& xs, const AdapterRows& rows) const;
+
+  Tensor lora_a_[4], lora_b_[4];  // [r, in], [out, r]
+  double scaling_[4] = {0, 0, 0, 0};
+  double dropout_[4] = {0, 0, 0, 0};
 };
 
 // The KV-cache side of a forward step. Sequence s's chunk (rows cu[s]..cu[s+1]
@@ -257,6 +272,12 @@ class Phi4MMForCausalLM : public Module {
   DType dtype() const;
   Device device() const;
   bool has_adapter(Adapter a) const;
+  // Adds the user adapter `cfg` (config "user_lora") to the decoder layers'
+  // linears named in cfg.targets, on the model's device and dtype, initialised
+  // as PEFT does (init_user) from `seed`: the model's outputs are unchanged
+  // until it trains. Throws std::invalid_argument when the model has one
+  // already or `cfg` is invalid (check_user_lora).
+  void add_user_lora(const LoraConfig& cfg, uint64_t seed);
   // Whether the decoder's weights are int8 (quantize_int8, LoadOptions::quantize).
   bool is_quantized() const;
   // The modules weight-only quantization replaces, by dotted module name: the
@@ -292,6 +313,8 @@ class Phi4MMForCausalLM : public Module {
 
  private:
   AdapterRows adapter_rows(const PackedBatch& b) const;
+  // The linears a user adapter with `cfg.targets` wraps, layer by layer.
+  std::vector<LoraLinear*> user_lora_linears(const LoraConfig& cfg) const;
   // Embedding (with media rows) and every decoder layer: [T, H] before the final norm.
   Tensor decoder(const PackedBatch& b) const;
 

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <string>
 
+#include "models/phi4mm/checkpoint.h"
 #include "nn/io/safetensors.h"
 #include "tests/test_util.h"
 #include "tensor/ops.h"
@@ -28,6 +30,23 @@ inline double rel_err(const Tensor& a, const Tensor& b) {
   Tensor bf = b.to(Device::cpu(), DType::f64);
   double scale = max(abs(bf)).item();
   return max_abs_diff(a.to(Device::cpu(), DType::f64), bf) / std::max(scale, 1e-30);
+}
+
+// Same shape, dtype and bytes.
+inline bool same_bits(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  Tensor ac = a.contiguous(), bc = b.contiguous();
+  return std::memcmp(ac.data_ptr(), bc.data_ptr(), ac.nbytes()) == 0;
+}
+
+// What load_model(dir) throws ("" when it loads).
+inline std::string load_error(const std::string& dir) {
+  try {
+    phi4mm::load_model(dir);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace areno::testing

@@ -27,6 +27,8 @@ using areno::testing::gold;
 using areno::testing::gold_ids;
 using areno::testing::rel_err;
 using areno::testing::TempDir;
+using areno::testing::load_error;
+using areno::testing::same_bits;
 namespace fs = std::filesystem;
 using nlohmann::json;
 
@@ -48,20 +50,7 @@ void write_ckpt(const std::string& dir, const Named& tensors, const std::string&
   fs::copy_file(config, dir + "/config.json", fs::copy_options::overwrite_existing);
 }
 
-std::string load_error(const std::string& dir) {
-  try {
-    load_model(dir);
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  Tensor ac = a.contiguous(), bc = b.contiguous();
-  return std::memcmp(ac.data_ptr(), bc.data_ptr(), ac.nbytes()) == 0;
-}
 
 Tensor logits_of(const Phi4MMForCausalLM& m, Adapter a) {
   NoGradGuard ng;

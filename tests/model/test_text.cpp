@@ -305,7 +305,7 @@ TEST_CASE("phi4mm/LoRA: a power-of-two scaling on the r-wide product gives the P
   for (DType dt : {DType::f32, DType::bf16}) {
     for (double alpha : {16.0, 12.0}) {  // scaling 2 (the checkpoint's, power of two) and 1.5 (PEFT order kept)
       CAPTURE(alpha);
-      const LoraConfig cfg{8, alpha, 0.0, ""};
+      const LoraConfig cfg{8, alpha, 0.0, "", {}};
       LoraLinear lin(24, 40, cfg, std::nullopt, TensorOptions(dt));
       Generator g(11);
       Tensor A, B;

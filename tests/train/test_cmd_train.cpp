@@ -10,12 +10,14 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "app/commands_serve.h"
 #include "app/commands_train.h"
+#include "app/served_model.h"
 #include "models/phi4mm/processor/image_io.h"
 #include "nn/io/files.h"
 #include "tests/test_util.h"
@@ -82,6 +84,12 @@ void write_beeps(const fs::path& path, int beeps) {
   std::ofstream out(path, std::ios::binary);
   out << h;
   out.write(reinterpret_cast<const char*>(s.data()), std::streamsize(2 * n));
+}
+
+// `areno train` with `common` then `extra`; it must succeed.
+void train_ok(std::vector<std::string> common, const std::vector<std::string>& extra) {
+  common.insert(common.end(), extra.begin(), extra.end());
+  REQUIRE(app::cmd_train(common) == 0);
 }
 
 // What a command prints on stdout; it must succeed.
@@ -158,11 +166,7 @@ TEST_CASE("areno train: a run stopped after 2 steps and resumed from its save fo
   const std::vector<std::string> common = {"--dataset-path", dir.str("d.jsonl"), "--batch-size", "3", "--mini-bs", "2",
                                            "--lr", "3e-3", "--warmup-steps", "1", "--lr-decay-steps", "4",
                                            "--weight-decay", "0.1", "--seed", "7"};
-  auto run = [&](std::vector<std::string> extra) {
-    std::vector<std::string> a = common;
-    a.insert(a.end(), extra.begin(), extra.end());
-    REQUIRE(app::cmd_train(a) == 0);
-  };
+  auto run = [&](const std::vector<std::string>& extra) { train_ok(common, extra); };
   run({"--max-steps", "4", "--metrics-log-dir", dir.str("ma")});
   run({"--max-steps", "2", "--save-path", dir.str("save"), "--metrics-log-dir", dir.str("mb")});
   CHECK(read_file(dir.str("save/latest")) == "step-2\n");
@@ -180,6 +184,53 @@ TEST_CASE("areno train: a run stopped after 2 steps and resumed from its save fo
     CHECK(b[i].first == int64_t(i + 1));
     CHECK(b[i].second == a[i].second);
   }
+}
+
+TEST_CASE("areno train --lora-rank: only the user adapter trains, it is saved in the step folder and resumes exactly") {
+  TempDir dir;
+  write(dir.path / "d.jsonl", arithmetic_rows());
+  const std::vector<std::string> common = {"--dataset-path", dir.str("d.jsonl"), "--batch-size", "4", "--mini-bs", "2",
+                                           "--lr", "1e-2", "--seed", "3", "--lora-rank", "4", "--lora-targets",
+                                           "down_proj,qkv_proj", "--lora-dropout", "0.1", "--lr-decay-steps", "4"};
+  auto run = [&](const std::vector<std::string>& extra) { train_ok(common, extra); };
+  run({"--max-steps", "4", "--metrics-log-dir", dir.str("ma")});
+  run({"--max-steps", "2", "--save-path", dir.str("save"), "--metrics-log-dir", dir.str("mb")});
+  run({"--max-steps", "4", "--resume", dir.str("save"), "--save-path", dir.str("save"), "--metrics-log-dir",
+       dir.str("mb")});
+  const auto a = losses(dir.path / "ma"), b = losses(dir.path / "mb");
+  REQUIRE(a.size() == 4);
+  REQUIRE(b.size() == 4);
+  for (size_t i = 0; i < 4; ++i) CHECK(b[i].second == a[i].second);
+
+  // The step folder holds the adapter (config block and tensors); the base
+  // weights are the demo's, bit for bit.
+  const json cfg = json::parse(read_file(dir.str("save/step-4/config.json")));
+  CHECK(cfg["user_lora"] == json{{"dp", 0.1}, {"lora_alpha", 8.0}, {"r", 4}, {"target_modules", {"qkv_proj", "down_proj"}}});
+  const app::ServedModel demo = app::load_served_model("", "cpu", "");
+  const app::ServedModel trained = app::load_served_model(dir.str("save/step-4"), "cpu", "");
+  int64_t user = 0;
+  std::map<std::string, Tensor> base;
+  for (auto& [name, p] : demo.model->named_parameters()) base[name] = p;
+  for (auto& [name, p] : trained.model->named_parameters()) {
+    CAPTURE(name);
+    if (name.find(".user.") != std::string::npos) {
+      ++user;
+      continue;
+    }
+    REQUIRE(base.count(name));
+    CHECK(max_abs_diff(p, base[name]) == 0.0);
+  }
+  CHECK(user == 2 * 2 * demo.model->config().text.num_hidden_layers);
+
+  // Another adapter over the saved one, or adapter flags without a rank, are refused.
+  std::vector<std::string> other = common;
+  other[11] = "8";
+  other.insert(other.end(), {"--resume", dir.str("save"), "--max-steps", "5"});
+  CHECK_THROWS_WITH_AS(app::cmd_train(other), doctest::Contains("has a user LoRA already (rank 4"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(app::cmd_train({"--dataset-path", dir.str("d.jsonl"), "--lora-alpha", "3"}),
+                       "--lora-alpha, --lora-dropout, --lora-targets: only with --lora-rank", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(app::cmd_train({"--dataset-path", dir.str("d.jsonl"), "--lora-rank", "2", "--lora-targets", "k_proj"}),
+                       doctest::Contains("--lora-targets: 'k_proj' is not one of"), std::invalid_argument);
 }
 
 TEST_CASE("areno train: the tiny model learns 16 mixed-modality rows until areno generate gives their answers") {
