@@ -748,65 +748,11 @@ bool Cfg::step_byte(const State& in, unsigned char c, State& out, size_t* spent)
   return !out.dead();
 }
 
-namespace {
-
-// Puts `e` into a least-recently-used cache of `capacity` entries (each
-// with a `used` stamp).
-template <typename Entry>
-void lru_put(std::vector<Entry>& entries, Entry e, size_t capacity) {
-  if (entries.size() < capacity) {
-    entries.push_back(std::move(e));
-    return;
-  }
-  *std::min_element(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.used < b.used; }) =
-      std::move(e);
-}
-
-}  // namespace
-
-struct Cfg::ReplayCache {
-  static constexpr size_t kEntries = 8;
-  struct Entry {
-    std::vector<int64_t> tokens;
-    State state;
-    uint64_t used = 0;  // the least recently used entry is replaced
-  };
-  std::mutex mutex;
-  std::vector<Entry> entries;
-  uint64_t clock = 0;
-};
-
-// The ids the language allows after a state, kept per state (as xgrammar
-// keeps token masks per grammar state): with `fit_from` tokens left or more,
-// every one of them also fits, so the mask is those ids, whatever the
-// logits. Least recently used out first.
-struct Cfg::MaskCache {
-  static constexpr size_t kEntries = 16;
-  struct Entry {
-    std::string key;
-    std::vector<uint64_t> allowed;  // a bit per id
-    int64_t fit_from = 0;           // remaining tokens (this one included) from which all fit
-    uint64_t used = 0;
-  };
-  std::mutex mutex;
-  std::vector<Entry> entries;
-  uint64_t clock = 0;
-};
-
-Cfg::Cfg() : replayed_(std::make_unique<ReplayCache>()), masks_(std::make_unique<MaskCache>()) {}
+Cfg::Cfg() : replayed_(std::make_unique<ReplayCache<State>>()), masks_(std::make_unique<MaskCache>()) {}
 Cfg::~Cfg() = default;
 
 bool Cfg::replay(std::span<const int64_t> generated, State& st) const {
-  size_t from = 0;
-  {
-    std::lock_guard<std::mutex> lock(replayed_->mutex);
-    ReplayCache::Entry* base = nullptr;
-    for (ReplayCache::Entry& e : replayed_->entries)
-      if (e.tokens.size() > from && e.tokens.size() <= generated.size() &&
-          std::equal(e.tokens.begin(), e.tokens.end(), generated.begin()))
-        base = &e, from = e.tokens.size();
-    if (base) st = base->state, base->used = ++replayed_->clock;
-  }
+  const size_t from = replayed_->find(generated, st);
   if (from == 0) start(st);
   if (from == generated.size()) return true;
   State next;
@@ -823,10 +769,7 @@ bool Cfg::replay(std::span<const int64_t> generated, State& st) const {
       std::swap(st, next);
     }
   }
-  std::lock_guard<std::mutex> lock(replayed_->mutex);
-  ReplayCache& c = *replayed_;
-  lru_put(c.entries, ReplayCache::Entry{std::vector<int64_t>(generated.begin(), generated.end()), st, ++c.clock},
-          ReplayCache::kEntries);
+  replayed_->put(generated, st);
   return true;
 }
 
@@ -963,16 +906,9 @@ void Cfg::mask(std::span<const int64_t> generated, int64_t remaining, float* wor
     std::fill(work, work + V, kNegInf);
     work[id] = 0.0f;
   };
-  {
-    std::unique_lock<std::mutex> lock(masks_->mutex);
-    for (MaskCache::Entry& e : masks_->entries)
-      if (e.key == st_key && remaining >= e.fit_from) {
-        e.used = ++masks_->clock;
-        const std::vector<uint64_t> allowed = e.allowed;
-        lock.unlock();
-        if (!apply(allowed)) force(allowed);
-        return;
-      }
+  if (std::vector<uint64_t> allowed; masks_->find(st_key, remaining, allowed)) {
+    if (!apply(allowed)) force(allowed);
+    return;
   }
   SpellCache cache;
   // A state fits when its completion's bytes and the end token do (each byte
@@ -1061,11 +997,7 @@ void Cfg::mask(std::span<const int64_t> generated, int64_t remaining, float* wor
     live[size_t(phi4mm::kEnd) >> 6] |= uint64_t(1) << (phi4mm::kEnd & 63);
     ok[size_t(phi4mm::kEnd) >> 6] |= uint64_t(1) << (phi4mm::kEnd & 63);
   }
-  {
-    std::lock_guard<std::mutex> lock(masks_->mutex);
-    MaskCache& c = *masks_;
-    lru_put(c.entries, MaskCache::Entry{st_key, live, worst + 1, ++c.clock}, MaskCache::kEntries);
-  }
+  masks_->put(st_key, live, worst + 1);
   if (!apply(ok)) force(live);
 }
 

@@ -142,12 +142,10 @@ class Cfg final : public OutputConstraint {
   // The states after the last few outputs replayed (one per sample of a
   // request): a step replays only the tokens after the longest of them that
   // its output starts with, not the whole output again.
-  struct ReplayCache;
-  std::unique_ptr<ReplayCache> replayed_;
+  std::unique_ptr<ReplayCache<State>> replayed_;
   // The ids allowed after the last few states masked, with the budget from
   // which they all fit: a state met again (inside a free string, every step)
   // costs one pass over the ids.
-  struct MaskCache;
   std::unique_ptr<MaskCache> masks_;
 };
 

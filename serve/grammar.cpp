@@ -220,7 +220,10 @@ int64_t key_cost(const JsonSchema& S, const Node& n, uint32_t k, size_t pos, int
 }  // namespace
 
 OutputGrammar::OutputGrammar(std::shared_ptr<const TokenBytes> bytes, std::vector<Segment> segments)
-    : bytes_(std::move(bytes)), segments_(std::move(segments)) {
+    : bytes_(std::move(bytes)),
+      segments_(std::move(segments)),
+      masks_(std::make_unique<MaskCache>()),
+      replayed_(std::make_unique<ReplayCache<State>>()) {
   // Every character a completion may emit must be one token.
   auto check = [&](std::string_view s, const char* what) {
     for (unsigned char c : s)
@@ -703,11 +706,17 @@ bool OutputGrammar::step_token(State& st, int64_t id) const {
   return true;
 }
 
-bool OutputGrammar::replay(std::span<const int64_t> generated, State& st) const {
-  st = State{};
-  enter(segments_, st, 0);
-  for (int64_t id : generated)
+OutputGrammar::~OutputGrammar() = default;
+
+bool OutputGrammar::replay(std::span<const int64_t> generated, State& st, bool remember) const {
+  const size_t from = replayed_->find(generated, st);
+  if (from == 0) {
+    st = State{};
+    enter(segments_, st, 0);
+  }
+  for (int64_t id : generated.subspan(from))
     if (!step_token(st, id)) return false;
+  if (remember && from < generated.size()) replayed_->put(generated, st);
   return true;
 }
 
@@ -1052,16 +1061,48 @@ int64_t OutputGrammar::completion_length(std::span<const int64_t> generated) con
   return completion_bytes(st) < kInf ? completion_tokens(st, nullptr) : kInf;
 }
 
+std::string OutputGrammar::state_key(const State& st) const {
+  std::string k;
+  auto put = [&k](const auto& v) { k.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  // Between a string's code points the last lead byte's range is spent.
+  const bool between = st.mode == kStr && st.sub == 0;
+  put(st.seg), put(st.pos), put(st.chosen), put(st.mode), put(st.sub), put(st.depth), put(st.key);
+  put(between ? uint8_t(0x80) : st.u8lo), put(between ? uint8_t(0xBF) : st.u8hi), put(st.esc_d);
+  put(st.ws_space), put(st.ws_nl), put(st.ws_ind), put(st.names), put(st.vnode), put(st.lo), put(st.hi), put(st.chars);
+  for (int i = 0; i < st.depth; ++i) put(st.stack[i].node), put(st.stack[i].count), put(st.stack[i].emitted);
+  return k;
+}
+
 void OutputGrammar::mask(std::span<const int64_t> generated, int64_t remaining, float* work, int64_t V) const {
   State st;
-  if (!replay(generated, st)) throw std::logic_error("grammar: the output is not a prefix of the language");
+  if (!replay(generated, st, /*remember=*/true)) throw std::logic_error("grammar: the output is not a prefix of the language");
   if (st.seg >= segments_.size()) return;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t budget = remaining - 1;  // tokens after this one
   const int64_t n = std::min(V, bytes_->size());
+  // No finite id left (penalties, logit_bias or min_tokens masked every
+  // allowed one): the shortest completion's first token.
+  auto force = [&] {
+    std::vector<int64_t> c;
+    completion_tokens(st, &c);
+    std::fill(work, work + V, kNegInf);
+    work[c.at(0)] = 0.0f;
+  };
+  // A state met before with room for every id it allows: those ids.
+  const std::string key = state_key(st);
+  if (std::vector<uint64_t> allowed; masks_->find(key, remaining, allowed)) {
+    bool any = false;
+    for (int64_t id = 0; id < n; ++id) {
+      if (!(allowed[size_t(id) >> 6] >> (id & 63) & 1) || std::isnan(work[id])) work[id] = kNegInf;
+      else any |= work[id] != kNegInf;
+    }
+    std::fill(work + n, work + V, kNegInf);
+    if (!any) force();
+    return;
+  }
   SpellCache cache;
-  // A state fits when its completion's bytes do (each byte is a token), else
-  // when their fewest tokens do: spelled only where the bytes are too many.
+  // A state fits when its completion's bytes `b` do (each byte is a token),
+  // else when their fewest tokens do: spelled only where the bytes are too many.
   // Inside a JSON string with a pattern, a token that keeps to the string
   // leaves a completion that depends only on the pattern's state (the
   // containers around are the same): counted once per state.
@@ -1073,9 +1114,7 @@ void OutputGrammar::mask(std::span<const int64_t> generated, int64_t remaining, 
     if (it == memo.end()) it = memo.emplace(key, completion_tokens(s, nullptr, &cache)).first;
     return it->second;
   };
-  auto fits = [&](const State& s) {
-    const int64_t b = completion_bytes(s);
-    if (b >= kInf) return false;
+  auto fits = [&](const State& s, int64_t b) {
     if (b <= budget) return true;
     if (in_pattern && s.mode == kStr && s.seg == st.seg && s.depth == st.depth && s.vnode == st.vnode &&
         std::memcmp(s.stack, st.stack, sizeof(State::Frame) * st.depth) == 0)  // still the same string
@@ -1097,7 +1136,6 @@ void OutputGrammar::mask(std::span<const int64_t> generated, int64_t remaining, 
   // points it fills of those lacking: its token count is kept by them.
   auto string_fits = [&](int64_t id, int64_t cp) {
     const int64_t filled = std::min(cp, lacking);
-    if (base >= kInf) return false;
     if (base - filled <= budget) return true;
     if (auto it = cache.in_string.find(filled); it != cache.in_string.end()) return it->second <= budget;
     State s = st;
@@ -1137,11 +1175,21 @@ void OutputGrammar::mask(std::span<const int64_t> generated, int64_t remaining, 
     }
     return second[size_t(c1) * 256 + c2] != 0;
   };
+  // live: the ids the language allows with a completion (kept for the
+  // state, masked ids included), worst: the most bytes such a completion has.
+  std::vector<uint64_t> live(size_t(n + 63) / 64, 0);
+  int64_t worst = 0;
   bool any = false;
   for (int64_t id = 0; id < n; ++id) {
-    if (work[id] == kNegInf) continue;
-    const bool special = bytes_->special(id);
-    if (!special) {
+    // An id masked already (or NaN) stays out, but the language's verdict is kept.
+    const bool open = work[id] != kNegInf && !std::isnan(work[id]);
+    auto allow = [&](int64_t b) {
+      live[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
+      worst = std::max(worst, b);
+      return open;
+    };
+    bool ok = false;
+    if (!bytes_->special(id)) {
       const std::string_view b = bytes_->bytes(id);
       if (b.empty() || !first_ok[uint8_t(b[0])]) {
         work[id] = kNegInf;
@@ -1151,13 +1199,16 @@ void OutputGrammar::mask(std::span<const int64_t> generated, int64_t remaining, 
         int32_t t = int32_t(st.vnode);
         for (unsigned char c : b)
           if ((t = rx->next(t, c)) == Regex::kDead) break;
-        if (t != Regex::kDead && !std::isnan(work[id]) && regex_fits(t)) any = true;
+        if (t != Regex::kDead && rx->distance(t) + rx_tail < kInf)
+          ok = allow(rx->distance(t) + rx_tail) && regex_fits(t);
+        if (ok) any = true;
         else work[id] = kNegInf;
         continue;
       }
       if (in_string && bytes_->string_safe(id)) {
         const int64_t cp = bytes_->code_points(id);
-        if (!std::isnan(work[id]) && cp <= room && string_fits(id, cp)) any = true;
+        if (cp <= room && base < kInf) ok = allow(base - std::min(cp, lacking)) && string_fits(id, cp);
+        if (ok) any = true;
         else work[id] = kNegInf;
         continue;
       }
@@ -1167,15 +1218,14 @@ void OutputGrammar::mask(std::span<const int64_t> generated, int64_t remaining, 
       }
     }
     State s = st;
-    if (std::isnan(work[id]) || !step_token(s, id) || !fits(s)) work[id] = kNegInf;
-    else any = true;
+    if (step_token(s, id))
+      if (const int64_t b = completion_bytes(s); b < kInf) ok = allow(b) && fits(s, b);
+    if (ok) any = true;
+    else work[id] = kNegInf;
   }
   std::fill(work + n, work + V, kNegInf);
-  if (any) return;
-  std::vector<int64_t> c;
-  completion_tokens(st, &c);
-  std::fill(work, work + V, kNegInf);
-  work[c.at(0)] = 0.0f;
+  masks_->put(key, std::move(live), worst + 1);
+  if (!any) force();
 }
 
 }  // namespace areno::serve

@@ -148,10 +148,13 @@ class OutputGrammar final : public OutputConstraint {
     std::shared_ptr<const Regex> automaton;  // regex: its automaton (the state in State::vnode)
   };
   struct State;
+  ~OutputGrammar() override;
 
  private:
   OutputGrammar(std::shared_ptr<const TokenBytes> bytes, std::vector<Segment> segments);
-  bool replay(std::span<const int64_t> generated, State& st) const;
+  // The state after `generated`, from the longest output replayed before
+  // that it starts with; `remember` keeps it for the next step (the mask).
+  bool replay(std::span<const int64_t> generated, State& st, bool remember = false) const;
   bool step_token(State& st, int64_t id) const;
   bool step_byte(State& st, unsigned char c) const;
   bool step_json(State& st, unsigned char c) const;
@@ -163,6 +166,8 @@ class OutputGrammar final : public OutputConstraint {
   int64_t json_length(const State& st) const;
   const JsonSchema& schema(const State& st) const;
   int64_t tail(size_t k, uint8_t chosen) const;
+  // The bytes of what decides a state's future (the mask cache's key).
+  std::string state_key(const State& st) const;
 
   std::shared_ptr<const TokenBytes> bytes_;
   std::vector<Segment> segments_;
@@ -172,6 +177,13 @@ class OutputGrammar final : public OutputConstraint {
   std::vector<std::vector<int64_t>> tails_;
   std::vector<int64_t> tail_min_;
   int64_t min_tokens_ = 0;
+  // The ids allowed after the last few states masked, with the budget from
+  // which they all fit: a state met again (inside a free string or a regex's
+  // free text, every step) costs one pass over the ids.
+  std::unique_ptr<MaskCache> masks_;
+  // The states after the last few outputs masked (one per sample of a
+  // request): a step replays only its new tokens.
+  std::unique_ptr<ReplayCache<State>> replayed_;
 };
 
 }  // namespace areno::serve

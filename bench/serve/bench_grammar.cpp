@@ -6,7 +6,9 @@
 // (the "tight" states) exactly the completion's count, where candidates
 // whose completion has more bytes than tokens left are spelled in tokens;
 // prints one JSON line per state with the first, best and median
-// milliseconds and how many ids stay allowed.
+// milliseconds and how many ids stay allowed. Then three decodes of 2000
+// tokens (a JSON string, a GBNF JSON string, a regex's free text), masked at
+// every step as the output grows: the mean of the last 100 steps.
 //
 // usage: bench_grammar [--reps N]
 #include <fmt/format.h>
@@ -57,6 +59,7 @@ int main(int argc, char** argv) {
        nullptr});
   const auto phone = OutputGrammar::regex(bytes, Regex::compile("\\(\\d{3}\\) \\d{3}-\\d{4}"));
   const auto line = OutputGrammar::regex(bytes, Regex::compile("[A-Z][^\\n]{0,200}\\."));
+  const auto long_line = OutputGrammar::regex(bytes, Regex::compile("[A-Z][^\\n]*\\."));
   // GBNF: JSON as llama.cpp's grammars/json.gbnf writes it, and arithmetic.
   const auto json = Cfg::compile(bytes, R"G(root ::= object
 value ::= object | array | string | number | ("true" | "false" | "null") ws
@@ -135,6 +138,33 @@ factor ::= [0-9]+ | "(" expr ")" | "-" factor
     for (float x : w) allowed += std::isfinite(x);
     fmt::print("{{\"state\": \"{}\", \"first_ms\": {:.3f}, \"best_ms\": {:.3f}, \"median_ms\": {:.3f}, \"allowed\": {}}}\n",
                c.name, first, ms.front(), ms[ms.size() / 2], allowed);
+  }
+  // Decoding: the output grows a token per step, as the engine asks. A long
+  // answer (a JSON string of 2000 tokens, then a regex's free text) masked
+  // at every step; the mean of the last 100 steps, where replaying the whole
+  // output each step would cost the most.
+  struct Walk {
+    const char* name;
+    const OutputConstraint* g;
+    std::string head;  // then " word" tokens
+  };
+  for (const Walk& wk : {Walk{"decode: json_object string, steps 1900-2000", object.get(), R"({"k": ")"},
+                         Walk{"decode: gbnf json string, steps 1900-2000", json.get(), R"({"k": ")"},
+                         Walk{"decode: regex free text, steps 1900-2000", long_line.get(), "Hello"}}) {
+    std::vector<int64_t> out = ids(wk.head);
+    const std::vector<int64_t> word = ids(" word");
+    double total = 0;
+    int64_t timed = 0;
+    for (int64_t step = 0; step < 2000; ++step) {
+      w = logits;
+      const auto t0 = std::chrono::steady_clock::now();
+      wk.g->mask(out, 4000, w.data(), kVocab);
+      const double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (step >= 1900) total += t, ++timed;
+      out.push_back(word[0]);
+    }
+    fmt::print("{{\"state\": \"{}\", \"mean_ms\": {:.3f}, \"tokens\": {}}}\n", wk.name, total / double(timed),
+               out.size());
   }
   return 0;
 }

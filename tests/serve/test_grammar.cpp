@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -18,6 +20,8 @@
 
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "serve/grammar.h"
+#include "serve/json_schema.h"
+#include "serve/regex.h"
 #include "serve/openai.h"
 #include "tests/serve/grammar_tokens.h"
 
@@ -334,4 +338,62 @@ TEST_CASE("serve/grammar a completion over 4096 bytes counts a token per byte un
   }
   CHECK(as > 120);
   CHECK(text(g->completion(v)) == std::string(size_t(4200 - as), 'a') + "\"}<|end|>");
+}
+
+TEST_CASE("serve/grammar the state caches: a state met again, or an output that extends another, masks as a fresh grammar") {
+  // Each grammar keeps the masks of the states it met (per state, with the
+  // budget from which all their ids fit) and the states after the outputs it
+  // masked. One grammar object masks two outputs' prefixes interleaved, then
+  // shorter ones again; a new object (empty caches) must give the same mask
+  // at every prefix, over logits with masked and NaN entries, at a loose and
+  // the tightest budgets.
+  struct G {
+    const char* name;
+    std::function<std::shared_ptr<const OutputGrammar>()> make;
+    std::string favoured;
+  };
+  const std::string schema = R"({"type": "object", "properties": {"name": {"type": "string", "minLength": 2,
+      "maxLength": 12}, "n": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
+      "required": ["name", "n"]})";
+  const std::vector<G> grammars = {
+      {"json_object", [] { return OutputGrammar::json_object(bytes()); }, "{\"a:, "},
+      {"json_schema", [&] { return OutputGrammar::json_schema(bytes(), JsonSchema::compile(nlohmann::ordered_json::parse(schema))); }, "\"ab1[,"},
+      {"regex", [] { return OutputGrammar::regex(bytes(), Regex::compile("[A-Z][^\\n]*\\.")); }, "Ab c"},
+      {"tool_call", [] { return OutputGrammar::tool_call(bytes(), {"add", "get_weather"}); }, "{\"a1,"},
+  };
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  std::vector<float> logits(static_cast<size_t>(kVocab));
+  for (float& x : logits) x = 3.0f * nd(rng);
+  for (int64_t id = 0; id < kVocab; id += 97) logits[size_t(id)] = -std::numeric_limits<float>::infinity();
+  for (int64_t id = 13; id < kVocab; id += 389) logits[size_t(id)] = std::numeric_limits<float>::quiet_NaN();
+  for (const G& gr : grammars) {
+    CAPTURE(gr.name);
+    const auto walker = gr.make();
+    std::vector<std::vector<int64_t>> outs;
+    for (int w = 0; w < 2; ++w)
+      outs.push_back(masked_walk(*walker, walker->min_tokens() + 12, rng, gr.favoured, "", [](const std::vector<int64_t>&) {}));
+    std::vector<std::vector<int64_t>> prefixes;
+    for (size_t k = 0; k < std::max(outs[0].size(), outs[1].size()); ++k)
+      for (const auto& o : outs)
+        if (k < o.size()) prefixes.emplace_back(o.begin(), o.begin() + int64_t(k));
+    for (size_t k = 0; k < outs[0].size(); k += 3) prefixes.emplace_back(outs[0].begin(), outs[0].begin() + int64_t(k));
+    const auto shared = gr.make();
+    int64_t checked = 0;
+    for (const auto& p : prefixes) {
+      CAPTURE(text(p));
+      const int64_t need = walker->completion_length(p);
+      for (int64_t remaining : {need, need + 1, int64_t(1000), int64_t(1000)}) {
+        std::vector<float> a = logits, b = logits;
+        shared->mask(p, remaining, a.data(), kVocab);
+        gr.make()->mask(p, remaining, b.data(), kVocab);
+        int64_t differ = 0;
+        for (int64_t id = 0; id < kVocab; ++id)
+          differ += std::memcmp(&a[size_t(id)], &b[size_t(id)], sizeof(float)) != 0;
+        CHECK(differ == 0);
+        ++checked;
+      }
+    }
+    CHECK(checked >= 40);
+  }
 }
