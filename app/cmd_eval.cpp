@@ -25,6 +25,7 @@ namespace {
 constexpr const char* kEvalUsage =
     "usage: areno eval --dataset-path FILE [--model-path DIR] [--group-by FIELD] [--show-wrong]\n"
     "                  [--media-root DIR] [--device cpu|cuda[:N]] [--dtype f32|bf16] [--quantize int8]\n"
+    "                  [--lora DIR]\n"
     "                  [--json] [--threads N]\n"
     "\n"
     "Answers every row's prompt greedily and counts the rows whose answer equals the\n"
@@ -34,6 +35,7 @@ constexpr const char* kEvalUsage =
     "  --group-by FIELD   also count per value of this row field (e.g. family)\n"
     "  --show-wrong       print each wrong answer (line, expected, got) to stderr\n"
     "  --media-root DIR   media paths resolve under DIR (default: the dataset's folder)\n"
+    "  --lora DIR         a PEFT LoRA folder run beside the vision/speech adapter (docs/training.md)\n"
     "  --quantize int8    weight-only int8 for the decoder and the tied head (per output channel\n"
     "                     scales, f32 activations; CPU only)\n"
     "  --json             print the counts as one JSON object instead of the table\n"
@@ -50,7 +52,7 @@ int cmd_eval(const Args& args) {
   flags.compute_threads();
   flags.toggle("--show-wrong", show_wrong).toggle("--json", as_json);
   ModelNeeds needs;
-  add_quantize_flag(flags, needs);
+  add_model_flags(flags, needs);
   if (auto rc = flags.parse(args)) return *rc;
   if (dataset.empty()) {
     fmt::print(stderr, "areno eval: --dataset-path is required\n\n{}", kEvalUsage);

@@ -29,7 +29,7 @@ constexpr const char* kGenerateUsage =
     "usage: areno generate [--model-path DIR] --prompt TEXT [--system TEXT] [--image FILE] [--audio FILE]\n"
     "                      [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
     "                      [--no-chat-template] [--device cpu|cuda[:N]] [--dtype f32|bf16] [--check-weights]\n"
-    "                      [--quantize int8] [--print-ids] [--speculative-tokens N] [--threads N]\n"
+    "                      [--lora DIR] [--quantize int8] [--print-ids] [--speculative-tokens N] [--threads N]\n"
     "                      [--grammar-file FILE | --json-schema SCHEMA]\n"
     "\n"
     "Runs one chat request and streams the answer to stdout (statistics to stderr).\n"
@@ -44,6 +44,7 @@ constexpr const char* kGenerateUsage =
     "  --seed S            sampling seed (default 0)\n"
     "  --no-chat-template  tokenize --prompt as is (no <|user|> ... <|assistant|>)\n"
     "  --check-weights     refuse a checkpoint holding NaN or infinite weights, naming the tensor\n"
+    "  --lora DIR          a PEFT LoRA folder run beside the vision/speech adapter (docs/training.md)\n"
     "  --quantize int8     weight-only int8 for the decoder and the tied head (per output channel\n"
     "                      scales, f32 activations; CPU only; about half the memory of bf16)\n"
     "  --print-ids         instead of streaming the text, print one JSON object:\n"
@@ -58,7 +59,7 @@ constexpr const char* kGenerateUsage =
 
 constexpr const char* kScoreUsage =
     "usage: areno score [--model-path DIR] --prompt TEXT --completion TEXT [--no-chat-template]\n"
-    "                   [--device cpu|cuda[:N]] [--dtype f32|bf16] [--check-weights] [--quantize int8]\n"
+    "                   [--device cpu|cuda[:N]] [--dtype f32|bf16] [--check-weights] [--lora DIR] [--quantize int8]\n"
     "                   [--threads N]\n"
     "\n"
     "Prints, as JSON, the log-probability of each token of --completion after --prompt\n"
@@ -66,6 +67,7 @@ constexpr const char* kScoreUsage =
     "  --model-path DIR    checkpoint (default: the embedded demo model, docs/demo.md)\n"
     "  --no-chat-template  tokenize --prompt as is (default: a user turn + <|assistant|>)\n"
     "  --check-weights     refuse a checkpoint holding NaN or infinite weights, naming the tensor\n"
+    "  --lora DIR          a PEFT LoRA folder run beside the vision/speech adapter (docs/training.md)\n"
     "  --quantize int8     weight-only int8 for the decoder and the tied head (per output channel\n"
     "                      scales, f32 activations; CPU only; about half the memory of bf16)\n"
     "  --threads N         compute threads (default: OMP_NUM_THREADS, else the physical cores)\n";
@@ -118,7 +120,7 @@ void add_common_flags(Flags& flags, std::string& model_path, std::string& prompt
                       bool& chat_template, std::string& device, std::string& dtype, ModelNeeds& needs) {
   flags.value("--model-path", model_path).value("--device", device).value("--dtype", dtype);
   flags.toggle("--check-weights", needs.check_weights);
-  add_quantize_flag(flags, needs);
+  add_model_flags(flags, needs);
   flags.value("--prompt", [&](const std::string& v) {
     prompt = v;
     have_prompt = true;

@@ -21,7 +21,7 @@ namespace {
 constexpr const char* kLogitsUsage =
     "usage: areno logits --model-path DIR (--token-ids 1,2,3 | --messages FILE.json)\n"
     "                    [--adapter none|vision|speech] [--dtype f32|bf16] [--device cpu|cuda]\n"
-    "                    [--check-weights] [--quantize int8] [--rows all|last|A:B] [--threads N]\n"
+    "                    [--check-weights] [--lora DIR] [--quantize int8] [--rows all|last|A:B] [--threads N]\n"
     "                    --out FILE.safetensors\n"
     "\n"
     "Runs the model and writes \"logits\" [R, vocab] (f32) of the rows asked for,\n"
@@ -36,6 +36,7 @@ constexpr const char* kLogitsUsage =
     "  --adapter    modality LoRA for --token-ids (default none = text only)\n"
     "  --dtype      compute dtype (default: the checkpoint's)\n"
     "  --check-weights  refuse a checkpoint holding NaN or infinite weights, naming the tensor\n"
+    "  --lora DIR   a PEFT LoRA folder run beside the modality adapter (docs/training.md)\n"
     "  --quantize int8  weight-only int8 for the decoder and the tied head (per output channel\n"
     "                   scales, f32 activations; CPU only)\n"
     "  --rows       positions whose logits are written: all (default), last, or A:B\n"
@@ -102,7 +103,7 @@ int cmd_logits(const Args& args) {
   flags.compute_threads();
   ModelNeeds needs;
   flags.toggle("--check-weights", needs.check_weights);
-  add_quantize_flag(flags, needs);
+  add_model_flags(flags, needs);
   if (auto rc = flags.parse(args)) return *rc;
   if (model_path.empty() || (ids_str.empty() == messages.empty()) || out.empty()) {
     fmt::print(stderr, "areno logits: --model-path, --out and one of --token-ids or --messages are required\n\n{}",

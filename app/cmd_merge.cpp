@@ -20,7 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kMergeUsage =
-    "usage: areno merge-lora --model-path DIR --out DIR [--dtype f32|bf16]\n"
+    "usage: areno merge-lora --model-path DIR [--lora PEFT_DIR] --out DIR [--dtype f32|bf16]\n"
     "\n"
     "Folds the user LoRA of a checkpoint trained with `areno train --lora-rank`\n"
     "(config.json \"user_lora\") into its base weights, W + s·B·A computed in f32\n"
@@ -31,15 +31,17 @@ constexpr const char* kMergeUsage =
     "checkpoint as it is. Tokenizer, processor and remote-code files are copied;\n"
     "every file is written to a temporary, synced and renamed.\n"
     "  --model-path DIR  the checkpoint with a user LoRA\n"
+    "  --lora PEFT_DIR   or a checkpoint without one and a PEFT LoRA folder to fold into it\n"
+    "                    (adapter_config.json, adapter_model.safetensors, as peft saves it)\n"
     "  --out DIR         the merged checkpoint (created; not DIR itself)\n"
     "  --dtype           f32 or bf16 (default: the checkpoint's)\n";
 
 }  // namespace
 
 int cmd_merge_lora(const Args& args) {
-  std::string model_path, out, dtype;
+  std::string model_path, out, dtype, lora_dir;
   Flags flags("merge-lora", kMergeUsage);
-  flags.value("--model-path", model_path).value("--out", out).value("--dtype", dtype);
+  flags.value("--model-path", model_path).value("--out", out).value("--dtype", dtype).value("--lora", lora_dir);
   if (auto rc = flags.parse(args)) return *rc;
   if (model_path.empty() || out.empty()) {
     fmt::print(stderr, "areno merge-lora: --model-path and --out are required\n\n{}", kMergeUsage);
@@ -49,11 +51,13 @@ int cmd_merge_lora(const Args& args) {
   if (fs::exists(out) && fs::equivalent(model_path, out, ec))
     throw std::invalid_argument(fmt::format("--out {}: the checkpoint itself; write the merged one elsewhere", out));
   // The config first: a checkpoint without a user adapter fails before any weight is read.
-  if (!phi4mm::load_config(model_path).user_lora)
+  if (lora_dir.empty() && !phi4mm::load_config(model_path).user_lora)
     throw std::invalid_argument(fmt::format("{}/config.json: no \"user_lora\": nothing to merge (the checkpoint "
-                                            "was not trained with --lora-rank)", model_path));
+                                            "was not trained with --lora-rank; give a PEFT folder with --lora)",
+                                            model_path));
   phi4mm::LoadOptions lo;
   if (!dtype.empty()) lo.dtype = parse_dtype_flag(dtype);
+  lo.lora_dir = lora_dir;
   const auto model = phi4mm::load_model(model_path, lo);
   const phi4mm::LoraConfig u = *model->config().user_lora;
   phi4mm::SaveOptions so;

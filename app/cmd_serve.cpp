@@ -39,6 +39,8 @@ constexpr const char* kServeUsage =
     "  --dtype f32|bf16          compute dtype (default: the checkpoint's; demo: f32)\n"
     "  --check-weights           refuse a checkpoint holding NaN or infinite weights, naming\n"
     "                            the tensor (one more pass over the weights at load)\n"
+    "  --lora DIR                a PEFT LoRA folder (adapter_config.json, adapter_model.safetensors)\n"
+    "                            run on every request beside the vision/speech adapter\n"
     "  --quantize int8           weight-only int8 for the decoder and the tied head, quantized at\n"
     "                            load (per output channel scales, f32 activations, LoRA and towers\n"
     "                            unchanged; CPU only; about half the memory of bf16). Default none\n"
@@ -133,7 +135,7 @@ int cmd_serve(const Args& args) {
   flags.value("--device", device).value("--dtype", dtype);
   ModelNeeds needs;
   flags.toggle("--check-weights", needs.check_weights);
-  add_quantize_flag(flags, needs);
+  add_model_flags(flags, needs);
   for (const char* name : {"--tp-size", "--world-size"})
     flags.value(name, [name](const std::string& s) {
       const int64_t v = parse_int_flag(name, s, 1);

@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "app/flags.h"
 #include "models/phi4mm/checkpoint.h"
@@ -23,6 +24,8 @@ ServedModel load_served_model(const std::string& model_path, const std::string& 
   }
   ServedModel m;
   if (model_path.empty()) {
+    if (!needs.lora_dir.empty())
+      throw std::invalid_argument("--lora: needs --model-path (the checkpoint the adapter was trained on)");
     m.model = phi4mm::demo_model(dt.value_or(DType::f32));
     if (needs.quantize != phi4mm::Quantize::none && !dev.is_cpu())
       throw std::invalid_argument(fmt::format("--quantize {} runs on the CPU only for now (asked for --device {})",
@@ -41,6 +44,7 @@ ServedModel load_served_model(const std::string& model_path, const std::string& 
   lo.vision = lo.audio = needs.towers;
   lo.check_weights = needs.check_weights;
   lo.quantize = needs.quantize;
+  lo.lora_dir = needs.lora_dir;
   phi4mm::LoadReport report;
   const auto t0 = std::chrono::steady_clock::now();
   m.model = phi4mm::load_model(model_path, lo, &report);
@@ -49,6 +53,9 @@ ServedModel load_served_model(const std::string& model_path, const std::string& 
     fmt::print(stderr, "{}: vision tower {}, audio encoder {}\n", model_path,
                m.model->image_embed() ? "loaded" : "absent", m.model->audio_embed() ? "loaded" : "absent");
   fmt::print(stderr, "loaded {} in {:.1f} s: {}\n", model_path, load_s, report.summary());
+  if (const auto& u = m.model->config().user_lora)
+    fmt::print(stderr, "user LoRA{}: rank {}, scaling {}, on {}, every request\n",
+               needs.lora_dir.empty() ? "" : " from " + needs.lora_dir, u->r, u->scaling(), fmt::join(u->targets, ","));
   if (needs.tokenizer) {
     m.tokenizer = phi4mm::padded_tokenizer(phi4mm::load_tokenizer(model_path), m.model->config().text.vocab_size);
   }
@@ -56,7 +63,8 @@ ServedModel load_served_model(const std::string& model_path, const std::string& 
   return m;
 }
 
-void add_quantize_flag(Flags& flags, ModelNeeds& needs) {
+void add_model_flags(Flags& flags, ModelNeeds& needs) {
+  flags.value("--lora", needs.lora_dir);
   flags.value("--quantize", [&needs](const std::string& v) {
     try {
       needs.quantize = phi4mm::quantize_from_name(v);

@@ -28,9 +28,11 @@ struct ModelNeeds {
   bool tokenizer = true;
   bool check_weights = false;  // --check-weights: refuse NaN / inf weights (phi4mm::LoadOptions)
   phi4mm::Quantize quantize = phi4mm::Quantize::none;  // --quantize (phi4mm::LoadOptions; the demo model too)
+  std::string lora_dir;  // --lora: a PEFT adapter folder loaded as the user adapter (phi4mm::LoadOptions)
 };
-// Registers `--quantize none|int8` (into needs.quantize) on a command that loads a model.
-void add_quantize_flag(Flags& flags, ModelNeeds& needs);
+// Registers `--quantize none|int8` (into needs.quantize) and `--lora DIR`
+// (needs.lora_dir) on a command that loads a model.
+void add_model_flags(Flags& flags, ModelNeeds& needs);
 // The one model loader of the commands (serve, generate, score, logits):
 // `device` "cpu" | "cuda[:N]"; `dtype` as parse_dtype_flag (app/flags.h).
 ServedModel load_served_model(const std::string& model_path, const std::string& device, const std::string& dtype,

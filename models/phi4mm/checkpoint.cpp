@@ -40,10 +40,79 @@ struct PeftAdapter {
   std::map<std::string, std::string> names;  // our name (".lora_A.vision.weight") -> stored name
 };
 
+// The adapter of the PEFT folder `sub` as adapter `adapter` (vision, speech, user).
+PeftAdapter read_peft(const std::string& sub, const char* adapter);
+
 std::optional<PeftAdapter> open_peft(const std::string& dir, const char* adapter) {
   const std::string sub = dir + "/" + adapter + "-lora";
+  if (!fs::exists(sub + "/adapter_config.json")) return std::nullopt;
+  return read_peft(sub, adapter);
+}
+
+// A PEFT folder given as the user adapter (LoadOptions::lora_dir): only what
+// the user adapter computes is accepted, refused by key before any weight is
+// read; the targets are the modules its tensors wrap, in every layer.
+PeftAdapter open_user_peft(const std::string& sub, int64_t layers) {
   const std::string cfg_path = sub + "/adapter_config.json";
-  if (!fs::exists(cfg_path)) return std::nullopt;
+  if (!fs::exists(cfg_path))
+    throw std::runtime_error(fmt::format("--lora {}: no adapter_config.json (a PEFT LoRA adapter folder is expected)", sub));
+  json j;
+  try {
+    j = json::parse(read_file(cfg_path));
+  } catch (const json::exception& e) {
+    throw std::runtime_error(fmt::format("{}: invalid JSON: {}", cfg_path, e.what()));
+  }
+  if (!j.is_object()) throw std::runtime_error(cfg_path + ": expected an object");
+  auto refuse = [&](const std::string& key, const std::string& why) {
+    throw std::runtime_error(fmt::format("{}: key '{}': {}", cfg_path, key, why));
+  };
+  if (j.value("peft_type", std::string("LORA")) != "LORA") refuse("peft_type", "only LORA adapters are supported");
+  if (j.contains("bias") && j["bias"] != "none") refuse("bias", "LoRA biases are not supported (\"none\" only)");
+  for (const char* flag : {"fan_in_fan_out", "lora_bias", "use_qalora"})
+    if (j.contains(flag) && j[flag].is_boolean() && j[flag].get<bool>()) refuse(flag, "not supported");
+  for (const char* key : {"modules_to_save", "layers_to_transform", "layer_replication", "trainable_token_indices"})
+    if (j.contains(key) && !j[key].is_null() && !j[key].empty())
+      refuse(key, "not supported (the user adapter wraps the decoder's linears of every layer, nothing else)");
+  for (const char* key : {"rank_pattern", "alpha_pattern"})
+    if (j.contains(key) && !j[key].is_null() && !j[key].empty()) refuse(key, "per-module ranks or alphas are not supported");
+  PeftAdapter p = read_peft(sub, "user");
+  // The targets, from the tensors: <module>.lora_A / lora_B in every layer.
+  std::vector<std::set<std::string>> per_layer(static_cast<size_t>(layers));
+  for (const auto& [ours, stored] : p.names) {
+    const std::string prefix = "model.layers.";
+    size_t dot = std::string::npos;
+    int64_t layer = -1;
+    std::string module;
+    if (ours.rfind(prefix, 0) == 0 && (dot = ours.find('.', prefix.size())) != std::string::npos) {
+      try {
+        layer = std::stoll(ours.substr(prefix.size(), dot - prefix.size()));
+      } catch (const std::exception&) {
+      }
+      const std::string rest = ours.substr(dot + 1);
+      for (const char* m : {"self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"})
+        for (const char* ab : {".lora_A.user.weight", ".lora_B.user.weight"})
+          if (rest == std::string(m) + ab) module = std::string(m).substr(std::string(m).find('.') + 1);
+    }
+    if (layer < 0 || layer >= layers || module.empty())
+      throw std::runtime_error(fmt::format("{}/adapter_model.safetensors: tensor '{}' is not a LoRA weight of a decoder "
+                                           "layer's qkv_proj, o_proj, gate_up_proj or down_proj (of {} layers)",
+                                           sub, stored, layers));
+    per_layer[size_t(layer)].insert(module);
+  }
+  for (const std::string& m : kLoraTargets)
+    if (per_layer[0].count(m)) p.cfg.targets.push_back(m);
+  if (p.cfg.targets.empty()) throw std::runtime_error(fmt::format("{}/adapter_model.safetensors: no LoRA weights", sub));
+  for (int64_t l = 1; l < layers; ++l)
+    if (per_layer[size_t(l)] != per_layer[0])
+      throw std::runtime_error(fmt::format("{}: layer {} wraps other modules than layer 0; the user adapter wraps the "
+                                           "same modules in every layer", sub, l));
+  p.cfg.layer_regex.clear();
+  check_user_lora(p.cfg, cfg_path);
+  return p;
+}
+
+PeftAdapter read_peft(const std::string& sub, const char* adapter) {
+  const std::string cfg_path = sub + "/adapter_config.json";
   json j;
   try {
     j = json::parse(read_file(cfg_path));
@@ -60,7 +129,7 @@ std::optional<PeftAdapter> open_peft(const std::string& dir, const char* adapter
   p.cfg.r = j["r"].get<int64_t>();
   p.cfg.alpha = j["lora_alpha"].get<double>();
   p.cfg.dropout = j.value("lora_dropout", 0.0);
-  p.cfg.layer_regex = std::string(adapter) == "vision" ? kVisionLoraRegex : kSpeechLoraRegex;
+  p.cfg.layer_regex = std::string(adapter) == "vision" ? kVisionLoraRegex : std::string(adapter) == "speech" ? kSpeechLoraRegex : "";
   p.file = std::make_unique<SafetensorsFile>(sub + "/adapter_model.safetensors");
   for (const auto& stored : p.file->names()) {
     std::string n = stored;
@@ -86,8 +155,9 @@ struct Source {
 // The one place that maps a parameter name to its stored tensor (see checkpoint.h).
 class WeightResolver {
  public:
-  WeightResolver(const SafetensorsCheckpoint& ckpt, const std::optional<PeftAdapter>* peft)
-      : ckpt_(ckpt), peft_(peft) {}
+  WeightResolver(const SafetensorsCheckpoint& ckpt, const std::optional<PeftAdapter>* peft,
+                 const std::optional<PeftAdapter>& user)
+      : ckpt_(ckpt), peft_(peft), user_(user) {}
 
   std::optional<Source> find(const std::string& name) const {
     if (ckpt_.contains(name)) return Source{&ckpt_.file_of(name), name};
@@ -100,12 +170,15 @@ class WeightResolver {
       if (!p) continue;
       if (auto it = p->names.find(name); it != p->names.end()) return Source{p->file.get(), it->second};
     }
+    if (user_)
+      if (auto it = user_->names.find(name); it != user_->names.end()) return Source{user_->file.get(), it->second};
     return std::nullopt;
   }
 
  private:
   const SafetensorsCheckpoint& ckpt_;
   const std::optional<PeftAdapter>* peft_;
+  const std::optional<PeftAdapter>& user_;
 };
 
 std::string list_lines(const char* what, const std::vector<std::string>& v) {
@@ -216,6 +289,15 @@ std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const Load
     if (peft[1] && !cfg.vision_lora) cfg.vision_lora = peft[1]->cfg;
     if (peft[2] && !cfg.speech_lora) cfg.speech_lora = peft[2]->cfg;
   }
+  std::optional<PeftAdapter> user;
+  if (!opts.lora_dir.empty()) {
+    if (cfg.user_lora)
+      throw std::runtime_error(fmt::format("--lora {}: {} holds a user LoRA already (config.json \"user_lora\"); "
+                                           "fold it into the base weights first (areno merge-lora)",
+                                           opts.lora_dir, dir));
+    user = open_user_peft(opts.lora_dir, cfg.text.num_hidden_layers);
+    cfg.user_lora = user->cfg;
+  }
   if (!ckpt.contains("model.embed_tokens.weight"))
     throw std::runtime_error(fmt::format("{}: no tensor model.embed_tokens.weight (is this a Phi-4-multimodal "
                                          "checkpoint?)", dir));
@@ -244,7 +326,7 @@ std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const Load
 
   // 3. One name walk over every part; stored tensors of parts not built are
   //    skipped unread, a tied lm_head copy is redundant, anything else is unexpected.
-  const WeightResolver resolver(ckpt, peft);
+  const WeightResolver resolver(ckpt, peft, user);
   std::vector<std::pair<std::string, Tensor>> params = model->named_parameters();
   // int8: each quantizable weight is quantized from its stored values as it
   // is read; its full-precision parameter is never filled.

@@ -9,7 +9,8 @@
 // towers under model.embed_tokens_extend.*), `<m>.weight` for
 // `<m>.base_layer.weight` (native layout), or a PEFT folder's
 // `base_model.model.<m>.lora_A.weight` (`vision-lora/`, `speech-lora/`, with
-// their adapter_config.json); tensor-parallel slices will be resolved there
+// their adapter_config.json, and LoadOptions::lora_dir as the user adapter);
+// tensor-parallel slices will be resolved there
 // too. A tower is built when asked for and its tensors are stored; tensors of
 // parts not built (towers, LoRAs) are skipped without being read. Every
 // expected tensor must be present with its shape, and every stored tensor must
@@ -47,6 +48,13 @@ struct LoadOptions {
   // is quantized from its stored values as it is read, so the model never
   // holds them in full precision. A stored NaN or inf there fails naming it.
   Quantize quantize = Quantize::none;
+  // A PEFT LoRA folder (adapter_config.json + adapter_model.safetensors, as
+  // peft's save_pretrained writes it for transformers' port) loaded as the
+  // user adapter (`--lora DIR`): on every row, beside the modality adapter.
+  // Its targets are the decoder linears its tensors wrap, the same in every
+  // layer; DoRA, rsLoRA, biases, per-module ranks and saved modules are
+  // refused by key, and so is a checkpoint that holds a user adapter already.
+  std::string lora_dir;
 };
 
 struct LoadReport {

@@ -8,11 +8,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "app/commands_model.h"
+#include "app/served_model.h"
 #include "models/phi4mm/checkpoint.h"
 #include "models/phi4mm/kv_cache.h"
 #include "models/phi4mm/model.h"
@@ -288,4 +290,88 @@ TEST_CASE("phi4mm/areno merge-lora: the adapter folded into the base weights giv
                        doctest::Contains("no \"user_lora\": nothing to merge"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(app::cmd_merge_lora({"--model-path", tmp.str("lora"), "--out", tmp.str("lora")}),
                        doctest::Contains("the checkpoint itself"), std::invalid_argument);
+}
+
+TEST_CASE("phi4mm/--lora DIR: a PEFT folder as peft saves it loads as the user adapter and gives peft's logits") {
+  // tests/data/model/user_peft: the golden's "user" adapter, pm.save_pretrained.
+  const std::string peft_dir = "tests/data/model/user_peft";
+  const SafetensorsFile golden("tests/data/model/user_lora_golden.safetensors");
+  LoadOptions lo;
+  lo.lora_dir = peft_dir;
+  LoadReport rep;
+  auto m = load_model(testing::kTinyDir, lo, &rep);
+  CHECK(rep.summary() == "54 of 54 tensors consumed, 0 missing, 0 unexpected (0 skipped)");
+  REQUIRE(m->config().user_lora);
+  CHECK(m->config().user_lora->r == 3);
+  CHECK(m->config().user_lora->scaling() == 1.5);
+  CHECK(m->config().user_lora->targets == std::vector<std::string>{"qkv_proj", "down_proj"});
+  const std::vector<int64_t> ids = golden.load_copy("ids_a").to_vector<int64_t>();
+  for (Adapter a : {Adapter::none, Adapter::vision, Adapter::speech}) {
+    CAPTURE(adapter_name(a));
+    NoGradGuard ng;
+    CHECK(testing::rel_err(m->logits(PackedBatch::single(ids, a)),
+                           golden.load_copy(fmt::format("user_logits_a_{}", adapter_name(a)))) < 1e-5);
+  }
+  // merge-lora folds a PEFT folder into a checkpoint without one.
+  TempDir tmp;
+  REQUIRE(app::cmd_merge_lora({"--model-path", testing::kTinyDir, "--lora", peft_dir, "--out", tmp.str("merged")}) == 0);
+  auto merged = load_model(tmp.str("merged"));
+  CHECK_FALSE(merged->config().user_lora);
+  CHECK(rel(logits_of(*merged, Adapter::speech), logits_of(*m, Adapter::speech)) < 1e-5);
+
+  // Refusals, by key or tensor, before any weight is read.
+  auto with_config = [&](const std::function<void(json&)>& edit) {
+    const fs::path d = tmp.path / "peft";
+    fs::create_directories(d);
+    fs::copy_file(peft_dir + "/adapter_model.safetensors", d / "adapter_model.safetensors",
+                  fs::copy_options::overwrite_existing);
+    std::ifstream in(peft_dir + "/adapter_config.json");
+    json j = json::parse(in);
+    edit(j);
+    std::ofstream(d / "adapter_config.json") << j.dump();
+    LoadOptions bad;
+    bad.lora_dir = d.string();
+    try {
+      load_model(testing::kTinyDir, bad);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(with_config([](json& j) { j["use_dora"] = true; }).find("DoRA / rsLoRA adapters are not supported") != std::string::npos);
+  CHECK(with_config([](json& j) { j["bias"] = "all"; }).find("key 'bias'") != std::string::npos);
+  CHECK(with_config([](json& j) { j["modules_to_save"] = {"lm_head"}; }).find("key 'modules_to_save'") != std::string::npos);
+  CHECK(with_config([](json& j) { j["rank_pattern"] = {{"qkv_proj", 8}}; }).find("key 'rank_pattern'") != std::string::npos);
+  CHECK(with_config([](json& j) { j["r"] = 4; }).find("lora_A.user.weight") != std::string::npos);  // shapes
+  CHECK(with_config([](json&) {}).empty());
+  {
+    // A tensor of a module the user adapter cannot wrap.
+    const fs::path d = tmp.path / "peft_tower";
+    fs::create_directories(d);
+    fs::copy_file(peft_dir + "/adapter_config.json", d / "adapter_config.json", fs::copy_options::overwrite_existing);
+    save_safetensors((d / "adapter_model.safetensors").string(),
+                     {{"base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight", zeros({3, 32})}});
+    LoadOptions bad;
+    bad.lora_dir = d.string();
+    CHECK_THROWS_WITH_AS(load_model(testing::kTinyDir, bad),
+                         doctest::Contains("tensor 'base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight' is "
+                                           "not a LoRA weight of a decoder layer's"),
+                         std::runtime_error);
+  }
+  // The commands' loader: through --model-path only.
+  app::ModelNeeds needs;
+  needs.lora_dir = peft_dir;
+  CHECK(app::load_served_model(testing::kTinyDir, "cpu", "", [&] {
+          app::ModelNeeds n = needs;
+          n.tokenizer = false;
+          return n;
+        }()).model->config().user_lora->r == 3);
+  CHECK_THROWS_WITH_AS(app::load_served_model("", "cpu", "", needs), "--lora: needs --model-path (the checkpoint the adapter was trained on)",
+                       std::invalid_argument);
+  // A checkpoint that holds a user adapter already.
+  save_model(*m, tmp.str("with_user"));
+  LoadOptions twice;
+  twice.lora_dir = peft_dir;
+  CHECK_THROWS_WITH_AS(load_model(tmp.str("with_user"), twice), doctest::Contains("holds a user LoRA already"),
+                       std::runtime_error);
 }

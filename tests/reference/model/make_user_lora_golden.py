@@ -15,7 +15,8 @@ Written: the user adapter's weights under areno's names
 adapter (`user_logits_a_<none|vision|speech>`) and of ids_b (24 tokens: the long
 LongRoPE table) with speech, and the loss and gradients of make_golden's next-token
 loss on ids_a with [speech, user] active (every user weight, and the qkv base of
-layer 0).
+layer 0). And the adapter alone as peft saves it, in tests/data/model/user_peft/
+(adapter_config.json + adapter_model.safetensors), which `--lora DIR` loads.
 
 Usage (from the repository root, a few seconds):
     pip install torch transformers==5.24.0 peft safetensors
@@ -23,7 +24,9 @@ Usage (from the repository root, a few seconds):
 """
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -33,6 +36,7 @@ from peft import LoraConfig
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 OUT = os.path.join(ROOT, "tests", "data", "model", "user_lora_golden.safetensors")
+PEFT_OUT = os.path.join(ROOT, "tests", "data", "model", "user_peft")
 
 spec = importlib.util.spec_from_file_location("make_golden", os.path.join(os.path.dirname(__file__), "make_golden.py"))
 mg = importlib.util.module_from_spec(spec)
@@ -113,6 +117,14 @@ def main():
     gold["grad_loss"] = loss.detach().reshape(1)
     for gk, pk in wanted.items():
         gold[gk] = params[pk].grad.detach().clone()
+
+    # The adapter as peft saves it (adapter_config.json + adapter_model.safetensors), for
+    # `--lora DIR`: the folder peft writes for a named adapter, copied without its subfolder.
+    with tempfile.TemporaryDirectory() as tmp:
+        pm.save_pretrained(tmp, selected_adapters=["user"])
+        os.makedirs(PEFT_OUT, exist_ok=True)
+        for f in ("adapter_config.json", "adapter_model.safetensors"):
+            shutil.copyfile(os.path.join(tmp, "user", f), os.path.join(PEFT_OUT, f))
 
     gold = {k: v.contiguous() for k, v in gold.items()}
     save_file(gold, OUT, metadata={"transformers": transformers.__version__, "torch": torch.__version__,
