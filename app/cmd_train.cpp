@@ -24,6 +24,7 @@
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "train/dataset.h"
 #include "train/metrics.h"
+#include "train/param_groups.h"
 #include "train/rl/dpo.h"
 #include "train/rl/grpo.h"
 #include "train/rl/ppo.h"
@@ -97,7 +98,10 @@ constexpr const char* kTrainUsage =
     "  --lora-alpha X            its scaling is X / N (default 2N)\n"
     "  --lora-dropout P          its dropout (default 0)\n"
     "  --lora-targets LIST       all (default) or a comma list of qkv_proj, o_proj,\n"
-    "                            gate_up_proj, down_proj"
+    "                            gate_up_proj, down_proj\n"
+    "  --lora DIR                start the user LoRA from a PEFT folder (adapter_config.json,\n"
+    "                            adapter_model.safetensors) instead of --lora-rank's fresh one\n"
+    "                            (a resumed run takes its step folder's)\n"
     "  --embed-rows all|data|none   rows of the tied embedding/head that train with the lm group:\n"
     "                            all (default), only the token ids the dataset's rows use, none\n"
     "  --unfreeze-mm-projector   train the image/audio projections and separators\n"
@@ -270,14 +274,11 @@ void add_user_lora(phi4mm::Phi4MMForCausalLM& m, const phi4mm::LoraConfig& l, ui
     return;
   }
   m.add_user_lora(l, seed);
+  int64_t n = 0;
+  for (auto& [name, p] : m.named_parameters())
+    if (train::is_user_lora(name)) n += p.numel();
   fmt::print(stderr, "user LoRA: rank {}, alpha {}, dropout {}, on {} ({} parameters)\n", l.r, l.alpha, l.dropout,
-             fmt::join(l.targets, ","), [&] {
-               int64_t n = 0;
-               for (auto& [name, p] : m.named_parameters()) n += name.find(".lora_A.user.") != std::string::npos ||
-                                                                    name.find(".lora_B.user.") != std::string::npos
-                                                                ? p.numel() : 0;
-               return n;
-             }());
+             fmt::join(l.targets, ","), n);
 }
 
 struct RlFlags {
@@ -486,7 +487,7 @@ int train_dpo(train::rl::DpoTrainOptions o, const ServedModel& sm, const fs::pat
 
 int cmd_train(const Args& args) {
   std::string ckpt, algo = "sft", dataset, loader_cmd, media_root, train_on = "all", device = "cpu", dtype;
-  std::string lm_trainable, embed_rows = "all", lora_targets = "all";
+  std::string lm_trainable, embed_rows = "all", lora_targets = "all", lora_dir;
   int64_t lora_rank = 0;
   std::optional<double> lora_alpha;
   double lora_dropout = 0;
@@ -520,7 +521,7 @@ int cmd_train(const Args& args) {
   flags.integer("--loss-chunk-rows", o.loss_chunk_rows, 1);
   flags.value("--device", device).value("--dtype", dtype).value("--lm-trainable", lm_trainable);
   flags.value("--embed-rows", embed_rows);
-  flags.integer("--lora-rank", lora_rank, 1).value("--lora-targets", lora_targets);
+  flags.integer("--lora-rank", lora_rank, 1).value("--lora-targets", lora_targets).value("--lora", lora_dir);
   flags.value("--lora-alpha", [&](const std::string& v) { lora_alpha = parse_double_flag("--lora-alpha", v, 0); });
   flags.value("--lora-dropout", num("--lora-dropout", lora_dropout, 0));
   flags.toggle("--unfreeze-mm-projector", o.groups.projector, true).toggle("--unfreeze-mm-tower", o.groups.tower, true);
@@ -668,7 +669,10 @@ int cmd_train(const Args& args) {
   } else if (lora_alpha || lora_dropout != 0 || lora_targets != "all") {
     throw std::invalid_argument("--lora-alpha, --lora-dropout, --lora-targets: only with --lora-rank");
   }
-  o.groups.lm = train::lm_trainable_from_name(lm_trainable.empty() ? (user_lora ? "user" : "all") : lm_trainable);
+  if (user_lora && !lora_dir.empty())
+    throw std::invalid_argument("--lora-rank and --lora: give one (a fresh adapter, or one from a PEFT folder)");
+  const bool user_adapter = user_lora || !lora_dir.empty();
+  o.groups.lm = train::lm_trainable_from_name(lm_trainable.empty() ? (user_adapter ? "user" : "all") : lm_trainable);
   o.groups.embed_rows = train::embed_rows_from_name(embed_rows);
   const train::TrainOn on = train::train_on_from_name(train_on);
   if (is_ppo) {
@@ -701,9 +705,11 @@ int cmd_train(const Args& args) {
   fs::path step_dir;
   if (!resume.empty()) step_dir = train::resolve_resume_dir(resume);
   const std::string model_dir = !step_dir.empty() ? step_dir.string() : ckpt;
-  ServedModel sm = load_served_model(model_dir, device, dtype);
+  ModelNeeds needs;
+  if (step_dir.empty()) needs.lora_dir = lora_dir;  // a resumed run's step folder holds the adapter
+  ServedModel sm = load_served_model(model_dir, device, dtype, needs);
   if (user_lora) add_user_lora(*sm.model, *user_lora, uint64_t(o.seed), model_dir);
-  rl.user_lora = user_lora;
+  rl.user_lora = sm.model->config().user_lora;  // a separate PPO critic gets a fresh one like it
 
   // The rows, through the serving processor.
   train::DatasetOptions dopts;

@@ -24,9 +24,8 @@ ServedModel load_served_model(const std::string& model_path, const std::string& 
   }
   ServedModel m;
   if (model_path.empty()) {
-    if (!needs.lora_dir.empty())
-      throw std::invalid_argument("--lora: needs --model-path (the checkpoint the adapter was trained on)");
     m.model = phi4mm::demo_model(dt.value_or(DType::f32));
+    if (!needs.lora_dir.empty()) phi4mm::load_user_lora(*m.model, needs.lora_dir);
     if (needs.quantize != phi4mm::Quantize::none && !dev.is_cpu())
       throw std::invalid_argument(fmt::format("--quantize {} runs on the CPU only for now (asked for --device {})",
                                               phi4mm::quantize_name(needs.quantize), device));

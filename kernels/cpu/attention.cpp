@@ -172,7 +172,7 @@ float exp_split_row_bf16(float* s, int64_t n, float sc, BFloat16* hi, BFloat16* 
 // f32 tiles (hi V + lo V summed in the tiles instead of after two products),
 // and the output is divided by the row's sum and rounded once. Zeros pad keys
 // to 32 and d to 16: they add nothing. False when this build has no AMX code.
-#if ARENO_WIDE_ISA
+#if ARENO_AMX_ISA
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")
 bool attention_amx(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, float sc, bool causal) {
@@ -317,7 +317,7 @@ bool attention_amx(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
 #pragma GCC pop_options
 #else
 bool attention_amx(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, bool) { return false; }
-#endif  // ARENO_WIDE_ISA
+#endif  // ARENO_AMX_ISA
 
 // lse (f32 only; may be null): per query row [B, HQ, TQ], the log of the sum of
 // exp(scaled score) over its visible keys, for the backward

@@ -46,7 +46,7 @@
 namespace areno::cpu {
 
 bool amx_usable() {
-  if (!ARENO_WIDE_ISA) return false;
+  if (!ARENO_AMX_ISA) return false;
   // CPUID leaf 7: EDX bit 24 AMX-TILE, bit 22 AMX-BF16 (clang 14's
   // __builtin_cpu_supports knows no AMX names).
   unsigned a = 0, b = 0, c = 0, d = 0;
@@ -57,7 +57,7 @@ bool amx_usable() {
   return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
 }
 
-#if ARENO_WIDE_ISA
+#if ARENO_AMX_ISA
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx2,fma")
 // GCC 12 flags the self-initialised `__Y` inside its own AVX-512 intrinsics
@@ -578,7 +578,7 @@ bool gemm_amx_bf16_pair(int64_t, int64_t, int64_t, const BFloat16*, int64_t, con
                         int64_t, const BFloat16*, int64_t, int64_t, BFloat16*, int64_t) {
   return false;
 }
-#endif  // ARENO_WIDE_ISA
+#endif  // ARENO_AMX_ISA
 
 template void gemm_amx_bf16<float>(int64_t, int64_t, int64_t, const BFloat16*, int64_t, const BFloat16*, int64_t,
                                    float*, int64_t, float, float, const BFloat16*);

@@ -36,6 +36,14 @@ enum class CpuIsa : int { generic = 0, avx2 = 1, avx512 = 2, avx512_bf16 = 3, am
 #else
 #define ARENO_WIDE_ISA 0
 #endif
+// The AMX code likewise: clang builds it only where -march enables AMX
+// (clang 14's -march=native on an AMX Xeon does not); without it the levels
+// stop at avx512bf16.
+#if ARENO_WIDE_ISA && (!defined(__clang__) || (defined(__AMX_TILE__) && defined(__AMX_BF16__)))
+#define ARENO_AMX_ISA 1
+#else
+#define ARENO_AMX_ISA 0
+#endif
 
 // The highest level this CPU runs.
 CpuIsa cpu_isa_supported();

@@ -371,6 +371,22 @@ std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const Load
   return model;
 }
 
+void load_user_lora(Phi4MMForCausalLM& m, const std::string& dir) {
+  if (m.config().user_lora)
+    throw std::runtime_error(fmt::format("--lora {}: the model holds a user LoRA already", dir));
+  const PeftAdapter p = open_user_peft(dir, m.config().text.num_hidden_layers);
+  m.add_user_lora(p.cfg, 0);
+  std::vector<std::pair<std::string, Tensor>> params;
+  for (auto& [name, t] : m.named_parameters())
+    if (name.find(".lora_A.user.") != std::string::npos || name.find(".lora_B.user.") != std::string::npos)
+      params.emplace_back(name, t);
+  walk(params, [&](const std::string& n) -> std::optional<Source> {
+    auto it = p.names.find(n);
+    if (it == p.names.end()) return std::nullopt;
+    return Source{p.file.get(), it->second};
+  }, dir);
+}
+
 void save_model(const Phi4MMForCausalLM& model, const std::string& dir, const SaveOptions& opts) {
   if (model.is_quantized())
     throw std::invalid_argument(fmt::format("cannot save {}: the model holds int8 weights (--quantize int8); save "

@@ -81,6 +81,12 @@ std::vector<std::pair<std::string, Tensor>> prefixed_tensors(const Module& m, co
 std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const LoadOptions& opts = {},
                                               LoadReport* report = nullptr);
 
+// Adds the user adapter of the PEFT folder `dir` to a model built in memory
+// (the demo model; load_model reads one with LoadOptions::lora_dir), checked
+// as there. Throws naming the folder and the key or tensor; the model is
+// unusable after a throw past the checks of its config.
+void load_user_lora(Phi4MMForCausalLM& m, const std::string& dir);
+
 struct SaveOptions {
   std::optional<DType> dtype;               // default: the model's dtype
   uint64_t max_shard_bytes = 5000000000ull;  // as the released checkpoint (about 5 GB)

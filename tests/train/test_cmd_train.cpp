@@ -20,6 +20,7 @@
 #include "app/served_model.h"
 #include "models/phi4mm/processor/image_io.h"
 #include "nn/io/files.h"
+#include "nn/io/safetensors.h"
 #include "tests/test_util.h"
 #include "train/dataset.h"
 
@@ -221,6 +222,34 @@ TEST_CASE("areno train --lora-rank: only the user adapter trains, it is saved in
     CHECK(max_abs_diff(p, base[name]) == 0.0);
   }
   CHECK(user == 2 * 2 * demo.model->config().text.num_hidden_layers);
+
+  // --lora DIR starts the adapter from a PEFT folder: the step's adapter
+  // written as peft names it; one step at lr 1e-7 (AdamW moves each weight by
+  // about the lr) saves tensors within that of the folder's.
+  {
+    const SafetensorsCheckpoint step(dir.str("save/step-4"));
+    std::vector<std::pair<std::string, Tensor>> peft;
+    for (const std::string& n : step.names())
+      if (n.find(".user.") != std::string::npos) {
+        std::string stored = "base_model.model." + n;
+        stored.replace(stored.find(".user."), 6, ".");
+        peft.emplace_back(stored, step.load(n));
+      }
+    fs::create_directories(dir.path / "peft");
+    save_safetensors((dir.path / "peft" / "adapter_model.safetensors").string(), peft);
+    write(dir.path / "peft" / "adapter_config.json",
+          R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["qkv_proj", "down_proj"]})");
+    REQUIRE(app::cmd_train({"--dataset-path", dir.str("d.jsonl"), "--batch-size", "2", "--max-steps", "1", "--lr", "1e-7",
+                            "--lora", dir.str("peft"), "--save-path", dir.str("from_peft")}) == 0);
+    const SafetensorsCheckpoint saved(dir.str("from_peft/step-1"));
+    int64_t near = 0;
+    for (const std::string& n : step.names())
+      if (n.find(".user.") != std::string::npos) near += max_abs_diff(saved.load(n), step.load(n)) <= 2e-7;
+    CHECK(near == int64_t(peft.size()));
+    CHECK_THROWS_WITH_AS(app::cmd_train({"--dataset-path", dir.str("d.jsonl"), "--lora", dir.str("peft"), "--lora-rank", "2"}),
+                         "--lora-rank and --lora: give one (a fresh adapter, or one from a PEFT folder)",
+                         std::invalid_argument);
+  }
 
   // Another adapter over the saved one, or adapter flags without a rank, are refused.
   std::vector<std::string> other = common;
