@@ -1,4 +1,5 @@
-// `areno merge-lora`: a checkpoint's user adapter folded into its base weights.
+// `areno merge-lora`: a checkpoint's user adapter folded into its base
+// weights; `areno export-lora`: the adapter alone as a PEFT folder.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -36,7 +37,42 @@ constexpr const char* kMergeUsage =
     "  --out DIR         the merged checkpoint (created; not DIR itself)\n"
     "  --dtype           f32 or bf16 (default: the checkpoint's)\n";
 
+constexpr const char* kExportUsage =
+    "usage: areno export-lora --model-path DIR --out PEFT_DIR\n"
+    "\n"
+    "Writes the user LoRA of a checkpoint trained with `areno train --lora-rank`\n"
+    "as peft saves an adapter for transformers' port: PEFT_DIR/adapter_config.json\n"
+    "(r, lora_alpha, lora_dropout, target_modules as a regex over the decoder's\n"
+    "layers) and PEFT_DIR/adapter_model.safetensors (base_model.model.<module>\n"
+    ".lora_A.weight, ...), each written to a temporary, synced and renamed. peft's\n"
+    "PeftModel.load_adapter opens it beside the released vision/speech adapters;\n"
+    "areno's --lora loads it onto the base checkpoint.\n"
+    "  --model-path DIR  the checkpoint with a user LoRA\n"
+    "  --out PEFT_DIR    the adapter folder (created)\n";
+
 }  // namespace
+
+int cmd_export_lora(const Args& args) {
+  std::string model_path, out;
+  Flags flags("export-lora", kExportUsage);
+  flags.value("--model-path", model_path).value("--out", out);
+  if (auto rc = flags.parse(args)) return *rc;
+  if (model_path.empty() || out.empty()) {
+    fmt::print(stderr, "areno export-lora: --model-path and --out are required\n\n{}", kExportUsage);
+    return 2;
+  }
+  if (!phi4mm::load_config(model_path).user_lora)
+    throw std::invalid_argument(fmt::format("{}/config.json: no \"user_lora\": nothing to export (the checkpoint "
+                                            "was not trained with --lora-rank)", model_path));
+  phi4mm::LoadOptions lo;
+  lo.vision = lo.audio = false;  // only the adapter is written
+  const auto model = phi4mm::load_model(model_path, lo);
+  phi4mm::save_user_lora_peft(*model, out);
+  const phi4mm::LoraConfig& u = *model->config().user_lora;
+  fmt::print(stderr, "exported the user LoRA (rank {}, alpha {}, on {}) to {}\n", u.r, u.alpha,
+             fmt::join(u.targets, ","), out);
+  return 0;
+}
 
 int cmd_merge_lora(const Args& args) {
   std::string model_path, out, dtype, lora_dir;

@@ -15,6 +15,8 @@ int cmd_logits(const Args& args);
 int cmd_preprocess(const Args& args);
 // areno merge-lora --model-path DIR --out DIR [--dtype f32|bf16]
 int cmd_merge_lora(const Args& args);
+// areno export-lora --model-path DIR --out PEFT_DIR
+int cmd_export_lora(const Args& args);
 
 // An OpenAI chat request from a JSON file (array of messages, or an object with
 // "messages" and optional "tools"); media paths resolve under the file's

@@ -37,6 +37,7 @@ const std::vector<Command>& commands() {
       {"eval", "greedy exact-match accuracy on chat rows", areno::app::cmd_eval},
       {"merge-lora", "fold a checkpoint's user LoRA (train --lora-rank) into its base weights",
        areno::app::cmd_merge_lora},
+      {"export-lora", "write a checkpoint's user LoRA as a PEFT adapter folder", areno::app::cmd_export_lora},
   };
   return cmds;
 }

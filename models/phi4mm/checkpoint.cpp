@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -385,6 +386,38 @@ void load_user_lora(Phi4MMForCausalLM& m, const std::string& dir) {
     if (it == p.names.end()) return std::nullopt;
     return Source{p.file.get(), it->second};
   }, dir);
+}
+
+void save_user_lora_peft(const Phi4MMForCausalLM& m, const std::string& dir) {
+  const std::optional<LoraConfig>& u = m.config().user_lora;
+  if (!u) throw std::invalid_argument("the model has no user LoRA (config.json \"user_lora\")");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw std::runtime_error(fmt::format("cannot create {}: {}", dir, ec.message()));
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (auto& [name, t] : m.named_parameters()) {
+    const size_t at = name.find(".user.");
+    if (at == std::string::npos) continue;
+    tensors.emplace_back("base_model.model." + name.substr(0, at) + "." + name.substr(at + 6), t.detach());
+  }
+  // A regex over the decoder's layers: the towers have linears of these names too.
+  std::string modules;
+  for (const std::string& t : u->targets)
+    modules += (modules.empty() ? "" : "|") + std::string(t == "qkv_proj" || t == "o_proj" ? "self_attn\\." : "mlp\\.") + t;
+  const json cfg = {{"peft_type", "LORA"},        {"r", u->r},
+                    {"lora_alpha", u->alpha},     {"lora_dropout", u->dropout},
+                    {"target_modules", "model\\.layers\\.\\d+\\.(" + modules + ")"},
+                    {"bias", "none"},             {"fan_in_fan_out", false},
+                    {"use_dora", false},          {"use_rslora", false},
+                    {"modules_to_save", nullptr}, {"layers_to_transform", nullptr},
+                    {"init_lora_weights", true},  {"inference_mode", true},
+                    {"task_type", nullptr},       {"base_model_name_or_path", nullptr}};
+  FileSet files;
+  const std::vector<std::string> written = stage_safetensors_sharded(
+      files, dir, tensors, std::numeric_limits<uint64_t>::max(), {{"format", "pt"}}, "adapter_model");
+  files.add(dir + "/adapter_config.json").write(cfg.dump(2) + "\n");
+  files.commit();
+  remove_stale_shards(dir, written, "adapter_model");
 }
 
 void save_model(const Phi4MMForCausalLM& model, const std::string& dir, const SaveOptions& opts) {

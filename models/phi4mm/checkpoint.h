@@ -87,6 +87,14 @@ std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const Load
 // unusable after a throw past the checks of its config.
 void load_user_lora(Phi4MMForCausalLM& m, const std::string& dir);
 
+// Writes the model's user adapter as peft saves one for transformers' port:
+// `dir`/adapter_model.safetensors (base_model.model.<module>.lora_A.weight,
+// ...) and adapter_config.json (r, lora_alpha, lora_dropout, target_modules
+// as a regex over the decoder's layers), written to temporaries, synced and
+// renamed. LoadOptions::lora_dir reads it back. Throws std::invalid_argument
+// when the model has no user adapter.
+void save_user_lora_peft(const Phi4MMForCausalLM& m, const std::string& dir);
+
 struct SaveOptions {
   std::optional<DType> dtype;               // default: the model's dtype
   uint64_t max_shard_bytes = 5000000000ull;  // as the released checkpoint (about 5 GB)

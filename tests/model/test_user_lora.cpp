@@ -4,6 +4,7 @@
 // block, saving and loading, the incremental (serving) forward, and refusals.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -374,4 +375,32 @@ TEST_CASE("phi4mm/--lora DIR: a PEFT folder as peft saves it loads as the user a
   twice.lora_dir = peft_dir;
   CHECK_THROWS_WITH_AS(load_model(tmp.str("with_user"), twice), doctest::Contains("holds a user LoRA already"),
                        std::runtime_error);
+}
+
+TEST_CASE("phi4mm/areno export-lora: the user adapter as peft saves it, read back by --lora to the same logits") {
+  const std::string peft_dir = "tests/data/model/user_peft";
+  LoadOptions lo;
+  lo.lora_dir = peft_dir;
+  auto m = load_model(testing::kTinyDir, lo);
+  TempDir tmp;
+  save_model(*m, tmp.str("ckpt"));
+  REQUIRE(app::cmd_export_lora({"--model-path", tmp.str("ckpt"), "--out", tmp.str("peft")}) == 0);
+  // peft's own file, tensor for tensor.
+  const SafetensorsFile ours(tmp.str("peft/adapter_model.safetensors")), theirs(peft_dir + "/adapter_model.safetensors");
+  std::vector<std::string> a = ours.names(), b = theirs.names();
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  CHECK(a == b);
+  for (const std::string& n : b) CHECK_MESSAGE(same_bits(ours.load(n), theirs.load(n)), n);
+  std::ifstream f(tmp.str("peft/adapter_config.json"));
+  const json cfg = json::parse(f);
+  CHECK(cfg["r"] == 3);
+  CHECK(cfg["lora_alpha"] == 4.5);
+  CHECK(cfg["target_modules"] == "model\\.layers\\.\\d+\\.(self_attn\\.qkv_proj|mlp\\.down_proj)");
+  LoadOptions back;
+  back.lora_dir = tmp.str("peft");
+  auto r = load_model(testing::kTinyDir, back);
+  for (Adapter ad : {Adapter::none, Adapter::speech}) CHECK(same_bits(logits_of(*r, ad), logits_of(*m, ad)));
+  CHECK_THROWS_WITH_AS(app::cmd_export_lora({"--model-path", testing::kTinyDir, "--out", tmp.str("x")}),
+                       doctest::Contains("nothing to export"), std::invalid_argument);
 }
