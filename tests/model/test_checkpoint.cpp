@@ -88,8 +88,9 @@ TEST_CASE("phi4mm/save then load is bit-identical (original layout, shards + ind
 TEST_CASE("phi4mm/native layout with PEFT adapter folders gives identical logits") {
   TempDir tmp;
   Named base, vision, speech;
-  for (auto& [n, t] : tiny_tensors()) {
-    std::string name = n;
+  for (auto& entry : tiny_tensors()) {  // not a structured binding: clang 14 cannot capture one
+    std::string name = entry.first;
+    const Tensor& t = entry.second;
     auto cut = [&](const std::string& what, Named& into) {
       auto pos = name.find(what);
       if (pos == std::string::npos) return false;
@@ -227,8 +228,10 @@ TEST_CASE("phi4mm/areno init and areno logits") {
   }
   // --rows: only those rows, equal to the same rows of the full logits.
   CHECK(f.load_copy("rows").to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2, 3});
-  for (const auto& [flag, want] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+  for (const auto& rows_case : std::vector<std::pair<std::string, std::vector<int64_t>>>{
            {"last", {3}}, {"1:3", {1, 2}}, {"0:4", {0, 1, 2, 3}}}) {
+    const std::string& flag = rows_case.first;
+    const std::vector<int64_t>& want = rows_case.second;
     CAPTURE(flag);
     const std::string part = tmp.str("rows.safetensors");
     REQUIRE(app::cmd_logits({"--model-path", dir, "--token-ids", "1,200019,7,42", "--adapter", "vision", "--rows", flag,

@@ -65,7 +65,8 @@ TEST_CASE("int8 model: load_model --quantize int8 equals quantize_model, drops t
   // LoRA, norms and towers stay as they were.
   for (auto& [name, t] : q->named_parameters())
     if (name.find("lora_") != std::string::npos || name.find("layernorm") != std::string::npos) {
-      CAPTURE(name);
+      const std::string& param = name;  // clang 14 cannot capture a structured binding
+      CAPTURE(param);
       CHECK(max_abs_diff(t, ref->get(name)) == 0);
     }
 

@@ -480,7 +480,9 @@ TEST_CASE("phi4mm/incremental greedy decoding with re-prefill at the switch equa
   // HF generate() discards the cache and re-prefills when the sequence first
   // exceeds original_max_position_embeddings; the engine loop does the same.
   const auto& m = tiny_cpu();
-  for (auto [adapter, key] : {std::pair{Adapter::none, "greedy_none"}, std::pair{Adapter::vision, "greedy_vision"}}) {
+  for (const auto& run_case : {std::pair{Adapter::none, "greedy_none"}, std::pair{Adapter::vision, "greedy_vision"}}) {
+    const Adapter adapter = run_case.first;  // not a structured binding: clang 14 cannot use one in CAPTURE
+    const char* key = run_case.second;
     CAPTURE(std::string(key));
     PagedKvCache cache(m, 10, 4);
     KvSequence s;

@@ -97,7 +97,8 @@ TEST_CASE("phi4mm: one load reads config.json once and opens each shard once") {
   int shards = 0;
   for (auto& [name, n] : opens)
     if (name.rfind("model-", 0) == 0) {
-      CAPTURE(name);
+      const std::string& param = name;  // clang 14 cannot capture a structured binding
+      CAPTURE(param);
       CHECK(n == 1);
       ++shards;
     }

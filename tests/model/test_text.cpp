@@ -93,7 +93,9 @@ TEST_CASE("phi4mm/greedy continuation of 32 tokens equals transformers (crosses 
   // (original_max_position_embeddings) at step 13, after which every step
   // recomputes the whole sequence with the long table (HF re-prefill).
   const auto& m = tiny_f32();
-  for (auto [adapter, key] : {std::pair{Adapter::none, "greedy_none"}, std::pair{Adapter::vision, "greedy_vision"}}) {
+  for (const auto& run_case : {std::pair{Adapter::none, "greedy_none"}, std::pair{Adapter::vision, "greedy_vision"}}) {
+    const Adapter adapter = run_case.first;  // not a structured binding: clang 14 cannot use one in CHECK_MESSAGE
+    const char* key = run_case.second;
     std::vector<int64_t> ids = gold_ids("greedy_prompt"), out;
     Tensor ref_last = gold(std::string(key) + "_last_logits");  // [32, V]
     double worst = 0;

@@ -151,7 +151,8 @@ TEST_CASE("phi4mm/user LoRA: logits and gradients equal peft's with [row adapter
   int64_t grads = 0;
   for (auto& [name, p] : m->named_parameters()) {
     if (!p.requires_grad()) continue;
-    CAPTURE(name);
+    const std::string& param = name;  // clang 14 cannot capture a structured binding
+    CAPTURE(param);
     const std::string key = name == "model.layers.0.self_attn.qkv_proj.base_layer.weight" ? "grad_qkv_base_0" : "grad_" + name;
     REQUIRE(p.grad().defined());
     CHECK(testing::rel_err(p.grad(), golden.load_copy(key)) < 1e-4);
@@ -272,7 +273,8 @@ TEST_CASE("phi4mm/areno merge-lora: the adapter folded into the base weights giv
   // W + s·B·A on the targets; every other tensor as it was.
   NoGradGuard ng;
   for (auto& [name, p] : merged->named_parameters()) {
-    CAPTURE(name);
+    const std::string& param = name;  // clang 14 cannot capture a structured binding
+    CAPTURE(param);
     const Tensor before = m->get(name);
     const std::string base = ".base_layer.weight";
     const bool target = (name.find("qkv_proj") != std::string::npos || name.find("down_proj") != std::string::npos) &&
