@@ -6,7 +6,7 @@
 //   model.embed_tokens.weight
 //   model.layers.N.input_layernorm.weight
 //   model.layers.N.self_attn.qkv_proj.base_layer.weight
-//   model.layers.N.self_attn.qkv_proj.lora_A.vision.weight   (and lora_B, speech)
+//   model.layers.N.self_attn.qkv_proj.lora_A.vision.weight   (and lora_B, speech; user: config "user_lora")
 //   model.layers.N.self_attn.o_proj.*, mlp.gate_up_proj.*, mlp.down_proj.*
 //   model.layers.N.post_attention_layernorm.weight
 //   model.norm.weight
