@@ -461,8 +461,9 @@ bool Engine::step() {
 void Engine::fail_admitted(const std::string& why) {
   for (auto& q : active_)
     while (!q->done) {
-      // A callback that throws (it may be what failed) ends one sample per
-      // call: finish_request marks a sample finished before reporting it.
+      // Whatever throws inside (the callbacks cannot: submit wraps them),
+      // each call makes progress: finish_request marks a sample finished
+      // before it frees or reports it.
       try {
         finish_request(*q, FinishReason::abort, why);
       } catch (const std::exception&) {
