@@ -101,29 +101,28 @@ void LoraLinear::init_user(Generator& g) {
   lora_b_[kUser].zero_();
 }
 
+bool LoraLinear::pow2(int k) const {
+  int exponent = 0;
+  return std::frexp(scaling_[k], &exponent) == 0.5;
+}
+
 // Adapter k's term for the rows x (every row for the user adapter).
 Tensor LoraLinear::adapter_delta(int k, const Tensor& x, const AdapterRows& rows) const {
   // A power-of-two scaling (the checkpoint's: alpha / r = 2 for both
   // adapters) commutes with every rounding, so it scales the r-wide x·Aᵀ
   // instead of the out-wide product: the same bits, forward and backward, for
   // a pass over [rows, r] instead of [rows, out].
-  int exponent = 0;
-  const bool pow2 = std::frexp(scaling_[k], &exponent) == 0.5;
   Tensor xs = x;
   if (is_training() && dropout_[k] > 0) {
     Generator g(dropout_stream(rows.dropout_seed, salt * 3 + uint64_t(k)));
     xs = dropout(xs, dropout_[k], true, g);
   }
   // PEFT rounding order: (drop(x)·Aᵀ)·Bᵀ, times the scaling, then added.
-  return pow2 ? linear(mul(linear(xs, lora_a_[k]), scaling_[k]), lora_b_[k])
+  return pow2(k) ? linear(mul(linear(xs, lora_a_[k]), scaling_[k]), lora_b_[k])
               : mul(linear(linear(xs, lora_a_[k]), lora_b_[k]), scaling_[k]);
 }
 
 Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
-  auto pow2 = [&](int k) {
-    int exponent = 0;
-    return std::frexp(scaling_[k], &exponent) == 0.5;
-  };
   // Inference where adapter k covers every row: its product joins y in the
   // GEMM (linear_add_: one rounding where linear then add rounds twice, a
   // pass over [rows, out] fewer).

@@ -137,6 +137,7 @@ class LoraLinear : public Module {
   static constexpr int kUser = 3;  // index of the user adapter (after Adapter's values)
   void register_adapter(int k, const char* name, const LoraConfig& cfg, TensorOptions opts);
   Tensor adapter_delta(int k, const Tensor& xs, const AdapterRows& rows) const;
+  bool pow2(int k) const;  // adapter k's scaling is a power of two (it then scales the r-wide product)
 
   Tensor lora_a_[4], lora_b_[4];  // [r, in], [out, r]
   double scaling_[4] = {0, 0, 0, 0};
