@@ -1,9 +1,13 @@
 // `areno serve`: the OpenAI-compatible server (serve/http_server.h) on the engine.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <stdexcept>
@@ -41,6 +45,10 @@ constexpr const char* kServeUsage =
     "                            the tensor (one more pass over the weights at load)\n"
     "  --lora DIR                a PEFT LoRA folder (adapter_config.json, adapter_model.safetensors)\n"
     "                            run on every request beside the vision/speech adapter\n"
+    "  --lora-modules NAME=DIR   a PEFT LoRA folder served as model NAME (vLLM's flag; repeat it\n"
+    "                            for more): a request whose \"model\" is NAME adds it, in the same\n"
+    "                            batches as the others; GET /v1/models lists them. NAME: 1 to 128\n"
+    "                            of A-Z a-z 0-9 . _ : / -\n"
     "  --quantize int8           weight-only int8 for the decoder and the tied head, quantized at\n"
     "                            load (per output channel scales, f32 activations, LoRA and towers\n"
     "                            unchanged; CPU only; about half the memory of bf16). Default none\n"
@@ -136,6 +144,22 @@ int cmd_serve(const Args& args) {
   ModelNeeds needs;
   flags.toggle("--check-weights", needs.check_weights);
   add_model_flags(flags, needs);
+  std::vector<std::pair<std::string, std::string>> lora_modules;  // NAME, DIR
+  flags.value("--lora-modules", [&](const std::string& v) {
+    const size_t eq = v.find('=');
+    const std::string name = v.substr(0, eq == std::string::npos ? 0 : eq);
+    if (eq == std::string::npos || eq + 1 == v.size())
+      throw std::invalid_argument(fmt::format("--lora-modules: expected NAME=DIR, got '{}'", v));
+    const bool ok = name.size() <= 128 && std::all_of(name.begin(), name.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("._:/-", c) != nullptr;
+    });
+    if (name.empty() || !ok)
+      throw std::invalid_argument(
+          fmt::format("--lora-modules: the name '{}' must be 1 to 128 characters of A-Z a-z 0-9 . _ : / -", name));
+    for (const auto& nd : lora_modules)
+      if (nd.first == name) throw std::invalid_argument(fmt::format("--lora-modules: '{}' is given twice", name));
+    lora_modules.emplace_back(name, v.substr(eq + 1));
+  });
   for (const char* name : {"--tp-size", "--world-size"})
     flags.value(name, [name](const std::string& s) {
       const int64_t v = parse_int_flag(name, s, 1);
@@ -211,6 +235,14 @@ int cmd_serve(const Args& args) {
                "loud or quiet; docs/demo.md)\n");
   so.served_model_name = served_name.empty() ? m.name : served_name;
   so.model_path = model_path;
+  for (const auto& [name, dir] : lora_modules) {
+    if (name == so.served_model_name || name == model_path)
+      throw std::invalid_argument(fmt::format("--lora-modules: '{}' is the served model's own name", name));
+    phi4mm::load_served_lora(*m.model, name, dir);
+    const phi4mm::LoraConfig& c = m.model->served_loras().back().cfg;
+    fmt::print(stderr, "served LoRA '{}' from {}: rank {}, scaling {}, on {}\n", name, dir, c.r, c.scaling(),
+               fmt::join(c.targets, ","));
+  }
   eo.eos_token_ids = m.model->config().generation.eos_token_ids;
 
   serve::Engine engine(m.model, m.tokenizer, eo);

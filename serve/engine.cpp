@@ -164,6 +164,9 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
     throw std::invalid_argument(fmt::format("prompt: {} media placeholder ids but no media were given", n_media));
   if (n_media == 0 && !r.media.empty())
     throw std::invalid_argument(fmt::format("media: {} items but the prompt has no media placeholder ids", r.media.size()));
+  if (r.served_lora < 0 || size_t(r.served_lora) > model_->served_loras().size())
+    throw std::invalid_argument(fmt::format("served_lora: {} is not one of the model's {} served LoRAs", r.served_lora,
+                                            model_->served_loras().size()));
   const int64_t ctx = r.max_context > 0 ? std::min(r.max_context, max_context()) : max_context();
   const int64_t P = int64_t(r.prompt.size());
   if (P >= ctx)
@@ -547,9 +550,10 @@ struct Engine::RowRef {
 // ---- prefix caching ----
 
 // The digest of block i of a sequence chains those before it: SHA-256 of
-// block i-1's digest, the rotary table and the adapter (both change every
-// key), the block's token ids (prompt or generated) and the digests of the
-// media rows its placeholders take. Extends s.digests to n blocks.
+// block i-1's digest, the rotary table and the adapters (they change every
+// key: the row adapter and the served LoRA's uid), the block's token ids
+// (prompt or generated) and the digests of the media rows its placeholders
+// take. Extends s.digests to n blocks.
 void Engine::extend_digests(Seq& s, RopeTable table, int64_t n) const {
   const Req& q = *s.req;
   const int64_t BS = cache_->block_size(), P = q.prompt_len;
@@ -559,6 +563,8 @@ void Engine::extend_digests(Seq& s, RopeTable table, int64_t n) const {
     else buf.assign(q.salt_digest);
     buf += char(table == RopeTable::long_table ? 2 : 1);
     buf += char(int(q.r.adapter));
+    const uint64_t served = q.r.served_lora ? model_->served_loras()[size_t(q.r.served_lora - 1)].uid : 0;
+    buf.append(reinterpret_cast<const char*>(&served), sizeof served);
     buf.append(reinterpret_cast<const char*>(s.tokens.data() + i * BS), size_t(BS) * sizeof(int64_t));
     for (int64_t m = q.media_before[size_t(std::min(i * BS, P))]; m < q.media_before[size_t(std::min((i + 1) * BS, P))];
          ++m)
@@ -776,7 +782,7 @@ Tensor Engine::run_step(const std::vector<StepItem>& items, std::vector<RowRef>&
     const int64_t d = int64_t(it.draft.size());
     std::vector<int64_t> ids(s.tokens.begin() + it.start, s.tokens.begin() + it.start + it.len - d);
     ids.insert(ids.end(), it.draft.begin(), it.draft.end());
-    b.add(s.kv, ids, s.req->r.adapter, it.table);
+    b.add(s.kv, ids, s.req->r.adapter, it.table, s.req->r.served_lora);
     const int64_t P = s.req->prompt_len;
     if (it.start < P && s.req->media_before.back() > 0) {
       const int64_t a = s.req->media_before[size_t(it.start)];

@@ -55,6 +55,9 @@ const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort" (n
 struct Request {
   std::vector<int64_t> prompt;   // expanded prompt ids (media placeholders repeated)
   Adapter adapter = Adapter::none;  // the sequence's LoRA (vision when an image is present)
+  // The served LoRA beside it (vLLM's --lora-modules): 0 none, j the model's
+  // served_loras()[j - 1] (phi4mm::ServedLora).
+  int32_t served_lora = 0;
   // The prompt's media for its placeholder ids (200010 / 200011), in order of
   // appearance (phi4mm::ProcessedChat::media). Engine::submit runs the
   // processors and towers on them once, on the submitting thread (never the
@@ -100,7 +103,7 @@ struct EngineOptions {
   uint64_t seed = 0;                   // for requests without a seed
   // Automatic prefix caching (vLLM's): a prompt's full KV blocks stay cached
   // under the SHA-256 of everything before and in them (tokens, the rotary
-  // table, the adapter, the media rows' bytes); a later prompt with the same
+  // table, the adapters, the media rows' bytes); a later prompt with the same
   // start reuses them instead of computing them. Off by default: a trainer
   // changes the weights under the engine (areno serve turns it on).
   bool prefix_caching = false;

@@ -199,15 +199,23 @@ struct HttpServer::Impl {
       generate(ApiKind::completion, q, r);
     });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& r) {
-      send_json(r, 200,
-                {{"object", "list"},
-                 {"data", json::array({{{"id", opts.served_model_name},
-                                        {"object", "model"},
-                                        {"created", started},
-                                        {"owned_by", "areno"},
-                                        {"root", opts.model_path.empty() ? opts.served_model_name : opts.model_path},
-                                        {"parent", nullptr},
-                                        {"max_model_len", context}}})}});
+      // The served model, then its served LoRAs as vLLM lists them (parent: the base).
+      json data = json::array({{{"id", opts.served_model_name},
+                                {"object", "model"},
+                                {"created", started},
+                                {"owned_by", "areno"},
+                                {"root", opts.model_path.empty() ? opts.served_model_name : opts.model_path},
+                                {"parent", nullptr},
+                                {"max_model_len", context}}});
+      for (const phi4mm::ServedLora& l : engine.model().served_loras())
+        data.push_back({{"id", l.name},
+                        {"object", "model"},
+                        {"created", started},
+                        {"owned_by", "areno"},
+                        {"root", l.source},
+                        {"parent", opts.served_model_name},
+                        {"max_model_len", context}});
+      send_json(r, 200, {{"object", "list"}, {"data", data}});
     });
     http.Get("/health", [this](const httplib::Request&, httplib::Response& r) {
       if (draining) send_json(r, 503, {{"status", "draining"}});
@@ -229,12 +237,18 @@ struct HttpServer::Impl {
     return body;
   }
 
-  void check_model(const std::string& model) const {
+  // What a request's "model" names: 0 for the served model (or no name), j
+  // for the model's served LoRA j (phi4mm::ServedLora); 404 otherwise.
+  int32_t check_model(const std::string& model) const {
     if (model.empty() || model == opts.served_model_name || (!opts.model_path.empty() && model == opts.model_path))
-      return;
-    throw ApiError(404, fmt::format("The model `{}` does not exist (this server serves `{}`).", model,
-                                    opts.served_model_name),
-                   "model", "model_not_found");
+      return 0;
+    const auto& served = engine.model().served_loras();
+    for (size_t j = 0; j < served.size(); ++j)
+      if (served[j].name == model) return int32_t(j + 1);
+    std::string names = fmt::format("`{}`", opts.served_model_name);
+    for (const phi4mm::ServedLora& l : served) names += fmt::format(", `{}`", l.name);
+    throw ApiError(404, fmt::format("The model `{}` does not exist (this server serves {}).", model, names), "model",
+                   "model_not_found");
   }
 
   // ---- prompts -----------------------------------------------------------
@@ -324,7 +338,7 @@ struct HttpServer::Impl {
       if (draining) throw ApiError(503, "the server is shutting down");
       const json body = parse_body(hreq);
       ApiRequest ar = kind == ApiKind::chat ? parse_chat_request(body, opts.api) : parse_completion_request(body, opts.api);
-      check_model(ar.model);
+      const int32_t served_lora = check_model(ar.model);
       // Schemas are read from the body again in key order (the parse above sorts keys).
       if (!ar.schema_field.empty() || !ar.forced_tools.empty())
         compile_output_schemas(parse_ordered_json_bounded(hreq.body, opts.max_json_depth), ar);
@@ -340,6 +354,10 @@ struct HttpServer::Impl {
         if (ar.params.n != 1)
           throw ApiError(400, fmt::format("'n' must be 1 in a request recorded under {} (got {})", kTrajectoryHeader,
                                           ar.params.n), "n");
+        if (served_lora)  // the trainer scores turns with the model it trains, not a served adapter
+          throw ApiError(400, fmt::format("a request recorded under {} must name the served model `{}`, not the "
+                                          "served LoRA `{}`", kTrajectoryHeader, opts.served_model_name, ar.model),
+                         "model");
         if (kind == ApiKind::completion && ar.prompts.size() != 1)
           throw ApiError(400, fmt::format("'prompt' must be one prompt in a request recorded under {} (got {})",
                                           kTrajectoryHeader, ar.prompts.size()), "prompt");
@@ -353,6 +371,7 @@ struct HttpServer::Impl {
         Request r;
         r.prompt = pc.ids();
         r.adapter = pc.adapter;
+        r.served_lora = served_lora;
         if (turn) {
           turn->media = pc.media;
           turn->adapter = pc.adapter;
@@ -367,6 +386,7 @@ struct HttpServer::Impl {
         for (auto& ids : completion_prompt_ids(ar, engine.tokenizer(), opts.api.vocab_size)) {
           Request r;
           r.prompt = ids;
+          r.served_lora = served_lora;
           r.params = ar.params;
           r.cache_salt = ar.cache_salt;
           fit_context(r, ar, "prompt");
@@ -402,7 +422,8 @@ struct HttpServer::Impl {
         }
       }
 
-      ResponseHeader h{new_response_id(kind == ApiKind::chat ? "chatcmpl-" : "cmpl-"), unix_now(), opts.served_model_name};
+      ResponseHeader h{new_response_id(kind == ApiKind::chat ? "chatcmpl-" : "cmpl-"), unix_now(),
+                       served_lora ? ar.model : opts.served_model_name};
       if (turn) turn->prompt = prompt_ids[0];
       if (!ar.stream) {
         respond_once(kind, ar, h, prompt_ids, *pending, res, turn.get());

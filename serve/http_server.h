@@ -4,7 +4,7 @@
 //
 //   POST /v1/chat/completions   chat, non-streaming or SSE (`stream: true`)
 //   POST /v1/completions        text / token-id prompts, echo + logprobs scoring
-//   GET  /v1/models             the served model
+//   GET  /v1/models             the served model and its served LoRAs
 //   GET  /health                200 {"status":"ok"}; 503 while draining
 //   GET  /metrics               Prometheus text from Engine::stats()
 //   GET  /version
@@ -19,6 +19,12 @@
 // budget full. A streaming client that disconnects aborts its request in the
 // engine, which frees its KV blocks. Connections are read by
 // serve/http_listener.h: workers only see complete requests.
+//
+// A request's "model" is the served model's name (or its path, or absent) or
+// the name of one of the model's served LoRAs (phi4mm::ServedLora, `areno
+// serve --lora-modules NAME=DIR`, vLLM's): that request's sequences add the
+// adapter, in the same batches as every other request, and its responses
+// carry that name. Anything else is a 404 naming what the server serves.
 //
 // Trajectory recording (the trainer's agentic rollouts, docs/rl.md "Agentic
 // rollouts"): with ServerOptions::recorder set, a generation request carrying

@@ -388,6 +388,18 @@ void load_user_lora(Phi4MMForCausalLM& m, const std::string& dir) {
   }, dir);
 }
 
+int32_t load_served_lora(Phi4MMForCausalLM& m, const std::string& name, const std::string& dir) {
+  const PeftAdapter p = open_user_peft(dir, m.config().text.num_hidden_layers);
+  return m.add_served_lora(name, dir, p.cfg, [&](std::vector<std::pair<std::string, Tensor>>& params) {
+    walk(params, [&](const std::string& n) -> std::optional<Source> {
+      // "<module>.lora_A.weight" is "<module>.lora_A.user.weight" in the folder's names (read_peft).
+      auto it = p.names.find(n.substr(0, n.size() - std::string(".weight").size()) + ".user.weight");
+      if (it == p.names.end()) return std::nullopt;
+      return Source{p.file.get(), it->second};
+    }, dir);
+  });
+}
+
 void save_user_lora_peft(const Phi4MMForCausalLM& m, const std::string& dir) {
   const std::optional<LoraConfig>& u = m.config().user_lora;
   if (!u) throw std::invalid_argument("the model has no user LoRA (config.json \"user_lora\")");

@@ -87,6 +87,12 @@ std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const Load
 // unusable after a throw past the checks of its config.
 void load_user_lora(Phi4MMForCausalLM& m, const std::string& dir);
 
+// Adds the PEFT folder `dir` to the model as served adapter `name`
+// (ServedLora, `areno serve --lora-modules NAME=DIR`), checked as a user
+// adapter folder is; returns its number. Throws naming the folder and the key
+// or tensor, with nothing added.
+int32_t load_served_lora(Phi4MMForCausalLM& m, const std::string& name, const std::string& dir);
+
 // Writes the model's user adapter as peft saves one for transformers' port:
 // `dir`/adapter_model.safetensors (base_model.model.<module>.lora_A.weight,
 // ...) and adapter_config.json (r, lora_alpha, lora_dropout, target_modules

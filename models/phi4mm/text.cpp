@@ -1,6 +1,7 @@
 #include "models/phi4mm/text.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <set>
 #include <stdexcept>
@@ -101,9 +102,17 @@ void LoraLinear::init_user(Generator& g) {
   lora_b_[kUser].zero_();
 }
 
-bool LoraLinear::pow2(int k) const {
+bool LoraLinear::pow2(double scaling) {
   int exponent = 0;
-  return std::frexp(scaling_[k], &exponent) == 0.5;
+  return std::frexp(scaling, &exponent) == 0.5;
+}
+
+void LoraLinear::add_served(Tensor a, Tensor b, double scaling) {
+  if (a.defined() != b.defined() ||
+      (a.defined() && (a.dim() != 2 || b.dim() != 2 || a.size(1) != in_features || b.size(0) != out_features ||
+                       b.size(1) != a.size(0))))
+    throw std::invalid_argument(fmt::format("served LoRA: expected A [r, {}] and B [{}, r]", in_features, out_features));
+  served_.push_back({std::move(a), std::move(b), scaling});
 }
 
 // Adapter k's term for the rows x (every row for the user adapter).
@@ -158,6 +167,22 @@ Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
                        !needs_grad({x, base_layer->weight, lora_a_[kUser], lora_b_[kUser]});
     if (fused) linear_add_(y, mul(linear(x, lora_a_[kUser]), scaling_[kUser]), lora_b_[kUser]);
     else y = add(y, adapter_delta(kUser, x, rows));
+  }
+  // Served adapters, each on its sequences' rows, in the user adapter's
+  // rounding order (so one served on every row gives the bits of the same
+  // folder loaded as the user adapter).
+  for (size_t j = 0; j < served_.size() && j < rows.served_all.size(); ++j) {
+    const Served& sv = served_[j];
+    const bool all = rows.served_all[j];
+    if (!sv.a.defined() || (!all && !rows.served_rows[j].defined())) continue;
+    Tensor xs = all ? x : index_select(x, 0, rows.served_rows[j]);
+    if (all && pow2(sv.scaling) && x.dim() == 2 && y.is_contiguous() && !needs_grad({x, base_layer->weight})) {
+      linear_add_(y, mul(linear(xs, sv.a), sv.scaling), sv.b);
+      continue;
+    }
+    Tensor d = pow2(sv.scaling) ? linear(mul(linear(xs, sv.a), sv.scaling), sv.b)
+                                : mul(linear(linear(xs, sv.a), sv.b), sv.scaling);
+    y = all ? add(y, d) : index_add(y, 0, rows.served_rows[j], d);
   }
   return y;
 }
@@ -315,21 +340,60 @@ Phi4MMForCausalLM::Phi4MMForCausalLM(const Config& c, TensorOptions opts, const 
   }
   model = register_module("model", std::make_shared<TextModel>(cfg_, parts, opts));
   if (cfg_.user_lora)
-    for (LoraLinear* l : user_lora_linears(*cfg_.user_lora)) l->add_user(*cfg_.user_lora, opts);
+    for (const auto& nl : user_lora_linears(*cfg_.user_lora)) nl.second->add_user(*cfg_.user_lora, opts);
   eval();  // no dropout unless a trainer switches a part to training mode
 }
 
-std::vector<LoraLinear*> Phi4MMForCausalLM::user_lora_linears(const LoraConfig& cfg) const {
+std::vector<std::pair<std::string, LoraLinear*>> Phi4MMForCausalLM::user_lora_linears(const LoraConfig& cfg) const {
   auto wants = [&](const char* name) { return std::find(cfg.targets.begin(), cfg.targets.end(), name) != cfg.targets.end(); };
-  std::vector<LoraLinear*> out;
+  std::vector<std::pair<std::string, LoraLinear*>> out;
   for (size_t i = 0; i < model->layers->size(); ++i) {
     auto layer = model->layers->at<DecoderLayer>(i);
-    if (wants("qkv_proj")) out.push_back(layer->self_attn->qkv_proj.get());
-    if (wants("o_proj")) out.push_back(layer->self_attn->o_proj.get());
-    if (wants("gate_up_proj")) out.push_back(layer->mlp->gate_up_proj.get());
-    if (wants("down_proj")) out.push_back(layer->mlp->down_proj.get());
+    const std::string p = fmt::format("model.layers.{}.", i);
+    if (wants("qkv_proj")) out.emplace_back(p + "self_attn.qkv_proj", layer->self_attn->qkv_proj.get());
+    if (wants("o_proj")) out.emplace_back(p + "self_attn.o_proj", layer->self_attn->o_proj.get());
+    if (wants("gate_up_proj")) out.emplace_back(p + "mlp.gate_up_proj", layer->mlp->gate_up_proj.get());
+    if (wants("down_proj")) out.emplace_back(p + "mlp.down_proj", layer->mlp->down_proj.get());
   }
   return out;
+}
+
+int32_t Phi4MMForCausalLM::add_served_lora(
+    const std::string& name, const std::string& source, const LoraConfig& cfg,
+    const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& fill) {
+  if (name.empty()) throw std::invalid_argument("a served LoRA needs a name");
+  for (const ServedLora& s : served_)
+    if (s.name == name) throw std::invalid_argument(fmt::format("a served LoRA is named '{}' already", name));
+  check_user_lora(cfg, fmt::format("served LoRA '{}'", name));
+  const TensorOptions opts(dtype(), device());
+  const auto linears = user_lora_linears(cfg);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& [path, l] : linears) {
+    tensors.emplace_back(path + ".lora_A.weight", zeros({cfg.r, l->in_features}, opts));
+    tensors.emplace_back(path + ".lora_B.weight", zeros({l->out_features, cfg.r}, opts));
+  }
+  std::vector<Shape> shapes;
+  for (const auto& nt : tensors) shapes.push_back(nt.second.shape());
+  fill(tensors);  // may throw: nothing is attached yet
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (!tensors[i].second.defined() || tensors[i].second.shape() != shapes[i])
+      throw std::invalid_argument(fmt::format("served LoRA '{}': {} is not {}", name, tensors[i].first, shape_str(shapes[i])));
+  static std::atomic<uint64_t> next_uid{1};
+  size_t t = 0;
+  for (size_t li = 0; li < model->layers->size(); ++li) {
+    auto layer = model->layers->at<DecoderLayer>(li);
+    for (LoraLinear* l : {layer->self_attn->qkv_proj.get(), layer->self_attn->o_proj.get(),
+                          layer->mlp->gate_up_proj.get(), layer->mlp->down_proj.get()}) {
+      if (t < linears.size() && linears[t].second == l) {
+        l->add_served(tensors[2 * t].second, tensors[2 * t + 1].second, cfg.scaling());
+        ++t;
+      } else {
+        l->add_served({}, {}, 0.0);
+      }
+    }
+  }
+  served_.push_back({name, source, cfg, next_uid++});
+  return int32_t(served_.size());
 }
 
 void Phi4MMForCausalLM::add_user_lora(const LoraConfig& cfg, uint64_t seed) {
@@ -341,7 +405,7 @@ void Phi4MMForCausalLM::add_user_lora(const LoraConfig& cfg, uint64_t seed) {
     throw std::invalid_argument("a user LoRA needs an unquantized model (--quantize int8 is for inference)");
   const TensorOptions opts(dtype(), device());
   Generator g(seed);
-  for (LoraLinear* l : user_lora_linears(cfg)) {
+  for (const auto& [path, l] : user_lora_linears(cfg)) {
     l->add_user(cfg, opts);
     l->init_user(g);
     l->train(l->is_training());  // the new children follow their linear's mode
@@ -426,6 +490,11 @@ void Phi4MMForCausalLM::check_batch(const PackedBatch& b) const {
     if (!has_adapter(a))
       throw std::invalid_argument(
           fmt::format("PackedBatch: the model was loaded without the {} adapter", adapter_name(a)));
+  if (!b.served_lora.empty() && b.served_lora.size() != S)
+    throw std::invalid_argument(fmt::format("PackedBatch: {} served LoRAs for {} sequences", b.served_lora.size(), S));
+  for (int32_t j : b.served_lora)
+    if (j < 0 || size_t(j) > served_.size())
+      throw std::invalid_argument(fmt::format("PackedBatch: served LoRA {} of {}", j, served_.size()));
   if (b.positions.defined() && (b.positions.dim() != 1 || b.positions.size(0) != T))
     throw std::invalid_argument("PackedBatch: positions must be [T]");
   const std::vector<int64_t> pos = batch_positions(b);
@@ -511,6 +580,20 @@ AdapterRows Phi4MMForCausalLM::adapter_rows(const PackedBatch& b) const {
     else
       ar.rows[int(a)] = from_vector(rows, {int64_t(rows.size())}, TensorOptions(DType::i64, device()));
   }
+  if (b.served_lora.empty()) return ar;
+  ar.served_rows.resize(served_.size());
+  ar.served_all.assign(served_.size(), 0);
+  for (size_t j = 1; j <= served_.size(); ++j) {
+    std::vector<int64_t> rows;
+    for (size_t s = 0; s < S; ++s)
+      if (b.served_lora[s] == int32_t(j))
+        for (int64_t i = b.cu_seqlens[s]; i < b.cu_seqlens[s + 1]; ++i) rows.push_back(i);
+    if (rows.empty()) continue;
+    if (int64_t(rows.size()) == b.cu_seqlens.back())
+      ar.served_all[j - 1] = 1;
+    else
+      ar.served_rows[j - 1] = from_vector(rows, {int64_t(rows.size())}, TensorOptions(DType::i64, device()));
+  }
   return ar;
 }
 
@@ -578,12 +661,13 @@ Tensor Phi4MMForCausalLM::token_logprobs(const PackedBatch& b, const Tensor& tar
 
 // ---- the forward with a KV cache ----
 
-void IncrementalBatch::add(KvSequence& s, const std::vector<int64_t>& ids, Adapter a, RopeTable r) {
+void IncrementalBatch::add(KvSequence& s, const std::vector<int64_t>& ids, Adapter a, RopeTable r, int32_t served) {
   token_ids.insert(token_ids.end(), ids.begin(), ids.end());
   cu_seqlens.push_back(int64_t(token_ids.size()));
   seqs.push_back(&s);
   adapters.push_back(a);
   rope.push_back(r);
+  served_lora.push_back(served);
 }
 
 namespace {
@@ -656,6 +740,7 @@ Tensor forward_incremental(const Phi4MMForCausalLM& m, PagedKvCache& cache, Incr
   pb.token_ids = from_vector(b.token_ids, {T});
   pb.cu_seqlens = cu;
   pb.adapters = b.adapters;
+  pb.served_lora = b.served_lora;
   pb.media_rows = b.media_rows;
   KvStep kv;
   kv.cache = &cache;

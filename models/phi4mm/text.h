@@ -22,6 +22,7 @@
 // its sequence's cached keys and values and attends to all of them; see
 // forward_incremental and kv_cache.h for the block bookkeeping).
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -92,11 +93,25 @@ enum class Quantize : uint8_t { none, int8 };
 Quantize quantize_from_name(const std::string& name);
 const char* quantize_name(Quantize q);
 
+// A LoRA adapter served beside the model (`areno serve --lora-modules
+// NAME=DIR`, vLLM's): inference only, held outside the module tree (never
+// trained, saved or counted as a parameter), selected per sequence by its
+// number (PackedBatch::served_lora) and added after the row and user adapters.
+struct ServedLora {
+  std::string name;    // what requests name it by (their "model")
+  std::string source;  // where it was loaded from
+  LoraConfig cfg;      // targets as for a user adapter
+  uint64_t uid = 0;    // unique in the process: cached keys of one adapter never serve another
+};
+
 // Rows of the packed batch that use each adapter (built once per forward).
 struct AdapterRows {
   Tensor rows[3];          // i64 row indices on the model's device; [0] unused
   bool all[3] = {false, false, false};  // every row uses this adapter (no gather needed)
   bool any(Adapter a) const { return all[int(a)] || rows[int(a)].defined(); }
+  // Served adapter j (numbered from 1) at index j - 1: its rows, or all.
+  std::vector<Tensor> served_rows;
+  std::vector<char> served_all;
   // Seed of this forward's LoRA dropout masks (PackedBatch::dropout_seed).
   uint64_t dropout_seed = 0;
 };
@@ -128,6 +143,11 @@ class LoraLinear : public Module {
   // PEFT's initialisation of a new adapter: A uniform in ±1/sqrt(in) (kaiming
   // uniform, a = sqrt(5)), B zero, so the layer's output is unchanged.
   void init_user(Generator& g);
+  // Appends served adapter number num_served() + 1 (ServedLora): a [r, in]
+  // and b [out, r] in the model's dtype and device, or both undefined where
+  // that adapter does not wrap this linear (the numbers stay aligned).
+  void add_served(Tensor a, Tensor b, double scaling);
+  size_t num_served() const { return served_.size(); }
 
   int64_t in_features, out_features;
   std::shared_ptr<Weight> base_layer;
@@ -137,11 +157,18 @@ class LoraLinear : public Module {
   static constexpr int kUser = 3;  // index of the user adapter (after Adapter's values)
   void register_adapter(int k, const char* name, const LoraConfig& cfg, TensorOptions opts);
   Tensor adapter_delta(int k, const Tensor& xs, const AdapterRows& rows) const;
-  bool pow2(int k) const;  // adapter k's scaling is a power of two (it then scales the r-wide product)
+  bool pow2(int k) const { return pow2(scaling_[k]); }
+  // A power-of-two scaling (it then scales the r-wide product, see adapter_delta).
+  static bool pow2(double scaling);
 
   Tensor lora_a_[4], lora_b_[4];  // [r, in], [out, r]
   double scaling_[4] = {0, 0, 0, 0};
   double dropout_[4] = {0, 0, 0, 0};
+  struct Served {
+    Tensor a, b;  // undefined: the adapter does not wrap this linear
+    double scaling = 0;
+  };
+  std::vector<Served> served_;
 };
 
 // The KV-cache side of a forward step. Sequence s's chunk (rows cu[s]..cu[s+1]
@@ -234,6 +261,9 @@ struct PackedBatch {
   Tensor positions;
   std::vector<Adapter> adapters;     // [S]; empty = none for every sequence
   std::vector<RopeTable> rope;       // [S]; empty = automatic for every sequence
+  // [S] the served adapter of each sequence (0: none; j: served_loras()[j - 1]);
+  // empty = none for every sequence.
+  std::vector<int32_t> served_lora;
   // Media rows (spec 5.4): when defined, the rows whose token is a media
   // placeholder (is_media_token) take consecutive rows of media_rows instead of
   // the token embedding; there must be exactly M placeholders. Undefined: every
@@ -279,6 +309,16 @@ class Phi4MMForCausalLM : public Module {
   // until it trains. Throws std::invalid_argument when the model has one
   // already or `cfg` is invalid (check_user_lora).
   void add_user_lora(const LoraConfig& cfg, uint64_t seed);
+  // Served adapters (ServedLora), numbered from 1 in PackedBatch::served_lora.
+  const std::vector<ServedLora>& served_loras() const { return served_; }
+  // Adds a served adapter: allocates its tensors in the model's dtype and
+  // device for the linears `cfg.targets` names (check_user_lora), has `fill`
+  // write them (names "model.layers.N.<module>.lora_A.weight" / "lora_B"),
+  // then attaches them. Nothing is attached when `fill` throws. Returns the
+  // adapter's number. Throws std::invalid_argument for an empty or repeated
+  // name or an invalid `cfg`.
+  int32_t add_served_lora(const std::string& name, const std::string& source, const LoraConfig& cfg,
+                          const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& fill);
   // Whether the decoder's weights are int8 (quantize_int8, LoadOptions::quantize).
   bool is_quantized() const;
   // The modules weight-only quantization replaces, by dotted module name: the
@@ -314,12 +354,14 @@ class Phi4MMForCausalLM : public Module {
 
  private:
   AdapterRows adapter_rows(const PackedBatch& b) const;
-  // The linears a user adapter with `cfg.targets` wraps, layer by layer.
-  std::vector<LoraLinear*> user_lora_linears(const LoraConfig& cfg) const;
+  // The linears a user adapter with `cfg.targets` wraps, layer by layer, with
+  // their dotted names.
+  std::vector<std::pair<std::string, LoraLinear*>> user_lora_linears(const LoraConfig& cfg) const;
   // Embedding (with media rows) and every decoder layer: [T, H] before the final norm.
   Tensor decoder(const PackedBatch& b) const;
 
   Config cfg_;
+  std::vector<ServedLora> served_;
 };
 
 // A step of the incremental forward: for each sequence, a chunk of new tokens
@@ -329,6 +371,7 @@ struct IncrementalBatch {
   std::vector<int64_t> cu_seqlens{0};  // [S + 1] chunk offsets in token_ids
   std::vector<KvSequence*> seqs;       // [S] distinct; chunk s starts at position seqs[s]->length
   std::vector<Adapter> adapters;       // [S]
+  std::vector<int32_t> served_lora;    // [S] as PackedBatch::served_lora
   // [S] the table each sequence asks for: short/long must match what the cache
   // holds (when it holds anything); automatic takes the cached table, or for an
   // empty cache the HF rule on the chunk's last position. A chunk that would
@@ -342,9 +385,9 @@ struct IncrementalBatch {
   // row of every chunk.
   std::vector<int64_t> logit_rows;
 
-  // Appends one sequence's chunk (token_ids, cu_seqlens, seqs, adapters, rope).
+  // Appends one sequence's chunk (token_ids, cu_seqlens, seqs, adapters, rope, served_lora).
   void add(KvSequence& s, const std::vector<int64_t>& ids, Adapter a = Adapter::none,
-           RopeTable r = RopeTable::automatic);
+           RopeTable r = RopeTable::automatic, int32_t served = 0);
   size_t num_seqs() const { return seqs.size(); }
 };
 

@@ -17,6 +17,7 @@
 #include "serve/constraint.h"
 #include "serve/engine.h"
 #include "tensor/autograd.h"
+#include "tests/model/model_fixtures.h"
 #include "tensor/ops.h"
 
 using namespace areno;
@@ -48,6 +49,7 @@ struct Case {
   std::vector<int64_t> prompt;
   Adapter adapter = Adapter::none;
   uint64_t media_seed = 0;  // rows for the placeholders
+  int32_t served = 0;        // Request::served_lora
   int64_t n_media() const {
     int64_t n = 0;
     for (int64_t id : prompt) n += id == phi4mm::kImageToken || id == phi4mm::kAudioToken;
@@ -95,6 +97,7 @@ Request make_request(const Case& c, int64_t max_tokens, double temperature = 0) 
   Request r;
   r.prompt = c.prompt;
   r.adapter = c.adapter;
+  r.served_lora = c.served;
   const int64_t n = c.n_media();
   const uint64_t seed = c.media_seed;
   if (n > 0) r.media_rows = media_rows_for(n, seed);
@@ -105,8 +108,8 @@ Request make_request(const Case& c, int64_t max_tokens, double temperature = 0) 
 }
 
 // Greedy continuation with the packed forward, recomputing everything each step.
-std::vector<int64_t> reference_greedy(const Case& c, int64_t steps) {
-  auto& m = *tiny_model();
+std::vector<int64_t> reference_greedy(const Case& c, int64_t steps, const phi4mm::Phi4MMForCausalLM* model = nullptr) {
+  const auto& m = model ? *model : *tiny_model();
   NoGradGuard ng;
   std::vector<int64_t> ids = c.prompt;
   Tensor media = c.n_media() ? media_rows_for(c.n_media(), c.media_seed) : Tensor();
@@ -114,6 +117,7 @@ std::vector<int64_t> reference_greedy(const Case& c, int64_t steps) {
   for (int64_t k = 0; k < steps; ++k) {
     phi4mm::PackedBatch b = phi4mm::PackedBatch::single(ids, c.adapter);
     b.media_rows = media;
+    b.served_lora = {c.served};
     std::vector<float> row = m.logits_at(b, {int64_t(ids.size()) - 1}).to(DType::f32).to_vector<float>();
     int64_t best = -1;
     for (int64_t id = 0; id < int64_t(row.size()); ++id)
@@ -308,6 +312,57 @@ TEST_CASE("engine: prefix caching reuses a prompt's cached blocks; every output 
     CHECK(run(ec, {turn2}) == std::vector<std::vector<int64_t>>{reference_greedy(turn2, steps)});
     CHECK(ec.stats().prefix_cache_hits - hits == computed / 4 * 4);
     CHECK(computed / 4 > int64_t(chats[0].prompt.size() - 1) / 4);  // more than the first prompt's blocks
+  }
+}
+
+TEST_CASE("engine: served LoRAs mix in one batch, each request its own; cached blocks are never shared across them") {
+  // A model of its own with two served adapters (random, so they change the outputs).
+  auto m = phi4mm::init_model("tiny", 11);
+  REQUIRE(testing::add_random_served_lora(*m, "a", 2, 4.0, phi4mm::kLoraTargets, 5) == 1);  // scaling 2: the fused path
+  REQUIRE(testing::add_random_served_lora(*m, "b", 3, 4.5, {"qkv_proj", "down_proj"}, 6) == 2);
+  const int64_t steps = 6;
+  const auto base = mixed_cases();
+  std::vector<Case> cases;
+  for (int32_t j : {1, 2, 0})
+    for (const Case& c : base) {
+      cases.push_back(c);
+      cases.back().served = j;
+    }
+  std::vector<std::vector<int64_t>> ref;
+  for (const Case& c : cases) ref.push_back(reference_greedy(c, steps, m.get()));
+  // The adapters change the outputs (the test could fail).
+  int differ = 0;
+  for (size_t i = 0; i < base.size(); ++i) differ += (ref[i] != ref[i + 2 * base.size()]) + (ref[i + base.size()] != ref[i + 2 * base.size()]);
+  CHECK(differ >= int(base.size()));
+  EngineOptions o = opts(16, 16, 256);
+  o.prefix_caching = true;
+  Engine e(m, tokenizer(), o);
+  auto run = [&](const std::vector<Case>& cs) {
+    std::vector<Request> reqs;
+    for (const Case& c : cs) reqs.push_back(make_request(c, steps));
+    std::vector<std::vector<int64_t>> out;
+    for (auto& r : generate(e, reqs)) out.push_back(r[0].tokens);
+    CHECK(e.stats().kv_blocks_used == 0);
+    return out;
+  };
+  CHECK(run(cases) == ref);  // all three adapters' requests in the same steps
+  // The same prompt under each adapter in turn: a hit only under the same adapter.
+  const Case text = base[0];
+  const int64_t blocks = (int64_t(text.prompt.size()) - 1) / 4;
+  for (int32_t j : {0, 1, 2}) {
+    Case c = text;
+    c.served = j;
+    const int64_t hits = e.stats().prefix_cache_hits;
+    CHECK(run({c}) == std::vector<std::vector<int64_t>>{ref[size_t(j == 0 ? 2 : j - 1) * base.size()]});
+    CHECK(e.stats().prefix_cache_hits - hits == blocks * 4);  // its own blocks from the first run
+  }
+  CHECK(e.audit() == "");
+  // Refused at submit: a number the model does not have.
+  for (int32_t j : {-1, 3}) {
+    Case c = text;
+    c.served = j;
+    CHECK_THROWS_WITH_AS(e.submit(make_request(c, steps), [](const RequestOutput&) {}),
+                         doctest::Contains("is not one of the model's 2 served LoRAs"), std::invalid_argument);
   }
 }
 

@@ -7,10 +7,12 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "models/phi4mm/checkpoint.h"
 #include "nn/io/safetensors.h"
 #include "tests/test_util.h"
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
 
 namespace areno::testing {
@@ -47,6 +49,22 @@ inline std::string load_error(const std::string& dir) {
     return e.what();
   }
   return "";
+}
+
+// Adds served LoRA `name` (phi4mm::ServedLora) to `m`: rank r, `alpha`, on
+// `targets`, weights normal with std 0.3 from `seed` (B included, so it
+// changes the outputs). Returns its number.
+inline int32_t add_random_served_lora(phi4mm::Phi4MMForCausalLM& m, const std::string& name, int64_t r, double alpha,
+                                      std::vector<std::string> targets, uint64_t seed) {
+  phi4mm::LoraConfig c;
+  c.r = r;
+  c.alpha = alpha;
+  c.targets = std::move(targets);
+  Generator g(seed);
+  return m.add_served_lora(name, "/adapters/" + name, c, [&](std::vector<std::pair<std::string, Tensor>>& ts) {
+    NoGradGuard ng;
+    for (auto& nt : ts) nt.second.copy_(rand_normal(nt.second.shape(), g, 0.0, 0.3));
+  });
 }
 
 }  // namespace areno::testing

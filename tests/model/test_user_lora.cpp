@@ -406,3 +406,100 @@ TEST_CASE("phi4mm/areno export-lora: the user adapter as peft saves it, read bac
   CHECK_THROWS_WITH_AS(app::cmd_export_lora({"--model-path", testing::kTinyDir, "--out", tmp.str("x")}),
                        doctest::Contains("nothing to export"), std::invalid_argument);
 }
+
+TEST_CASE("phi4mm/served LoRAs (--lora-modules): each sequence's adapter, as that folder loaded as the user adapter") {
+  const std::string peft_a = "tests/data/model/user_peft";  // rank 3, scaling 1.5, qkv_proj and down_proj
+  TempDir tmp;
+  {
+    // Adapter b: rank 4, alpha 8 (a power-of-two scaling: the fused path), every target.
+    auto mb = load_model(testing::kTinyDir);
+    mb->add_user_lora(user_cfg(4, 8.0), 1);
+    randomise_user(*mb, 7);
+    save_user_lora_peft(*mb, tmp.str("b"));
+  }
+  auto base = load_model(testing::kTinyDir);
+  LoadOptions la, lb;
+  la.lora_dir = peft_a;
+  lb.lora_dir = tmp.str("b");
+  auto ua = load_model(testing::kTinyDir, la), ub = load_model(testing::kTinyDir, lb);
+  const Phi4MMForCausalLM* ref[3] = {base.get(), ua.get(), ub.get()};
+
+  auto m = load_model(testing::kTinyDir);
+  const size_t params = m->named_parameters().size();
+  CHECK(load_served_lora(*m, "a", peft_a) == 1);
+  CHECK(load_served_lora(*m, "b", tmp.str("b")) == 2);
+  REQUIRE(m->served_loras().size() == 2);
+  CHECK(m->served_loras()[0].name == "a");
+  CHECK(m->served_loras()[0].source == peft_a);
+  CHECK(m->served_loras()[1].cfg.r == 4);
+  CHECK(m->served_loras()[1].cfg.targets == kLoraTargets);
+  CHECK(m->served_loras()[0].uid != m->served_loras()[1].uid);
+  CHECK(m->named_parameters().size() == params);  // outside the module tree: never trained or saved
+  CHECK_FALSE(m->config().user_lora);
+
+  NoGradGuard ng;
+  const std::vector<int64_t> ids = gold_ids("ids_a");
+  // Alone: the bits of the same folder as the user adapter, beside each row adapter.
+  for (Adapter ad : {Adapter::none, Adapter::vision, Adapter::speech})
+    for (int32_t j = 0; j < 3; ++j) {
+      CAPTURE(adapter_name(ad));
+      CAPTURE(j);
+      PackedBatch pb = PackedBatch::single(ids, ad);
+      pb.served_lora = {j};
+      CHECK(same_bits(m->logits(pb), ref[j]->logits(PackedBatch::single(ids, ad))));
+    }
+  // Mixed in one batch: every sequence its own adapters.
+  const std::vector<std::vector<int64_t>> seqs = {ids, {ids.begin(), ids.begin() + 5}, ids, {ids.begin() + 2, ids.end()},
+                                                  {ids.begin(), ids.begin() + 3}};
+  const std::vector<Adapter> row = {Adapter::vision, Adapter::none, Adapter::speech, Adapter::none, Adapter::speech};
+  PackedBatch pb = PackedBatch::pack(seqs, row);
+  pb.served_lora = {1, 0, 2, 1, 2};
+  const Tensor mixed = m->logits(pb);
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    CAPTURE(s);
+    const Tensor want = ref[pb.served_lora[s]]->logits(PackedBatch::single(seqs[s], row[s]));
+    CHECK(testing::rel_err(mixed.narrow(0, pb.cu_seqlens[s], int64_t(seqs[s].size())), want) < 1e-5);
+  }
+  // The incremental (serving) forward: the same rows.
+  {
+    PagedKvCache cache(*m, 16, 4);
+    std::vector<KvSequence> kv(seqs.size());
+    IncrementalBatch ib;
+    for (size_t s = 0; s < seqs.size(); ++s) ib.add(kv[s], seqs[s], row[s], RopeTable::automatic, pb.served_lora[s]);
+    for (size_t s = 0; s < seqs.size(); ++s) ib.logit_rows.push_back(pb.cu_seqlens[s + 1] - 1);
+    const Tensor inc = forward_incremental(*m, cache, ib);
+    for (size_t s = 0; s < seqs.size(); ++s)
+      CHECK(testing::rel_err(inc.narrow(0, int64_t(s), 1), mixed.narrow(0, pb.cu_seqlens[s + 1] - 1, 1)) < 1e-5);
+  }
+  // On top of the model's own user adapter: the sum of both.
+  REQUIRE(app::cmd_merge_lora({"--model-path", testing::kTinyDir, "--lora", peft_a, "--out", tmp.str("merged")}) == 0);
+  auto merged_b = load_model(tmp.str("merged"), lb);
+  CHECK(load_served_lora(*ua, "b", tmp.str("b")) == 1);
+  PackedBatch both = PackedBatch::single(ids, Adapter::speech);
+  both.served_lora = {1};
+  CHECK(testing::rel_err(ua->logits(both), merged_b->logits(PackedBatch::single(ids, Adapter::speech))) < 1e-5);
+
+  // Refusals: nothing is attached after one.
+  CHECK_THROWS_WITH_AS(load_served_lora(*m, "a", tmp.str("b")), doctest::Contains("named 'a' already"),
+                       std::invalid_argument);
+  {
+    const fs::path d = tmp.path / "bad";
+    fs::create_directories(d);
+    fs::copy_file(peft_a + "/adapter_model.safetensors", d / "adapter_model.safetensors");
+    std::ifstream in(peft_a + "/adapter_config.json");
+    json j = json::parse(in);
+    j["r"] = 4;
+    std::ofstream(d / "adapter_config.json") << j.dump();
+  }
+  CHECK_THROWS_WITH_AS(load_served_lora(*m, "c", tmp.str("bad")), doctest::Contains("wrong shape"), std::runtime_error);
+  CHECK_THROWS_WITH_AS(load_served_lora(*m, "c", tmp.str("nowhere")), doctest::Contains("no adapter_config.json"),
+                       std::runtime_error);
+  CHECK(m->served_loras().size() == 2);
+  PackedBatch again = PackedBatch::single(ids, Adapter::vision);
+  again.served_lora = {2};
+  CHECK(same_bits(m->logits(again), ub->logits(PackedBatch::single(ids, Adapter::vision))));
+  again.served_lora = {3};
+  CHECK_THROWS_WITH_AS(m->logits(again), doctest::Contains("served LoRA 3 of 2"), std::invalid_argument);
+  again.served_lora = {1, 1};
+  CHECK_THROWS_WITH_AS(m->logits(again), doctest::Contains("2 served LoRAs for 1 sequences"), std::invalid_argument);
+}

@@ -25,7 +25,9 @@
 #include "serve/http_server.h"
 #include "tests/serve/grammar_tokens.h"
 #include "tests/serve/http_fixture.h"
+#include "tests/model/model_fixtures.h"
 #include "serve/media_fetch.h"
+#include "tensor/autograd.h"
 #include "models/phi4mm/processor/chat_processor.h"
 #include "models/phi4mm/model.h"
 #include "models/phi4mm/processor/image_io.h"
@@ -236,7 +238,7 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
        {{"type", "function"}, {"function", {{"name", "add"}}}}});
   const json messages = {{{"role", "user"}, {"content", "What is 2 + 3?"}}};
   // The shortest call, in tokens as the grammar spells it (fewer than its 37 bytes).
-  const int64_t fewest = OutputGrammar::tool_call(testing::bytes(), {"add"})->min_tokens();
+  const int64_t fewest = OutputGrammar::tool_call(serve::testing::bytes(), {"add"})->min_tokens();
   CHECK(fewest < 37);
   int64_t shortest = 0;
   for (const json& choice : {json("required"), json{{"type", "function"}, {"function", {{"name", "add"}}}}}) {
@@ -317,7 +319,7 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
   // vLLM's fields on both endpoints: guided_choice on /v1/completions (the
   // text is one of the strings, also with max_tokens at the fewest tokens
   // that spell one of them and the end), guided_json as JSON text on chat.
-  const int64_t label_tokens = OutputGrammar::choice(testing::bytes(), {"positive", "negative", "neutral"})->min_tokens();
+  const int64_t label_tokens = OutputGrammar::choice(serve::testing::bytes(), {"positive", "negative", "neutral"})->min_tokens();
   CHECK(label_tokens < 9);  // the bytes of "negative" and the end
   check_error(post(w.plain->port, "/v1/completions",
                    {{"prompt", "x"}, {"max_tokens", label_tokens - 1}, {"guided_choice", {"positive", "negative", "neutral"}}}),
@@ -348,7 +350,7 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
   // guided_regex: the text matches whole, at its minimum max_tokens too; a
   // pattern outside the syntax is a 400 naming the field and the construct.
   const auto phone = Regex::compile("\\(\\d{3}\\) \\d{3}-\\d{4}");
-  const int64_t phone_tokens = OutputGrammar::regex(testing::bytes(), phone)->min_tokens();
+  const int64_t phone_tokens = OutputGrammar::regex(serve::testing::bytes(), phone)->min_tokens();
   for (const auto& [max_tokens, temperature] : {std::pair{phone_tokens, 1.0}, std::pair{int64_t(30), 0.0}, std::pair{int64_t(30), 1.0}}) {
     const auto& max_tokens_ = max_tokens;  // clang 14 cannot capture a structured binding
     CAPTURE(max_tokens_);
@@ -371,7 +373,7 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
   // too; a grammar that does not compile is a 400 naming the field and the
   // byte.
   const std::string list = "root ::= \"[\" item (\", \" item){0,3} \"]\"\nitem ::= [a-z]+ | \"(\" item \")\"";
-  const auto cfg = Cfg::compile(testing::bytes(), list);
+  const auto cfg = Cfg::compile(serve::testing::bytes(), list);
   for (const auto& [max_tokens, temperature] : {std::pair{cfg->min_tokens(), 1.0}, std::pair{int64_t(40), 1.0}}) {
     const auto& max_tokens_ = max_tokens;  // clang 14 cannot capture a structured binding
     CAPTURE(max_tokens_);
@@ -708,6 +710,81 @@ TEST_CASE("serve/http /v1/models, /health, /metrics, /version, /tokenize, /detok
   CHECK(t.body["tokens"] == json::array({24912, 2375}));
   Reply d = post(w.plain->port, "/detokenize", {{"tokens", {24912, 2375}}});
   CHECK(d.body["prompt"] == "hello world");
+}
+
+// Served LoRAs (--lora-modules): a request's "model" picks one, requests
+// for each adapter and the base share batches, /v1/models lists them.
+TEST_CASE("serve/http served LoRAs: \"model\" picks the adapter, /v1/models lists them, unknown names are 404") {
+  std::signal(SIGPIPE, SIG_IGN);
+  auto model = phi4mm::init_model("tiny", 0);
+  REQUIRE(areno::testing::add_random_served_lora(*model, "sql", 2, 4.0, phi4mm::kLoraTargets, 3) == 1);
+  REQUIRE(areno::testing::add_random_served_lora(*model, "org/chat-v2", 2, 4.0, phi4mm::kLoraTargets, 4) == 2);
+  EngineOptions eo;
+  eo.max_running = 8;
+  eo.kv_blocks = 256;
+  eo.prefix_caching = true;
+  Engine engine(model, tokenizer_for(*model), eo);
+  engine.start();
+  {
+    Served srv(engine, ServerOptions{});
+    Reply m = get(srv.port, "/v1/models");
+    REQUIRE(m.status == 200);
+    REQUIRE(m.body["data"].size() == 3);
+    CHECK(m.body["data"][0]["id"] == "areno-demo");
+    CHECK(m.body["data"][1]["id"] == "sql");
+    CHECK(m.body["data"][1]["parent"] == "areno-demo");
+    CHECK(m.body["data"][1]["root"] == "/adapters/sql");  // the folder
+    CHECK(m.body["data"][2]["id"] == "org/chat-v2");
+    CHECK(m.body["data"][2]["max_model_len"] == engine.max_context());
+
+    // Prompt log-probabilities under each name equal the packed forward with that adapter, all three in flight at once.
+    const std::vector<int64_t> ids = {24912, 2375, 13, 1374, 553, 261, 1746};
+    const char* names[3] = {"areno-demo", "sql", "org/chat-v2"};
+    std::vector<Reply> replies(3);
+    {
+      std::vector<std::thread> ts;
+      for (int j = 0; j < 3; ++j)
+        ts.emplace_back([&, j] {
+          replies[size_t(j)] = post(srv.port, "/v1/completions",
+                                    {{"model", names[j]}, {"prompt", ids}, {"echo", true}, {"logprobs", 0},
+                                     {"max_tokens", 4}, {"temperature", 0}, {"ignore_eos", true}});
+        });
+      for (auto& t : ts) t.join();
+    }
+    std::vector<double> first(3);
+    for (int j = 0; j < 3; ++j) {
+      CAPTURE(j);
+      const Reply& r = replies[size_t(j)];
+      REQUIRE(r.status == 200);
+      CHECK(r.body["model"] == names[j]);
+      phi4mm::PackedBatch pb = phi4mm::PackedBatch::single(ids);
+      pb.served_lora = {j};
+      std::vector<int64_t> next(ids.begin() + 1, ids.end());
+      next.push_back(-1);
+      NoGradGuard ng;
+      const std::vector<float> ref = model->token_logprobs(pb, from_vector(next, {int64_t(ids.size())})).to_vector<float>();
+      const json& lp = r.body["choices"][0]["logprobs"]["token_logprobs"];
+      REQUIRE(lp.size() == ids.size() + 4);
+      for (size_t t = 1; t < ids.size(); ++t) CHECK(std::fabs(lp[t].get<double>() - double(ref[t - 1])) < 1e-5);
+      first[size_t(j)] = lp[1].get<double>();
+    }
+    CHECK(first[0] != first[1]);  // the adapters change the model
+    CHECK(first[1] != first[2]);
+    // Chat and streaming carry the adapter's name.
+    Reply chat = post(srv.port, "/v1/chat/completions", hello_chat({{"model", "sql"}}));
+    REQUIRE(chat.status == 200);
+    CHECK(chat.body["model"] == "sql");
+    Reply st = post(srv.port, "/v1/chat/completions", hello_chat({{"model", "org/chat-v2"}, {"stream", true}}));
+    REQUIRE(st.status == 200);
+    CHECK(json::parse(sse_payloads(st.raw).front())["model"] == "org/chat-v2");
+    CHECK(post(srv.port, "/tokenize", {{"model", "sql"}, {"prompt", "hello world"}}).status == 200);
+    // Unknown: 404 naming every served name.
+    Reply bad = post(srv.port, "/v1/chat/completions", hello_chat({{"model", "sq"}}));
+    check_error(bad, 404, "`areno-demo`, `sql`, `org/chat-v2`", "model");
+    CHECK(bad.body["error"]["code"] == "model_not_found");
+    check_serving(srv.port);
+  }
+  engine.stop(false);
 }
 
 TEST_CASE("serve/http request errors: status and OpenAI body, then the server keeps serving") {
