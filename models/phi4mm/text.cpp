@@ -175,11 +175,16 @@ Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
     const Served& sv = served_[j];
     const bool all = rows.served_all[j];
     if (!sv.a.defined() || (!all && !rows.served_rows[j].defined())) continue;
-    Tensor xs = all ? x : index_select(x, 0, rows.served_rows[j]);
-    if (all && pow2(sv.scaling) && x.dim() == 2 && y.is_contiguous() && !needs_grad({x, base_layer->weight})) {
-      linear_add_(y, mul(linear(xs, sv.a), sv.scaling), sv.b);
+    if (pow2(sv.scaling) && x.dim() == 2 && y.is_contiguous() && !needs_grad({x, base_layer->weight})) {
+      // Inference: the product joins y in its GEMM, on every row or on each
+      // run of the adapter's consecutive rows in place (no gather or scatter).
+      if (all) linear_add_(y, mul(linear(x, sv.a), sv.scaling), sv.b);
+      else
+        for (const auto& [r0, n] : rows.served_runs[j])
+          linear_add_(y.narrow(0, r0, n), mul(linear(x.narrow(0, r0, n), sv.a), sv.scaling), sv.b);
       continue;
     }
+    Tensor xs = all ? x : index_select(x, 0, rows.served_rows[j]);
     Tensor d = pow2(sv.scaling) ? linear(mul(linear(xs, sv.a), sv.scaling), sv.b)
                                 : mul(linear(linear(xs, sv.a), sv.b), sv.scaling);
     y = all ? add(y, d) : index_add(y, 0, rows.served_rows[j], d);
@@ -583,11 +588,18 @@ AdapterRows Phi4MMForCausalLM::adapter_rows(const PackedBatch& b) const {
   if (b.served_lora.empty()) return ar;
   ar.served_rows.resize(served_.size());
   ar.served_all.assign(served_.size(), 0);
+  ar.served_runs.resize(served_.size());
   for (size_t j = 1; j <= served_.size(); ++j) {
     std::vector<int64_t> rows;
+    auto& runs = ar.served_runs[j - 1];
     for (size_t s = 0; s < S; ++s)
-      if (b.served_lora[s] == int32_t(j))
+      if (b.served_lora[s] == int32_t(j)) {
         for (int64_t i = b.cu_seqlens[s]; i < b.cu_seqlens[s + 1]; ++i) rows.push_back(i);
+        if (!runs.empty() && runs.back().first + runs.back().second == b.cu_seqlens[s])
+          runs.back().second += b.cu_seqlens[s + 1] - b.cu_seqlens[s];
+        else
+          runs.emplace_back(b.cu_seqlens[s], b.cu_seqlens[s + 1] - b.cu_seqlens[s]);
+      }
     if (rows.empty()) continue;
     if (int64_t(rows.size()) == b.cu_seqlens.back())
       ar.served_all[j - 1] = 1;

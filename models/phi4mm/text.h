@@ -109,9 +109,11 @@ struct AdapterRows {
   Tensor rows[3];          // i64 row indices on the model's device; [0] unused
   bool all[3] = {false, false, false};  // every row uses this adapter (no gather needed)
   bool any(Adapter a) const { return all[int(a)] || rows[int(a)].defined(); }
-  // Served adapter j (numbered from 1) at index j - 1: its rows, or all.
+  // Served adapter j (numbered from 1) at index j - 1: its rows, or all, and
+  // the same rows as (first, count) runs of consecutive rows.
   std::vector<Tensor> served_rows;
   std::vector<char> served_all;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> served_runs;
   // Seed of this forward's LoRA dropout masks (PackedBatch::dropout_seed).
   uint64_t dropout_seed = 0;
 };
