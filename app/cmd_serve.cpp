@@ -2,12 +2,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <chrono>
 #include <csignal>
-#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <stdexcept>
@@ -49,6 +46,11 @@ constexpr const char* kServeUsage =
     "                            for more): a request whose \"model\" is NAME adds it, in the same\n"
     "                            batches as the others; GET /v1/models lists them. NAME: 1 to 128\n"
     "                            of A-Z a-z 0-9 . _ : / -\n"
+    "  --lora-root DIR           allow POST /v1/load_lora_adapter {\"lora_name\", \"lora_path\"} and\n"
+    "                            /v1/unload_lora_adapter {\"lora_name\"} (vLLM's) while serving, for\n"
+    "                            folders under DIR only (default: off, both 404)\n"
+    "  --max-loras N             served LoRAs loaded at once, at startup and later (default 16; 0:\n"
+    "                            no limit)\n"
     "  --quantize int8           weight-only int8 for the decoder and the tied head, quantized at\n"
     "                            load (per output channel scales, f32 activations, LoRA and towers\n"
     "                            unchanged; CPU only; about half the memory of bf16). Default none\n"
@@ -150,16 +152,19 @@ int cmd_serve(const Args& args) {
     const std::string name = v.substr(0, eq == std::string::npos ? 0 : eq);
     if (eq == std::string::npos || eq + 1 == v.size())
       throw std::invalid_argument(fmt::format("--lora-modules: expected NAME=DIR, got '{}'", v));
-    const bool ok = name.size() <= 128 && std::all_of(name.begin(), name.end(), [](char c) {
-      return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("._:/-", c) != nullptr;
-    });
-    if (name.empty() || !ok)
+    if (!serve::valid_lora_name(name))
       throw std::invalid_argument(
           fmt::format("--lora-modules: the name '{}' must be 1 to 128 characters of A-Z a-z 0-9 . _ : / -", name));
     for (const auto& nd : lora_modules)
       if (nd.first == name) throw std::invalid_argument(fmt::format("--lora-modules: '{}' is given twice", name));
     lora_modules.emplace_back(name, v.substr(eq + 1));
   });
+  flags.value("--lora-root", [&](const std::string& v) {
+    so.lora_root = v;
+    if (!std::filesystem::is_directory(so.lora_root))
+      throw std::invalid_argument(fmt::format("--lora-root: '{}' is not a directory", so.lora_root));
+  });
+  flags.value("--max-loras", [&](const std::string& v) { so.max_loras = size_t(parse_int_flag("--max-loras", v, 0)); });
   for (const char* name : {"--tp-size", "--world-size"})
     flags.value(name, [name](const std::string& s) {
       const int64_t v = parse_int_flag(name, s, 1);
@@ -235,6 +240,9 @@ int cmd_serve(const Args& args) {
                "loud or quiet; docs/demo.md)\n");
   so.served_model_name = served_name.empty() ? m.name : served_name;
   so.model_path = model_path;
+  if (so.max_loras > 0 && lora_modules.size() > so.max_loras)
+    throw std::invalid_argument(fmt::format("--lora-modules: {} adapters, above --max-loras {}", lora_modules.size(),
+                                            so.max_loras));
   for (const auto& [name, dir] : lora_modules) {
     if (name == so.served_model_name || name == model_path)
       throw std::invalid_argument(fmt::format("--lora-modules: '{}' is the served model's own name", name));

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <openssl/sha.h>
 
+#include "models/phi4mm/checkpoint.h"
 #include "models/phi4mm/model.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "tensor/autograd.h"
@@ -133,6 +134,8 @@ Engine::Engine(std::shared_ptr<phi4mm::Phi4MMForCausalLM> model, std::shared_ptr
                              : phi4mm::PagedKvCache::blocks_for_budget(*model_, opts_.kv_cache_bytes, opts_.block_size);
   cache_ = std::make_unique<phi4mm::PagedKvCache>(*model_, blocks, opts_.block_size);
   stats_.kv_blocks_total = blocks;
+  for (const phi4mm::ServedLora& l : model_->served_loras())
+    if (!l.removed) loras_.push_back(l);
 }
 
 Engine::~Engine() {
@@ -164,9 +167,6 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
     throw std::invalid_argument(fmt::format("prompt: {} media placeholder ids but no media were given", n_media));
   if (n_media == 0 && !r.media.empty())
     throw std::invalid_argument(fmt::format("media: {} items but the prompt has no media placeholder ids", r.media.size()));
-  if (r.served_lora < 0 || size_t(r.served_lora) > model_->served_loras().size())
-    throw std::invalid_argument(fmt::format("served_lora: {} is not one of the model's {} served LoRAs", r.served_lora,
-                                            model_->served_loras().size()));
   const int64_t ctx = r.max_context > 0 ? std::min(r.max_context, max_context()) : max_context();
   const int64_t P = int64_t(r.prompt.size());
   if (P >= ctx)
@@ -209,6 +209,12 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
   q->max_context = ctx;
   std::lock_guard<std::mutex> lk(mu_);
   check_accepting();
+  // Under the lock that unload_lora checks the inbox under: a request either
+  // gets in before an unload (which then refuses) or sees it unloaded.
+  if (q->r.served_lora != 0 &&
+      std::none_of(loras_.begin(), loras_.end(), [&](const phi4mm::ServedLora& l) { return l.number == q->r.served_lora; }))
+    throw std::invalid_argument(fmt::format("served_lora: {} is not a loaded served LoRA ({} loaded)", q->r.served_lora,
+                                            loras_.size()));
   q->id = next_id_++;
   seed_state_ = splitmix64(seed_state_);
   q->seed = q->r.params.seed.value_or(seed_state_);
@@ -217,6 +223,81 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
   requests_total_++;
   cv_.notify_all();
   return id;
+}
+
+void Engine::run_between_steps(std::function<void()> fn) {
+  std::packaged_task<void()> task(std::move(fn));
+  std::future<void> done = task.get_future();
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (stopping_) throw std::runtime_error("engine: shutting down");
+    if (thread_.joinable()) {
+      controls_.push_back(std::move(task));
+      cv_.notify_all();
+    } else {
+      lk.unlock();
+      task();
+    }
+  }
+  done.get();  // rethrows what fn threw
+}
+
+void Engine::run_controls() {
+  std::deque<std::packaged_task<void()>> tasks;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    tasks.swap(controls_);
+  }
+  for (auto& t : tasks) t();  // each keeps its own exception for its caller
+}
+
+int32_t Engine::load_lora(const std::string& name, const std::string& dir, size_t max_live) {
+  int32_t number = 0;
+  run_between_steps([&] {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (const phi4mm::ServedLora& l : loras_)
+        if (l.name == name) throw std::invalid_argument(fmt::format("a served LoRA is named '{}' already", name));
+      if (max_live > 0 && loras_.size() >= max_live)
+        throw std::length_error(fmt::format("{} served LoRAs are loaded, the most this server holds; unload one first",
+                                            loras_.size()));
+    }
+    number = phi4mm::load_served_lora(*model_, name, dir);  // between steps: no forward reads the adapters
+    std::lock_guard<std::mutex> lk(mu_);
+    loras_.push_back(model_->served_loras()[size_t(number - 1)]);
+  });
+  return number;
+}
+
+void Engine::unload_lora(const std::string& name) {
+  run_between_steps([&] {
+    const int32_t number = lora_number(name);
+    if (number == 0) throw std::out_of_range(fmt::format("no served LoRA is named '{}'", name));
+    int64_t users = 0;
+    for (const auto& q : waiting_) users += q && !q->done && q->r.served_lora == number;
+    for (const auto& q : active_) users += !q->done && q->r.served_lora == number;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (const auto& q : inbox_) users += q->r.served_lora == number;
+      if (users > 0)
+        throw LoraInUse(fmt::format("the served LoRA '{}' is in use by {} request(s); unload it when they finish",
+                                    name, users));
+      std::erase_if(loras_, [&](const phi4mm::ServedLora& l) { return l.number == number; });
+    }
+    model_->remove_served_lora(number);
+  });
+}
+
+std::vector<phi4mm::ServedLora> Engine::loras() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return loras_;
+}
+
+int32_t Engine::lora_number(const std::string& name) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const phi4mm::ServedLora& l : loras_)
+    if (l.name == name) return l.number;
+  return 0;
 }
 
 void Engine::abort(int64_t id) {
@@ -433,6 +514,7 @@ void Engine::finish_request(Req& q, FinishReason why, const std::string& error) 
 
 bool Engine::step() {
   take_inbox();
+  run_controls();
   const bool work = !waiting_.empty() || !running_.empty() || !preempted_.empty();
   if (work) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -493,8 +575,8 @@ void Engine::start() {
       {
         std::unique_lock<std::mutex> lk(mu_);
         cv_.wait(lk, [this] {
-          return stopping_ || !inbox_.empty() || !aborts_.empty() || !running_.empty() || !waiting_.empty() ||
-                 !preempted_.empty();
+          return stopping_ || !inbox_.empty() || !aborts_.empty() || !controls_.empty() || !running_.empty() ||
+                 !waiting_.empty() || !preempted_.empty();
         });
         if (stopping_ && (!drain_ || (inbox_.empty() && running_.empty() && waiting_.empty() &&
                                       preempted_.empty())))
@@ -514,8 +596,10 @@ void Engine::stop(bool drain) {
   }
   if (thread_.joinable()) thread_.join();
   {
-    // Whatever is left (not drained, or never stepped) ends as aborted.
+    // Whatever is left (not drained, or never stepped) ends as aborted; a
+    // load or unload still queued runs here (its caller waits for it).
     take_inbox();
+    run_controls();
     for (auto& q : waiting_)
       if (!q->done) finish_request(*q, FinishReason::abort);
     for (auto& q : active_)

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <future>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -56,7 +57,8 @@ struct Request {
   std::vector<int64_t> prompt;   // expanded prompt ids (media placeholders repeated)
   Adapter adapter = Adapter::none;  // the sequence's LoRA (vision when an image is present)
   // The served LoRA beside it (vLLM's --lora-modules): 0 none, j the model's
-  // served_loras()[j - 1] (phi4mm::ServedLora).
+  // served_loras()[j - 1] (phi4mm::ServedLora), which must be loaded
+  // (Engine::lora_number).
   int32_t served_lora = 0;
   // The prompt's media for its placeholder ids (200010 / 200011), in order of
   // appearance (phi4mm::ProcessedChat::media). Engine::submit runs the
@@ -129,6 +131,9 @@ struct EngineOptions {
 struct QueueFull : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+struct LoraInUse : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 struct EngineStats {
   int64_t requests_total = 0, requests_finished = 0, requests_aborted = 0, requests_failed = 0;
@@ -178,6 +183,23 @@ class Engine {
   void stop(bool drain = true);
   bool running() const { return thread_.joinable(); }
 
+  // Served LoRAs while serving (phi4mm::ServedLora; vLLM's
+  // /v1/load_lora_adapter and /v1/unload_lora_adapter). Both run on the
+  // stepping thread between two steps (at once on the calling thread when
+  // start() was not called: then no other thread may step) and wait for it.
+  // load_lora adds the PEFT folder `dir` as `name` (phi4mm::load_served_lora)
+  // and returns its number; throws std::invalid_argument for a name in use,
+  // std::length_error when `max_live` (0: no limit) are loaded already, and
+  // std::runtime_error naming the folder's fault. unload_lora throws
+  // std::out_of_range for a name not loaded and LoraInUse while a request
+  // (waiting or running) uses it. A number is never reused.
+  int32_t load_lora(const std::string& name, const std::string& dir, size_t max_live = 0);
+  void unload_lora(const std::string& name);
+  // The loaded served LoRAs, in load order, and the number of `name` (0: not
+  // loaded). Thread-safe.
+  std::vector<phi4mm::ServedLora> loras() const;
+  int32_t lora_number(const std::string& name) const;
+
   EngineStats stats() const;
   // The KV bookkeeping's invariants, for tests: the block manager's own, and
   // each block held exactly as often as the live sequences' tables name it.
@@ -193,6 +215,9 @@ class Engine {
   struct Seq;
   struct Req;
   void take_inbox();
+  // Runs `fn` between steps on the stepping thread (see load_lora).
+  void run_between_steps(std::function<void()> fn);
+  void run_controls();
   // One step (step 2 to 4 above) in three named calls.
   struct StepItem;
   struct RowRef;
@@ -232,6 +257,8 @@ class Engine {
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Req>> inbox_;
   std::vector<int64_t> aborts_;
+  std::deque<std::packaged_task<void()>> controls_;  // run_between_steps
+  std::vector<phi4mm::ServedLora> loras_;              // the loaded served LoRAs (Request::served_lora)
   int64_t next_id_ = 1;
   uint64_t seed_state_;
   bool stopping_ = false, drain_ = true;

@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -207,7 +210,7 @@ struct HttpServer::Impl {
                                 {"root", opts.model_path.empty() ? opts.served_model_name : opts.model_path},
                                 {"parent", nullptr},
                                 {"max_model_len", context}}});
-      for (const phi4mm::ServedLora& l : engine.model().served_loras())
+      for (const phi4mm::ServedLora& l : engine.loras())
         data.push_back({{"id", l.name},
                         {"object", "model"},
                         {"created", started},
@@ -227,6 +230,8 @@ struct HttpServer::Impl {
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
       r.set_content(metrics_text(), "text/plain; version=0.0.4");
     });
+    http.Post("/v1/load_lora_adapter", [this](const httplib::Request& q, httplib::Response& r) { load_lora(q, r); });
+    http.Post("/v1/unload_lora_adapter", [this](const httplib::Request& q, httplib::Response& r) { unload_lora(q, r); });
     http.Post("/tokenize", [this](const httplib::Request& q, httplib::Response& r) { tokenize(q, r); });
     http.Post("/detokenize", [this](const httplib::Request& q, httplib::Response& r) { detokenize(q, r); });
   }
@@ -242,11 +247,9 @@ struct HttpServer::Impl {
   int32_t check_model(const std::string& model) const {
     if (model.empty() || model == opts.served_model_name || (!opts.model_path.empty() && model == opts.model_path))
       return 0;
-    const auto& served = engine.model().served_loras();
-    for (size_t j = 0; j < served.size(); ++j)
-      if (served[j].name == model) return int32_t(j + 1);
+    if (const int32_t number = engine.lora_number(model)) return number;
     std::string names = fmt::format("`{}`", opts.served_model_name);
-    for (const phi4mm::ServedLora& l : served) names += fmt::format(", `{}`", l.name);
+    for (const phi4mm::ServedLora& l : engine.loras()) names += fmt::format(", `{}`", l.name);
     throw ApiError(404, fmt::format("The model `{}` does not exist (this server serves {}).", model, names), "model",
                    "model_not_found");
   }
@@ -656,6 +659,79 @@ struct HttpServer::Impl {
 
   // ---- helpers -------------------------------------------------------------
 
+  // ---- served LoRAs while serving ----------------------------------------
+
+  // The body's lora_name, checked; 404 when updates are off.
+  std::string lora_request(const json& body) const {
+    if (opts.lora_root.empty())
+      throw ApiError(404, "loading and unloading LoRA adapters is off on this server (start areno serve with "
+                          "--lora-root DIR)", "", "not_found");
+    if (!body.contains("lora_name") || !body["lora_name"].is_string())
+      throw ApiError(400, "'lora_name' must be a string", "lora_name");
+    return body["lora_name"].get<std::string>();
+  }
+
+  void load_lora(const httplib::Request& hreq, httplib::Response& res) {
+    InFlight g(inflight);
+    try {
+      const json body = parse_body(hreq);
+      const std::string name = lora_request(body);
+      if (!valid_lora_name(name))
+        throw ApiError(400, "'lora_name' must be 1 to 128 characters of A-Z a-z 0-9 . _ : / -", "lora_name");
+      if (name == opts.served_model_name || name == opts.model_path)
+        throw ApiError(400, fmt::format("'{}' is the served model's own name", name), "lora_name");
+      if (!body.contains("lora_path") || !body["lora_path"].is_string())
+        throw ApiError(400, "'lora_path' must be a string", "lora_path");
+      const std::string path = body["lora_path"].get<std::string>();
+      // Inside the root, symlinks resolved; a missing folder and one outside get the same answer.
+      std::error_code ec;
+      const std::filesystem::path root = std::filesystem::canonical(opts.lora_root, ec);
+      if (ec) throw ApiError(500, fmt::format("the LoRA root of this server is not accessible ({})", ec.message()));
+      std::filesystem::path p(path);
+      if (p.is_relative()) p = root / p;
+      const std::filesystem::path real = std::filesystem::canonical(p, ec);
+      const std::filesystem::path rel = ec ? std::filesystem::path() : real.lexically_relative(root);
+      if (ec || rel.empty() || *rel.begin() == ".." || !std::filesystem::is_directory(real))
+        throw ApiError(400, fmt::format("'lora_path': '{}' is not a folder under this server's LoRA root", path),
+                       "lora_path");
+      try {
+        engine.load_lora(name, real.string(), opts.max_loras);
+      } catch (const std::invalid_argument& e) {
+        throw ApiError(400, e.what(), "lora_name");
+      } catch (const std::length_error& e) {
+        throw ApiError(400, e.what(), "lora_name");
+      } catch (const std::exception& e) {  // the folder: names the key or tensor, with the server's path cut
+        std::string what = e.what();
+        for (size_t at; (at = what.find(real.string())) != std::string::npos;) what.replace(at, real.string().size(), path);
+        throw ApiError(400, fmt::format("the adapter could not be loaded: {}", what), "lora_path");
+      }
+      fmt::print(stderr, "served LoRA '{}' loaded from {}\n", name, real.string());
+      res.status = 200;
+      res.set_content(fmt::format("Success: LoRA adapter '{}' added successfully.", name), "text/plain");
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  }
+
+  void unload_lora(const httplib::Request& hreq, httplib::Response& res) {
+    InFlight g(inflight);
+    try {
+      const std::string name = lora_request(parse_body(hreq));
+      try {
+        engine.unload_lora(name);
+      } catch (const std::out_of_range& e) {
+        throw ApiError(404, e.what(), "lora_name", "model_not_found");
+      } catch (const LoraInUse& e) {
+        throw ApiError(409, e.what(), "lora_name");
+      }
+      fmt::print(stderr, "served LoRA '{}' unloaded\n", name);
+      res.status = 200;
+      res.set_content(fmt::format("Success: LoRA adapter '{}' removed successfully.", name), "text/plain");
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  }
+
   void tokenize(const httplib::Request& hreq, httplib::Response& res) {
     InFlight g(inflight);
     try {
@@ -768,6 +844,12 @@ bool HttpServer::wait_idle(double seconds) const {
 
 void HttpServer::stop() {
   if (impl_ && !impl_->stopped.exchange(true)) impl_->listener->stop();
+}
+
+bool valid_lora_name(const std::string& name) {
+  return !name.empty() && name.size() <= 128 && std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("._:/-", c) != nullptr;
+  });
 }
 
 }  // namespace areno::serve

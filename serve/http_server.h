@@ -5,6 +5,7 @@
 //   POST /v1/chat/completions   chat, non-streaming or SSE (`stream: true`)
 //   POST /v1/completions        text / token-id prompts, echo + logprobs scoring
 //   GET  /v1/models             the served model and its served LoRAs
+//   POST /v1/load_lora_adapter, /v1/unload_lora_adapter  (with a lora_root; below)
 //   GET  /health                200 {"status":"ok"}; 503 while draining
 //   GET  /metrics               Prometheus text from Engine::stats()
 //   GET  /version
@@ -25,6 +26,11 @@
 // serve --lora-modules NAME=DIR`, vLLM's): that request's sequences add the
 // adapter, in the same batches as every other request, and its responses
 // carry that name. Anything else is a 404 naming what the server serves.
+// With ServerOptions::lora_root, {"lora_name", "lora_path"} to
+// /v1/load_lora_adapter loads one more (200 and a line of text, as vLLM; 400
+// for a bad name, a taken one, a path outside the root, a bad folder or one
+// past max_loras) and {"lora_name"} to /v1/unload_lora_adapter unloads one
+// (404 unknown, 409 while a request uses it). Without a root both are 404.
 //
 // Trajectory recording (the trainer's agentic rollouts, docs/rl.md "Agentic
 // rollouts"): with ServerOptions::recorder set, a generation request carrying
@@ -93,7 +99,17 @@ struct ServerOptions {
   int64_t media_decode_wait_ms = 10000;
   // Records the requests that carry X-Areno-Trajectory (see the top); null: the header is ignored.
   std::shared_ptr<TrajectoryRecorder> recorder;
+  // Served LoRAs loaded and unloaded while serving (POST /v1/load_lora_adapter
+  // and /v1/unload_lora_adapter, vLLM's): on only with a root, and every
+  // lora_path must resolve inside it (relative paths against it, symlinks
+  // resolved). At most max_loras loaded at once (0: no limit).
+  std::string lora_root;
+  size_t max_loras = 16;
 };
+
+// A served LoRA's name (`--lora-modules NAME=DIR`, `lora_name`): 1 to 128
+// characters of A-Z a-z 0-9 . _ : / -.
+bool valid_lora_name(const std::string& name);
 
 class HttpServer {
  public:

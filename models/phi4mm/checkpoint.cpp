@@ -56,7 +56,7 @@ std::optional<PeftAdapter> open_peft(const std::string& dir, const char* adapter
 PeftAdapter open_user_peft(const std::string& sub, int64_t layers) {
   const std::string cfg_path = sub + "/adapter_config.json";
   if (!fs::exists(cfg_path))
-    throw std::runtime_error(fmt::format("--lora {}: no adapter_config.json (a PEFT LoRA adapter folder is expected)", sub));
+    throw std::runtime_error(fmt::format("{}: no adapter_config.json (a PEFT LoRA adapter folder is expected)", sub));
   json j;
   try {
     j = json::parse(read_file(cfg_path));

@@ -368,7 +368,8 @@ int32_t Phi4MMForCausalLM::add_served_lora(
     const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& fill) {
   if (name.empty()) throw std::invalid_argument("a served LoRA needs a name");
   for (const ServedLora& s : served_)
-    if (s.name == name) throw std::invalid_argument(fmt::format("a served LoRA is named '{}' already", name));
+    if (s.name == name && !s.removed)
+      throw std::invalid_argument(fmt::format("a served LoRA is named '{}' already", name));
   check_user_lora(cfg, fmt::format("served LoRA '{}'", name));
   const TensorOptions opts(dtype(), device());
   const auto linears = user_lora_linears(cfg);
@@ -384,21 +385,28 @@ int32_t Phi4MMForCausalLM::add_served_lora(
     if (!tensors[i].second.defined() || tensors[i].second.shape() != shapes[i])
       throw std::invalid_argument(fmt::format("served LoRA '{}': {} is not {}", name, tensors[i].first, shape_str(shapes[i])));
   static std::atomic<uint64_t> next_uid{1};
+  LoraConfig all_targets;  // every linear gets an entry, so the numbers stay aligned
+  all_targets.targets = kLoraTargets;
   size_t t = 0;
-  for (size_t li = 0; li < model->layers->size(); ++li) {
-    auto layer = model->layers->at<DecoderLayer>(li);
-    for (LoraLinear* l : {layer->self_attn->qkv_proj.get(), layer->self_attn->o_proj.get(),
-                          layer->mlp->gate_up_proj.get(), layer->mlp->down_proj.get()}) {
-      if (t < linears.size() && linears[t].second == l) {
-        l->add_served(tensors[2 * t].second, tensors[2 * t + 1].second, cfg.scaling());
-        ++t;
-      } else {
-        l->add_served({}, {}, 0.0);
-      }
+  for (const auto& nl : user_lora_linears(all_targets)) {
+    if (t < linears.size() && linears[t].second == nl.second) {
+      nl.second->add_served(tensors[2 * t].second, tensors[2 * t + 1].second, cfg.scaling());
+      ++t;
+    } else {
+      nl.second->add_served({}, {}, 0.0);
     }
   }
-  served_.push_back({name, source, cfg, next_uid++});
+  served_.push_back({name, source, cfg, next_uid++, int32_t(served_.size() + 1)});
   return int32_t(served_.size());
+}
+
+void Phi4MMForCausalLM::remove_served_lora(int32_t number) {
+  if (number < 1 || size_t(number) > served_.size() || served_[size_t(number - 1)].removed)
+    throw std::out_of_range(fmt::format("no served LoRA number {}", number));
+  LoraConfig all_targets;
+  all_targets.targets = kLoraTargets;
+  for (const auto& nl : user_lora_linears(all_targets)) nl.second->remove_served(number);
+  served_[size_t(number - 1)].removed = true;
 }
 
 void Phi4MMForCausalLM::add_user_lora(const LoraConfig& cfg, uint64_t seed) {
@@ -498,8 +506,9 @@ void Phi4MMForCausalLM::check_batch(const PackedBatch& b) const {
   if (!b.served_lora.empty() && b.served_lora.size() != S)
     throw std::invalid_argument(fmt::format("PackedBatch: {} served LoRAs for {} sequences", b.served_lora.size(), S));
   for (int32_t j : b.served_lora)
-    if (j < 0 || size_t(j) > served_.size())
-      throw std::invalid_argument(fmt::format("PackedBatch: served LoRA {} of {}", j, served_.size()));
+    if (j < 0 || size_t(j) > served_.size() || (j > 0 && served_[size_t(j - 1)].removed))
+      throw std::invalid_argument(fmt::format("PackedBatch: served LoRA {} of {}{}", j, served_.size(),
+                                              j > 0 && size_t(j) <= served_.size() ? " was unloaded" : ""));
   if (b.positions.defined() && (b.positions.dim() != 1 || b.positions.size(0) != T))
     throw std::invalid_argument("PackedBatch: positions must be [T]");
   const std::vector<int64_t> pos = batch_positions(b);

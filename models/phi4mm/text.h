@@ -102,6 +102,8 @@ struct ServedLora {
   std::string source;  // where it was loaded from
   LoraConfig cfg;      // targets as for a user adapter
   uint64_t uid = 0;    // unique in the process: cached keys of one adapter never serve another
+  int32_t number = 0;  // its place in served_loras(), from 1
+  bool removed = false;  // unloaded (remove_served_lora): its number is never reused
 };
 
 // Rows of the packed batch that use each adapter (built once per forward).
@@ -149,6 +151,8 @@ class LoraLinear : public Module {
   // and b [out, r] in the model's dtype and device, or both undefined where
   // that adapter does not wrap this linear (the numbers stay aligned).
   void add_served(Tensor a, Tensor b, double scaling);
+  // Frees served adapter j's tensors (its number stays, unused).
+  void remove_served(int32_t j) { served_.at(size_t(j - 1)) = Served{}; }
   size_t num_served() const { return served_.size(); }
 
   int64_t in_features, out_features;
@@ -318,9 +322,13 @@ class Phi4MMForCausalLM : public Module {
   // write them (names "model.layers.N.<module>.lora_A.weight" / "lora_B"),
   // then attaches them. Nothing is attached when `fill` throws. Returns the
   // adapter's number. Throws std::invalid_argument for an empty or repeated
-  // name or an invalid `cfg`.
+  // name (of a loaded adapter) or an invalid `cfg`.
   int32_t add_served_lora(const std::string& name, const std::string& source, const LoraConfig& cfg,
                           const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& fill);
+  // Unloads served adapter `number`: frees its tensors and marks it removed
+  // (a batch that asks for it is refused; its name may be loaded again, under
+  // a new number). Throws std::out_of_range for a number that is not loaded.
+  void remove_served_lora(int32_t number);
   // Whether the decoder's weights are int8 (quantize_int8, LoadOptions::quantize).
   bool is_quantized() const;
   // The modules weight-only quantization replaces, by dotted module name: the

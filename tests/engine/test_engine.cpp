@@ -3,8 +3,11 @@
 // packed training forward; seeded sampling; stops; aborts; limits.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 
@@ -362,8 +365,71 @@ TEST_CASE("engine: served LoRAs mix in one batch, each request its own; cached b
     Case c = text;
     c.served = j;
     CHECK_THROWS_WITH_AS(e.submit(make_request(c, steps), [](const RequestOutput&) {}),
-                         doctest::Contains("is not one of the model's 2 served LoRAs"), std::invalid_argument);
+                         doctest::Contains("is not a loaded served LoRA (2 loaded)"), std::invalid_argument);
   }
+}
+
+TEST_CASE("engine: served LoRAs load and unload between steps; an adapter in use is not unloaded; numbers are not reused") {
+  auto m = phi4mm::init_model("tiny", 11);
+  testing::TempDir tmp;
+  testing::save_random_peft("tiny", tmp.str("sql"), 4, 8.0, 21);
+  Engine e(m, tokenizer(), opts(8, 16, 256));
+  CHECK(e.loras().empty());
+  CHECK(e.load_lora("sql", tmp.str("sql")) == 1);  // not started: at once, on this thread
+  CHECK(e.lora_number("sql") == 1);
+  CHECK(e.lora_number("nope") == 0);
+  REQUIRE(e.loras().size() == 1);
+  CHECK(e.loras()[0].source == tmp.str("sql"));
+  CHECK_THROWS_WITH_AS(e.load_lora("sql", tmp.str("sql")), doctest::Contains("named 'sql' already"), std::invalid_argument);
+  CHECK_THROWS_AS(e.load_lora("x", tmp.str("nowhere")), std::runtime_error);
+  CHECK_THROWS_WITH_AS(e.load_lora("x", tmp.str("sql"), 1), doctest::Contains("1 served LoRAs are loaded"),
+                       std::length_error);
+  CHECK(e.loras().size() == 1);
+  Case c = mixed_cases()[0];
+  c.served = 1;
+  const std::vector<int64_t> want = reference_greedy(c, 4, m.get());
+  // Waiting in the inbox: in use.
+  std::vector<int64_t> got;
+  bool done = false;
+  e.submit(make_request(c, 4), [&](const RequestOutput& o) {
+    got.insert(got.end(), o.tokens.begin(), o.tokens.end());
+    done |= o.done;
+  });
+  CHECK_THROWS_WITH_AS(e.unload_lora("sql"), doctest::Contains("in use by 1 request(s)"), LoraInUse);
+  e.step();  // admitted and running: still in use
+  CHECK_THROWS_AS(e.unload_lora("sql"), LoraInUse);
+  e.run_until_idle();
+  CHECK(done);
+  CHECK(got == want);
+  e.unload_lora("sql");
+  CHECK(e.loras().empty());
+  CHECK(m->served_loras()[0].removed);
+  CHECK_THROWS_AS(e.unload_lora("sql"), std::out_of_range);
+  CHECK_THROWS_WITH_AS(e.submit(make_request(c, 4), [](const RequestOutput&) {}),
+                       doctest::Contains("is not a loaded served LoRA"), std::invalid_argument);
+  // Through the stepping thread: loaded again under a new number, the same outputs.
+  e.start();
+  CHECK(e.load_lora("sql", tmp.str("sql")) == 2);
+  c.served = 2;
+  std::mutex mu;
+  std::condition_variable cv;
+  got.clear();
+  done = false;
+  e.submit(make_request(c, 4), [&](const RequestOutput& o) {
+    std::lock_guard<std::mutex> lk(mu);
+    got.insert(got.end(), o.tokens.begin(), o.tokens.end());
+    done |= o.done;
+    cv.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    REQUIRE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return done; }));
+  }
+  CHECK(got == want);
+  e.unload_lora("sql");
+  CHECK(e.loras().empty());
+  e.stop();
+  CHECK_THROWS_WITH_AS(e.load_lora("sql", tmp.str("sql")), doctest::Contains("shutting down"), std::runtime_error);
 }
 
 TEST_CASE("engine: n samples share the prompt's full blocks; each copies only the partial last one") {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "models/phi4mm/checkpoint.h"
+#include "models/phi4mm/init.h"
 #include "nn/io/safetensors.h"
 #include "tests/test_util.h"
 #include "tensor/autograd.h"
@@ -49,6 +50,29 @@ inline std::string load_error(const std::string& dir) {
     return e.what();
   }
   return "";
+}
+
+// Gives every user adapter weight of `m` random values (normal, std 0.3; B
+// included, so the adapter changes the outputs).
+inline void randomise_user(phi4mm::Phi4MMForCausalLM& m, uint64_t seed) {
+  Generator g(seed);
+  NoGradGuard ng;
+  for (auto& [name, t] : m.named_parameters())
+    if (name.find(".user.") != std::string::npos) t.copy_(rand_normal(t.shape(), g, 0.0, 0.3).to(t.dtype()));
+}
+
+// Writes a PEFT adapter folder (save_user_lora_peft) for models of `preset`
+// (phi4mm::init_model): rank r, `alpha`, every target, random weights from `seed`.
+inline void save_random_peft(const std::string& preset, const std::string& dir, int64_t r, double alpha,
+                             uint64_t seed) {
+  auto m = phi4mm::init_model(preset, 0);
+  phi4mm::LoraConfig c;
+  c.r = r;
+  c.alpha = alpha;
+  c.targets = phi4mm::kLoraTargets;
+  m->add_user_lora(c, seed);
+  randomise_user(*m, seed);
+  phi4mm::save_user_lora_peft(*m, dir);
 }
 
 // Adds served LoRA `name` (phi4mm::ServedLora) to `m`: rank r, `alpha`, on

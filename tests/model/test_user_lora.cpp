@@ -28,6 +28,7 @@ using areno::testing::gold_ids;
 using areno::testing::TempDir;
 using areno::testing::load_error;
 using areno::testing::same_bits;
+using areno::testing::randomise_user;
 namespace fs = std::filesystem;
 using nlohmann::json;
 
@@ -39,15 +40,6 @@ LoraConfig user_cfg(int64_t r, double alpha, std::vector<std::string> targets = 
   l.alpha = alpha;
   l.targets = std::move(targets);
   return l;
-}
-
-// Gives every user adapter weight random values (B included, so the adapter
-// changes the outputs).
-void randomise_user(Phi4MMForCausalLM& m, uint64_t seed) {
-  Generator g(seed);
-  NoGradGuard ng;
-  for (auto& [name, t] : m.named_parameters())
-    if (name.find(".user.") != std::string::npos) t.copy_(rand_normal(t.shape(), g, 0.0, 0.3).to(t.dtype()));
 }
 
 Tensor logits_of(const Phi4MMForCausalLM& m, Adapter a) {

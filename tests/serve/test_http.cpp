@@ -783,6 +783,62 @@ TEST_CASE("serve/http served LoRAs: \"model\" picks the adapter, /v1/models list
     check_error(bad, 404, "`areno-demo`, `sql`, `org/chat-v2`", "model");
     CHECK(bad.body["error"]["code"] == "model_not_found");
     check_serving(srv.port);
+    // Updates are off without a LoRA root.
+    check_error(post(srv.port, "/v1/load_lora_adapter", {{"lora_name", "x"}, {"lora_path", "/tmp"}}), 404, "--lora-root");
+    check_error(post(srv.port, "/v1/unload_lora_adapter", {{"lora_name", "sql"}}), 404, "--lora-root");
+  }
+  // With a root: load, serve, unload, refusals.
+  areno::testing::TempDir root, outside;
+  areno::testing::save_random_peft("tiny", root.str("adapters/math"), 4, 8.0, 9);
+  areno::testing::save_random_peft("tiny", outside.str("secret"), 4, 8.0, 9);
+  std::filesystem::create_symlink(outside.str("secret"), root.str("adapters/link"));
+  {
+    ServerOptions so;
+    so.lora_root = root.str("adapters");
+    so.max_loras = 3;
+    Served srv(engine, so);
+    auto load = [&](const std::string& name, const std::string& path) {
+      return post(srv.port, "/v1/load_lora_adapter", {{"lora_name", name}, {"lora_path", path}});
+    };
+    auto logprob = [&](const std::string& name) {
+      Reply r = post(srv.port, "/v1/completions", {{"model", name}, {"prompt", {24912, 2375, 13}}, {"echo", true},
+                                                   {"logprobs", 0}, {"max_tokens", 0}});
+      REQUIRE(r.status == 200);
+      return r.body["choices"][0]["logprobs"]["token_logprobs"][2].get<double>();
+    };
+    check_error(post(srv.port, "/v1/chat/completions", hello_chat({{"model", "math"}})), 404, "does not exist");
+    Reply ok = load("math", "math");
+    CHECK(ok.status == 200);
+    CHECK(ok.raw == "Success: LoRA adapter 'math' added successfully.");
+    Reply m = get(srv.port, "/v1/models");
+    REQUIRE(m.body["data"].size() == 4);
+    CHECK(m.body["data"][3]["id"] == "math");
+    CHECK(m.body["data"][3]["parent"] == "areno-demo");
+    const double with_math = logprob("math");
+    CHECK(with_math != logprob("areno-demo"));
+    CHECK(with_math != logprob("sql"));
+    // Refusals: the name, a taken name, paths outside the root (a symlink out included) or missing, the cap.
+    check_error(load("bad name", "math"), 400, "'lora_name' must be", "lora_name");
+    check_error(load("areno-demo", "math"), 400, "the served model's own name", "lora_name");
+    check_error(load("sql", "math"), 400, "named 'sql' already", "lora_name");
+    for (const std::string& p : {std::string("../") + outside.path.filename().string() + "/secret", outside.str("secret"),
+                                 std::string("link"), std::string("missing"), std::string("/")})
+      check_error(load("x", p), 400, "is not a folder under this server's LoRA root", "lora_path");
+    Reply at_cap = load("math2", root.str("adapters/math"));
+    check_error(at_cap, 400, "3 served LoRAs are loaded", "lora_name");
+    CHECK(post(srv.port, "/v1/load_lora_adapter", {{"lora_name", "x"}}).status == 400);  // no path
+    // Unload: gone from the listing and the API; then loaded again, the same model.
+    Reply un = post(srv.port, "/v1/unload_lora_adapter", {{"lora_name", "math"}});
+    CHECK(un.status == 200);
+    CHECK(un.raw == "Success: LoRA adapter 'math' removed successfully.");
+    CHECK(get(srv.port, "/v1/models").body["data"].size() == 3);
+    check_error(post(srv.port, "/v1/chat/completions", hello_chat({{"model", "math"}})), 404, "does not exist");
+    check_error(post(srv.port, "/v1/unload_lora_adapter", {{"lora_name", "math"}}), 404, "no served LoRA is named 'math'");
+    std::filesystem::create_directories(root.str("adapters/empty"));  // below the cap now: the folder's fault
+    check_error(load("x", "empty"), 400, "the adapter could not be loaded: empty: no adapter_config.json", "lora_path");
+    CHECK(load("math", "math").status == 200);
+    CHECK(logprob("math") == with_math);
+    check_serving(srv.port);
   }
   engine.stop(false);
 }
