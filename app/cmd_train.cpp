@@ -101,7 +101,7 @@ constexpr const char* kTrainUsage =
     "                            gate_up_proj, down_proj\n"
     "  --lora DIR                start the user LoRA from a PEFT folder (adapter_config.json,\n"
     "                            adapter_model.safetensors) instead of --lora-rank's fresh one\n"
-    "                            (a resumed run takes its step folder's)\n"
+    "                            (a resumed run takes its step folder's, which must be like it)\n"
     "  --embed-rows all|data|none   rows of the tied embedding/head that train with the lm group:\n"
     "                            all (default), only the token ids the dataset's rows use, none\n"
     "  --unfreeze-mm-projector   train the image/audio projections and separators\n"
@@ -708,6 +708,18 @@ int cmd_train(const Args& args) {
   ModelNeeds needs;
   if (step_dir.empty()) needs.lora_dir = lora_dir;  // a resumed run's step folder holds the adapter
   ServedModel sm = load_served_model(model_dir, device, dtype, needs);
+  if (!step_dir.empty() && !lora_dir.empty()) {
+    // Resumed: the step folder's adapter continues; the flag must name one like it.
+    const phi4mm::LoraConfig want = phi4mm::peft_lora_config(lora_dir, sm.model->config().text.num_hidden_layers);
+    const std::optional<phi4mm::LoraConfig>& have = sm.model->config().user_lora;
+    if (!have || have->r != want.r || have->alpha != want.alpha || have->targets != want.targets)
+      throw std::invalid_argument(fmt::format(
+          "--lora {}: the resumed run's adapter ({}) is not this folder's (rank {}, alpha {}, targets {}); resume with "
+          "the flags of the run", lora_dir,
+          have ? fmt::format("rank {}, alpha {}, targets {}", have->r, have->alpha, fmt::join(have->targets, ","))
+               : std::string("none"),
+          want.r, want.alpha, fmt::join(want.targets, ",")));
+  }
   if (user_lora) add_user_lora(*sm.model, *user_lora, uint64_t(o.seed), model_dir);
   rl.user_lora = sm.model->config().user_lora;  // a separate PPO critic gets a fresh one like it
 

@@ -211,10 +211,12 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
   check_accepting();
   // Under the lock that unload_lora checks the inbox under: a request either
   // gets in before an unload (which then refuses) or sees it unloaded.
-  if (q->r.served_lora != 0 &&
-      std::none_of(loras_.begin(), loras_.end(), [&](const phi4mm::ServedLora& l) { return l.number == q->r.served_lora; }))
-    throw std::invalid_argument(fmt::format("served_lora: {} is not a loaded served LoRA ({} loaded)", q->r.served_lora,
-                                            loras_.size()));
+  if (q->r.served_lora != 0 && std::none_of(loras_.begin(), loras_.end(), [&](const phi4mm::ServedLora& l) {
+        return l.number == q->r.served_lora && (q->r.served_lora_uid == 0 || l.uid == q->r.served_lora_uid);
+      }))
+    throw std::invalid_argument(fmt::format("served_lora: {} is not a loaded served LoRA ({} loaded){}",
+                                            q->r.served_lora, loras_.size(),
+                                            q->r.served_lora_uid ? "; the adapter it named was unloaded" : ""));
   q->id = next_id_++;
   seed_state_ = splitmix64(seed_state_);
   q->seed = q->r.params.seed.value_or(seed_state_);
@@ -271,8 +273,9 @@ int32_t Engine::load_lora(const std::string& name, const std::string& dir, size_
 
 void Engine::unload_lora(const std::string& name) {
   run_between_steps([&] {
-    const int32_t number = lora_number(name);
-    if (number == 0) throw std::out_of_range(fmt::format("no served LoRA is named '{}'", name));
+    const std::optional<phi4mm::ServedLora> l = find_lora(name);
+    if (!l) throw std::out_of_range(fmt::format("no served LoRA is named '{}'", name));
+    const int32_t number = l->number;
     int64_t users = 0;
     for (const auto& q : waiting_) users += q && !q->done && q->r.served_lora == number;
     for (const auto& q : active_) users += !q->done && q->r.served_lora == number;
@@ -293,11 +296,11 @@ std::vector<phi4mm::ServedLora> Engine::loras() const {
   return loras_;
 }
 
-int32_t Engine::lora_number(const std::string& name) const {
+std::optional<phi4mm::ServedLora> Engine::find_lora(const std::string& name) const {
   std::lock_guard<std::mutex> lk(mu_);
   for (const phi4mm::ServedLora& l : loras_)
-    if (l.name == name) return l.number;
-  return 0;
+    if (l.name == name) return l;
+  return std::nullopt;
 }
 
 void Engine::abort(int64_t id) {

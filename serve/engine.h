@@ -58,8 +58,11 @@ struct Request {
   Adapter adapter = Adapter::none;  // the sequence's LoRA (vision when an image is present)
   // The served LoRA beside it (vLLM's --lora-modules): 0 none, j the model's
   // served_loras()[j - 1] (phi4mm::ServedLora), which must be loaded
-  // (Engine::lora_number).
+  // (Engine::find_lora). With served_lora_uid non-zero, submit also checks
+  // that number j still holds that adapter (its uid): a request resolved by
+  // name before an unload never runs under the adapter loaded after it.
   int32_t served_lora = 0;
+  uint64_t served_lora_uid = 0;
   // The prompt's media for its placeholder ids (200010 / 200011), in order of
   // appearance (phi4mm::ProcessedChat::media). Engine::submit runs the
   // processors and towers on them once, on the submitting thread (never the
@@ -192,13 +195,13 @@ class Engine {
   // std::length_error when `max_live` (0: no limit) are loaded already, and
   // std::runtime_error naming the folder's fault. unload_lora throws
   // std::out_of_range for a name not loaded and LoraInUse while a request
-  // (waiting or running) uses it. A number is never reused.
+  // (waiting or running) uses it. The next load takes an unloaded number.
   int32_t load_lora(const std::string& name, const std::string& dir, size_t max_live = 0);
   void unload_lora(const std::string& name);
-  // The loaded served LoRAs, in load order, and the number of `name` (0: not
-  // loaded). Thread-safe.
+  // The loaded served LoRAs, in load order, and the one named `name`
+  // (nullopt: not loaded). Thread-safe.
   std::vector<phi4mm::ServedLora> loras() const;
-  int32_t lora_number(const std::string& name) const;
+  std::optional<phi4mm::ServedLora> find_lora(const std::string& name) const;
 
   EngineStats stats() const;
   // The KV bookkeeping's invariants, for tests: the block manager's own, and

@@ -113,6 +113,7 @@ struct HttpServer::Impl {
 
   std::mutex metrics_mu;
   std::map<std::pair<std::string, int>, int64_t> http_counts;  // (route, status) -> count
+  std::map<std::string, int64_t> model_counts;  // generation requests by model (the served one, or a served LoRA)
 
   // The tokens' bytes for constrained decoding, built at the first request that needs them.
   std::once_flag token_bytes_once;
@@ -242,12 +243,12 @@ struct HttpServer::Impl {
     return body;
   }
 
-  // What a request's "model" names: 0 for the served model (or no name), j
-  // for the model's served LoRA j (phi4mm::ServedLora); 404 otherwise.
-  int32_t check_model(const std::string& model) const {
+  // What a request's "model" names: the served model (or no name: number
+  // 0), or one of its served LoRAs (phi4mm::ServedLora); 404 otherwise.
+  phi4mm::ServedLora check_model(const std::string& model) const {
     if (model.empty() || model == opts.served_model_name || (!opts.model_path.empty() && model == opts.model_path))
-      return 0;
-    if (const int32_t number = engine.lora_number(model)) return number;
+      return {};
+    if (std::optional<phi4mm::ServedLora> l = engine.find_lora(model)) return *l;
     std::string names = fmt::format("`{}`", opts.served_model_name);
     for (const phi4mm::ServedLora& l : engine.loras()) names += fmt::format(", `{}`", l.name);
     throw ApiError(404, fmt::format("The model `{}` does not exist (this server serves {}).", model, names), "model",
@@ -341,7 +342,7 @@ struct HttpServer::Impl {
       if (draining) throw ApiError(503, "the server is shutting down");
       const json body = parse_body(hreq);
       ApiRequest ar = kind == ApiKind::chat ? parse_chat_request(body, opts.api) : parse_completion_request(body, opts.api);
-      const int32_t served_lora = check_model(ar.model);
+      const phi4mm::ServedLora served_lora = check_model(ar.model);
       // Schemas are read from the body again in key order (the parse above sorts keys).
       if (!ar.schema_field.empty() || !ar.forced_tools.empty())
         compile_output_schemas(parse_ordered_json_bounded(hreq.body, opts.max_json_depth), ar);
@@ -357,7 +358,7 @@ struct HttpServer::Impl {
         if (ar.params.n != 1)
           throw ApiError(400, fmt::format("'n' must be 1 in a request recorded under {} (got {})", kTrajectoryHeader,
                                           ar.params.n), "n");
-        if (served_lora)  // the trainer scores turns with the model it trains, not a served adapter
+        if (served_lora.number)  // the trainer scores turns with the model it trains, not a served adapter
           throw ApiError(400, fmt::format("a request recorded under {} must name the served model `{}`, not the "
                                           "served LoRA `{}`", kTrajectoryHeader, opts.served_model_name, ar.model),
                          "model");
@@ -374,7 +375,8 @@ struct HttpServer::Impl {
         Request r;
         r.prompt = pc.ids();
         r.adapter = pc.adapter;
-        r.served_lora = served_lora;
+        r.served_lora = served_lora.number;
+        r.served_lora_uid = served_lora.uid;
         if (turn) {
           turn->media = pc.media;
           turn->adapter = pc.adapter;
@@ -389,7 +391,8 @@ struct HttpServer::Impl {
         for (auto& ids : completion_prompt_ids(ar, engine.tokenizer(), opts.api.vocab_size)) {
           Request r;
           r.prompt = ids;
-          r.served_lora = served_lora;
+          r.served_lora = served_lora.number;
+          r.served_lora_uid = served_lora.uid;
           r.params = ar.params;
           r.cache_salt = ar.cache_salt;
           fit_context(r, ar, "prompt");
@@ -426,7 +429,11 @@ struct HttpServer::Impl {
       }
 
       ResponseHeader h{new_response_id(kind == ApiKind::chat ? "chatcmpl-" : "cmpl-"), unix_now(),
-                       served_lora ? ar.model : opts.served_model_name};
+                       served_lora.number ? ar.model : opts.served_model_name};
+      {
+        std::lock_guard<std::mutex> lk(metrics_mu);
+        model_counts[h.model]++;
+      }
       if (turn) turn->prompt = prompt_ids[0];
       if (!ar.stream) {
         respond_once(kind, ar, h, prompt_ids, *pending, res, turn.get());
@@ -813,11 +820,20 @@ struct HttpServer::Impl {
     metric("areno_engine_step_seconds_total", "counter", "Seconds spent in engine steps.", s.step_seconds_total);
     metric("areno_engine_last_step_seconds", "gauge", "Duration of the last engine step.", s.last_step_seconds);
     metric("areno_http_requests_in_flight", "gauge", "HTTP requests being handled (streams included).", double(inflight.load()));
+    metric("areno_served_loras", "gauge", "Served LoRAs loaded (--lora-modules, /v1/load_lora_adapter).",
+           double(engine.loras().size()));
     out += "# HELP areno_http_requests_total HTTP requests answered, by route and status.\n"
            "# TYPE areno_http_requests_total counter\n";
     std::lock_guard<std::mutex> lk(metrics_mu);
     for (const auto& [key, count] : http_counts)
       out += fmt::format("areno_http_requests_total{{route=\"{}\",status=\"{}\"}} {}\n", key.first, key.second, count);
+    out += "# HELP areno_model_requests_total Generation requests accepted, by the model they named.\n"
+           "# TYPE areno_model_requests_total counter\n";
+    for (const auto& [model, count] : model_counts) {
+      std::string label;  // Prometheus label escaping (the served model's name is the operator's)
+      for (char c : model) label += c == '\\' ? "\\\\" : c == '"' ? "\\\"" : c == '\n' ? "\\n" : std::string(1, c);
+      out += fmt::format("areno_model_requests_total{{model=\"{}\"}} {}\n", label, count);
+    }
     return out;
   }
 };

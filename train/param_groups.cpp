@@ -37,9 +37,7 @@ Group group_of(const std::string& name) {
 
 bool is_lora(const std::string& name) { return contains(name, ".lora_A.") || contains(name, ".lora_B."); }
 
-bool is_user_lora(const std::string& name) {
-  return contains(name, ".lora_A.user.") || contains(name, ".lora_B.user.");
-}
+bool is_user_lora(const std::string& name) { return phi4mm::is_user_lora_param(name); }
 
 LmTrainable lm_trainable_from_name(const std::string& name) {
   if (name == "all") return LmTrainable::all;

@@ -353,7 +353,7 @@ std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const Load
       if (used.count(n)) continue;
       if ((!parts.vision && starts_with(n, kImageEmbedPrefix)) ||
           (!parts.audio && starts_with(n, kAudioEmbedPrefix)) || n == "lm_head.weight" ||
-          (!opts.with_lora && n.find(".lora_") != std::string::npos && n.find(".user.") == std::string::npos)) {
+          (!opts.with_lora && n.find(".lora_") != std::string::npos && !is_user_lora_param(n))) {
         ++skipped;
         continue;
       }
@@ -379,14 +379,15 @@ void load_user_lora(Phi4MMForCausalLM& m, const std::string& dir) {
   m.add_user_lora(p.cfg, 0);
   std::vector<std::pair<std::string, Tensor>> params;
   for (auto& [name, t] : m.named_parameters())
-    if (name.find(".lora_A.user.") != std::string::npos || name.find(".lora_B.user.") != std::string::npos)
-      params.emplace_back(name, t);
+    if (is_user_lora_param(name)) params.emplace_back(name, t);
   walk(params, [&](const std::string& n) -> std::optional<Source> {
     auto it = p.names.find(n);
     if (it == p.names.end()) return std::nullopt;
     return Source{p.file.get(), it->second};
   }, dir);
 }
+
+LoraConfig peft_lora_config(const std::string& dir, int64_t layers) { return open_user_peft(dir, layers).cfg; }
 
 int32_t load_served_lora(Phi4MMForCausalLM& m, const std::string& name, const std::string& dir) {
   const PeftAdapter p = open_user_peft(dir, m.config().text.num_hidden_layers);
@@ -408,8 +409,8 @@ void save_user_lora_peft(const Phi4MMForCausalLM& m, const std::string& dir) {
   if (ec) throw std::runtime_error(fmt::format("cannot create {}: {}", dir, ec.message()));
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& [name, t] : m.named_parameters()) {
+    if (!is_user_lora_param(name)) continue;
     const size_t at = name.find(".user.");
-    if (at == std::string::npos) continue;
     tensors.emplace_back("base_model.model." + name.substr(0, at) + "." + name.substr(at + 6), t.detach());
   }
   // A regex over the decoder's layers: the towers have linears of these names too.
@@ -452,7 +453,7 @@ void save_model(const Phi4MMForCausalLM& model, const std::string& dir, const Sa
   for (auto& [name, t] : model.named_parameters()) {
     Tensor v = t.detach();
     if (merge) {
-      if (name.find(".lora_A.user.") != std::string::npos || name.find(".lora_B.user.") != std::string::npos) continue;
+      if (is_user_lora_param(name)) continue;
       const std::string suffix = ".base_layer.weight";
       if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
         const std::string m = name.substr(0, name.size() - suffix.size());

@@ -87,6 +87,11 @@ std::shared_ptr<Phi4MMForCausalLM> load_model(const std::string& dir, const Load
 // unusable after a throw past the checks of its config.
 void load_user_lora(Phi4MMForCausalLM& m, const std::string& dir);
 
+// The user adapter a PEFT folder holds (r, alpha, dropout, targets), checked
+// as LoadOptions::lora_dir does, for a model of `layers` decoder layers; no
+// weight is read.
+LoraConfig peft_lora_config(const std::string& dir, int64_t layers);
+
 // Adds the PEFT folder `dir` to the model as served adapter `name`
 // (ServedLora, `areno serve --lora-modules NAME=DIR`), checked as a user
 // adapter folder is; returns its number. Throws naming the folder and the key

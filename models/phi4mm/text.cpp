@@ -89,6 +89,10 @@ void LoraLinear::register_adapter(int k, const char* name, const LoraConfig& cfg
   dropout_[k] = cfg.dropout;
 }
 
+bool is_user_lora_param(const std::string& name) {
+  return name.find(".lora_A.user.") != std::string::npos || name.find(".lora_B.user.") != std::string::npos;
+}
+
 void LoraLinear::add_user(const LoraConfig& cfg, TensorOptions opts) {
   if (has_user()) throw std::invalid_argument("this linear has a user adapter already");
   register_adapter(kUser, "user", cfg, opts);
@@ -107,12 +111,14 @@ bool LoraLinear::pow2(double scaling) {
   return std::frexp(scaling, &exponent) == 0.5;
 }
 
-void LoraLinear::add_served(Tensor a, Tensor b, double scaling) {
-  if (a.defined() != b.defined() ||
+void LoraLinear::set_served(int32_t j, Tensor a, Tensor b, double scaling) {
+  if (j < 1 || a.defined() != b.defined() ||
       (a.defined() && (a.dim() != 2 || b.dim() != 2 || a.size(1) != in_features || b.size(0) != out_features ||
                        b.size(1) != a.size(0))))
-    throw std::invalid_argument(fmt::format("served LoRA: expected A [r, {}] and B [{}, r]", in_features, out_features));
-  served_.push_back({std::move(a), std::move(b), scaling});
+    throw std::invalid_argument(fmt::format("served LoRA {}: expected A [r, {}] and B [{}, r]", j, in_features,
+                                            out_features));
+  if (served_.size() < size_t(j)) served_.resize(size_t(j));
+  served_[size_t(j - 1)] = {std::move(a), std::move(b), scaling};
 }
 
 // Adapter k's term for the rows x (every row for the user adapter).
@@ -387,17 +393,22 @@ int32_t Phi4MMForCausalLM::add_served_lora(
   static std::atomic<uint64_t> next_uid{1};
   LoraConfig all_targets;  // every linear gets an entry, so the numbers stay aligned
   all_targets.targets = kLoraTargets;
+  size_t slot = 0;  // the first number an unloaded adapter left, else a new one
+  while (slot < served_.size() && !served_[slot].removed) ++slot;
+  const int32_t number = int32_t(slot + 1);
   size_t t = 0;
   for (const auto& nl : user_lora_linears(all_targets)) {
     if (t < linears.size() && linears[t].second == nl.second) {
-      nl.second->add_served(tensors[2 * t].second, tensors[2 * t + 1].second, cfg.scaling());
+      nl.second->set_served(number, tensors[2 * t].second, tensors[2 * t + 1].second, cfg.scaling());
       ++t;
     } else {
-      nl.second->add_served({}, {}, 0.0);
+      nl.second->set_served(number, {}, {}, 0.0);
     }
   }
-  served_.push_back({name, source, cfg, next_uid++, int32_t(served_.size() + 1)});
-  return int32_t(served_.size());
+  ServedLora l{name, source, cfg, next_uid++, number};
+  if (slot < served_.size()) served_[slot] = std::move(l);
+  else served_.push_back(std::move(l));
+  return number;
 }
 
 void Phi4MMForCausalLM::remove_served_lora(int32_t number) {
@@ -405,7 +416,7 @@ void Phi4MMForCausalLM::remove_served_lora(int32_t number) {
     throw std::out_of_range(fmt::format("no served LoRA number {}", number));
   LoraConfig all_targets;
   all_targets.targets = kLoraTargets;
-  for (const auto& nl : user_lora_linears(all_targets)) nl.second->remove_served(number);
+  for (const auto& nl : user_lora_linears(all_targets)) nl.second->set_served(number, {}, {}, 0.0);
   served_[size_t(number - 1)].removed = true;
 }
 

@@ -103,7 +103,7 @@ struct ServedLora {
   LoraConfig cfg;      // targets as for a user adapter
   uint64_t uid = 0;    // unique in the process: cached keys of one adapter never serve another
   int32_t number = 0;  // its place in served_loras(), from 1
-  bool removed = false;  // unloaded (remove_served_lora): its number is never reused
+  bool removed = false;  // unloaded (remove_served_lora): the next adapter added takes its number
 };
 
 // Rows of the packed batch that use each adapter (built once per forward).
@@ -119,6 +119,10 @@ struct AdapterRows {
   // Seed of this forward's LoRA dropout masks (PackedBatch::dropout_seed).
   uint64_t dropout_seed = 0;
 };
+
+// Whether a parameter name is a weight of the user adapter
+// (…lora_A.user.weight / …lora_B.user.weight).
+bool is_user_lora_param(const std::string& name);
 
 // A bias-free linear layer with optional vision and speech LoRA adapters and
 // an optional user adapter (config "user_lora", `areno train --lora-rank`):
@@ -147,12 +151,10 @@ class LoraLinear : public Module {
   // PEFT's initialisation of a new adapter: A uniform in ±1/sqrt(in) (kaiming
   // uniform, a = sqrt(5)), B zero, so the layer's output is unchanged.
   void init_user(Generator& g);
-  // Appends served adapter number num_served() + 1 (ServedLora): a [r, in]
-  // and b [out, r] in the model's dtype and device, or both undefined where
-  // that adapter does not wrap this linear (the numbers stay aligned).
-  void add_served(Tensor a, Tensor b, double scaling);
-  // Frees served adapter j's tensors (its number stays, unused).
-  void remove_served(int32_t j) { served_.at(size_t(j - 1)) = Served{}; }
+  // Sets served adapter number j (ServedLora, from 1): a [r, in] and b
+  // [out, r] in the model's dtype and device, or both undefined where that
+  // adapter does not wrap this linear (then it adds nothing here).
+  void set_served(int32_t j, Tensor a, Tensor b, double scaling);
   size_t num_served() const { return served_.size(); }
 
   int64_t in_features, out_features;
@@ -321,13 +323,15 @@ class Phi4MMForCausalLM : public Module {
   // device for the linears `cfg.targets` names (check_user_lora), has `fill`
   // write them (names "model.layers.N.<module>.lora_A.weight" / "lora_B"),
   // then attaches them. Nothing is attached when `fill` throws. Returns the
-  // adapter's number. Throws std::invalid_argument for an empty or repeated
-  // name (of a loaded adapter) or an invalid `cfg`.
+  // adapter's number: the lowest one an unloaded adapter left, else the next.
+  // Throws std::invalid_argument for an empty or repeated name (of a loaded
+  // adapter) or an invalid `cfg`.
   int32_t add_served_lora(const std::string& name, const std::string& source, const LoraConfig& cfg,
                           const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& fill);
   // Unloads served adapter `number`: frees its tensors and marks it removed
-  // (a batch that asks for it is refused; its name may be loaded again, under
-  // a new number). Throws std::out_of_range for a number that is not loaded.
+  // (a batch that asks for it is refused; the next adapter added takes the
+  // number, with a new uid). Throws std::out_of_range for a number that is
+  // not loaded.
   void remove_served_lora(int32_t number);
   // Whether the decoder's weights are int8 (quantize_int8, LoadOptions::quantize).
   bool is_quantized() const;

@@ -369,15 +369,17 @@ TEST_CASE("engine: served LoRAs mix in one batch, each request its own; cached b
   }
 }
 
-TEST_CASE("engine: served LoRAs load and unload between steps; an adapter in use is not unloaded; numbers are not reused") {
+TEST_CASE("engine: served LoRAs load and unload between steps; an adapter in use is not unloaded; a stale request is refused") {
   auto m = phi4mm::init_model("tiny", 11);
   testing::TempDir tmp;
   testing::save_random_peft("tiny", tmp.str("sql"), 4, 8.0, 21);
   Engine e(m, tokenizer(), opts(8, 16, 256));
   CHECK(e.loras().empty());
   CHECK(e.load_lora("sql", tmp.str("sql")) == 1);  // not started: at once, on this thread
-  CHECK(e.lora_number("sql") == 1);
-  CHECK(e.lora_number("nope") == 0);
+  REQUIRE(e.find_lora("sql"));
+  CHECK(e.find_lora("sql")->number == 1);
+  CHECK_FALSE(e.find_lora("nope"));
+  const uint64_t first_uid = e.find_lora("sql")->uid;
   REQUIRE(e.loras().size() == 1);
   CHECK(e.loras()[0].source == tmp.str("sql"));
   CHECK_THROWS_WITH_AS(e.load_lora("sql", tmp.str("sql")), doctest::Contains("named 'sql' already"), std::invalid_argument);
@@ -407,10 +409,16 @@ TEST_CASE("engine: served LoRAs load and unload between steps; an adapter in use
   CHECK_THROWS_AS(e.unload_lora("sql"), std::out_of_range);
   CHECK_THROWS_WITH_AS(e.submit(make_request(c, 4), [](const RequestOutput&) {}),
                        doctest::Contains("is not a loaded served LoRA"), std::invalid_argument);
-  // Through the stepping thread: loaded again under a new number, the same outputs.
+  // Through the stepping thread: loaded again, it takes the freed number, with
+  // a new uid; a request resolved before the unload (the old uid) is refused.
   e.start();
-  CHECK(e.load_lora("sql", tmp.str("sql")) == 2);
-  c.served = 2;
+  CHECK(e.load_lora("sql", tmp.str("sql")) == 1);
+  CHECK(e.find_lora("sql")->uid != first_uid);
+  Request stale = make_request(c, 4);
+  stale.served_lora_uid = first_uid;
+  CHECK_THROWS_WITH_AS(e.submit(stale, [](const RequestOutput&) {}), doctest::Contains("the adapter it named was unloaded"),
+                       std::invalid_argument);
+  CHECK(e.load_lora("other", tmp.str("sql")) == 2);  // a new number past the loaded ones
   std::mutex mu;
   std::condition_variable cv;
   got.clear();
@@ -427,7 +435,7 @@ TEST_CASE("engine: served LoRAs load and unload between steps; an adapter in use
   }
   CHECK(got == want);
   e.unload_lora("sql");
-  CHECK(e.loras().empty());
+  CHECK(e.loras().size() == 1);
   e.stop();
   CHECK_THROWS_WITH_AS(e.load_lora("sql", tmp.str("sql")), doctest::Contains("shutting down"), std::runtime_error);
 }

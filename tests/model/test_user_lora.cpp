@@ -494,4 +494,15 @@ TEST_CASE("phi4mm/served LoRAs (--lora-modules): each sequence's adapter, as tha
   CHECK_THROWS_WITH_AS(m->logits(again), doctest::Contains("served LoRA 3 of 2"), std::invalid_argument);
   again.served_lora = {1, 1};
   CHECK_THROWS_WITH_AS(m->logits(again), doctest::Contains("2 served LoRAs for 1 sequences"), std::invalid_argument);
+  // Unloaded: refused by number; the next adapter takes the number, with a new uid.
+  const uint64_t uid_a = m->served_loras()[0].uid;
+  m->remove_served_lora(1);
+  CHECK(m->served_loras()[0].removed);
+  again.served_lora = {1};
+  CHECK_THROWS_WITH_AS(m->logits(again), doctest::Contains("served LoRA 1 of 2 was unloaded"), std::invalid_argument);
+  CHECK_THROWS_AS(m->remove_served_lora(1), std::out_of_range);
+  CHECK(load_served_lora(*m, "a", peft_a) == 1);
+  CHECK(m->served_loras()[0].uid != uid_a);
+  CHECK(same_bits(m->logits(again), ua->logits(PackedBatch::single(ids, Adapter::vision))));
+  CHECK(load_served_lora(*m, "c", tmp.str("b")) == 3);
 }

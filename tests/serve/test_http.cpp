@@ -778,6 +778,11 @@ TEST_CASE("serve/http served LoRAs: \"model\" picks the adapter, /v1/models list
     REQUIRE(st.status == 200);
     CHECK(json::parse(sse_payloads(st.raw).front())["model"] == "org/chat-v2");
     CHECK(post(srv.port, "/tokenize", {{"model", "sql"}, {"prompt", "hello world"}}).status == 200);
+    const std::string metrics = get(srv.port, "/metrics").raw;
+    CHECK(metrics.find("\nareno_served_loras 2\n") != std::string::npos);
+    CHECK(metrics.find("\nareno_model_requests_total{model=\"sql\"} 2\n") != std::string::npos);  // completion + chat
+    CHECK(metrics.find("\nareno_model_requests_total{model=\"org/chat-v2\"} 2\n") != std::string::npos);
+    CHECK(metrics.find("\nareno_model_requests_total{model=\"areno-demo\"} 1\n") != std::string::npos);
     // Unknown: 404 naming every served name.
     Reply bad = post(srv.port, "/v1/chat/completions", hello_chat({{"model", "sq"}}));
     check_error(bad, 404, "`areno-demo`, `sql`, `org/chat-v2`", "model");

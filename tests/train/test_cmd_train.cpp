@@ -249,6 +249,16 @@ TEST_CASE("areno train --lora-rank: only the user adapter trains, it is saved in
     CHECK_THROWS_WITH_AS(app::cmd_train({"--dataset-path", dir.str("d.jsonl"), "--lora", dir.str("peft"), "--lora-rank", "2"}),
                          "--lora-rank and --lora: give one (a fresh adapter, or one from a PEFT folder)",
                          std::invalid_argument);
+    // Resumed, the step folder's adapter continues: --lora must name one like it.
+    fs::create_directories(dir.path / "peft2");
+    fs::copy_file(dir.path / "peft" / "adapter_model.safetensors", dir.path / "peft2" / "adapter_model.safetensors");
+    write(dir.path / "peft2" / "adapter_config.json",
+          R"({"peft_type": "LORA", "r": 2, "lora_alpha": 8, "target_modules": ["qkv_proj", "down_proj"]})");
+    CHECK_THROWS_WITH_AS(app::cmd_train({"--dataset-path", dir.str("d.jsonl"), "--resume", dir.str("save"), "--lora",
+                                         dir.str("peft2"), "--max-steps", "5"}),
+                         doctest::Contains("the resumed run's adapter (rank 4, alpha 8, targets qkv_proj,down_proj) is "
+                                           "not this folder's (rank 2"),
+                         std::invalid_argument);
   }
 
   // Another adapter over the saved one, or adapter flags without a rank, are refused.
