@@ -1,6 +1,7 @@
 // `areno serve`: the OpenAI-compatible server (serve/http_server.h) on the engine.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -45,7 +46,8 @@ constexpr const char* kServeUsage =
     "  --lora-modules NAME=DIR   a PEFT LoRA folder served as model NAME (vLLM's flag; repeat it\n"
     "                            for more): a request whose \"model\" is NAME adds it, in the same\n"
     "                            batches as the others; GET /v1/models lists them. NAME: 1 to 128\n"
-    "                            of A-Z a-z 0-9 . _ : / -\n"
+    "                            of A-Z a-z 0-9 . _ : / -. Also vLLM's JSON form\n"
+    "                            '{\"name\": NAME, \"path\": DIR}'\n"
     "  --lora-root DIR           allow POST /v1/load_lora_adapter {\"lora_name\", \"lora_path\"} and\n"
     "                            /v1/unload_lora_adapter {\"lora_name\"} (vLLM's) while serving, for\n"
     "                            folders under DIR only (default: off, both 404)\n"
@@ -148,16 +150,27 @@ int cmd_serve(const Args& args) {
   add_model_flags(flags, needs);
   std::vector<std::pair<std::string, std::string>> lora_modules;  // NAME, DIR
   flags.value("--lora-modules", [&](const std::string& v) {
-    const size_t eq = v.find('=');
-    const std::string name = v.substr(0, eq == std::string::npos ? 0 : eq);
-    if (eq == std::string::npos || eq + 1 == v.size())
-      throw std::invalid_argument(fmt::format("--lora-modules: expected NAME=DIR, got '{}'", v));
+    std::string name, dir;
+    if (!v.empty() && v[0] == '{') {  // vLLM's JSON form: {"name": ..., "path": ...}
+      const nlohmann::json j = nlohmann::json::parse(v, nullptr, false);
+      if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains("path") ||
+          !j["path"].is_string())
+        throw std::invalid_argument(fmt::format("--lora-modules: expected {{\"name\": ..., \"path\": ...}}, got '{}'", v));
+      name = j["name"].get<std::string>();
+      dir = j["path"].get<std::string>();
+    } else {
+      const size_t eq = v.find('=');
+      if (eq == std::string::npos || eq + 1 == v.size())
+        throw std::invalid_argument(fmt::format("--lora-modules: expected NAME=DIR, got '{}'", v));
+      name = v.substr(0, eq);
+      dir = v.substr(eq + 1);
+    }
     if (!serve::valid_lora_name(name))
       throw std::invalid_argument(
           fmt::format("--lora-modules: the name '{}' must be 1 to 128 characters of A-Z a-z 0-9 . _ : / -", name));
     for (const auto& nd : lora_modules)
       if (nd.first == name) throw std::invalid_argument(fmt::format("--lora-modules: '{}' is given twice", name));
-    lora_modules.emplace_back(name, v.substr(eq + 1));
+    lora_modules.emplace_back(name, dir);
   });
   flags.value("--lora-root", [&](const std::string& v) {
     so.lora_root = v;

@@ -46,13 +46,15 @@ TEST_CASE("serve/cli bad flags and values name the flag") {
   CHECK(error_of([] { app::cmd_serve({"--api-key"}); }).find("--api-key needs a value") != std::string::npos);
   CHECK(error_of([] { app::cmd_serve({"--dtype", "f16"}); }).find("--dtype") != std::string::npos);
   CHECK(error_of([] { app::cmd_serve({"--device", "tpu"}); }).find("--device") != std::string::npos);
-  for (const char* bad : {"sql", "sql=", "=dir", "a b=dir", "x*=dir"})
+  for (const char* bad : {"sql", "sql=", "=dir", "a b=dir", "x*=dir", "{\"name\": \"a\"}", "{\"name\": \"a b\", \"path\": \"x\"}", "{bad"})
     CHECK_MESSAGE(error_of([&] { app::cmd_serve({"--lora-modules", bad}); }).find("--lora-modules") != std::string::npos, bad);
   CHECK(error_of([] { app::cmd_serve({"--lora-modules", "a=x", "--lora-modules", "a=y"}); }).find("'a' is given twice") !=
         std::string::npos);
   // Checked at load (the demo model), naming the folder or the clash.
   CHECK(error_of([] { app::cmd_serve({"--lora-modules", "a=/no/such/adapter"}); }).find("/no/such/adapter") !=
         std::string::npos);
+  CHECK(error_of([] { app::cmd_serve({"--lora-modules", R"({"name": "a", "path": "/no/such/adapter"})"}); })
+            .find("/no/such/adapter") != std::string::npos);
   CHECK(error_of([] { app::cmd_serve({"--lora-modules", "areno-demo=/no/such/adapter"}); })
             .find("'areno-demo' is the served model's own name") != std::string::npos);
   CHECK(error_of([] { app::cmd_serve({"--lora-root", "/no/such/dir"}); }).find("--lora-root") != std::string::npos);
