@@ -4,7 +4,8 @@
 // One engine owns a model, its PagedKvCache and a scheduler. Requests are
 // submitted from any thread; the engine thread (start()) or the caller
 // (step() / run_until_idle(), for tests and offline use) runs steps. A step:
-//   1. takes new requests and aborts from the inbox;
+//   1. takes new requests and aborts from the inbox, and runs the served-LoRA
+//      loads and unloads queued since the last step (load_lora);
 //   2. schedules: every running sequence in decode gets its one pending token,
 //      sequences still in prefill get chunks of at most prefill_chunk_tokens,
 //      waiting requests are admitted (oldest first) while fewer than

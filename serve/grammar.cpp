@@ -311,6 +311,31 @@ std::shared_ptr<const OutputGrammar> OutputGrammar::tool_call(std::shared_ptr<co
   return std::shared_ptr<const OutputGrammar>(new OutputGrammar(std::move(bytes), std::move(segs)));
 }
 
+AutoToolCall::AutoToolCall(std::shared_ptr<const OutputGrammar> call) : call_(std::move(call)) {
+  if (!call_) throw std::invalid_argument("AutoToolCall: no call grammar");
+}
+
+void AutoToolCall::mask(std::span<const int64_t> generated, int64_t remaining, float* work, int64_t V) const {
+  const auto at = std::find(generated.begin(), generated.end(), int64_t(phi4mm::kToolCall));
+  if (at != generated.end()) {
+    call_->mask(generated.subspan(size_t(at - generated.begin())), remaining, work, V);
+    return;
+  }
+  if (remaining >= call_->min_tokens() || phi4mm::kToolCall >= V) return;
+  float& marker = work[phi4mm::kToolCall];
+  if (!std::isfinite(marker)) return;
+  for (int64_t id = 0; id < V; ++id)
+    if (id != phi4mm::kToolCall && std::isfinite(work[id])) {
+      marker = -std::numeric_limits<float>::infinity();
+      return;
+    }
+}
+
+int64_t AutoToolCall::completion_length(std::span<const int64_t> generated) const {
+  const auto at = std::find(generated.begin(), generated.end(), int64_t(phi4mm::kToolCall));
+  return at == generated.end() ? 0 : call_->completion_length(generated.subspan(size_t(at - generated.begin())));
+}
+
 std::shared_ptr<const OutputGrammar> OutputGrammar::choice(std::shared_ptr<const TokenBytes> bytes,
                                                            const std::vector<std::string>& options) {
   if (options.empty() || options.size() > kMaxNames)

@@ -186,4 +186,23 @@ class OutputGrammar final : public OutputConstraint {
   std::unique_ptr<ReplayCache<State>> replayed_;
 };
 
+// tool_choice "auto" with tools: the output is free text until the model
+// writes <|tool_call|>; from that token on, `call` (OutputGrammar::tool_call
+// over every offered tool) constrains the rest, so a call the model begins
+// always parses and its arguments follow its tool's `parameters`. Before the
+// marker nothing is masked, except the marker itself when fewer tokens are
+// left than the shortest call needs (a call is never begun that would be
+// cut), unless it is the only id left.
+class AutoToolCall final : public OutputConstraint {
+ public:
+  explicit AutoToolCall(std::shared_ptr<const OutputGrammar> call);
+  void mask(std::span<const int64_t> generated, int64_t remaining, float* work, int64_t V) const override;
+  int64_t min_tokens() const override { return 1; }  // free text: the stop token alone
+  // 0 before the marker (free text may stop), else the call's.
+  int64_t completion_length(std::span<const int64_t> generated) const override;
+
+ private:
+  std::shared_ptr<const OutputGrammar> call_;
+};
+
 }  // namespace areno::serve

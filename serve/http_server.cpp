@@ -314,6 +314,14 @@ struct HttpServer::Impl {
     if (!ar.max_tokens_given) max_tokens = std::min(max_tokens, context - len);
     r.params.min_tokens = std::min(r.params.min_tokens, max_tokens);
     r.max_context = context;
+    if (!ar.auto_tools.empty()) {
+      try {
+        r.params.grammar = std::make_shared<AutoToolCall>(OutputGrammar::tool_call(token_bytes(), ar.auto_tools, ar.auto_schemas));
+      } catch (const std::invalid_argument&) {
+        // More tools or longer names than a call grammar takes: free text, as before.
+      }
+      return;
+    }
     if (ar.constraint_field.empty()) return;
     const char* what = ar.constraint_field.c_str();
     try {
@@ -344,7 +352,7 @@ struct HttpServer::Impl {
       ApiRequest ar = kind == ApiKind::chat ? parse_chat_request(body, opts.api) : parse_completion_request(body, opts.api);
       const phi4mm::ServedLora served_lora = check_model(ar.model);
       // Schemas are read from the body again in key order (the parse above sorts keys).
-      if (!ar.schema_field.empty() || !ar.forced_tools.empty())
+      if (!ar.schema_field.empty() || !ar.forced_tools.empty() || !ar.auto_tools.empty())
         compile_output_schemas(parse_ordered_json_bounded(hreq.body, opts.max_json_depth), ar);
       // A recorded trajectory turn: one sample of one prompt, its log-probabilities always computed.
       std::shared_ptr<TrajectoryTurn> turn;

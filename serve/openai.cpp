@@ -420,6 +420,9 @@ ApiRequest parse_chat_request(const json& body, const ApiLimits& lim) {
     }
   }
   if (!r.forced_tools.empty()) set_constraint(r, "tool_choice");
+  // "auto" with no other constraint: a call the model begins is constrained (AutoToolCall).
+  if (r.tool_choice == "auto" && r.constraint_field.empty())
+    for (const json& t : r.tools) r.auto_tools.push_back(t["function"]["name"].get<std::string>());
   if (has(body, "modalities")) {
     const json& m = body["modalities"];
     if (!m.is_array()) throw bad("modalities", "'modalities' must be an array");
@@ -451,6 +454,28 @@ void compile_output_schemas(const nlohmann::ordered_json& body, ApiRequest& r) {
     }
   }
   r.forced_schemas.clear();
+  r.auto_schemas.clear();
+  if (!r.auto_tools.empty()) {
+    // tool_choice "auto": each tool's parameters where the subset covers
+    // them, else any object; past the node budget, no constraint at all (the
+    // request stays valid: "auto" promised free text before).
+    static const ojson none = {{"type", "object"}, {"properties", ojson::object()}};
+    size_t nodes = 0;
+    for (const ojson& t : body.at("tools")) {
+      const ojson& f = t["function"];
+      std::shared_ptr<const JsonSchema> schema;
+      try {
+        schema = JsonSchema::compile(f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"] : none);
+      } catch (const std::invalid_argument&) {
+      }
+      if (schema && (nodes += schema->size()) > JsonSchema::kMaxRequestNodes) {
+        r.auto_tools.clear();
+        r.auto_schemas.clear();
+        break;
+      }
+      r.auto_schemas.push_back(std::move(schema));
+    }
+  }
   if (r.forced_tools.empty()) return;
   size_t nodes = 0;
   const ojson& tools = body.at("tools");

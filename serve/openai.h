@@ -82,6 +82,9 @@ struct ApiRequest {
   // The tools a reply must call one of (tool_choice "required": every tool;
   // a named function: that one); empty when the model may answer in text.
   std::vector<std::string> forced_tools;
+  // tool_choice "auto" (with no other constraint): every tool's name, for
+  // serve/grammar.h's AutoToolCall; empty otherwise.
+  std::vector<std::string> auto_tools;
   bool json_object = false;         // response_format json_object, structured_outputs.json_object
   // Where the output's JSON schema stands in the body, dotted
   // ("response_format.json_schema.schema", "guided_json",
@@ -104,6 +107,8 @@ struct ApiRequest {
   // tool's `parameters` (parallel to forced_tools).
   std::shared_ptr<const JsonSchema> output_schema;
   std::vector<std::shared_ptr<const JsonSchema>> forced_schemas;
+  // Each auto tool's `parameters` (parallel to auto_tools; null: any object).
+  std::vector<std::shared_ptr<const JsonSchema>> auto_schemas;
   bool add_generation_prompt = true;
   bool logprobs = false;            // chat: per-token logprobs requested
   int64_t top_logprobs = 0;

@@ -196,6 +196,68 @@ TEST_CASE("serve/grammar random walks through the mask end in a complete call or
   CHECK(complete == 6);
 }
 
+TEST_CASE("serve/grammar tool_choice auto: free text until <|tool_call|>, then a call that parses; none begun without room") {
+  const json tools = tools_named({"get_weather", "add"});
+  const auto call = OutputGrammar::tool_call(bytes(), {"get_weather", "add"});
+  const AutoToolCall g(call);
+  CHECK(g.min_tokens() == 1);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  std::vector<float> logits(static_cast<size_t>(kVocab));
+  for (float& x : logits) x = nd(rng);
+  const float inf = std::numeric_limits<float>::infinity();
+  // Before the marker, with room for a call: nothing is masked.
+  const std::vector<int64_t> said = ids("Let me check. ");
+  std::vector<float> w = logits;
+  g.mask(said, call->min_tokens(), w.data(), kVocab);
+  CHECK(w == logits);
+  CHECK(g.completion_length(said) == 0);
+  // One token short of the shortest call: only the marker is masked ...
+  w = logits;
+  g.mask(said, call->min_tokens() - 1, w.data(), kVocab);
+  int64_t changed = 0;
+  for (int64_t id = 0; id < kVocab; ++id) changed += w[size_t(id)] != logits[size_t(id)];
+  CHECK(changed == 1);
+  CHECK(w[size_t(phi4mm::kToolCall)] == -inf);
+  // ... unless it is the only id left.
+  std::vector<float> only(static_cast<size_t>(kVocab), -inf);
+  only[size_t(phi4mm::kToolCall)] = 0;
+  g.mask(said, 1, only.data(), kVocab);
+  CHECK(only[size_t(phi4mm::kToolCall)] == 0);
+  // From the marker on: the call grammar's mask of the output from the marker.
+  std::vector<int64_t> begun = said;
+  begun.push_back(phi4mm::kToolCall);
+  for (int64_t id : ids("[{\"name\": \"ad")) begun.push_back(id);
+  const std::span<const int64_t> from(begun.data() + said.size(), begun.size() - said.size());
+  for (int64_t left : {int64_t(12), int64_t(40)}) {
+    w = logits;
+    g.mask(begun, left, w.data(), kVocab);
+    std::vector<float> want = logits;
+    call->mask(from, left, want.data(), kVocab);
+    CHECK(w == want);
+  }
+  CHECK(g.completion_length(begun) == call->completion_length(from));
+  CHECK_THROWS_AS(g.mask(std::vector<int64_t>{phi4mm::kToolCall, ids("x")[0]}, 40, w.data(), kVocab), std::logic_error);
+  // Walks that begin a call after some text always end in one that parses.
+  for (int walk = 0; walk < 4; ++walk) {
+    std::vector<int64_t> out = ids("Sure. ");
+    out.push_back(phi4mm::kToolCall);
+    const int64_t max_tokens = int64_t(out.size()) + call->min_tokens() + 10 * walk;
+    while (int64_t(out.size()) < max_tokens && out.back() != phi4mm::kEnd) {
+      for (float& x : w) x = 3.0f * nd(rng);
+      for (char c : std::string("{[\"0tn,:")) w[size_t(bytes()->byte_token(uint8_t(c)))] += 6.0f;
+      g.mask(out, max_tokens - int64_t(out.size()), w.data(), kVocab);
+      out.push_back(int64_t(std::max_element(w.begin(), w.end()) - w.begin()));
+    }
+    const std::string t = text(out);
+    CAPTURE(t);
+    REQUIRE(out.back() == phi4mm::kEnd);
+    const ToolCallParse p = parse_tool_calls(t.substr(0, t.size() - 7), tools);
+    REQUIRE(p.found);
+    CHECK(json::parse(p.tool_calls[0]["function"]["arguments"].get<std::string>()).is_object());
+  }
+}
+
 namespace {
 
 // The fewest tokens spelling `t`, by brute force over every substring.

@@ -229,7 +229,8 @@ TEST_CASE("serve/http chat, greedy, non-streaming: an OpenAI chat.completion, de
 // the schema's order. A forced call's arguments follow the tool's
 // `parameters` (none: {}). A max_tokens too small for the shortest output is
 // a 400 naming max_tokens, an unsupported schema keyword a 400 naming the
-// schema's field; "auto" stays free text.
+// schema's field; "auto" stays free text until the model begins a call,
+// which is then constrained as a forced one.
 TEST_CASE("serve/http tool_choice required / a named function and response_format json_object / json_schema are enforced") {
   World& w = world();
   const json tools = json::array(
@@ -428,6 +429,23 @@ TEST_CASE("serve/http tool_choice required / a named function and response_forma
                  {{"messages", messages}, {"tools", tools}, {"tool_choice", "auto"}, {"max_tokens", 8}, {"temperature", 0}});
   REQUIRE(a.status == 200);
   CHECK(a.body["choices"][0]["finish_reason"] != "tool_calls");
+  // "auto" and a call the model begins (logit_bias on <|tool_call|>): the
+  // rest is constrained, so the random model's call parses, names an
+  // offered tool and has object arguments, greedy and sampled.
+  for (double temperature : {0.0, 1.0}) {
+    CAPTURE(temperature);
+    Reply b = post(w.plain->port, "/v1/chat/completions",
+                   {{"messages", messages}, {"tools", tools}, {"tool_choice", "auto"}, {"max_tokens", 80},
+                    {"temperature", temperature}, {"seed", 3}, {"logit_bias", {{std::to_string(phi4mm::kToolCall), 100}}}});
+    REQUIRE(b.status == 200);
+    const json& c = b.body["choices"][0];
+    CAPTURE(c.dump());
+    CHECK(c["finish_reason"] == "tool_calls");
+    REQUIRE(c["message"]["tool_calls"].size() == 1);
+    const std::string name = c["message"]["tool_calls"][0]["function"]["name"];
+    CHECK((name == "get_weather" || name == "add"));
+    CHECK(json::parse(c["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()).is_object());
+  }
 
   // Streamed: the call arrives as one tool_calls delta (never as content
   // text), then finish_reason tool_calls; the same call as the non-streamed
