@@ -253,7 +253,7 @@ void Engine::run_controls() {
   for (auto& t : tasks) t();  // each keeps its own exception for its caller
 }
 
-int32_t Engine::load_lora(const std::string& name, const std::string& dir, size_t max_live) {
+int32_t Engine::load_lora(const std::string& name, const std::string& dir, size_t max_live, const std::string& source) {
   int32_t number = 0;
   run_between_steps([&] {
     {
@@ -264,7 +264,7 @@ int32_t Engine::load_lora(const std::string& name, const std::string& dir, size_
         throw std::length_error(fmt::format("{} served LoRAs are loaded, the most this server holds; unload one first",
                                             loras_.size()));
     }
-    number = phi4mm::load_served_lora(*model_, name, dir);  // between steps: no forward reads the adapters
+    number = phi4mm::load_served_lora(*model_, name, dir, source);  // between steps: no forward reads the adapters
     std::lock_guard<std::mutex> lk(mu_);
     loras_.push_back(model_->served_loras()[size_t(number - 1)]);
   });

@@ -197,7 +197,9 @@ class Engine {
   // std::runtime_error naming the folder's fault. unload_lora throws
   // std::out_of_range for a name not loaded and LoraInUse while a request
   // (waiting or running) uses it. The next load takes an unloaded number.
-  int32_t load_lora(const std::string& name, const std::string& dir, size_t max_live = 0);
+  // `source`: what ServedLora::source reports (default: `dir`).
+  int32_t load_lora(const std::string& name, const std::string& dir, size_t max_live = 0,
+                    const std::string& source = "");
   void unload_lora(const std::string& name);
   // The loaded served LoRAs, in load order, and the one named `name`
   // (nullopt: not loaded). Thread-safe.

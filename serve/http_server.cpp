@@ -678,6 +678,7 @@ struct HttpServer::Impl {
 
   // The body's lora_name, checked; 404 when updates are off.
   std::string lora_request(const json& body) const {
+    if (draining) throw ApiError(503, "the server is shutting down");
     if (opts.lora_root.empty())
       throw ApiError(404, "loading and unloading LoRA adapters is off on this server (start areno serve with "
                           "--lora-root DIR)", "", "not_found");
@@ -710,7 +711,7 @@ struct HttpServer::Impl {
         throw ApiError(400, fmt::format("'lora_path': '{}' is not a folder under this server's LoRA root", path),
                        "lora_path");
       try {
-        engine.load_lora(name, real.string(), opts.max_loras);
+        engine.load_lora(name, real.string(), opts.max_loras, path);  // /v1/models shows the path as sent
       } catch (const std::invalid_argument& e) {
         throw ApiError(400, e.what(), "lora_name");
       } catch (const std::length_error& e) {
@@ -738,6 +739,8 @@ struct HttpServer::Impl {
         throw ApiError(404, e.what(), "lora_name", "model_not_found");
       } catch (const LoraInUse& e) {
         throw ApiError(409, e.what(), "lora_name");
+      } catch (const std::runtime_error& e) {  // the engine is stopping
+        throw ApiError(503, e.what());
       }
       fmt::print(stderr, "served LoRA '{}' unloaded\n", name);
       res.status = 200;

@@ -389,9 +389,10 @@ void load_user_lora(Phi4MMForCausalLM& m, const std::string& dir) {
 
 LoraConfig peft_lora_config(const std::string& dir, int64_t layers) { return open_user_peft(dir, layers).cfg; }
 
-int32_t load_served_lora(Phi4MMForCausalLM& m, const std::string& name, const std::string& dir) {
+int32_t load_served_lora(Phi4MMForCausalLM& m, const std::string& name, const std::string& dir,
+                         const std::string& source) {
   const PeftAdapter p = open_user_peft(dir, m.config().text.num_hidden_layers);
-  return m.add_served_lora(name, dir, p.cfg, [&](std::vector<std::pair<std::string, Tensor>>& params) {
+  return m.add_served_lora(name, source.empty() ? dir : source, p.cfg, [&](std::vector<std::pair<std::string, Tensor>>& params) {
     walk(params, [&](const std::string& n) -> std::optional<Source> {
       // "<module>.lora_A.weight" is "<module>.lora_A.user.weight" in the folder's names (read_peft).
       auto it = p.names.find(n.substr(0, n.size() - std::string(".weight").size()) + ".user.weight");

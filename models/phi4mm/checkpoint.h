@@ -96,7 +96,9 @@ LoraConfig peft_lora_config(const std::string& dir, int64_t layers);
 // (ServedLora, `areno serve --lora-modules NAME=DIR`), checked as a user
 // adapter folder is; returns its number. Throws naming the folder and the key
 // or tensor, with nothing added.
-int32_t load_served_lora(Phi4MMForCausalLM& m, const std::string& name, const std::string& dir);
+// `source` is what ServedLora::source reports (default: `dir`).
+int32_t load_served_lora(Phi4MMForCausalLM& m, const std::string& name, const std::string& dir,
+                         const std::string& source = "");
 
 // Writes the model's user adapter as peft saves one for transformers' port:
 // `dir`/adapter_model.safetensors (base_model.model.<module>.lora_A.weight,

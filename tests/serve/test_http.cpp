@@ -837,6 +837,7 @@ TEST_CASE("serve/http served LoRAs: \"model\" picks the adapter, /v1/models list
     REQUIRE(m.body["data"].size() == 4);
     CHECK(m.body["data"][3]["id"] == "math");
     CHECK(m.body["data"][3]["parent"] == "areno-demo");
+    CHECK(m.body["data"][3]["root"] == "math");  // as sent, not the server's folder
     const double with_math = logprob("math");
     CHECK(with_math != logprob("areno-demo"));
     CHECK(with_math != logprob("sql"));
