@@ -97,6 +97,8 @@ const char* quantize_name(Quantize q);
 // NAME=DIR`, vLLM's): inference only, held outside the module tree (never
 // trained, saved or counted as a parameter), selected per sequence by its
 // number (PackedBatch::served_lora) and added after the row and user adapters.
+// Its tensors are made on the model's device and dtype when it is added;
+// Module::to does not move them (add served adapters after moving the model).
 struct ServedLora {
   std::string name;    // what requests name it by (their "model")
   std::string source;  // where it was loaded from
