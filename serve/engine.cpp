@@ -211,12 +211,16 @@ int64_t Engine::submit(Request r, OutputCallback on_output) {
   check_accepting();
   // Under the lock that unload_lora checks the inbox under: a request either
   // gets in before an unload (which then refuses) or sees it unloaded.
-  if (q->r.served_lora != 0 && std::none_of(loras_.begin(), loras_.end(), [&](const phi4mm::ServedLora& l) {
-        return l.number == q->r.served_lora && (q->r.served_lora_uid == 0 || l.uid == q->r.served_lora_uid);
-      }))
-    throw std::invalid_argument(fmt::format("served_lora: {} is not a loaded served LoRA ({} loaded){}",
-                                            q->r.served_lora, loras_.size(),
-                                            q->r.served_lora_uid ? "; the adapter it named was unloaded" : ""));
+  if (q->r.served_lora != 0) {
+    const auto l = std::find_if(loras_.begin(), loras_.end(), [&](const phi4mm::ServedLora& l) {
+      return l.number == q->r.served_lora && (q->r.served_lora_uid == 0 || l.uid == q->r.served_lora_uid);
+    });
+    if (l == loras_.end())
+      throw std::invalid_argument(fmt::format("served_lora: {} is not a loaded served LoRA ({} loaded){}",
+                                              q->r.served_lora, loras_.size(),
+                                              q->r.served_lora_uid ? "; the adapter it named was unloaded" : ""));
+    q->r.served_lora_uid = l->uid;  // the block digests' key
+  }
   q->id = next_id_++;
   seed_state_ = splitmix64(seed_state_);
   q->seed = q->r.params.seed.value_or(seed_state_);
@@ -650,8 +654,7 @@ void Engine::extend_digests(Seq& s, RopeTable table, int64_t n) const {
     else buf.assign(q.salt_digest);
     buf += char(table == RopeTable::long_table ? 2 : 1);
     buf += char(int(q.r.adapter));
-    const uint64_t served = q.r.served_lora ? model_->served_loras()[size_t(q.r.served_lora - 1)].uid : 0;
-    buf.append(reinterpret_cast<const char*>(&served), sizeof served);
+    buf.append(reinterpret_cast<const char*>(&q.r.served_lora_uid), sizeof q.r.served_lora_uid);  // 0: none
     buf.append(reinterpret_cast<const char*>(s.tokens.data() + i * BS), size_t(BS) * sizeof(int64_t));
     for (int64_t m = q.media_before[size_t(std::min(i * BS, P))]; m < q.media_before[size_t(std::min((i + 1) * BS, P))];
          ++m)

@@ -62,6 +62,7 @@ struct Request {
   // (Engine::find_lora). With served_lora_uid non-zero, submit also checks
   // that number j still holds that adapter (its uid): a request resolved by
   // name before an unload never runs under the adapter loaded after it.
+  // submit sets it to the adapter's uid (the prefix cache's key).
   int32_t served_lora = 0;
   uint64_t served_lora_uid = 0;
   // The prompt's media for its placeholder ids (200010 / 200011), in order of

@@ -20,6 +20,7 @@
 
 #include "areno_build_config.h"
 #include "models/phi4mm/processor/chat_processor.h"
+#include "models/phi4mm/processor/media_source.h"
 #include "serve/cfg.h"
 #include "serve/grammar.h"
 
@@ -47,14 +48,14 @@ bool equal_secret(std::string_view given, std::string_view expected) {
   return diff == 0;
 }
 
-bool valid_trajectory_id(const std::string& id) {
-  if (id.empty() || id.size() > 128) return false;
-  for (char c : id)
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-          c == ':' || c == '-'))
-      return false;
-  return true;
+// 1 to 128 characters of A-Z a-z 0-9 and `punct`.
+bool valid_id(const std::string& id, const char* punct) {
+  return !id.empty() && id.size() <= 128 && std::all_of(id.begin(), id.end(), [&](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || (c != '\0' && std::strchr(punct, c) != nullptr);
+  });
 }
+
+bool valid_trajectory_id(const std::string& id) { return valid_id(id, "._:-"); }
 
 // The outputs of one HTTP request's engine requests, filled by the engine
 // thread's callbacks and drained by the handler.
@@ -700,28 +701,28 @@ struct HttpServer::Impl {
         throw ApiError(400, "'lora_path' must be a string", "lora_path");
       const std::string path = body["lora_path"].get<std::string>();
       // Inside the root, symlinks resolved; a missing folder and one outside get the same answer.
-      std::error_code ec;
-      const std::filesystem::path root = std::filesystem::canonical(opts.lora_root, ec);
-      if (ec) throw ApiError(500, fmt::format("the LoRA root of this server is not accessible ({})", ec.message()));
-      std::filesystem::path p(path);
-      if (p.is_relative()) p = root / p;
-      const std::filesystem::path real = std::filesystem::canonical(p, ec);
-      const std::filesystem::path rel = ec ? std::filesystem::path() : real.lexically_relative(root);
-      if (ec || rel.empty() || *rel.begin() == ".." || !std::filesystem::is_directory(real))
+      if (!std::filesystem::is_directory(opts.lora_root))
+        throw ApiError(500, "the LoRA root of this server is not accessible");
+      std::string real;
+      try {
+        real = phi4mm::resolve_under_root(opts.lora_root, path, "lora_path");
+      } catch (const phi4mm::ProcessorError&) {
+      }
+      if (real.empty() || !std::filesystem::is_directory(real))
         throw ApiError(400, fmt::format("'lora_path': '{}' is not a folder under this server's LoRA root", path),
                        "lora_path");
       try {
-        engine.load_lora(name, real.string(), opts.max_loras, path);  // /v1/models shows the path as sent
+        engine.load_lora(name, real, opts.max_loras, path);  // /v1/models shows the path as sent
       } catch (const std::invalid_argument& e) {
         throw ApiError(400, e.what(), "lora_name");
       } catch (const std::length_error& e) {
         throw ApiError(400, e.what(), "lora_name");
       } catch (const std::exception& e) {  // the folder: names the key or tensor, with the server's path cut
         std::string what = e.what();
-        for (size_t at; (at = what.find(real.string())) != std::string::npos;) what.replace(at, real.string().size(), path);
+        for (size_t at; (at = what.find(real)) != std::string::npos;) what.replace(at, real.size(), path);
         throw ApiError(400, fmt::format("the adapter could not be loaded: {}", what), "lora_path");
       }
-      fmt::print(stderr, "served LoRA '{}' loaded from {}\n", name, real.string());
+      fmt::print(stderr, "served LoRA '{}' loaded from {}\n", name, real);
       res.status = 200;
       res.set_content(fmt::format("Success: LoRA adapter '{}' added successfully.", name), "text/plain");
     } catch (const ApiError& e) {
@@ -873,10 +874,6 @@ void HttpServer::stop() {
   if (impl_ && !impl_->stopped.exchange(true)) impl_->listener->stop();
 }
 
-bool valid_lora_name(const std::string& name) {
-  return !name.empty() && name.size() <= 128 && std::all_of(name.begin(), name.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("._:/-", c) != nullptr;
-  });
-}
+bool valid_lora_name(const std::string& name) { return valid_id(name, "._:/-"); }
 
 }  // namespace areno::serve

@@ -433,6 +433,18 @@ ApiRequest parse_chat_request(const json& body, const ApiLimits& lim) {
   return r;
 }
 
+namespace {
+
+// A function's `parameters` (none: it takes no arguments, `{}`); throws
+// std::invalid_argument for a schema outside the subset.
+std::shared_ptr<const JsonSchema> compile_parameters(const nlohmann::ordered_json& function) {
+  static const nlohmann::ordered_json none = {{"type", "object"}, {"properties", nlohmann::ordered_json::object()}};
+  return JsonSchema::compile(function.contains("parameters") && !function["parameters"].is_null() ? function["parameters"]
+                                                                                                  : none);
+}
+
+}  // namespace
+
 void compile_output_schemas(const nlohmann::ordered_json& body, ApiRequest& r) {
   using ojson = nlohmann::ordered_json;
   if (!r.schema_field.empty()) {
@@ -459,13 +471,11 @@ void compile_output_schemas(const nlohmann::ordered_json& body, ApiRequest& r) {
     // tool_choice "auto": each tool's parameters where the subset covers
     // them, else any object; past the node budget, no constraint at all (the
     // request stays valid: "auto" promised free text before).
-    static const ojson none = {{"type", "object"}, {"properties", ojson::object()}};
     size_t nodes = 0;
     for (const ojson& t : body.at("tools")) {
-      const ojson& f = t["function"];
       std::shared_ptr<const JsonSchema> schema;
       try {
-        schema = JsonSchema::compile(f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"] : none);
+        schema = compile_parameters(t["function"]);
       } catch (const std::invalid_argument&) {
       }
       if (schema && (nodes += schema->size()) > JsonSchema::kMaxRequestNodes) {
@@ -488,8 +498,7 @@ void compile_output_schemas(const nlohmann::ordered_json& body, ApiRequest& r) {
     const bool strict = f.contains("strict") && f["strict"].is_boolean() && f["strict"].get<bool>();
     std::shared_ptr<const JsonSchema> schema;
     try {
-      static const ojson none = {{"type", "object"}, {"properties", ojson::object()}};
-      schema = JsonSchema::compile(f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"] : none);
+      schema = compile_parameters(f);
     } catch (const std::invalid_argument& e) {
       // As OpenAI: a function's parameters bind its arguments when it is
       // `strict`; otherwise a schema outside the subset leaves them any JSON

@@ -132,9 +132,12 @@ Tensor LoraLinear::adapter_delta(int k, const Tensor& x, const AdapterRows& rows
     Generator g(dropout_stream(rows.dropout_seed, salt * 3 + uint64_t(k)));
     xs = dropout(xs, dropout_[k], true, g);
   }
-  // PEFT rounding order: (drop(x)·Aᵀ)·Bᵀ, times the scaling, then added.
-  return pow2(k) ? linear(mul(linear(xs, lora_a_[k]), scaling_[k]), lora_b_[k])
-              : mul(linear(linear(xs, lora_a_[k]), lora_b_[k]), scaling_[k]);
+  return product(xs, lora_a_[k], lora_b_[k], scaling_[k]);
+}
+
+Tensor LoraLinear::product(const Tensor& x, const Tensor& a, const Tensor& b, double s) {
+  // PEFT rounding order: (x·Aᵀ)·Bᵀ, times the scaling (then added).
+  return pow2(s) ? linear(mul(linear(x, a), s), b) : mul(linear(linear(x, a), b), s);
 }
 
 Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
@@ -177,23 +180,21 @@ Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
   // Served adapters, each on its sequences' rows, in the user adapter's
   // rounding order (so one served on every row gives the bits of the same
   // folder loaded as the user adapter).
-  for (size_t j = 0; j < served_.size() && j < rows.served_all.size(); ++j) {
+  for (size_t j = 0; j < served_.size() && j < rows.served.size(); ++j) {
     const Served& sv = served_[j];
-    const bool all = rows.served_all[j];
-    if (!sv.a.defined() || (!all && !rows.served_rows[j].defined())) continue;
+    const AdapterRows::Served& at = rows.served[j];
+    if (!sv.a.defined() || (!at.all && !at.rows.defined())) continue;
     if (pow2(sv.scaling) && x.dim() == 2 && y.is_contiguous() && !needs_grad({x, base_layer->weight})) {
       // Inference: the product joins y in its GEMM, on every row or on each
       // run of the adapter's consecutive rows in place (no gather or scatter).
-      if (all) linear_add_(y, mul(linear(x, sv.a), sv.scaling), sv.b);
+      if (at.all) linear_add_(y, mul(linear(x, sv.a), sv.scaling), sv.b);
       else
-        for (const auto& [r0, n] : rows.served_runs[j])
+        for (const auto& [r0, n] : at.runs)
           linear_add_(y.narrow(0, r0, n), mul(linear(x.narrow(0, r0, n), sv.a), sv.scaling), sv.b);
       continue;
     }
-    Tensor xs = all ? x : index_select(x, 0, rows.served_rows[j]);
-    Tensor d = pow2(sv.scaling) ? linear(mul(linear(xs, sv.a), sv.scaling), sv.b)
-                                : mul(linear(linear(xs, sv.a), sv.b), sv.scaling);
-    y = all ? add(y, d) : index_add(y, 0, rows.served_rows[j], d);
+    Tensor d = product(at.all ? x : index_select(x, 0, at.rows), sv.a, sv.b, sv.scaling);
+    y = at.all ? add(y, d) : index_add(y, 0, at.rows, d);
   }
   return y;
 }
@@ -391,20 +392,12 @@ int32_t Phi4MMForCausalLM::add_served_lora(
     if (!tensors[i].second.defined() || tensors[i].second.shape() != shapes[i])
       throw std::invalid_argument(fmt::format("served LoRA '{}': {} is not {}", name, tensors[i].first, shape_str(shapes[i])));
   static std::atomic<uint64_t> next_uid{1};
-  LoraConfig all_targets;  // every linear gets an entry, so the numbers stay aligned
-  all_targets.targets = kLoraTargets;
   size_t slot = 0;  // the first number an unloaded adapter left, else a new one
   while (slot < served_.size() && !served_[slot].removed) ++slot;
   const int32_t number = int32_t(slot + 1);
-  size_t t = 0;
-  for (const auto& nl : user_lora_linears(all_targets)) {
-    if (t < linears.size() && linears[t].second == nl.second) {
-      nl.second->set_served(number, tensors[2 * t].second, tensors[2 * t + 1].second, cfg.scaling());
-      ++t;
-    } else {
-      nl.second->set_served(number, {}, {}, 0.0);
-    }
-  }
+  clear_served(number);  // every linear gets an entry, so the numbers stay aligned
+  for (size_t t = 0; t < linears.size(); ++t)
+    linears[t].second->set_served(number, tensors[2 * t].second, tensors[2 * t + 1].second, cfg.scaling());
   ServedLora l{name, source, cfg, next_uid++, number};
   if (slot < served_.size()) served_[slot] = std::move(l);
   else served_.push_back(std::move(l));
@@ -414,10 +407,14 @@ int32_t Phi4MMForCausalLM::add_served_lora(
 void Phi4MMForCausalLM::remove_served_lora(int32_t number) {
   if (number < 1 || size_t(number) > served_.size() || served_[size_t(number - 1)].removed)
     throw std::out_of_range(fmt::format("no served LoRA number {}", number));
-  LoraConfig all_targets;
-  all_targets.targets = kLoraTargets;
-  for (const auto& nl : user_lora_linears(all_targets)) nl.second->set_served(number, {}, {}, 0.0);
+  clear_served(number);
   served_[size_t(number - 1)].removed = true;
+}
+
+void Phi4MMForCausalLM::clear_served(int32_t number) {
+  LoraConfig every;
+  every.targets = kLoraTargets;
+  for (const auto& nl : user_lora_linears(every)) nl.second->set_served(number, {}, {}, 0.0);
 }
 
 void Phi4MMForCausalLM::add_user_lora(const LoraConfig& cfg, uint64_t seed) {
@@ -592,40 +589,32 @@ std::pair<Tensor, Tensor> Phi4MMForCausalLM::rope_tables(const PackedBatch& b) c
 }
 
 AdapterRows Phi4MMForCausalLM::adapter_rows(const PackedBatch& b) const {
-  AdapterRows ar;
   const size_t S = b.cu_seqlens.size() - 1;
-  for (Adapter a : {Adapter::vision, Adapter::speech}) {
+  // The rows of the sequences `uses` picks: all, or their indices and runs.
+  auto rows_of = [&](const std::function<bool(size_t)>& uses) {
+    AdapterRows::Served set;
     std::vector<int64_t> rows;
-    for (size_t s = 0; s < S && !b.adapters.empty(); ++s)
-      if (b.adapters[s] == a)
-        for (int64_t i = b.cu_seqlens[s]; i < b.cu_seqlens[s + 1]; ++i) rows.push_back(i);
-    if (rows.empty()) continue;
-    if (int64_t(rows.size()) == b.cu_seqlens.back())
-      ar.all[int(a)] = true;
-    else
-      ar.rows[int(a)] = from_vector(rows, {int64_t(rows.size())}, TensorOptions(DType::i64, device()));
-  }
-  if (b.served_lora.empty()) return ar;
-  ar.served_rows.resize(served_.size());
-  ar.served_all.assign(served_.size(), 0);
-  ar.served_runs.resize(served_.size());
-  for (size_t j = 1; j <= served_.size(); ++j) {
-    std::vector<int64_t> rows;
-    auto& runs = ar.served_runs[j - 1];
-    for (size_t s = 0; s < S; ++s)
-      if (b.served_lora[s] == int32_t(j)) {
-        for (int64_t i = b.cu_seqlens[s]; i < b.cu_seqlens[s + 1]; ++i) rows.push_back(i);
-        if (!runs.empty() && runs.back().first + runs.back().second == b.cu_seqlens[s])
-          runs.back().second += b.cu_seqlens[s + 1] - b.cu_seqlens[s];
-        else
-          runs.emplace_back(b.cu_seqlens[s], b.cu_seqlens[s + 1] - b.cu_seqlens[s]);
-      }
-    if (rows.empty()) continue;
-    if (int64_t(rows.size()) == b.cu_seqlens.back())
-      ar.served_all[j - 1] = 1;
-    else
-      ar.served_rows[j - 1] = from_vector(rows, {int64_t(rows.size())}, TensorOptions(DType::i64, device()));
-  }
+    for (size_t s = 0; s < S; ++s) {
+      if (!uses(s)) continue;
+      const int64_t first = b.cu_seqlens[s], n = b.cu_seqlens[s + 1] - first;
+      for (int64_t i = first; i < first + n; ++i) rows.push_back(i);
+      if (!set.runs.empty() && set.runs.back().first + set.runs.back().second == first) set.runs.back().second += n;
+      else set.runs.emplace_back(first, n);
+    }
+    if (int64_t(rows.size()) == b.cu_seqlens.back()) set.all = true;
+    else if (!rows.empty()) set.rows = from_vector(rows, {int64_t(rows.size())}, TensorOptions(DType::i64, device()));
+    return set;
+  };
+  AdapterRows ar;
+  if (!b.adapters.empty())
+    for (Adapter a : {Adapter::vision, Adapter::speech}) {
+      AdapterRows::Served set = rows_of([&](size_t s) { return b.adapters[s] == a; });
+      ar.all[int(a)] = set.all;
+      ar.rows[int(a)] = set.rows;
+    }
+  if (!b.served_lora.empty())
+    for (size_t j = 1; j <= served_.size(); ++j)
+      ar.served.push_back(rows_of([&](size_t s) { return b.served_lora[s] == int32_t(j); }));
   return ar;
 }
 

@@ -113,11 +113,14 @@ struct AdapterRows {
   Tensor rows[3];          // i64 row indices on the model's device; [0] unused
   bool all[3] = {false, false, false};  // every row uses this adapter (no gather needed)
   bool any(Adapter a) const { return all[int(a)] || rows[int(a)].defined(); }
-  // Served adapter j (numbered from 1) at index j - 1: its rows, or all, and
-  // the same rows as (first, count) runs of consecutive rows.
-  std::vector<Tensor> served_rows;
-  std::vector<char> served_all;
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> served_runs;
+  // Served adapter j (numbered from 1) at index j - 1: its rows (or all),
+  // and the same rows as (first, count) runs of consecutive rows.
+  struct Served {
+    Tensor rows;
+    bool all = false;
+    std::vector<std::pair<int64_t, int64_t>> runs;
+  };
+  std::vector<Served> served;
   // Seed of this forward's LoRA dropout masks (PackedBatch::dropout_seed).
   uint64_t dropout_seed = 0;
 };
@@ -157,7 +160,6 @@ class LoraLinear : public Module {
   // [out, r] in the model's dtype and device, or both undefined where that
   // adapter does not wrap this linear (then it adds nothing here).
   void set_served(int32_t j, Tensor a, Tensor b, double scaling);
-  size_t num_served() const { return served_.size(); }
 
   int64_t in_features, out_features;
   std::shared_ptr<Weight> base_layer;
@@ -170,6 +172,8 @@ class LoraLinear : public Module {
   bool pow2(int k) const { return pow2(scaling_[k]); }
   // A power-of-two scaling (it then scales the r-wide product, see adapter_delta).
   static bool pow2(double scaling);
+  // s·(x·Aᵀ)·Bᵀ in PEFT's rounding order.
+  static Tensor product(const Tensor& x, const Tensor& a, const Tensor& b, double s);
 
   Tensor lora_a_[4], lora_b_[4];  // [r, in], [out, r]
   double scaling_[4] = {0, 0, 0, 0};
@@ -373,6 +377,8 @@ class Phi4MMForCausalLM : public Module {
   // The linears a user adapter with `cfg.targets` wraps, layer by layer, with
   // their dotted names.
   std::vector<std::pair<std::string, LoraLinear*>> user_lora_linears(const LoraConfig& cfg) const;
+  // Served adapter `number` adds nothing in any linear (its tensors freed).
+  void clear_served(int32_t number);
   // Embedding (with media rows) and every decoder layer: [T, H] before the final norm.
   Tensor decoder(const PackedBatch& b) const;
 
