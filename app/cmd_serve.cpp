@@ -43,11 +43,12 @@ constexpr const char* kServeUsage =
     "                            the tensor (one more pass over the weights at load)\n"
     "  --lora DIR                a PEFT LoRA folder (adapter_config.json, adapter_model.safetensors)\n"
     "                            run on every request beside the vision/speech adapter\n"
-    "  --lora-modules NAME=DIR   a PEFT LoRA folder served as model NAME (vLLM's flag; repeat it\n"
-    "                            for more): a request whose \"model\" is NAME adds it, in the same\n"
-    "                            batches as the others; GET /v1/models lists them. NAME: 1 to 128\n"
-    "                            of A-Z a-z 0-9 . _ : / -. Also vLLM's JSON form\n"
-    "                            '{\"name\": NAME, \"path\": DIR}'\n"
+    "  --lora-modules NAME=DIR ...\n"
+    "                            PEFT LoRA folders, each served as model NAME (vLLM's flag:\n"
+    "                            several after one flag, or the flag repeated): a request whose\n"
+    "                            \"model\" is NAME adds it, in the same batches as the others;\n"
+    "                            GET /v1/models lists them. NAME: 1 to 128 of A-Z a-z 0-9 . _ : / -.\n"
+    "                            Also vLLM's JSON form '{\"name\": NAME, \"path\": DIR}'\n"
     "  --lora-root DIR           allow POST /v1/load_lora_adapter {\"lora_name\", \"lora_path\"} and\n"
     "                            /v1/unload_lora_adapter {\"lora_name\"} (vLLM's) while serving, for\n"
     "                            folders under DIR only (default: off, both 404)\n"
@@ -149,7 +150,7 @@ int cmd_serve(const Args& args) {
   flags.toggle("--check-weights", needs.check_weights);
   add_model_flags(flags, needs);
   std::vector<std::pair<std::string, std::string>> lora_modules;  // NAME, DIR
-  flags.value("--lora-modules", [&](const std::string& v) {
+  flags.values("--lora-modules", [&](const std::string& v) {
     std::string name, dir;
     if (!v.empty() && v[0] == '{') {  // vLLM's JSON form: {"name": ..., "path": ...}
       const nlohmann::json j = nlohmann::json::parse(v, nullptr, false);

@@ -99,6 +99,11 @@ Flags& Flags::value(std::string name, std::function<void(const std::string&)> se
   return *this;
 }
 
+Flags& Flags::values(std::string name, std::function<void(const std::string&)> set) {
+  flags_.push_back({std::move(name), std::move(set), nullptr, true});
+  return *this;
+}
+
 Flags& Flags::toggle(std::string name, bool& dst, bool to) {
   return toggle(std::move(name), [&dst, to]() { dst = to; });
 }
@@ -128,6 +133,7 @@ std::optional<int> Flags::parse(const Args& args) const {
     if (flag->set_value) {
       if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
       flag->set_value(args[++i]);
+      while (flag->several && i + 1 < args.size() && !args[i + 1].starts_with('-')) flag->set_value(args[++i]);
     } else {
       flag->set();
     }

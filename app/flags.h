@@ -45,6 +45,10 @@ class Flags {
   // A flag that takes the next argument as its value.
   Flags& value(std::string name, std::string& dst);
   Flags& value(std::string name, std::function<void(const std::string&)> set);
+  // A flag that takes one or more values: the arguments after it up to the
+  // next one that starts with '-' (argparse's nargs='+', as vLLM's
+  // --lora-modules A=X B=Y), `set` called with each in order.
+  Flags& values(std::string name, std::function<void(const std::string&)> set);
   // A flag with an integer value (parse_int_flag).
   template <class T>
     requires std::is_arithmetic_v<T>
@@ -67,6 +71,7 @@ class Flags {
     std::string name;
     std::function<void(const std::string&)> set_value;  // flags with a value
     std::function<void()> set;                          // flags without one
+    bool several = false;                               // values(): one or more
   };
   std::string command_;
   const char* usage_;

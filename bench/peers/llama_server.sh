@@ -15,14 +15,22 @@
 #      PROMPT_WORDS words per request (about one token each), max_tokens
 #      MAX_TOKENS, ignore_eos, temperature 1; the server's peak RSS (VmHWM)
 #      read before it is stopped;
+#      with --loras K (served LoRAs), both servers hold K random rank-R
+#      adapters on every decoder linear (bench/peers/random_lora.py: the same
+#      numbers as a PEFT folder for `areno serve --lora-modules a0=DIR ...` and
+#      as a GGUF adapter for `llama-server --lora FILE ...
+#      --lora-init-without-apply`), and client i's requests go through adapter
+#      i mod K (areno: `"model": "a<j>"`; llama-server: `"lora": [{"id": j,
+#      "scale": 1}]`);
 #   3. a table (bench/peers/serve_table.py: output tokens/s and the ratio
 #      areno/llama-server, TTFT and inter-token p50/p99, failed requests, peak
 #      RSS, the must-show checks) printed, and with --write-docs put into
-#      docs/perf.md between `<!-- llama_server.sh begin/end -->`.
+#      docs/perf.md between `<!-- llama_server.sh begin/end -->` (with --loras,
+#      `<!-- llama_server.sh:lora begin/end -->`).
 #
 # usage: bench/peers/llama_server.sh [--build DIR] [--dtypes f32,bf16]
-#                                    [--clients 1,4,16,32] [--write-docs]
-#   THREADS (2), DURATION (30 s per point), PROMPT_WORDS (200), MAX_TOKENS (128),
+#                                    [--clients 1,4,16,32] [--loras K] [--write-docs]
+#   LORA_RANK (16, with --loras), THREADS (2), DURATION (30 s per point), PROMPT_WORDS (200), MAX_TOKENS (128),
 #   ARENO_SERVE_ARGS / LLAMA_SERVER_ARGS (appended to each server's flags),
 #   ARENO_PEER_CACHE, PYTHON (as llama_cpp.sh).
 # Takes about dtypes x points x 2 x (DURATION + the last requests' drain +
@@ -31,14 +39,15 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 
-build=build dtypes=f32,bf16 clients=1,4,16,32 write_docs=0
+build=build dtypes=f32,bf16 clients=1,4,16,32 write_docs=0 loras=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
     --dtypes) dtypes=$2; shift 2 ;;
     --clients) clients=$2; shift 2 ;;
+    --loras) loras=$2; shift 2 ;;
     --write-docs) write_docs=1; shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "llama_server.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -46,13 +55,15 @@ threads=${THREADS:-2}
 duration=${DURATION:-30}
 prompt_words=${PROMPT_WORDS:-200}
 max_tokens=${MAX_TOKENS:-128}
-for v in threads duration prompt_words max_tokens; do
+lora_rank=${LORA_RANK:-16}
+for v in threads duration prompt_words max_tokens lora_rank; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "llama_server.sh: ${v^^} must be a positive integer (got '${!v}')" >&2; exit 2; }
 done
 [[ $clients =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] ||
   { echo "llama_server.sh: --clients must be positive integers separated by commas (got '$clients')" >&2; exit 2; }
 [[ $dtypes =~ ^(f32|bf16)(,(f32|bf16))*$ ]] ||
   { echo "llama_server.sh: --dtypes must be f32 and/or bf16 separated by commas (got '$dtypes')" >&2; exit 2; }
+[[ $loras =~ ^[0-9]+$ ]] || { echo "llama_server.sh: --loras must be a count (got '$loras')" >&2; exit 2; }
 cache=${ARENO_PEER_CACHE:-$HOME/.cache/areno-peers}
 areno=$root/$build/app/areno
 [[ -x $areno ]] || { echo "llama_server.sh: $areno not built (ninja -C $build)" >&2; exit 1; }
@@ -61,6 +72,10 @@ bench/peers/llama_cpp.sh --build "$build" --preset small --dtypes "$dtypes" --pr
 llama_version=llama-cpp-python-$(sed -n 's/^LLAMA_CPP_PYTHON_VERSION=//p' bench/peers/llama_cpp.sh)
 llama_server=$cache/${llama_version/-cpp-python-/_cpp_python-}/vendor/llama.cpp/build-cpu/bin/llama-server
 [[ -x $llama_server ]] || { echo "llama_server.sh: $llama_server missing after llama_cpp.sh --prepare" >&2; exit 1; }
+llama_src=${llama_server%/build-cpu/bin/llama-server}
+# Python with numpy for random_lora.py (llama_cpp.sh made $cache/venv when python3 lacks it).
+py=${PYTHON:-python3}
+"$py" -c 'import numpy, yaml' 2>/dev/null || py=$cache/venv/bin/python
 
 # Slots and KV for 32 clients (or the largest count, when more): llama-server
 # splits -c evenly over its slots; areno's KV pool gets twice as many tokens.
@@ -141,18 +156,34 @@ print(f"{max(2 * int(sys.argv[3]) * int(sys.argv[4]) * per_token / 2**30, 0.01):
 EOF
 )
   areno_args="$engine_args --kv-cache-gb $kv_gb"
+  llama_dt_args=$llama_args
+  areno_load=() llama_load=()
+  if (( loras > 0 )); then
+    areno_args+=" --max-loras $loras --lora-modules"
+    llama_dt_args+=" --lora-init-without-apply"
+    for j in $(seq 0 $(( loras - 1 ))); do
+      ad=$cache/lora-small-$dt-r$lora_rank-$j
+      if [[ ! -f $ad.gguf || $ad.gguf -ot $ck/config.json ]]; then
+        PYTHONPATH=$llama_src/gguf-py "$py" bench/peers/random_lora.py "$ck" "$ad" "$ad.gguf" --rank "$lora_rank" \
+          --seed "$j" --outtype "$dt" >&2
+      fi
+      areno_args+=" a$j=$ad"
+      llama_dt_args+=" --lora $ad.gguf"
+    done
+    areno_load=(--adapters "$loras") llama_load=(--adapters "$loras" --adapter-style llama)
+  fi
   for c in "${client_list[@]}"; do
     echo "$dt, $c clients ($(cut -d' ' -f1 /proc/loadavg) load):" >&2
     port=$(free_port)
     # shellcheck disable=SC2086  # the flag strings split into words
     start_server "areno serve" "$out/areno-$dt-c$c.log" \
       env OMP_NUM_THREADS="$threads" "$areno" serve --model-path "$ck" --port "$port" --host 127.0.0.1 $areno_args
-    drive areno "$dt" "$c"
+    drive areno "$dt" "$c" "${areno_load[@]}"
     stop_server
     port=$(free_port)
     # shellcheck disable=SC2086
-    start_server llama-server "$out/llama-$dt-c$c.log" "$llama_server" -m "$ck.gguf" --port "$port" $llama_args
-    drive llama "$dt" "$c" --no-metrics
+    start_server llama-server "$out/llama-$dt-c$c.log" "$llama_server" -m "$ck.gguf" --port "$port" $llama_dt_args
+    drive llama "$dt" "$c" --no-metrics "${llama_load[@]}"
     stop_server
   done
 done
@@ -168,4 +199,4 @@ python3 bench/peers/serve_table.py --out-dir "$out" --dtypes "$dtypes" --clients
   --llama "llama-server from $llama_version's vendored llama.cpp" \
   --areno-args "\`$engine_args\` (OMP_NUM_THREADS=$threads; \`--kv-cache-gb\` for twice $slots x $per_slot tokens)" \
   --llama-args "\`$llama_args\`" --load-before "$load_before" --load-after "$load_after" \
-  "${docs_flag[@]}"
+  --loras "$loras" --lora-rank "$lora_rank" "${docs_flag[@]}"

@@ -8,7 +8,9 @@ must-show 6 (areno >= 1.0x at every point, areno's inter-token p99 no worse
 than llama-server's, no point where more clients give areno less
 throughput), and with --write-docs FILE puts it between
 `<!-- llama_server.sh begin -->` and `<!-- llama_server.sh end -->`
-(table.py's atomic write).
+(table.py's atomic write). With --loras K (llama_server.sh --loras) the
+line says what adapters both servers held and the table goes between
+`<!-- llama_server.sh:lora begin -->` and `<!-- llama_server.sh:lora end -->`.
 """
 import argparse
 import datetime
@@ -47,6 +49,8 @@ def main():
     ap.add_argument("--llama-args", default="")
     ap.add_argument("--load-before", default="")
     ap.add_argument("--load-after", default="")
+    ap.add_argument("--loras", type=int, default=0)
+    ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--write-docs", type=Path)
     a = ap.parse_args()
 
@@ -89,14 +93,21 @@ def main():
         f"the deadline finish; tokens/s over the whole time), distinct {a.prompt_words}-word prompts (prompt tokens "
         f"as the servers counted them: areno {mean_tokens('areno')}, llama-server {mean_tokens('llama-server')}), "
         f"`max_tokens` {a.max_tokens}, `ignore_eos`, temperature 1. areno serve {a.areno_args}; "
-        f"llama-server {a.llama_args}. Load average before: {a.load_before or '-'}; after: {a.load_after or '-'}.",
+        f"llama-server {a.llama_args}."
+        + (f" Served LoRAs: both servers hold {a.loras} random rank-{a.lora_rank} adapters (scaling 2) on every "
+           f"decoder linear (bench/peers/random_lora.py, the same numbers in both), areno by `--lora-modules a0=DIR "
+           f"...`, llama-server by `--lora FILE ... --lora-init-without-apply`; client i's requests go through "
+           f"adapter i mod {a.loras} (areno: `\"model\": \"a<j>\"`; llama-server: `\"lora\": [{{\"id\": j, "
+           f"\"scale\": 1}}]`)." if a.loras else "")
+        + f" Load average before: {a.load_before or '-'}; after: {a.load_after or '-'}.",
         "",
         "| dtype | clients | areno tok/s | llama-server tok/s | areno/llama-server | TTFT p50 ms (areno / llama) "
         "| TTFT p99 ms | ITL p50 ms | ITL p99 ms | requests | failed | peak RSS MB (VmHWM) |",
         "|---|---:|---:|---:|---:|---|---|---|---|---|---|---|",
         *rows,
         "",
-        "Must-show 6: areno >= 1.0x at every point: "
+        ("Must-show 6" if not a.loras else "Must-show 6's checks with served LoRAs")
+        + ": areno >= 1.0x at every point: "
         + ("yes" if not below else "no (" + ", ".join(below) + " clients)")
         + "; areno's inter-token p99 no worse than llama-server's: "
         + ("yes" if not itl_worse else "no (" + ", ".join(itl_worse) + " clients)")
@@ -107,7 +118,8 @@ def main():
     table = "\n".join(out)
     print(table)
     if a.write_docs:
-        write_section(a.write_docs, "<!-- llama_server.sh begin -->", "<!-- llama_server.sh end -->", table)
+        tag = "llama_server.sh:lora" if a.loras else "llama_server.sh"
+        write_section(a.write_docs, f"<!-- {tag} begin -->", f"<!-- {tag} end -->", table)
         print(f"wrote the table into {a.write_docs}")
 
 

@@ -47,9 +47,14 @@ def write_section(path: Path, begin: str, end: str, body: str):
         text = text[: text.index(begin)] + block + text[text.index(end) + len(end):]
     else:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
+    write_atomic(path, text.encode())
+
+
+def write_atomic(path: Path, data: bytes):
+    """path's new contents: a temp file beside it, synced, renamed over it."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
+    with open(tmp, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

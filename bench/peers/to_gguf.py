@@ -82,6 +82,17 @@ def as_bf16_bits(dtype, arr):
     return (rounded >> 16).astype(np.uint16)
 
 
+def finish(w, out: Path):
+    """Writes the GGUFWriter opened on OUT.tmp, syncs it and renames it to OUT."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with open(str(out) + ".tmp", "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(str(out) + ".tmp", out)
+
+
 def vocab(ckpt: Path, n_vocab: int):
     tj = json.loads((ckpt / "tokenizer.json").read_text(encoding="utf-8"))
     model = tj["model"]
@@ -178,13 +189,7 @@ def main():
         put(f"blk.{i}.ffn_up.weight", base(f"{p}.mlp.gate_up_proj"))
         put(f"blk.{i}.ffn_down.weight", base(f"{p}.mlp.down_proj"))
 
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    with open(str(a.out) + ".tmp", "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(str(a.out) + ".tmp", a.out)
+    finish(w, a.out)
     print(f"wrote {a.out} ({a.outtype}, {n_layer} layers, n_embd {n_embd}, vocab {n_vocab})")
 
 

@@ -42,6 +42,12 @@ message of about N words (a shared prompt start, for the prefix cache), and
 usage's completion tokens then count all K). The report adds the server's
 prefix-cache counters when it has them.
 
+With --adapters K each client's requests go through one LoRA adapter, client
+i's through adapter i mod K: named in the `model` field (`a0`, `a1`, ...: the
+names of `areno serve --lora-modules a0=DIR ...`, as vLLM takes them), or with
+--adapter-style llama as llama-server's per-request `lora` list (the j-th
+`--lora` file at scale 1, the others at 0).
+
 Exit status 0 only when no request failed, the metrics returned to zero and
 the memory stayed flat.
 """
@@ -248,6 +254,12 @@ def main():
     ap.add_argument("--warmup", type=float, default=60.0, help="seconds before the memory must stay flat")
     ap.add_argument("--rss-tolerance", type=float, default=0.10, help="allowed RSS growth after the warm-up")
     ap.add_argument("--json", default="", help="write the report here as JSON")
+    ap.add_argument("--adapters", type=int, default=0,
+                    help="K > 0: client i's requests go through LoRA adapter i mod K (served LoRAs)")
+    ap.add_argument("--adapter-style", choices=["model", "llama"], default="model",
+                    help="how a request names its adapter: `model` A<j> (areno serve --lora-modules A<j>=DIR, "
+                         "vLLM), or llama-server's per-request `lora` [{id j, scale 1}]")
+    ap.add_argument("--adapter-prefix", default="a", help="the adapter names' prefix A for --adapter-style model")
     args = ap.parse_args()
 
     proc = None
@@ -284,7 +296,7 @@ def main():
 
     shared = prompt_text(args.shared_prefix_tokens, "shared") if args.shared_prefix_tokens > 0 else ""
 
-    def request_body(prompt_seed, seed, max_tokens):
+    def request_body(prompt_seed, seed, max_tokens, client=0):
         if args.prompt_tokens > 0:
             text = prompt_text(args.prompt_tokens, prompt_seed)
         else:
@@ -293,6 +305,12 @@ def main():
                 "stream": True, "stream_options": {"include_usage": True}}
         if args.n > 1:
             body["n"] = args.n
+        if args.adapters > 0:
+            j = client % args.adapters
+            if args.adapter_style == "model":
+                body["model"] = f"{args.adapter_prefix}{j}"
+            else:
+                body["lora"] = [{"id": j, "scale": 1.0}]
         if args.ignore_eos:
             body["ignore_eos"] = True
         if args.endpoint == "chat":
@@ -306,7 +324,7 @@ def main():
     if args.warmup_requests > 0:
         warm = Stats()
         ts = [threading.Thread(target=one_request, daemon=True,
-                               args=(host, port, headers, request_body(f"warm-{i}", 10**9 + i, 16), warm, 0, path,
+                               args=(host, port, headers, request_body(f"warm-{i}", 10**9 + i, 16, i), warm, 0, path,
                                      args.timeout))
               for i in range(args.warmup_requests)]
         for t in ts:
@@ -329,7 +347,7 @@ def main():
         hang_up_after = 3 + (i % 5) if i < n_hangup else 0
         while time.perf_counter() < deadline:
             prompt_seed = f"{i}-{k}" if args.prompt_tokens > 0 else i + k
-            one_request(host, port, headers, request_body(prompt_seed, i * 1000 + k, args.max_tokens), stats,
+            one_request(host, port, headers, request_body(prompt_seed, i * 1000 + k, args.max_tokens, i), stats,
                         hang_up_after, path, args.timeout, args.max_tokens * args.n if args.ignore_eos else 0)
             k += 1
 
@@ -373,7 +391,7 @@ def main():
         "itl_p99_ms": round(1e3 * percentile(stats.itl, 99), 2),
         "metrics_idle_at_end": idle,
         "kv_blocks_used_end": m.get("areno_kv_blocks_used"), "running_end": m.get("areno_requests_running"),
-        "shared_prefix_words": args.shared_prefix_tokens, "n": args.n,
+        "shared_prefix_words": args.shared_prefix_tokens, "n": args.n, "adapters": args.adapters,
         "prefix_cache_hit_tokens": m.get("areno_prefix_cache_hits_total"),
         "prefix_cache_query_tokens": m.get("areno_prefix_cache_queries_total"),
         "kv_blocks_cached_end": m.get("areno_kv_blocks_cached"),

@@ -61,6 +61,13 @@ TEST_CASE("serve/cli bad flags and values name the flag") {
   CHECK(error_of([] { app::cmd_serve({"--max-loras", "-1"}); }).find("--max-loras") != std::string::npos);
   CHECK(error_of([] { app::cmd_serve({"--max-loras", "1", "--lora-modules", "a=x", "--lora-modules", "b=y"}); })
             .find("2 adapters, above --max-loras 1") != std::string::npos);
+  // Several after one flag (vLLM's nargs='+'), up to the next flag: three here.
+  CHECK(error_of([] { app::cmd_serve({"--lora-modules", "a=x", "b=y", R"({"name": "c", "path": "z"})", "--max-loras", "2"}); })
+            .find("3 adapters, above --max-loras 2") != std::string::npos);
+  CHECK(error_of([] { app::cmd_serve({"--lora-modules", "a=x", "a=y"}); }).find("'a' is given twice") != std::string::npos);
+  CHECK(error_of([] { app::cmd_serve({"--lora-modules", "a=x", "oops"}); }).find("expected NAME=DIR, got 'oops'") !=
+        std::string::npos);
+  CHECK(error_of([] { app::cmd_serve({"--lora-modules"}); }).find("--lora-modules needs a value") != std::string::npos);
   CHECK(app::cmd_serve({"--help"}) == 0);
 
   CHECK(app::cmd_generate({"--max-tokens", "3"}) == 2);  // no --prompt
