@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "areno_build_config.h"
+#include "kernels/cpu/gemm_skinny.h"  // cpu_isa_supported()
 
 #if ARENO_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.hpp>
@@ -26,10 +27,16 @@ Dnnl& dnnl_state() {
   return d;
 }
 
+// Default: on where the CPU has AMX only. Without AMX (AVX512-BF16 alone) the
+// packed kernel with its AVX-512 micro-kernel (gemm_packed.h) ran this
+// Xeon's bf16 GEMMs at 242-280 GFLOP/s against oneDNN's 163-171, and the
+// prefill attention widened to f32 on Eigen beat oneDNN's bf16 products
+// (docs/perf.md, "A Xeon without AMX").
 std::atomic<bool>& dnnl_slot() {
   static std::atomic<bool> on{[] {
     const char* env = std::getenv("ARENO_DNNL");
-    return env == nullptr || std::strcmp(env, "0") != 0;
+    if (env == nullptr) return cpu_isa_supported() >= CpuIsa::amx;
+    return std::strcmp(env, "0") != 0;
   }()};
   return on;
 }

@@ -4,9 +4,10 @@
 // AVX512-BF16 it multiplies bf16 operands natively (products exact in f32,
 // f32 accumulation) where the Eigen path widens both whole matrices to f32
 // on every call. Used by matmul for bf16 with more rows than the skinny
-// kernel takes (prefill, towers, training); the operands are read in place
-// with their strides, nothing is packed or cached outside oneDNN's own
-// primitive cache.
+// kernel takes (prefill, towers, training) where the AMX kernels do not run
+// them (on by default only where the CPU has AMX, below); the operands are
+// read in place with their strides, nothing is packed or cached outside
+// oneDNN's own primitive cache.
 #include <cstdint>
 
 #include "tensor/dtype.h"
@@ -16,8 +17,10 @@ namespace areno::cpu {
 // Whether this build has oneDNN, it runs bf16 matmuls on this CPU (AMX,
 // AVX512-BF16 or AVX512 core; Debian's oneDNN 2.6 refuses bf16 on AVX2-only
 // CPUs such as Zen 3, checked once by creating a tiny primitive), and it is
-// on: ARENO_DNNL=0 turns it off (read on first use), set_dnnl_enabled for
-// tests. Returns the state set (false without oneDNN or on such a CPU).
+// on: by default where the CPU has AMX (without it the packed kernel and
+// Eigen ran faster, gemm_dnnl.cpp), ARENO_DNNL=1 turns it on elsewhere and
+// ARENO_DNNL=0 off (read on first use), set_dnnl_enabled for tests. Returns
+// the state set (false without oneDNN or on such a CPU).
 bool dnnl_enabled();
 bool set_dnnl_enabled(bool on);
 

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/cpu/gemm_skinny.h"  // cpu_isa(), ARENO_WIDE_ISA
 
 namespace areno::cpu {
 
@@ -22,6 +23,48 @@ namespace {
 constexpr int64_t kMR = 6, kNR = 16, kKC = 256, kNC = 128, kMB = 144;
 
 }  // namespace
+
+#if ARENO_WIDE_ISA
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+namespace {
+// Two adjacent packed panels (32 columns, the second kc * kNR floats after
+// the first) on 16-lane vectors: c[R x 32] = (first ? 0 : c) + the kc
+// products, each output summed in k order in one f32 accumulator with one
+// fused multiply-add per product, as micro below does on 8 lanes (so the
+// same bits). 2R accumulators: 12 independent chains at R = 6 cover the
+// FMA latency of two ports.
+template <int R>
+void micro_pair512(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int64_t ldc, bool first) {
+  const float* b2 = b + kc * kNR;
+  __m512 acc[R][2];
+#pragma GCC unroll 6
+  for (int i = 0; i < R; ++i) {
+    acc[i][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc);
+    acc[i][1] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc + kNR);
+  }
+  const float* ar[R];
+#pragma GCC unroll 6
+  for (int i = 0; i < R; ++i) ar[i] = a + i * lda;
+#pragma GCC unroll 4
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m512 b0 = _mm512_loadu_ps(b + k * kNR), b1 = _mm512_loadu_ps(b2 + k * kNR);
+#pragma GCC unroll 6
+    for (int i = 0; i < R; ++i) {
+      const __m512 ai = _mm512_set1_ps(ar[i][k]);
+      acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int i = 0; i < R; ++i) {
+    _mm512_storeu_ps(c + i * ldc, acc[i][0]);
+    _mm512_storeu_ps(c + i * ldc + kNR, acc[i][1]);
+  }
+}
+}  // namespace
+#pragma GCC pop_options
+#endif
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
@@ -150,6 +193,34 @@ inline void micro(int64_t kc, const float* a, int64_t lda, const float* b, float
   }
 }
 
+// All `rows` rows of x times one packed panel (Pair: two, micro_pair512), in
+// tiles of kMR rows and one tile for the rest.
+template <bool Pair, int R>
+inline void micro_at(int64_t kc, const float* a, int64_t lda, const float* b, float* c, int64_t ldc, bool first) {
+#if ARENO_WIDE_ISA
+  if constexpr (Pair) {
+    micro_pair512<R>(kc, a, lda, b, c, ldc, first);
+    return;
+  }
+#endif
+  micro<R>(kc, a, lda, b, c, ldc, first);
+}
+
+template <bool Pair>
+void panel_rows(int64_t rows, int64_t kc, const float* a, int64_t lda, const float* b, float* c, int64_t ldc,
+                bool first) {
+  int64_t i = 0;
+  for (; i + kMR <= rows; i += kMR) micro_at<Pair, kMR>(kc, a + i * lda, lda, b, c + i * ldc, ldc, first);
+  switch (rows - i) {
+    case 5: micro_at<Pair, 5>(kc, a + i * lda, lda, b, c + i * ldc, ldc, first); break;
+    case 4: micro_at<Pair, 4>(kc, a + i * lda, lda, b, c + i * ldc, ldc, first); break;
+    case 3: micro_at<Pair, 3>(kc, a + i * lda, lda, b, c + i * ldc, ldc, first); break;
+    case 2: micro_at<Pair, 2>(kc, a + i * lda, lda, b, c + i * ldc, ldc, first); break;
+    case 1: micro_at<Pair, 1>(kc, a + i * lda, lda, b, c + i * ldc, ldc, first); break;
+    default: break;
+  }
+}
+
 // out = alpha c (+ beta out) (+ bias), rounded once: the same operations in
 // the vector body and the scalar tail.
 template <typename W, typename O>
@@ -175,10 +246,11 @@ void write_out(int64_t rows, int64_t ncols, const float* c, int64_t ldc, O* out,
   }
 }
 
-// One thread's columns [c0, c1) of out, all M rows.
+// One thread's columns [c0, c1) of out, all M rows; `wide`: pairs of panels
+// on micro_pair512 (the AVX-512 level).
 template <typename W, typename O>
 void columns(int64_t M, int64_t c0, int64_t c1, int64_t K, const float* x, int64_t ldx, const W* w, int64_t ldw,
-             bool w_k_major, O* out, int64_t ldo, float alpha, float beta, const W* bias) {
+             bool w_k_major, O* out, int64_t ldo, float alpha, float beta, const W* bias, bool wide) {
   constexpr int64_t kLdc = kNC;
   float* bp = thread_scratch<float>(ScratchSlot::packed_b, kKC * kNC);
   float* c = thread_scratch<float>(ScratchSlot::packed_c, (kMB + kMR) * kLdc);
@@ -190,20 +262,19 @@ void columns(int64_t M, int64_t c0, int64_t c1, int64_t K, const float* x, int64
         const int64_t kc = std::min(kKC, K - k0);
         pack_b(w, ldw, w_k_major, n0, ncols, k0, kc, bp);
         const bool first = k0 == 0;
-        for (int64_t p = 0; p < panels; ++p) {
+        const float* a = x + m0 * ldx + k0;
+        for (int64_t p = 0; p < panels;) {
           const float* b = bp + p * kc * kNR;
           float* cp = c + p * kNR;
-          const float* a = x + m0 * ldx + k0;
-          int64_t i = 0;
-          for (; i + kMR <= rows; i += kMR) micro<kMR>(kc, a + i * ldx, ldx, b, cp + i * kLdc, kLdc, first);
-          switch (rows - i) {
-            case 5: micro<5>(kc, a + i * ldx, ldx, b, cp + i * kLdc, kLdc, first); break;
-            case 4: micro<4>(kc, a + i * ldx, ldx, b, cp + i * kLdc, kLdc, first); break;
-            case 3: micro<3>(kc, a + i * ldx, ldx, b, cp + i * kLdc, kLdc, first); break;
-            case 2: micro<2>(kc, a + i * ldx, ldx, b, cp + i * kLdc, kLdc, first); break;
-            case 1: micro<1>(kc, a + i * ldx, ldx, b, cp + i * kLdc, kLdc, first); break;
-            default: break;
+#if ARENO_WIDE_ISA
+          if (wide && p + 1 < panels) {  // two panels at once on 16 lanes
+            panel_rows<true>(rows, kc, a, ldx, b, cp, kLdc, first);
+            p += 2;
+            continue;
           }
+#endif
+          panel_rows<false>(rows, kc, a, ldx, b, cp, kLdc, first);
+          ++p;
         }
       }
       if (K <= 0)
@@ -270,9 +341,12 @@ void gemm_packed_avx2(int64_t M, int64_t N, int64_t K, const X* x, int64_t x_rs,
     dense_rows(M, K, x, x_rs, x_cs, t);
     xf = t, ldxf = K;
   }
-  const int64_t panels = (N + kNR - 1) / kNR;
-  parallel_for(panels, M * std::max<int64_t>(K, 1) * kNR, [&](int64_t p0, int64_t p1) {
-    columns<W, O>(M, p0 * kNR, std::min(N, p1 * kNR), K, xf, ldxf, w, ldw, w_k_major, out, ldo, alpha, beta, bias);
+  // Threads take whole pairs of panels, so micro_pair512 sees every pair.
+  const int64_t pairs = (N + 2 * kNR - 1) / (2 * kNR);
+  const bool wide = ARENO_WIDE_ISA && cpu_isa() >= CpuIsa::avx512;
+  parallel_for(pairs, M * std::max<int64_t>(K, 1) * 2 * kNR, [&](int64_t p0, int64_t p1) {
+    columns<W, O>(M, p0 * 2 * kNR, std::min(N, p1 * 2 * kNR), K, xf, ldxf, w, ldw, w_k_major, out, ldo, alpha, beta,
+                  bias, wide);
   });
 }
 

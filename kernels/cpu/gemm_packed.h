@@ -1,7 +1,8 @@
 #pragma once
 // Blocked GEMM on AVX2 + FMA for a weight stored [N, K] (nn.Linear's layout),
 // f32 or bf16, for CPUs where neither AMX tiles nor oneDNN's bf16 GEMM run
-// (AVX2-only machines such as AMD Zen 3; issue 16 "GEMM/GEMV"):
+// (AVX2-only machines such as AMD Zen 3, and AVX-512 ones without AMX;
+// issue 16 "GEMM/GEMV"):
 //
 //   out[m * ldo + n] = alpha * sum_k x[m * x_rs + k * x_cs] * w[n * ldw + k] (+ beta * out) (+ bias[n])
 //
@@ -12,7 +13,11 @@
 // [256 k x 128 n] block of it at a time, widened to f32 and transposed, into
 // an L2-resident buffer; a 6 x 16 register tile (12 accumulators) multiplies
 // rows of x (widened to f32 once per call when bf16, copied row-major when
-// f32 with x_cs != 1) by it, broadcasting x.
+// f32 with x_cs != 1) by it, broadcasting x. At the avx512 level and above
+// (cpu_isa()) two adjacent panels go through a 6 x 32 tile of 16-lane
+// vectors instead (12 accumulators, half the instructions), the same sums:
+// the kernel also takes bf16 on AVX-512 CPUs without AMX, where it ran
+// faster than oneDNN (gemm_dnnl.h).
 // Each output sums its products in k order in one f32 accumulator, partial
 // sums kept in f32 between k blocks, so a result does not depend on M, on
 // the row's position or on the thread count. The caller checks

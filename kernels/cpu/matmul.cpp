@@ -138,11 +138,14 @@ void skinny(const T* a, const MatRef& ma, const T* b, const MatRef& mb, T* out, 
 }
 
 // Whether a product past the skinny rows (any layout of x, the right
-// operand a transposed weight or stored [K, N]) runs on gemm_packed_avx2: bf16 where neither AMX nor oneDNN's
-// bf16 runs, f32 where this build's Eigen has no AVX-512 kernels (an AVX2
-// machine, or -Dnative=false). On Zen 3, 2 threads, 512 rows of `small`'s
-// shapes: f32 140-173 GFLOP/s against Eigen's 82-110; bf16 135-168 against
-// 45-92 widening both operands per call (docs/perf.md).
+// operand a transposed weight or stored [K, N]) runs on gemm_packed_avx2:
+// bf16 where neither AMX nor oneDNN runs (oneDNN is off by default without
+// AMX, gemm_dnnl.h), f32 where this build's Eigen has no AVX-512 kernels (an
+// AVX2 machine, or -Dnative=false). On Zen 3, 2 threads, 512 rows of
+// `small`'s shapes: f32 140-173 GFLOP/s against Eigen's 82-110; bf16 135-168
+// against 45-92 widening both operands per call; on a Xeon with AVX512-BF16
+// and no AMX, with the kernel's AVX-512 micro-kernel, bf16 242-280 against
+// oneDNN's 163-171 (docs/perf.md).
 bool packed_level(DType dt) {
   const CpuIsa isa = cpu_isa();
   if (isa < CpuIsa::avx2) return false;
@@ -158,15 +161,17 @@ bool packed_level(DType dt) {
 // in place, where the packed kernel copies it once per call): on Zen 3 the
 // 200064-row head at 16 rows ran 90-98 GFLOP/s skinny against 80-90 packed,
 // at 24 rows 79-96 against 96-101, a 1536 x 256 layer at 16 rows 76-79
-// against 106-137.
-constexpr int64_t kPackedMinRows = 17;
+// against 106-137. With the AVX-512 micro-kernel (bf16 on a Xeon without
+// AMX, `small` decode steps of B rows, tokens/s skinny / packed): B = 10
+// 808 / 570, 12 817 / 776, 16 806 / 884, 32 866 / 1160.
+int64_t packed_min_rows() { return cpu_isa() >= CpuIsa::avx512 ? 14 : 17; }
 
 // Rows up to which a bf16 (or any) product with a transposed weight goes to
 // gemm_skinny: kAmxMaxRows for bf16 at the amx level (gemm_amx_bf16),
-// kPackedMinRows - 1 where the packed kernel takes over.
+// packed_min_rows() - 1 where the packed kernel takes over.
 int64_t skinny_row_limit(DType dt) {
   if (dt == DType::bf16 && cpu_isa() >= CpuIsa::amx) return kAmxMaxRows;
-  return packed_level(dt) ? kPackedMinRows - 1 : kSkinnyMaxRows;
+  return packed_level(dt) ? packed_min_rows() - 1 : kSkinnyMaxRows;
 }
 
 // bf16 rows in blocks of kRowBlock rows: at the amx level with a transposed
@@ -225,7 +230,7 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, dou
   const bool skinny_shape = !mb.row_major && M <= skinny_row_limit(out.dtype());
   // f32 past the skinny rows on gemm_packed_avx2 (bf16 gets there through bf16_row_blocks).
   const bool packed_f32 =
-      out.dtype() == DType::f32 && !skinny_shape && M >= kPackedMinRows && packed_level(DType::f32);
+      out.dtype() == DType::f32 && !skinny_shape && M >= packed_min_rows() && packed_level(DType::f32);
   int64_t sa = a.stride(0), sb = b.stride(0);
   auto dispatch = [&](auto tag) {
     using T = decltype(tag);

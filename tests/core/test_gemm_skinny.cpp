@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -367,41 +368,81 @@ void check_packed_shape(int64_t M, int64_t N, int64_t K, float alpha, float beta
   });
 }
 
-TEST_CASE("gemm_packed_avx2: odd shapes, every operand dtype, strides, transposed x, a [K, N] right operand, alpha, beta and bias, against f64; same bits at every M and thread split") {
+TEST_CASE("gemm_packed_avx2: odd shapes, every operand dtype, strides, transposed x, a [K, N] right operand, alpha, beta and bias, against f64; same bits at every M and thread split, every level from avx2") {
   if (cpu_isa_supported() < CpuIsa::avx2) {
     MESSAGE("no AVX2 on this CPU: the packed kernel is not run");
     return;
   }
-  uint64_t seed = 900;
-  // Row tails of the 6-row tile and of the 144-row block, column tails inside
-  // a 16-column panel and of the 128-column block, k tails of the 8-wide
-  // transpose and of the 256-deep block.
-  for (int64_t M : {1, 5, 6, 7, 13, 144, 151})
-    for (int64_t N : {1, 9, 16, 17, 130})
-      for (int64_t K : {1, 7, 8, 9, 256, 300}) {
-        check_packed_shape<BFloat16, BFloat16, BFloat16>(M, N, K, 1.0f, 0.0f, false, false, seed++);
-        check_packed_shape<float, float, float>(M, N, K, 1.0f, 0.0f, false, false, seed++);
+  IsaGuard guard;
+  for (CpuIsa isa : levels()) {
+    if (isa < CpuIsa::avx2) continue;
+    const std::string level = cpu_isa_name(isa);  // avx512 and up: pairs of panels on 16 lanes
+    CAPTURE(level);
+    REQUIRE(set_cpu_isa(isa) == isa);
+    uint64_t seed = 900;
+    // Row tails of the 6-row tile and of the 144-row block, column tails inside
+    // a 16-column panel and of the 128-column block, k tails of the 8-wide
+    // transpose and of the 256-deep block.
+    for (int64_t M : {1, 5, 6, 7, 13, 144, 151})
+      for (int64_t N : {1, 9, 16, 17, 130})
+        for (int64_t K : {1, 7, 8, 9, 256, 300}) {
+          check_packed_shape<BFloat16, BFloat16, BFloat16>(M, N, K, 1.0f, 0.0f, false, false, seed++);
+          check_packed_shape<float, float, float>(M, N, K, 1.0f, 0.0f, false, false, seed++);
+        }
+    for (int64_t M : {7, 150})
+      for (int64_t K : {9, 513}) {
+        check_packed_shape<BFloat16, BFloat16, BFloat16>(M, 67, K, 1.0f, 0.0f, true, false, seed++);
+        check_packed_shape<BFloat16, BFloat16, float>(M, 67, K, 0.5f, 1.0f, true, true, seed++);
+        check_packed_shape<float, BFloat16, BFloat16>(M, 67, K, -1.5f, 2.0f, false, false, seed++);
+        check_packed_shape<float, float, BFloat16>(M, 67, K, 2.0f, 1.0f, true, true, seed++);
+        check_packed_shape<float, float, float>(M, 300, K, 1.0f, -1.0f, true, true, seed++);
       }
-  for (int64_t M : {7, 150})
-    for (int64_t K : {9, 513}) {
-      check_packed_shape<BFloat16, BFloat16, BFloat16>(M, 67, K, 1.0f, 0.0f, true, false, seed++);
-      check_packed_shape<BFloat16, BFloat16, float>(M, 67, K, 0.5f, 1.0f, true, true, seed++);
-      check_packed_shape<float, BFloat16, BFloat16>(M, 67, K, -1.5f, 2.0f, false, false, seed++);
-      check_packed_shape<float, float, BFloat16>(M, 67, K, 2.0f, 1.0f, true, true, seed++);
-      check_packed_shape<float, float, float>(M, 300, K, 1.0f, -1.0f, true, true, seed++);
-    }
-  // A right operand stored [K, N]: column tails of the 16-wide rows.
-  for (int64_t M : {1, 7, 150})
-    for (int64_t N : {1, 16, 17, 130})
-      for (int64_t K : {1, 9, 300}) {
-        check_packed_shape<float, float, float>(M, N, K, 1.0f, 0.0f, false, false, seed++, true);
-        check_packed_shape<BFloat16, BFloat16, BFloat16>(M, N, K, 1.0f, 1.0f, N % 2 == 0, M == 7, seed++, true);
+    // A right operand stored [K, N]: column tails of the 16-wide rows.
+    for (int64_t M : {1, 7, 150})
+      for (int64_t N : {1, 16, 17, 130})
+        for (int64_t K : {1, 9, 300}) {
+          check_packed_shape<float, float, float>(M, N, K, 1.0f, 0.0f, false, false, seed++, true);
+          check_packed_shape<BFloat16, BFloat16, BFloat16>(M, N, K, 1.0f, 1.0f, N % 2 == 0, M == 7, seed++, true);
+        }
+    // The same rows give the same bits at any M (alone, inside a block, past
+    // it) and on one thread or two.
+    check_same_bits({5, 100, 300}, 300, 600, 15, [](int64_t rows, const BFloat16* x, const BFloat16* w, BFloat16* out) {
+      gemm_packed_avx2<BFloat16, BFloat16, BFloat16>(rows, 300, 600, x, 600, 1, w, 600, out, 300, 1.0f, 0.0f);
+    });
+  }
+}
+
+TEST_CASE("gemm_packed_avx2: the AVX-512 micro-kernel gives the AVX2 kernel's bits (each output one k-order FMA chain)") {
+  if (cpu_isa_supported() < CpuIsa::avx512) {
+    MESSAGE("no AVX-512 on this CPU: one level only");
+    return;
+  }
+  IsaGuard guard;
+  // Column counts with an odd last panel (no pair) and a partial one; rows
+  // past a 6-row tile; k past a 256-deep block.
+  for (int64_t N : {16, 48, 67, 300})
+    for (int64_t M : {1, 7, 150})
+      for (int64_t K : {9, 300}) {
+        CAPTURE(N);
+        CAPTURE(M);
+        CAPTURE(K);
+        std::vector<float> xf = values(size_t(M * K), 7000 + uint64_t(N + M + K)), wf = values(size_t(N * K), 8000);
+        const std::vector<BFloat16> x(xf.begin(), xf.end()), w(wf.begin(), wf.end());
+        std::vector<float> bias;
+        for (int64_t n = 0; n < N; ++n) bias.push_back(0.25f * float(n % 5));
+        // f32 operands with alpha, beta and a bias, then bf16 operands: f32 outputs, so every bit of the sums shows.
+        auto run = [&](CpuIsa isa) {
+          REQUIRE(set_cpu_isa(isa) == isa);
+          const std::vector<float> o0 = values(size_t(M * N), 9000);
+          std::vector<float> o = o0, ob = o0;
+          gemm_packed_avx2(M, N, K, xf.data(), K, 1, wf.data(), K, o.data(), N, 0.5f, 1.0f, bias.data());
+          gemm_packed_avx2(M, N, K, x.data(), K, 1, w.data(), K, ob.data(), N, 1.0f, 0.0f);
+          o.insert(o.end(), ob.begin(), ob.end());
+          return o;
+        };
+        const std::vector<float> a = run(CpuIsa::avx2), b = run(CpuIsa::avx512);
+        CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
       }
-  // The same rows give the same bits at any M (alone, inside a block, past
-  // it) and on one thread or two.
-  check_same_bits({5, 100, 300}, 300, 600, 15, [](int64_t rows, const BFloat16* x, const BFloat16* w, BFloat16* out) {
-    gemm_packed_avx2<BFloat16, BFloat16, BFloat16>(rows, 300, 600, x, 600, 1, w, 600, out, 300, 1.0f, 0.0f);
-  });
 }
 
 TEST_CASE("gemm_skinny: linear() routes up to kSkinnyMaxRows (bf16 with AMX: kAmxMaxRows) rows through it, both dtypes, every level") {
