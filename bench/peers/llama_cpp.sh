@@ -18,7 +18,8 @@
 #      decode from the streaming-sum read bandwidth measured in the same run)
 #      printed, and with --write-docs put into docs/perf.md between the
 #      markers `<!-- llama_cpp.sh:PRESET begin/end -->` (temp + rename;
-#      PRESET-avx2 on a CPU without AVX-512).
+#      PRESET-avx2 on a CPU without AVX-512, PRESET-noamx on one with AVX-512
+#      and no AMX).
 #
 # usage: bench/peers/llama_cpp.sh [--build DIR] [--preset small|full]
 #                                 [--dtypes f32,bf16] [--rounds N] [--reps N]
@@ -129,8 +130,11 @@ labels=$(for dt in "${dtype_list[@]}"; do label "$dt"; done | paste -sd,)
 section=$preset
 [[ $quantize == int8 ]] && section=$preset-int8
 # Tables of a machine without AVX-512 (AVX2 only: oneDNN and the AMX/BF16
-# kernels do not run) go to their own markers, so both machines' tables stay.
-grep -qw avx512f /proc/cpuinfo || section=$section-avx2
+# kernels do not run), or with AVX-512 and no AMX (the bf16 GEMMs past a few
+# rows on vdpbf16ps and oneDNN), go to their own markers, so every machine's
+# tables stay.
+if ! grep -qw avx512f /proc/cpuinfo; then section=$section-avx2
+elif ! grep -qw amx_tile /proc/cpuinfo; then section=$section-noamx; fi
 
 [[ $prepare == 0 ]] || exit 0
 
