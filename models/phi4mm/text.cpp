@@ -118,6 +118,13 @@ void LoraLinear::set_served(int32_t j, Tensor a, Tensor b, double scaling) {
     throw std::invalid_argument(fmt::format("served LoRA {}: expected A [r, {}] and B [{}, r]", j, in_features,
                                             out_features));
   if (served_.size() < size_t(j)) served_.resize(size_t(j));
+  // A power-of-two scaling goes into A once (exact, as scaling x·Aᵀ is:
+  // the same bits), which saves a pass and an op per run of rows.
+  if (a.defined() && pow2(scaling) && scaling != 1.0) {
+    NoGradGuard ng;
+    a = mul(a, scaling);
+    scaling = 1.0;
+  }
   served_[size_t(j - 1)] = {std::move(a), std::move(b), scaling};
 }
 
@@ -137,6 +144,7 @@ Tensor LoraLinear::adapter_delta(int k, const Tensor& x, const AdapterRows& rows
 
 Tensor LoraLinear::product(const Tensor& x, const Tensor& a, const Tensor& b, double s) {
   // PEFT rounding order: (x·Aᵀ)·Bᵀ, times the scaling (then added).
+  if (s == 1.0) return linear(linear(x, a), b);
   return pow2(s) ? linear(mul(linear(x, a), s), b) : mul(linear(linear(x, a), b), s);
 }
 
@@ -187,10 +195,13 @@ Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
     if (pow2(sv.scaling) && x.dim() == 2 && y.is_contiguous() && !needs_grad({x, base_layer->weight})) {
       // Inference: the product joins y in its GEMM, on every row or on each
       // run of the adapter's consecutive rows in place (no gather or scatter).
-      if (at.all) linear_add_(y, mul(linear(x, sv.a), sv.scaling), sv.b);
+      // (sv.scaling is 1 here: set_served put it into A.)
+      auto shrink = [&](const Tensor& xs) {
+        return sv.scaling == 1.0 ? linear(xs, sv.a) : mul(linear(xs, sv.a), sv.scaling);
+      };
+      if (at.all) linear_add_(y, shrink(x), sv.b);
       else
-        for (const auto& [r0, n] : at.runs)
-          linear_add_(y.narrow(0, r0, n), mul(linear(x.narrow(0, r0, n), sv.a), sv.scaling), sv.b);
+        for (const auto& [r0, n] : at.runs) linear_add_(y.narrow(0, r0, n), shrink(x.narrow(0, r0, n)), sv.b);
       continue;
     }
     Tensor d = product(at.all ? x : index_select(x, 0, at.rows), sv.a, sv.b, sv.scaling);
