@@ -250,7 +250,8 @@ void write_out(int64_t rows, int64_t ncols, const float* c, int64_t ldc, O* out,
 // on micro_pair512 (the AVX-512 level).
 template <typename W, typename O>
 void columns(int64_t M, int64_t c0, int64_t c1, int64_t K, const float* x, int64_t ldx, const W* w, int64_t ldw,
-             bool w_k_major, O* out, int64_t ldo, float alpha, float beta, const W* bias, bool wide) {
+             bool w_k_major, O* out, int64_t ldo, float alpha, float beta, const W* bias,
+             [[maybe_unused]] bool wide) {
   constexpr int64_t kLdc = kNC;
   float* bp = thread_scratch<float>(ScratchSlot::packed_b, kKC * kNC);
   float* c = thread_scratch<float>(ScratchSlot::packed_c, (kMB + kMR) * kLdc);

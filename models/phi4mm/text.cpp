@@ -195,13 +195,10 @@ Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
     if (pow2(sv.scaling) && x.dim() == 2 && y.is_contiguous() && !needs_grad({x, base_layer->weight})) {
       // Inference: the product joins y in its GEMM, on every row or on each
       // run of the adapter's consecutive rows in place (no gather or scatter).
-      // (sv.scaling is 1 here: set_served put it into A.)
-      auto shrink = [&](const Tensor& xs) {
-        return sv.scaling == 1.0 ? linear(xs, sv.a) : mul(linear(xs, sv.a), sv.scaling);
-      };
-      if (at.all) linear_add_(y, shrink(x), sv.b);
+      // (A holds the power-of-two scaling: set_served.)
+      if (at.all) linear_add_(y, linear(x, sv.a), sv.b);
       else
-        for (const auto& [r0, n] : at.runs) linear_add_(y.narrow(0, r0, n), shrink(x.narrow(0, r0, n)), sv.b);
+        for (const auto& [r0, n] : at.runs) linear_add_(y.narrow(0, r0, n), linear(x.narrow(0, r0, n), sv.a), sv.b);
       continue;
     }
     Tensor d = product(at.all ? x : index_select(x, 0, at.rows), sv.a, sv.b, sv.scaling);
