@@ -273,7 +273,8 @@ void gemm_skinny_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
     gemm_amx_bf16<O>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta);
     return;
   }
-  if (cpu_isa() >= CpuIsa::avx512_bf16) {
+  const bool widen_x = cpu_isa() == CpuIsa::avx512_bf16 && M >= kWidenMinRows && K >= kWidenMinK;
+  if (cpu_isa() >= CpuIsa::avx512_bf16 && !widen_x) {
     run<BFloat16, BFloat16, O>(M, N, K, x, ldx, w, ldw, nullptr, out, ldo, alpha, beta);
     return;
   }

@@ -76,10 +76,16 @@ void gemm_skinny(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, c
 // avx512bf16 level (and amx with fewer rows) the pairs of bf16 products go straight into f32
 // accumulators (vdpbf16ps: each product exact, as widening both would give,
 // summed in another order; bf16 denormals, below 1.2e-38, count as zero);
-// below it x is widened to f32 and gemm_skinny runs. O is float or BFloat16.
+// below it x is widened to f32 and gemm_skinny runs, and so it does at the
+// avx512bf16 level from kWidenMinRows rows where K >= kWidenMinK (there the
+// f32 FMAs on widened weights ran faster than vdpbf16ps on a Xeon without
+// AMX: `full`'s prefill of 4, 8 and 12 tokens 318 / 461 / 597 ms against
+// 329 / 538 / 703; at K = 256, `small`, vdpbf16ps stayed ahead at 8 and 12
+// rows; docs/perf.md). O is float or BFloat16.
 template <typename O>
 void gemm_skinny_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w,
                       int64_t ldw, O* out, int64_t ldo, float alpha, float beta);
+constexpr int64_t kWidenMinRows = 4, kWidenMinK = 1024;
 
 // Rows of x from which gemm_skinny_bf16 takes AMX tiles at the amx level
 // (one row streams faster through vdpbf16ps: `small`'s decode step 2.5 ms

@@ -189,6 +189,32 @@ TEST_CASE("gemm_skinny: every level, f32 and bf16 weights, bf16 activations, odd
   }
 }
 
+TEST_CASE("gemm_skinny_bf16: at the avx512bf16 level, from kWidenMinRows rows with K >= kWidenMinK, the avx512 level's f32 FMAs (the same bits); vdpbf16ps below") {
+  if (cpu_isa_supported() < CpuIsa::avx512_bf16) {
+    MESSAGE("no AVX512-BF16 on this CPU");
+    return;
+  }
+  IsaGuard guard;
+  const int64_t N = 300;
+  for (int64_t K : {kWidenMinK - 1, kWidenMinK, kWidenMinK + 37})
+    for (int64_t M : {kWidenMinRows - 1, kWidenMinRows, int64_t(13)}) {
+      CAPTURE(K);
+      CAPTURE(M);
+      const std::vector<float> xf = values(size_t(M * K), 40 + uint64_t(M)), wf = values(size_t(N * K), 41);
+      const std::vector<BFloat16> x(xf.begin(), xf.end()), w(wf.begin(), wf.end());
+      auto run = [&](CpuIsa isa) {
+        REQUIRE(set_cpu_isa(isa) == isa);
+        std::vector<float> out(size_t(M * N));
+        gemm_skinny_bf16<float>(M, N, K, x.data(), K, w.data(), K, out.data(), N, 1.0f, 0.0f);
+        return out;
+      };
+      const std::vector<float> bf = run(CpuIsa::avx512_bf16), wide = run(CpuIsa::avx512);
+      const bool same = std::memcmp(bf.data(), wide.data(), bf.size() * sizeof(float)) == 0;
+      // Both are f32 sums of exact products; the vdpbf16ps order differs in the last bits somewhere.
+      CHECK(same == (M >= kWidenMinRows && K >= kWidenMinK));
+    }
+}
+
 TEST_CASE("gemm_skinny: the levels agree with each other and the result does not depend on the thread split") {
   IsaGuard guard;
   // N past 64 x 8 x threads rows: the chunks taken from a counter (2 threads).
