@@ -512,7 +512,8 @@ TEST_CASE("gemm_dnnl: bf16 GEMMs above the skinny rows through oneDNN equal the 
     REQUIRE(dnnl_gemm_bf16(2, 2, 3, a.data(), 3, 1, b.data(), 2, 1, o.data(), 2));
     for (BFloat16 v : o) CHECK(float(v) == 6.0f);
   }
-  for (auto [M, N, K] : {std::array<int64_t, 3>{33, 67, 259}, {100, 1000, 17}, {513, 31, 300}}) {
+  for (const auto& shape : {std::array<int64_t, 3>{33, 67, 259}, {100, 1000, 17}, {513, 31, 300}}) {
+    const int64_t M = shape[0], N = shape[1], K = shape[2];  // plain variables for CAPTURE (clang 14)
     CAPTURE(M);
     CAPTURE(N);
     CAPTURE(K);

@@ -644,7 +644,9 @@ DEVICE_TEST_CASE("ops/silu_and_mul and rotary_embedding equal the composed ops, 
     // The bound: the silu's f32 exp differs between vector and scalar code by
     // an ulp or so, which one rounding to bf16 can turn into one bf16 ulp.
     const double tol = dt == DType::bf16 ? 1.0 / 64 : dt == DType::f32 ? 1e-6 : 0.0;
-    for (auto [rows, n, extra] : {std::tuple<int64_t, int64_t, int64_t>{1, 768, 0}, {5, 37, 0}, {3, 1029, 11}}) {
+    // (Plain variables, not structured bindings: clang 14 cannot capture those in CAPTURE.)
+    for (const auto& shape : {std::tuple<int64_t, int64_t, int64_t>{1, 768, 0}, {5, 37, 0}, {3, 1029, 11}}) {
+      const int64_t rows = std::get<0>(shape), n = std::get<1>(shape), extra = std::get<2>(shape);
       CAPTURE(rows);
       CAPTURE(n);
       CAPTURE(extra);
@@ -662,8 +664,10 @@ DEVICE_TEST_CASE("ops/silu_and_mul and rotary_embedding equal the composed ops, 
       CHECK(max_abs_diff(xa.grad().to(Device::cpu()).to(DType::f64), xb.grad().to(Device::cpu()).to(DType::f64)) <=
             tol * 16);
     }
-    for (auto [t, nh, d, r, flat] : {std::tuple<int64_t, int64_t, int64_t, int64_t, bool>{1, 10, 64, 48, false},
-                                     {7, 3, 8, 6, true}, {4, 2, 6, 6, false}, {9, 5, 34, 22, true}}) {
+    for (const auto& shape : {std::tuple<int64_t, int64_t, int64_t, int64_t, bool>{1, 10, 64, 48, false},
+                              {7, 3, 8, 6, true}, {4, 2, 6, 6, false}, {9, 5, 34, 22, true}}) {
+      const int64_t t = std::get<0>(shape), nh = std::get<1>(shape), d = std::get<2>(shape), r = std::get<3>(shape);
+      const bool flat = std::get<4>(shape);
       CAPTURE(t);
       CAPTURE(nh);
       CAPTURE(d);
@@ -701,7 +705,8 @@ DEVICE_TEST_CASE("ops/add_rms_norm equals add then rms_norm") {
   for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
     if (dt == DType::f64 && !device.is_cpu()) continue;
     CAPTURE(dtype_name(dt));
-    for (auto [m, n] : {std::pair<int64_t, int64_t>{1, 3072}, {5, 37}, {133, 256}}) {
+    for (const auto& shape : {std::pair<int64_t, int64_t>{1, 3072}, {5, 37}, {133, 256}}) {
+      const int64_t m = shape.first, n = shape.second;
       CAPTURE(m);
       CAPTURE(n);
       Tensor a = rand_normal({m, n}, g, 0.0, 3.0).to(dt).to(device), b = rand_normal({m, n}, g).to(dt).to(device);
@@ -731,8 +736,9 @@ DEVICE_TEST_CASE("ops/linear_pair equals two linear calls") {
   Generator g(29);
   for (DType dt : {DType::bf16, DType::f32}) {
     CAPTURE(dtype_name(dt));
-    for (auto [m, k, n1, n2] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{133, 96, 200, 40}, {33, 70, 64, 20},
-                                {276, 64, 48, 33}, {5, 32, 16, 16}, {300, 130, 70, 96}}) {
+    for (const auto& shape : {std::tuple<int64_t, int64_t, int64_t, int64_t>{133, 96, 200, 40}, {33, 70, 64, 20},
+                              {276, 64, 48, 33}, {5, 32, 16, 16}, {300, 130, 70, 96}}) {
+      const int64_t m = std::get<0>(shape), k = std::get<1>(shape), n1 = std::get<2>(shape), n2 = std::get<3>(shape);
       CAPTURE(m);
       CAPTURE(k);
       Tensor x = rand_normal({m, k}, g).to(dt).to(device);
@@ -767,9 +773,11 @@ DEVICE_TEST_CASE("ops/depthwise_conv2d_nhwc equals the composed taps and a group
     if (dt == DType::f64 && !device.is_cpu()) continue;
     CAPTURE(dtype_name(dt));
     const DType acc = dt == DType::f64 ? DType::f64 : DType::f32;
-    for (auto [b, h, w, c, kh, kw, sh, sw, with_bias] :
+    for (const auto& shape :
          {std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>{1, 9, 11, 70, 3, 3, 2, 2, true},
           {2, 6, 1, 5, 3, 1, 1, 1, false}, {1, 5, 7, 128, 2, 3, 1, 2, true}, {1, 3, 3, 1, 3, 3, 1, 1, true}}) {
+      const auto [b, h, w, c_, kh_, kw, sh_, sw, with_bias] = shape;
+      const int64_t c = c_, kh = kh_, sh = sh_;  // plain variables for CAPTURE (clang 14)
       CAPTURE(c);
       CAPTURE(kh);
       CAPTURE(sh);
