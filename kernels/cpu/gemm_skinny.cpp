@@ -278,10 +278,12 @@ void gemm_skinny_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
     run<BFloat16, BFloat16, O>(M, N, K, x, ldx, w, ldw, nullptr, out, ldo, alpha, beta);
     return;
   }
-  std::vector<float> xf(size_t(std::max<int64_t>(M, 0) * std::max<int64_t>(K, 0)));
+  // x widened once into this thread's scratch (the prefill of a short prompt
+  // comes here for every linear: no fresh block per call).
+  float* xf = thread_scratch<float>(ScratchSlot::packed_x, std::max<int64_t>(M, 1) * std::max<int64_t>(K, 1));
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t k = 0; k < K; ++k) xf[size_t(m * K + k)] = float(x[m * ldx + k]);
-  run<float, BFloat16, O>(M, N, K, xf.data(), K, w, ldw, nullptr, out, ldo, alpha, beta);
+    for (int64_t k = 0; k < K; ++k) xf[m * K + k] = float(x[m * ldx + k]);
+  run<float, BFloat16, O>(M, N, K, xf, K, w, ldw, nullptr, out, ldo, alpha, beta);
 }
 
 template <typename O>
