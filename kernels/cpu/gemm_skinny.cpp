@@ -141,6 +141,98 @@ struct V {
   static float sum(Vec v) { return _mm512_reduce_add_ps(v); }
 };
 #include "kernels/cpu/gemm_skinny_tile.inc"
+
+// The f32 FMAs of several rows of bf16 x on bf16 weights (gemm_skinny_bf16
+// from kPairsMinRows rows): one load of 32 weights gives the even-k ones as
+// the high halves of its 32-bit lanes after a shift and the odd-k ones after
+// a mask, one instruction per 16 weights where a zero-extend and a shift take
+// two. x comes widened and split the same way (split_pairs): per 32 k, the 16
+// even then the 16 odd, zero-padded to whole blocks of 32. Lane j of an
+// accumulator adds x w at k = 32t + 2j + 1, then at 32t + 2j, for t in
+// order, each product exact in f32: the pairs of vdpbf16ps in its order, so
+// the same bits as the vdpbf16ps tile (the tests check it), except that bf16
+// denormals count here. The lanes are then summed as _mm512_reduce_add_ps does.
+
+// 32 bf16 at p (only `rest` of them where rest < 32, the others zero) as
+// two f32 vectors: the even k, the odd k.
+inline void pairs_at(const BFloat16* p, int64_t rest, __m512& even, __m512& odd) {
+  const __m512i raw =
+      rest >= 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(__mmask32((uint64_t(1) << rest) - 1), p);
+  even = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+  odd = _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(int(0xffff0000u))));
+}
+
+// One row of x, K bf16, into xs (K rounded up to 32 floats, 64-byte aligned).
+inline void split_pairs(int64_t K, const BFloat16* x, float* xs) {
+  for (int64_t k = 0; k < K; k += 32) {
+    __m512 e, o;
+    pairs_at(x + k, K - k, e, o);
+    _mm512_store_ps(xs + k, e);
+    _mm512_store_ps(xs + k + 16, o);
+  }
+}
+
+// MB rows of xs (row stride Kp) times NB weight rows. prefetch_next: also ask
+// for the next NB weight rows, one line of each per step, so that block's
+// rows arrive from memory while this one computes (the first tile of a
+// column block does it; the weights then stream once at the pace of the
+// FMAs: `full`'s layers at 12 rows 5-10 % faster than with the prefetcher
+// alone).
+template <int MB, int NB, typename O>
+inline void tile_pairs(int64_t Kp, const float* xs, int64_t K, const BFloat16* w, int64_t ldw, O* out, int64_t ldo,
+                       float alpha, float beta, bool prefetch_next) {
+  __m512 acc[MB][NB];
+#pragma GCC unroll 8
+  for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < Kp; k += 32) {
+    __m512 we[NB], wo[NB];
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) {
+      const BFloat16* p = w + j * ldw + k;
+      if (prefetch_next) _mm_prefetch(reinterpret_cast<const char*>(p + NB * ldw), _MM_HINT_T0);
+      pairs_at(p, K - k, we[j], wo[j]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MB; ++i) {
+      const __m512 xe = _mm512_load_ps(xs + i * Kp + k), xo = _mm512_load_ps(xs + i * Kp + k + 16);
+#pragma GCC unroll 8
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_fmadd_ps(xe, we[j], _mm512_fmadd_ps(xo, wo[j], acc[i][j]));
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MB; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) store_out(out + i * ldo + j, _mm512_reduce_add_ps(acc[i][j]), alpha, beta);
+}
+
+// All M rows of xs times the NB weight rows at w.
+template <int NB, typename O>
+inline void column_block_pairs(int64_t M, int64_t Kp, const float* xs, int64_t K, const BFloat16* w, int64_t ldw,
+                               O* out, int64_t ldo, float alpha, float beta) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4)
+    tile_pairs<4, NB>(Kp, xs + m * Kp, K, w, ldw, out + m * ldo, ldo, alpha, beta, m == 0);
+  const float* x = xs + m * Kp;
+  O* o = out + m * ldo;
+  switch (M - m) {
+    case 3: tile_pairs<3, NB>(Kp, x, K, w, ldw, o, ldo, alpha, beta, m == 0); break;
+    case 2: tile_pairs<2, NB>(Kp, x, K, w, ldw, o, ldo, alpha, beta, m == 0); break;
+    case 1: tile_pairs<1, NB>(Kp, x, K, w, ldw, o, ldo, alpha, beta, m == 0); break;
+    default: break;
+  }
+}
+
+// All M rows of xs times the weight rows [n0, n1).
+template <typename O>
+void slice_pairs(int64_t M, int64_t n0, int64_t n1, int64_t Kp, const float* xs, int64_t K, const BFloat16* w,
+                 int64_t ldw, O* out, int64_t ldo, float alpha, float beta) {
+  constexpr int NB = 4;
+  int64_t n = n0;
+  for (; n + NB <= n1; n += NB) column_block_pairs<NB>(M, Kp, xs, K, w + n * ldw, ldw, out + n, ldo, alpha, beta);
+  for (; n < n1; ++n) column_block_pairs<1>(M, Kp, xs, K, w + n * ldw, ldw, out + n, ldo, alpha, beta);
+}
 }  // namespace avx512bf16
 #pragma GCC pop_options
 #endif  // ARENO_WIDE_ISA
@@ -205,17 +297,43 @@ const char* cpu_isa_name(CpuIsa isa) {
 
 namespace {
 
+// Calls body(n0, n1) over groups of 8 weight rows of [0, N), so every
+// thread's slice starts on a whole tile, on the OpenMP threads.
+template <typename Body>
+void split_rows(int64_t M, int64_t N, int64_t K, Body&& body) {
+  constexpr int64_t G = 8;
+  const int64_t groups = (N + G - 1) / G;
+  auto groups_body = [&](int64_t g0, int64_t g1) { body(g0 * G, std::min(N, g1 * G)); };
+  // Many rows (the head, the larger layers): chunks of 64 groups (512 weight
+  // rows) taken in turn from a counter instead of one fixed half per thread,
+  // so a thread whose core is slowed (a shared machine's neighbours) does not
+  // leave the other spinning at the barrier. Each output's sum is the same
+  // either way. On the Zen 3 VM, alternating runs of `small` decode: bf16
+  // 8.57 against 8.96 ms a token on average over four pairs, f32 3-7 %
+  // faster in two of three pairs.
+  const int threads = num_threads();
+  constexpr int64_t kChunk = 64;
+  if (threads > 1 && !omp_in_parallel() && groups >= kChunk * threads && M * K * G * kChunk >= kParallelGrain) {
+    std::atomic<int64_t> next{0};
+    const int64_t chunk = kChunk;
+#pragma omp parallel num_threads(threads)
+    for (;;) {
+      const int64_t g0 = next.fetch_add(chunk, std::memory_order_relaxed);
+      if (g0 >= groups) break;
+      groups_body(g0, std::min(groups, g0 + chunk));
+    }
+    return;
+  }
+  parallel_for(groups, M * K * G, groups_body);
+}
+
 // X is float, or BFloat16 at the avx512bf16 level only.
 template <typename X, typename W, typename O>
 void run(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const W* w, int64_t ldw, const float* scale,
          O* out, int64_t ldo, float alpha, float beta) {
   if (M <= 0 || N <= 0) return;
   const CpuIsa isa = cpu_isa();
-  // Groups of 8 weight rows, so every thread's slice starts on a whole tile.
-  constexpr int64_t G = 8;
-  const int64_t groups = (N + G - 1) / G;
-  auto body = [&](int64_t g0, int64_t g1) {
-    const int64_t n0 = g0 * G, n1 = std::min(N, g1 * G);
+  split_rows(M, N, K, [&](int64_t n0, int64_t n1) {
     if constexpr (std::is_same_v<X, BFloat16>) {
 #if ARENO_WIDE_ISA
       return avx512bf16::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
@@ -234,28 +352,7 @@ void run(int64_t M, int64_t N, int64_t K, const X* x, int64_t ldx, const W* w, i
       case CpuIsa::avx2: return avx2::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
       case CpuIsa::generic: return generic::slice(M, n0, n1, K, x, ldx, w, ldw, scale, out, ldo, alpha, beta);
     }
-  };
-  // Many rows (the head, the larger layers): chunks of 64 groups (512 weight
-  // rows) taken in turn from a counter instead of one fixed half per thread,
-  // so a thread whose core is slowed (a shared machine's neighbours) does not
-  // leave the other spinning at the barrier. Each output's sum is the same
-  // either way. On the Zen 3 VM, alternating runs of `small` decode: bf16
-  // 8.57 against 8.96 ms a token on average over four pairs, f32 3-7 %
-  // faster in two of three pairs.
-  const int threads = num_threads();
-  constexpr int64_t kChunk = 64;
-  if (threads > 1 && !omp_in_parallel() && groups >= kChunk * threads && M * K * G * kChunk >= kParallelGrain) {
-    std::atomic<int64_t> next{0};
-    const int64_t chunk = kChunk;
-#pragma omp parallel num_threads(threads)
-    for (;;) {
-      const int64_t g0 = next.fetch_add(chunk, std::memory_order_relaxed);
-      if (g0 >= groups) break;
-      body(g0, std::min(groups, g0 + chunk));
-    }
-    return;
-  }
-  parallel_for(groups, M * K * G, body);
+  });
 }
 
 }  // namespace
@@ -273,13 +370,26 @@ void gemm_skinny_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_
     gemm_amx_bf16<O>(M, N, K, x, ldx, w, ldw, out, ldo, alpha, beta);
     return;
   }
-  const bool widen_x = cpu_isa() == CpuIsa::avx512_bf16 && M >= kWidenMinRows && K >= kWidenMinK;
-  if (cpu_isa() >= CpuIsa::avx512_bf16 && !widen_x) {
+  const bool pairs = cpu_isa() == CpuIsa::avx512_bf16 && M >= kPairsMinRows;
+  if (cpu_isa() >= CpuIsa::avx512_bf16 && !pairs) {
     run<BFloat16, BFloat16, O>(M, N, K, x, ldx, w, ldw, nullptr, out, ldo, alpha, beta);
     return;
   }
-  // x widened once into this thread's scratch (the prefill of a short prompt
-  // comes here for every linear: no fresh block per call).
+#if ARENO_WIDE_ISA
+  if (pairs) {
+    // x split once into this thread's scratch (the prefill of a short prompt
+    // comes here for every linear: no fresh block per call).
+    if (M <= 0 || N <= 0) return;
+    const int64_t Kp = (K + 31) / 32 * 32;
+    float* xs = thread_scratch<float>(ScratchSlot::packed_x, M * Kp);
+    for (int64_t m = 0; m < M; ++m) avx512bf16::split_pairs(K, x + m * ldx, xs + m * Kp);
+    split_rows(M, N, K, [&](int64_t n0, int64_t n1) {
+      avx512bf16::slice_pairs(M, n0, n1, Kp, xs, K, w, ldw, out, ldo, alpha, beta);
+    });
+    return;
+  }
+#endif
+  // Below avx512bf16: x widened once into this thread's scratch.
   float* xf = thread_scratch<float>(ScratchSlot::packed_x, std::max<int64_t>(M, 1) * std::max<int64_t>(K, 1));
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k = 0; k < K; ++k) xf[m * K + k] = float(x[m * ldx + k]);

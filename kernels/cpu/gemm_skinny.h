@@ -73,19 +73,20 @@ void gemm_skinny(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, c
 
 // bf16 activations times bf16 weights (the decode shape of a bf16 model):
 // at the amx level gemm_amx_bf16 for at least kAmxMinRows rows; at the
-// avx512bf16 level (and amx with fewer rows) the pairs of bf16 products go straight into f32
-// accumulators (vdpbf16ps: each product exact, as widening both would give,
-// summed in another order; bf16 denormals, below 1.2e-38, count as zero);
-// below it x is widened to f32 and gemm_skinny runs, and so it does at the
-// avx512bf16 level from kWidenMinRows rows where K >= kWidenMinK (there the
-// f32 FMAs on widened weights ran faster than vdpbf16ps on a Xeon without
-// AMX: `full`'s prefill of 4, 8 and 12 tokens 318 / 461 / 597 ms against
-// 329 / 538 / 703; at K = 256, `small`, vdpbf16ps stayed ahead at 8 and 12
-// rows; docs/perf.md). O is float or BFloat16.
+// avx512bf16 level (and amx with fewer rows) the pairs of bf16 products go
+// straight into f32 accumulators (vdpbf16ps: each product exact, as widening
+// both would give, summed in another order; bf16 denormals, below 1.2e-38,
+// count as zero); below it x is widened to f32 and gemm_skinny runs. At the
+// avx512bf16 level from kPairsMinRows rows the same sums, pair by pair in
+// vdpbf16ps's order and so with its bits (denormals aside), run on f32 FMAs:
+// each load of 32 weights split into its even and odd k by a shift and a mask
+// (on a Xeon without AMX two f32 FMAs issue per cycle where vdpbf16ps takes
+// two cycles; one row, where the weight stream is all, stays on vdpbf16ps,
+// whose 8-row tile streamed `small`'s head faster). O is float or BFloat16.
 template <typename O>
 void gemm_skinny_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* x, int64_t ldx, const BFloat16* w,
                       int64_t ldw, O* out, int64_t ldo, float alpha, float beta);
-constexpr int64_t kWidenMinRows = 4, kWidenMinK = 1024;
+constexpr int64_t kPairsMinRows = 4;
 
 // Rows of x from which gemm_skinny_bf16 takes AMX tiles at the amx level
 // (one row streams faster through vdpbf16ps: `small`'s decode step 2.5 ms

@@ -189,29 +189,36 @@ TEST_CASE("gemm_skinny: every level, f32 and bf16 weights, bf16 activations, odd
   }
 }
 
-TEST_CASE("gemm_skinny_bf16: at the avx512bf16 level, from kWidenMinRows rows with K >= kWidenMinK, the avx512 level's f32 FMAs (the same bits); vdpbf16ps below") {
+TEST_CASE("gemm_skinny_bf16: at the avx512bf16 level, from kPairsMinRows rows, f32 FMAs with the bits of vdpbf16ps one row at a time, but bf16 denormals count") {
   if (cpu_isa_supported() < CpuIsa::avx512_bf16) {
     MESSAGE("no AVX512-BF16 on this CPU");
     return;
   }
   IsaGuard guard;
-  const int64_t N = 300;
-  for (int64_t K : {kWidenMinK - 1, kWidenMinK, kWidenMinK + 37})
-    for (int64_t M : {kWidenMinRows - 1, kWidenMinRows, int64_t(13)}) {
+  REQUIRE(set_cpu_isa(CpuIsa::avx512_bf16) == CpuIsa::avx512_bf16);
+  // N: tiles of 4 weight rows and a tail, split over the threads.
+  const int64_t N = 301;
+  uint64_t seed = 40;
+  for (int64_t K : {31, 32, 273, 1061})
+    for (int64_t M : {kPairsMinRows - 1, kPairsMinRows, int64_t(13), int64_t(32)}) {
       CAPTURE(K);
       CAPTURE(M);
-      const std::vector<float> xf = values(size_t(M * K), 40 + uint64_t(M)), wf = values(size_t(N * K), 41);
-      const std::vector<BFloat16> x(xf.begin(), xf.end()), w(wf.begin(), wf.end());
-      auto run = [&](CpuIsa isa) {
-        REQUIRE(set_cpu_isa(isa) == isa);
-        std::vector<float> out(size_t(M * N));
-        gemm_skinny_bf16<float>(M, N, K, x.data(), K, w.data(), K, out.data(), N, 1.0f, 0.0f);
-        return out;
-      };
-      const std::vector<float> bf = run(CpuIsa::avx512_bf16), wide = run(CpuIsa::avx512);
-      const bool same = std::memcmp(bf.data(), wide.data(), bf.size() * sizeof(float)) == 0;
-      // Both are f32 sums of exact products; the vdpbf16ps order differs in the last bits somewhere.
-      CHECK(same == (M >= kWidenMinRows && K >= kWidenMinK));
+      const int64_t ldx = K + 3, ldw = K + 5;
+      const std::vector<float> xf = values(size_t(M * ldx), seed++), wf = values(size_t(N * ldw), seed++);
+      std::vector<BFloat16> x(xf.begin(), xf.end()), w(wf.begin(), wf.end());
+      // A bf16 denormal in row 0 of x (the smallest, 2^-133) against 2^120 in
+      // weight row 0: a product of 2^-13 that vdpbf16ps reads as zero.
+      x[0].bits = 0x0001;
+      w[0].bits = 0x7b80;
+      std::vector<float> all(size_t(M * N)), rows(size_t(M * N));
+      gemm_skinny_bf16<float>(M, N, K, x.data(), ldx, w.data(), ldw, all.data(), N, 1.0f, 0.0f);
+      for (int64_t m = 0; m < M; ++m)
+        gemm_skinny_bf16<float>(1, N, K, x.data() + m * ldx, ldx, w.data(), ldw, rows.data() + m * N, N, 1.0f, 0.0f);
+      int64_t differ = 0;
+      for (size_t i = 0; i < all.size(); ++i) differ += all[i] != rows[i];
+      // Only out[0, 0] can differ, and it does where the f32 FMAs ran.
+      CHECK(differ == (M >= kPairsMinRows ? 1 : 0));
+      if (M >= kPairsMinRows) CHECK(all[0] - rows[0] == doctest::Approx(0x1p-13).epsilon(1e-3));
     }
 }
 
