@@ -176,7 +176,7 @@ inline void split_pairs(int64_t K, const BFloat16* x, float* xs) {
 // for the next NB weight rows, one line of each per step, so that block's
 // rows arrive from memory while this one computes (the first tile of a
 // column block does it; the weights then stream once at the pace of the
-// FMAs: `full`'s layers at 12 rows 5-10 % faster than with the prefetcher
+// FMAs: `full`'s layers at 12 rows 4-10 % faster than with the prefetcher
 // alone).
 template <int MB, int NB, typename O>
 inline void tile_pairs(int64_t Kp, const float* xs, int64_t K, const BFloat16* w, int64_t ldw, O* out, int64_t ldo,
