@@ -5,7 +5,8 @@
 // policy_logp's (f32, 1e-5), the KV blocks are free after the phase; agents
 // that crash, time out, print a malformed line or an unknown id fail with a
 // clear message and leave the rollout usable; the row rule splits a
-// re-templated turn; `areno train --agent-cmd` runs GRPO steps.
+// re-templated turn and keeps an image sent in a later turn in its row (a
+// replaced one splits); `areno train --agent-cmd` runs GRPO steps.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -19,9 +20,11 @@
 #include "app/commands_train.h"
 #include "app/served_model.h"
 #include <httplib.h>
+#include <stb_image_write.h>
 
 #include "models/phi4mm/demo/demo.h"
 #include "models/phi4mm/processor/chat_processor.h"
+#include "models/phi4mm/processor/media_source.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "tensor/autograd.h"
 #include "tests/rl/rl_fixtures.h"
@@ -81,6 +84,51 @@ json add_tool() {
                            {"properties", {{"a", {{"type", "integer"}}}, {"b", {{"type", "integer"}}}}}}}}}}});
 }
 
+// A 64 x 64 PNG, a square of (r, g, b) on white, as a data URL.
+std::string square_png_url(uint8_t r, uint8_t g, uint8_t b) {
+  constexpr int kSize = 64;
+  std::vector<uint8_t> px(size_t(kSize * kSize * 3), 255);
+  for (int y = 16; y < 48; ++y)
+    for (int x = 16; x < 48; ++x) {
+      uint8_t* p = &px[size_t((y * kSize + x) * 3)];
+      p[0] = r, p[1] = g, p[2] = b;
+    }
+  std::vector<uint8_t> png;
+  auto append = [](void* ctx, void* data, int size) {
+    auto* out = static_cast<std::vector<uint8_t>*>(ctx);
+    out->insert(out->end(), static_cast<uint8_t*>(data), static_cast<uint8_t*>(data) + size);
+  };
+  REQUIRE(stbi_write_png_to_func(append, &png, kSize, kSize, 3, px.data(), kSize * 3) != 0);
+  return "data:image/png;base64," + phi4mm::encode_base64(png.data(), png.size());
+}
+
+// The training forward's log-probabilities of every row of b (policy_logp,
+// the mask checked against the rows' flags) against the recorded ones over
+// the trainable tokens: the worst difference and how many were compared.
+struct Parity {
+  double worst = 0;
+  int64_t compared = 0;
+};
+Parity parity(const RolloutBatch& b) {
+  std::vector<Sequence> seqs;
+  for (const RolloutSample& s : b.samples) seqs.push_back({s.prompt, s.tokens, s.trainable});
+  NoGradGuard ng;
+  const TokenLogp tl = policy_logp(*model(), b.prompts, seqs);
+  const std::vector<float> lp = tl.logp.to_vector<float>(), mask = tl.mask.to_vector<float>();
+  const int64_t T = tl.logp.size(1);
+  Parity p;
+  for (size_t n = 0; n < b.samples.size(); ++n) {
+    const RolloutSample& s = b.samples[n];
+    for (size_t t = 0; t < s.tokens.size(); ++t) {
+      CHECK(mask[n * size_t(T) + t] == float(s.trainable[t]));
+      if (!s.trainable[t]) continue;
+      p.worst = std::max(p.worst, std::abs(double(lp[n * size_t(T) + t]) - double(s.logp[t])));
+      ++p.compared;
+    }
+  }
+  return p;
+}
+
 std::string decode(const std::vector<int64_t>& ids) {
   return tokenizer()->decode(std::vector<tok::TokenId>(ids.begin(), ids.end()), /*skip_special_tokens=*/false);
 }
@@ -99,7 +147,6 @@ TEST_CASE("rl/agent two turns with a tool result: one row, its mask, log-prob pa
   CHECK(ar.last_stats().kv_blocks_total == 64);
   CHECK(ar.last_stats().requests_finished == 8);  // 2 tasks x 2 samples x 2 turns
 
-  std::vector<Sequence> seqs;
   for (size_t k = 0; k < b.trajectories.size(); ++k) {
     const RolloutBatch::Trajectory& t = b.trajectories[k];
     CAPTURE(k);
@@ -129,28 +176,13 @@ TEST_CASE("rl/agent two turns with a tool result: one row, its mask, log-prob pa
     for (size_t i = 0; i < s.tokens.size(); ++i) CHECK(std::isnan(s.logp[i]) == !s.trainable[i]);
     // The final answer is the second turn's (what --reward would score).
     CHECK(t.tokens == int64_t(s.tokens.size() - c));
-    seqs.push_back({s.prompt, s.tokens, s.trainable});
   }
   // The engine's log-probabilities of the sampled tokens equal the training
   // forward's over the whole row (f32, CPU).
-  NoGradGuard ng;
-  const TokenLogp tl = policy_logp(*model(), b.prompts, seqs);
-  const std::vector<float> lp = tl.logp.to_vector<float>(), mask = tl.mask.to_vector<float>();
-  const int64_t T = tl.logp.size(1);
-  double worst = 0;
-  int64_t compared = 0;
-  for (size_t n = 0; n < b.samples.size(); ++n) {
-    const RolloutSample& s = b.samples[n];
-    for (size_t t = 0; t < s.tokens.size(); ++t) {
-      CHECK(mask[n * size_t(T) + t] == float(s.trainable[t]));
-      if (!s.trainable[t]) continue;
-      worst = std::max(worst, std::abs(double(lp[n * size_t(T) + t]) - double(s.logp[t])));
-      ++compared;
-    }
-  }
-  CHECK(compared >= 8);
-  CHECK(worst < 1e-5);
-  MESSAGE("agent rows: ", compared, " sampled tokens, worst |rollout - policy| logp ", worst);
+  const Parity p = parity(b);
+  CHECK(p.compared >= 8);
+  CHECK(p.worst < 1e-5);
+  MESSAGE("agent rows: ", p.compared, " sampled tokens, worst |rollout - policy| logp ", p.worst);
 }
 
 TEST_CASE("rl/agent failures name the task: crash, timeout, malformed output, unknown id; the rollout stays usable") {
@@ -351,7 +383,8 @@ serve::TrajectoryTurn turn(std::vector<int64_t> prompt, std::vector<int64_t> com
 TEST_CASE("rl/agent row rule: continuing turns append, a re-templated turn starts a new row, --train-tool-results") {
   // Turn 2 re-sends turn 1 token for token (then context 7 8); turn 3 does not
   // (its history differs at the answer: a re-tokenized reply) and turn 4 adds
-  // an image placeholder after continuing turn 3.
+  // an image placeholder without its item after continuing turn 3 (no turn
+  // the server records, but the rule does not trust the pairing).
   const std::vector<serve::TrajectoryTurn> turns = {
       turn({1, 2}, {3, 4}),
       turn({1, 2, 3, 4, 7, 8}, {5}),
@@ -379,6 +412,120 @@ TEST_CASE("rl/agent row rule: continuing turns append, a re-templated turn start
   CHECK(b.rows[0].trainable == std::vector<uint8_t>{1, 1, 1, 1, 1});
   CHECK(std::isnan(b.rows[0].logp[2]));
   CHECK_THROWS_AS(assemble_trajectory({}, false), std::invalid_argument);
+}
+
+TEST_CASE("rl/agent row rule with media: a later turn's image or clip joins the row; a replaced item or a new adapter splits") {
+  using phi4mm::Adapter;
+  using phi4mm::Media;
+  const int64_t I = phi4mm::kImageTokenId, A = phi4mm::kAudioTokenId;
+  auto image = [](uint8_t v) { return Media::of_image({2, 1, std::vector<uint8_t>(6, v)}); };
+  auto clip = [](double v) { return Media::of_audio(std::vector<double>(8, v), 16000); };
+  auto with = [](serve::TrajectoryTurn t, std::vector<Media> media, Adapter a) {
+    t.media = std::move(media);
+    t.adapter = a;
+    return t;
+  };
+  SUBCASE("a second image, then the first one replaced by another of the same size") {
+    const std::vector<serve::TrajectoryTurn> turns = {
+        with(turn({1, I, I, 2}, {3}), {image(10)}, Adapter::vision),
+        with(turn({1, I, I, 2, 3, 7, I, I, 8}, {5, 6}), {image(10), image(20)}, Adapter::vision),
+        // The same tokens, but the history's first image is another one.
+        with(turn({1, I, I, 2, 3, 7, I, I, 8, 5, 6, 9}, {4}, "last"), {image(11), image(20)}, Adapter::vision)};
+    const AssembledTrajectory a = assemble_trajectory(turns, false);
+    REQUIRE(a.rows.size() == 2);
+    const AgentRow& r = a.rows[0];
+    CHECK(r.prompt.ids == std::vector<int64_t>{1, I, I, 2});
+    CHECK(r.prompt.adapter == Adapter::vision);
+    REQUIRE(r.prompt.media.size() == 2);
+    CHECK(r.prompt.media[0].image.rgb[0] == 10);
+    CHECK(r.prompt.media[1].image.rgb[0] == 20);
+    CHECK(r.tokens == std::vector<int64_t>{3, 7, I, I, 8, 5, 6});
+    CHECK(r.trainable == std::vector<uint8_t>{1, 0, 0, 0, 0, 1, 1});
+    CHECK(r.turns == 2);
+    CHECK(std::isnan(r.logp[2]));
+    CHECK(r.logp[5] == -0.25f);
+    CHECK(r.logp[6] == -0.5f);
+    CHECK(a.rows[1].prompt.ids.size() == 12);
+    REQUIRE(a.rows[1].prompt.media.size() == 2);
+    CHECK(a.rows[1].prompt.media[0].image.rgb[0] == 11);
+    CHECK(a.rows[1].tokens == std::vector<int64_t>{4});
+    // --train-tool-results trains the context but not the placeholders.
+    CHECK(assemble_trajectory(turns, true).rows[0].trainable == std::vector<uint8_t>{1, 1, 0, 0, 1, 1, 1});
+  }
+  SUBCASE("clips: a second clip joins; a clip of other samples or rate splits") {
+    const std::vector<serve::TrajectoryTurn> turns = {
+        with(turn({1, A, 2}, {3}), {clip(0.5)}, Adapter::speech),
+        with(turn({1, A, 2, 3, A, A, 8}, {5}), {clip(0.5), clip(-0.5)}, Adapter::speech),
+        with(turn({1, A, 2, 3, A, A, 8, 5, 9}, {6}), {clip(0.25), clip(-0.5)}, Adapter::speech)};
+    const AssembledTrajectory a = assemble_trajectory(turns, false);
+    REQUIRE(a.rows.size() == 2);
+    CHECK(a.rows[0].prompt.media.size() == 2);
+    CHECK(a.rows[0].tokens == std::vector<int64_t>{3, A, A, 8, 5});
+    CHECK(a.rows[0].trainable == std::vector<uint8_t>{1, 0, 0, 0, 1});
+    CHECK(a.rows[1].prompt.media.size() == 2);
+    CHECK(a.rows[1].prompt.media[0].samples[0] == 0.25);
+    Media other_rate = clip(0.5);
+    other_rate.sample_rate = 8000;
+    CHECK(assemble_trajectory({turns[0], with(turns[1], {other_rate, clip(-0.5)}, Adapter::speech)}, false)
+              .rows.size() == 2);
+  }
+  SUBCASE("an image added to a text row changes the adapter: a new row") {
+    const std::vector<serve::TrajectoryTurn> turns = {
+        turn({1, 2}, {3}), with(turn({1, 2, 3, 7, I, 8}, {5}), {image(1)}, Adapter::vision)};
+    const AssembledTrajectory a = assemble_trajectory(turns, false);
+    REQUIRE(a.rows.size() == 2);
+    CHECK(a.rows[0].prompt.media.empty());
+    CHECK(a.rows[1].prompt.media.size() == 1);
+    CHECK(a.rows[1].prompt.adapter == Adapter::vision);
+  }
+  SUBCASE("an item without a placeholder in the new part: a new row") {
+    const std::vector<serve::TrajectoryTurn> turns = {
+        with(turn({1, I, 2}, {3}), {image(1)}, Adapter::vision),
+        with(turn({1, I, 2, 3, 8}, {5}), {image(1), image(2)}, Adapter::vision)};
+    CHECK(assemble_trajectory(turns, false).rows.size() == 2);
+  }
+}
+
+TEST_CASE("rl/agent an image sent in a later turn: one row with both images, log-prob parity; a replaced first image splits") {
+  const std::string env = fmt::format("AGENT_IMAGE_1='{}' AGENT_IMAGE_2='{}' ", square_png_url(220, 30, 30),
+                                      square_png_url(30, 30, 220));
+  const std::string again = fmt::format("AGENT_IMAGE_1_AGAIN='{}' ", square_png_url(30, 200, 30));
+  for (bool replaced : {false, true}) {
+    CAPTURE(replaced);
+    RolloutOptions o = rollout_options(2);
+    o.engine.kv_blocks = 160;  // two runs' second turns, about 1,100 tokens each
+    AgentRollout ar(model(), tokenizer(), o, agent("agent_images.sh", 60, (replaced ? again : std::string()) + env));
+    const RolloutBatch b = ar.run(tasks(1));
+    REQUIRE(b.trajectories.size() == 2);
+    CHECK(ar.last_stats().requests_finished == 4);
+    CHECK(ar.last_stats().kv_blocks_used == 0);
+    // Kept: one row holding both images. Replaced: the second turn's history
+    // differs from what the first turn was sampled on, so it starts a row.
+    REQUIRE(b.samples.size() == (replaced ? 4u : 2u));
+    CHECK(ar.split_rows() == (replaced ? 2 : 0));
+    for (size_t n = 0; n < b.samples.size(); ++n) {
+      CAPTURE(n);
+      const RolloutSample& s = b.samples[n];
+      const Prompt& p = b.prompts[size_t(s.prompt)];
+      CHECK(p.adapter == phi4mm::Adapter::vision);
+      const bool second_turn_row = replaced && n % 2 == 1;
+      const bool both = !replaced || second_turn_row;
+      REQUIRE(p.media.size() == (both ? 2u : 1u));
+      const int64_t in_prompt = std::count_if(p.ids.begin(), p.ids.end(), phi4mm::is_media_token);
+      const int64_t in_tokens = std::count_if(s.tokens.begin(), s.tokens.end(), phi4mm::is_media_token);
+      CHECK(in_prompt > 0);
+      // The second image's placeholders are context of the first turn's row.
+      CHECK((in_tokens > 0) == !replaced);
+      for (size_t t = 0; t < s.tokens.size(); ++t)
+        if (phi4mm::is_media_token(s.tokens[t])) CHECK(s.trainable[t] == 0);
+      if (replaced && !second_turn_row) CHECK(p.media[0].image.rgb != b.prompts[size_t(b.samples[n + 1].prompt)].media[0].image.rgb);
+    }
+    const Parity p = parity(b);
+    CHECK(p.compared >= 4);
+    CHECK(p.worst < 1e-5);
+    MESSAGE("image agent rows (replaced ", replaced, "): ", p.compared, " sampled tokens, worst |rollout - policy| logp ",
+            p.worst);
+  }
 }
 
 TEST_CASE("rl/agent tool calls: a sampled <|tool_call|> reply is recorded as tool_calls, and the agent's next turn (the assistant's tool_calls, the tool's result) continues its row") {

@@ -43,6 +43,18 @@ void TrajectoryStore::clear() {
 
 // ---- turns -> rows --------------------------------------------------------------
 
+namespace {
+
+// The same decoded item (the decode hold is bookkeeping, not content).
+bool same_media(const phi4mm::Media& a, const phi4mm::Media& b) {
+  if (a.kind != b.kind) return false;
+  if (a.kind == phi4mm::MediaKind::kImage)
+    return a.image.width == b.image.width && a.image.height == b.image.height && a.image.rgb == b.image.rgb;
+  return a.sample_rate == b.sample_rate && a.samples == b.samples;
+}
+
+}  // namespace
+
 AssembledTrajectory assemble_trajectory(const std::vector<serve::TrajectoryTurn>& turns, bool train_context) {
   if (turns.empty()) throw std::invalid_argument("assemble_trajectory: no turns");
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -51,19 +63,32 @@ AssembledTrajectory assemble_trajectory(const std::vector<serve::TrajectoryTurn>
   // The current row's whole sequence: prompt ids then tokens.
   std::vector<int64_t> seq;
   for (const serve::TrajectoryTurn& t : turns) {
+    // The row's media must come first in the turn's, item for item: the
+    // history's placeholders are the same tokens for any image of the same
+    // size, so the items themselves are compared. Items after them belong to
+    // placeholders in the new part (the server prefilled exactly one row per
+    // placeholder, in order).
+    const std::vector<phi4mm::Media>* media = row != nullptr ? &row->prompt.media : nullptr;
     bool continues = row != nullptr && t.prompt.size() >= seq.size() && t.adapter == row->prompt.adapter &&
-                     std::equal(seq.begin(), seq.end(), t.prompt.begin());
+                     std::equal(seq.begin(), seq.end(), t.prompt.begin()) && t.media.size() >= media->size() &&
+                     std::equal(media->begin(), media->end(), t.media.begin(), same_media);
+    // New items exactly when the new part has placeholders (the server's turns
+    // always agree; a turn that does not starts its own row).
     if (continues)
-      continues = std::none_of(t.prompt.begin() + int64_t(seq.size()), t.prompt.end(), phi4mm::is_media_token);
+      continues = std::any_of(t.prompt.begin() + int64_t(seq.size()), t.prompt.end(), phi4mm::is_media_token) ==
+                  (t.media.size() > media->size());
     if (!continues) {
       out.rows.push_back({});
       row = &out.rows.back();
       row->prompt = {t.prompt, t.media, t.adapter};
       seq = t.prompt;
     } else {
+      row->prompt.media.insert(row->prompt.media.end(), t.media.begin() + int64_t(row->prompt.media.size()),
+                               t.media.end());
       for (size_t i = seq.size(); i < t.prompt.size(); ++i) {
         row->tokens.push_back(t.prompt[i]);
-        row->trainable.push_back(train_context ? 1 : 0);
+        // Media placeholders are input, never targets (the sampler bans them).
+        row->trainable.push_back(train_context && !phi4mm::is_media_token(t.prompt[i]) ? 1 : 0);
         row->logp.push_back(nan);
       }
       seq = t.prompt;

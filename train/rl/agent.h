@@ -18,16 +18,20 @@
 //
 // Row rule (assemble_trajectory): a turn continues the current row when its
 // prompt starts with the row so far (the previous turn's prompt and
-// completion, token for token) and the new part holds no media placeholder;
-// then the new prompt part is appended as context and the completion as
-// sampled tokens. Otherwise (the client re-templated an earlier answer into
-// different tokens, edited the history, or added an image) the turn starts a
-// new row from its own prompt: the trajectory gives several rows, each with
-// the trajectory's reward and advantage. Sampled tokens are trainable with
+// completion, token for token), its adapter is the row's and its media start
+// with the row's media, item for item; then the new prompt part is appended
+// as context, its new media (an image or clip added by a later turn) to the
+// row's media, and the completion as sampled tokens. Otherwise (the client
+// re-templated an earlier answer into different tokens, edited the history,
+// replaced an earlier image, or added the first image or clip of a text row,
+// which changes the adapter) the turn starts a new row from its own prompt:
+// the trajectory gives several rows, each with the trajectory's reward and
+// advantage. Sampled tokens are trainable with
 // their rollout log-probabilities; context tokens (tool results, later user
 // and system turns, template tokens) are masked, or trainable with
 // `train_context` (--train-tool-results; they have no rollout log-probability,
-// so their old log-probability is the training forward's own: ratio 1).
+// so their old log-probability is the training forward's own: ratio 1), all
+// but media placeholders, which are never targets.
 #include <cstdint>
 #include <map>
 #include <memory>
