@@ -12,6 +12,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -23,6 +24,7 @@
 #include "models/phi4mm/processor/media_source.h"
 #include "serve/cfg.h"
 #include "serve/grammar.h"
+#include "serve/speech.h"
 
 namespace areno::serve {
 
@@ -96,6 +98,47 @@ struct InFlight {
   explicit InFlight(std::atomic<int64_t>& c) : n(c) { ++n; }
   ~InFlight() { --n; }
 };
+
+// Runs one response's stream until every engine request is done: each
+// output to `on_output` (false: stop, a write failed), each engine error as an
+// SSE error event (and `failed` set), an SSE comment after 2 s without
+// events (clients ignore it; a gone client fails the write). False when a
+// write failed.
+bool pump_events(Pending& pending, bool& failed, const std::function<bool(const std::string&)>& write,
+                 const std::function<bool(size_t, const RequestOutput&)>& on_output) {
+  auto idle = std::chrono::steady_clock::now();
+  bool all_done = false;
+  while (true) {
+    auto events = pending.take(std::chrono::milliseconds(200), all_done);
+    for (auto& [i, o] : events) {
+      if (!o.error.empty()) {
+        failed = true;
+        if (!write(sse_event(error_body(ApiError(500, o.error))))) return false;
+        continue;
+      }
+      if (!on_output(i, o)) return false;
+    }
+    if (all_done) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (!events.empty()) {
+      idle = now;
+    } else if (now - idle > std::chrono::seconds(2)) {
+      if (!write(": keep-alive\n\n")) return false;
+      idle = now;
+    }
+  }
+}
+
+// A streamed response's release callback: the client gone (or a write
+// failed) frees the engine's unfinished sequences. Holds `guard` until then.
+std::function<void(bool)> abort_when_gone(std::shared_ptr<Pending> pending, std::shared_ptr<InFlight> guard, Engine* eng) {
+  return [pending, guard, eng](bool success) {
+    if (success) return;
+    std::lock_guard<std::mutex> lk(pending->mu);
+    for (size_t i = 0; i < pending->ids.size(); ++i)
+      if (!pending->finished[i]) eng->abort(pending->ids[i]);
+  };
+}
 
 }  // namespace
 
@@ -234,6 +277,12 @@ struct HttpServer::Impl {
     });
     http.Post("/v1/load_lora_adapter", [this](const httplib::Request& q, httplib::Response& r) { load_lora(q, r); });
     http.Post("/v1/unload_lora_adapter", [this](const httplib::Request& q, httplib::Response& r) { unload_lora(q, r); });
+    http.Post("/v1/audio/transcriptions", [this](const httplib::Request& q, httplib::Response& r) {
+      speech(SpeechTask::transcribe, q, r);
+    });
+    http.Post("/v1/audio/translations", [this](const httplib::Request& q, httplib::Response& r) {
+      speech(SpeechTask::translate, q, r);
+    });
     http.Post("/tokenize", [this](const httplib::Request& q, httplib::Response& r) { tokenize(q, r); });
     http.Post("/detokenize", [this](const httplib::Request& q, httplib::Response& r) { detokenize(q, r); });
   }
@@ -409,33 +458,7 @@ struct HttpServer::Impl {
           reqs.push_back(std::move(r));
         }
       }
-      // Engine::submit validates each request (sampler.h's bounds table, as
-      // the parser did); an invalid one is a 400 and aborts those submitted.
-      auto pending = std::make_shared<Pending>();
-      pending->total = reqs.size();
-      pending->finished.assign(reqs.size(), false);
-      for (size_t i = 0; i < reqs.size(); ++i) {
-        try {
-          // Not under pending->mu: the engine thread takes it in the callback.
-          const int64_t id = engine.submit(std::move(reqs[i]), [pending, i](const RequestOutput& o) {
-            pending->push(i, o);
-          });
-          std::lock_guard<std::mutex> lk(pending->mu);
-          pending->ids.push_back(id);
-        } catch (...) {
-          for (int64_t id : pending->ids) engine.abort(id);
-            try {
-              throw;
-            } catch (const QueueFull& e) {
-              throw ApiError(429, fmt::format("the server is overloaded: {}; retry later", e.what()));
-            } catch (const std::invalid_argument& e) {
-              throw ApiError(400, e.what());
-            } catch (const std::exception& e) {
-              if (draining) throw ApiError(503, "the server is shutting down");
-              throw ApiError(500, fmt::format("the engine refused the request: {}", e.what()));
-            }
-        }
-      }
+      std::shared_ptr<Pending> pending = submit_all(reqs);
 
       ResponseHeader h{new_response_id(kind == ApiKind::chat ? "chatcmpl-" : "cmpl-"), unix_now(),
                        served_lora.number ? ar.model : opts.served_model_name};
@@ -452,6 +475,38 @@ struct HttpServer::Impl {
     } catch (const ApiError& e) {
       send_error(res, e);
     }
+  }
+
+  // Submits every request, its outputs to the returned Pending. Engine::submit
+  // validates each one (sampler.h's bounds table, as the parser did); an
+  // invalid one is a 400 and aborts those submitted.
+  std::shared_ptr<Pending> submit_all(std::vector<Request>& reqs) {
+    auto pending = std::make_shared<Pending>();
+    pending->total = reqs.size();
+    pending->finished.assign(reqs.size(), false);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      try {
+        // Not under pending->mu: the engine thread takes it in the callback.
+        const int64_t id = engine.submit(std::move(reqs[i]), [pending, i](const RequestOutput& o) {
+          pending->push(i, o);
+        });
+        std::lock_guard<std::mutex> lk(pending->mu);
+        pending->ids.push_back(id);
+      } catch (...) {
+        for (int64_t id : pending->ids) engine.abort(id);
+        try {
+          throw;
+        } catch (const QueueFull& e) {
+          throw ApiError(429, fmt::format("the server is overloaded: {}; retry later", e.what()));
+        } catch (const std::invalid_argument& e) {
+          throw ApiError(400, e.what());
+        } catch (const std::exception& e) {
+          if (draining) throw ApiError(503, "the server is shutting down");
+          throw ApiError(500, fmt::format("the engine refused the request: {}", e.what()));
+        }
+      }
+    }
+    return pending;
   }
 
   // Hands a finished turn to the recorder: `c` is its one choice.
@@ -561,101 +616,82 @@ struct HttpServer::Impl {
             st->text_offset[c] = int64_t(text.size());
             return write(sse_event(completion_chunk(st->h, int64_t(c), text, lp)));
           };
-          auto idle = std::chrono::steady_clock::now();
-          bool all_done = false;
-          while (true) {
-            auto events = pending->take(std::chrono::milliseconds(200), all_done);
-            for (auto& [i, o] : events) {
-              if (!o.error.empty()) {
-                st->failed = true;
-                if (!write(sse_event(error_body(ApiError(500, o.error))))) return false;
-                continue;
-              }
-              if (o.sample < 0) {
-                if (!o.prompt_logprobs.empty()) st->prompt_lps[i] = o.prompt_logprobs;
-                continue;
-              }
-              const size_t c = i * n + size_t(o.sample);
-              if (turn) st->recorded.add(o);
-              if (!start_choice(i, c)) return false;
-              st->usage.completion_tokens += int64_t(o.tokens.size());
-              const bool want_lp = kind == ApiKind::chat ? ar.logprobs : ar.completion_logprobs >= 0;
-              // What this event sends as content: its own text, or (tools)
-              // what the streamer releases; a parsed call at the finish.
-              std::string text = o.text;
-              std::vector<TokenLogprob> lps = o.logprobs;
-              json call_delta;
-              if (st->tools) {
-                std::vector<TokenLogprob>& held = st->held_lps[c];
-                held.insert(held.end(), o.logprobs.begin(), o.logprobs.end());
-                text = st->streamer[c].push(o.text);
-                if (o.finish != FinishReason::none) {
-                  const ToolCallParse tc = st->streamer[c].finish(ar.tools);
-                  if (tc.found) {
-                    json calls = tc.tool_calls;
-                    for (size_t k = 0; k < calls.size(); ++k) calls[k]["index"] = k;
-                    call_delta = {{"tool_calls", calls}};
-                    if (tc.content.is_string()) call_delta["content"] = tc.content;
-                  } else if (tc.content.is_string()) {
-                    text += tc.content.get<std::string>();
-                  }
-                }
-                lps.clear();
-                if (!text.empty() || !call_delta.is_null() || o.finish != FinishReason::none) {
-                  lps = std::move(held);
-                  held.clear();
-                }
-              }
-              if (!call_delta.is_null() && !text.empty()) {  // the content before the call, then the call
-                if (!write(sse_event(chat_chunk(st->h, int64_t(c), {{"content", text}}, nullptr)))) return false;
-                text.clear();
-              }
-              if (!call_delta.is_null()) {
-                json lp = want_lp ? chat_logprobs_json(t, lps, ar.top_logprobs, ar.return_tokens_as_token_ids) : json(nullptr);
-                if (!write(sse_event(chat_chunk(st->h, int64_t(c), call_delta, lp)))) return false;
-              } else if (!text.empty() || (want_lp && !lps.empty())) {
-                json chunk;
-                if (kind == ApiKind::chat) {
-                  json lp = want_lp ? chat_logprobs_json(t, lps, ar.top_logprobs, ar.return_tokens_as_token_ids)
-                                    : json(nullptr);
-                  chunk = chat_chunk(st->h, int64_t(c), {{"content", text}}, lp);
-                } else {
-                  json lp = want_lp ? completion_logprobs_json(t, {}, {}, o.logprobs, ar.return_tokens_as_token_ids,
-                                                               st->text_offset[c])
-                                    : json(nullptr);
-                  st->text_offset[c] += int64_t(o.text.size());
-                  chunk = completion_chunk(st->h, int64_t(c), o.text, lp);
-                }
-                if (!write(sse_event(chunk))) return false;
-              }
+          const bool all_sent = pump_events(*pending, st->failed, write, [&](size_t i, const RequestOutput& o) {
+            if (o.sample < 0) {
+              if (!o.prompt_logprobs.empty()) st->prompt_lps[i] = o.prompt_logprobs;
+              return true;
+            }
+            const size_t c = i * n + size_t(o.sample);
+            if (turn) st->recorded.add(o);
+            if (!start_choice(i, c)) return false;
+            st->usage.completion_tokens += int64_t(o.tokens.size());
+            const bool want_lp = kind == ApiKind::chat ? ar.logprobs : ar.completion_logprobs >= 0;
+            // What this event sends as content: its own text, or (tools)
+            // what the streamer releases; a parsed call at the finish.
+            std::string text = o.text;
+            std::vector<TokenLogprob> lps = o.logprobs;
+            json call_delta;
+            if (st->tools) {
+              std::vector<TokenLogprob>& held = st->held_lps[c];
+              held.insert(held.end(), o.logprobs.begin(), o.logprobs.end());
+              text = st->streamer[c].push(o.text);
               if (o.finish != FinishReason::none) {
-                ChoiceOutput co;
-                co.finish = o.finish;
-                co.stop_reason = o.stop_reason;
-                const json stop = stop_reason_json(co, ar.params);
-                const json finish = call_delta.is_null() ? finish_reason_name(o.finish) : json("tool_calls");
-                const json chunk = kind == ApiKind::chat ? chat_chunk(st->h, int64_t(c), json::object(), nullptr, finish, stop)
-                                                         : completion_chunk(st->h, int64_t(c), "", nullptr, finish, stop);
-                if (!write(sse_event(chunk))) return false;
-              }
-            }
-            if (all_done) {
-              if (turn && !st->failed) {
-                try {
-                  self->record_turn(*turn, ar, st->recorded);
-                } catch (const std::exception& e) {
-                  if (!write(sse_event(error_body(ApiError(500, e.what()))))) return false;
+                const ToolCallParse tc = st->streamer[c].finish(ar.tools);
+                if (tc.found) {
+                  json calls = tc.tool_calls;
+                  for (size_t k = 0; k < calls.size(); ++k) calls[k]["index"] = k;
+                  call_delta = {{"tool_calls", calls}};
+                  if (tc.content.is_string()) call_delta["content"] = tc.content;
+                } else if (tc.content.is_string()) {
+                  text += tc.content.get<std::string>();
                 }
               }
-              break;
+              lps.clear();
+              if (!text.empty() || !call_delta.is_null() || o.finish != FinishReason::none) {
+                lps = std::move(held);
+                held.clear();
+              }
             }
-            const auto now = std::chrono::steady_clock::now();
-            if (!events.empty()) {
-              idle = now;
-            } else if (now - idle > std::chrono::seconds(2)) {
-              // An SSE comment: clients ignore it, and a gone client fails the write.
-              if (!write(": keep-alive\n\n")) return false;
-              idle = now;
+            if (!call_delta.is_null() && !text.empty()) {  // the content before the call, then the call
+              if (!write(sse_event(chat_chunk(st->h, int64_t(c), {{"content", text}}, nullptr)))) return false;
+              text.clear();
+            }
+            if (!call_delta.is_null()) {
+              json lp = want_lp ? chat_logprobs_json(t, lps, ar.top_logprobs, ar.return_tokens_as_token_ids) : json(nullptr);
+              if (!write(sse_event(chat_chunk(st->h, int64_t(c), call_delta, lp)))) return false;
+            } else if (!text.empty() || (want_lp && !lps.empty())) {
+              json chunk;
+              if (kind == ApiKind::chat) {
+                json lp = want_lp ? chat_logprobs_json(t, lps, ar.top_logprobs, ar.return_tokens_as_token_ids)
+                                  : json(nullptr);
+                chunk = chat_chunk(st->h, int64_t(c), {{"content", text}}, lp);
+              } else {
+                json lp = want_lp ? completion_logprobs_json(t, {}, {}, o.logprobs, ar.return_tokens_as_token_ids,
+                                                             st->text_offset[c])
+                                  : json(nullptr);
+                st->text_offset[c] += int64_t(o.text.size());
+                chunk = completion_chunk(st->h, int64_t(c), o.text, lp);
+              }
+              if (!write(sse_event(chunk))) return false;
+            }
+            if (o.finish != FinishReason::none) {
+              ChoiceOutput co;
+              co.finish = o.finish;
+              co.stop_reason = o.stop_reason;
+              const json stop = stop_reason_json(co, ar.params);
+              const json finish = call_delta.is_null() ? finish_reason_name(o.finish) : json("tool_calls");
+              const json chunk = kind == ApiKind::chat ? chat_chunk(st->h, int64_t(c), json::object(), nullptr, finish, stop)
+                                                       : completion_chunk(st->h, int64_t(c), "", nullptr, finish, stop);
+              if (!write(sse_event(chunk))) return false;
+            }
+            return true;
+          });
+          if (!all_sent) return false;
+          if (turn && !st->failed) {
+            try {
+              self->record_turn(*turn, ar, st->recorded);
+            } catch (const std::exception& e) {
+              if (!write(sse_event(error_body(ApiError(500, e.what()))))) return false;
             }
           }
           if (ar.include_usage && !write(sse_event(usage_chunk(st->h, kind, st->usage)))) return false;
@@ -663,14 +699,135 @@ struct HttpServer::Impl {
           sink.done();
           return true;
         },
-        [pending, guard, eng](bool success) {
-          // Client gone (or the write failed): free the engine's sequences.
-          if (!success) {
-            std::lock_guard<std::mutex> lk(pending->mu);
-            for (size_t i = 0; i < pending->ids.size(); ++i)
-              if (!pending->finished[i]) eng->abort(pending->ids[i]);
-          }
-        });
+        abort_when_gone(pending, guard, eng));
+  }
+
+  // ---- speech to text (serve/speech.h) --------------------------------------
+
+  // A chat-path error of a speech request, naming the form's field: the audio
+  // part is `file`, the text part `prompt`, anything else in the turn `file`.
+  static ApiError speech_error(const ApiError& e) {
+    if (e.param.rfind("messages", 0) != 0) return e;
+    static const std::pair<const char*, const char*> kNames[] = {{"messages[0].content[0].input_audio", "file"},
+                                                                 {"messages[0].content[1].text", "prompt"},
+                                                                 {"messages[0].content[0]", "file"},
+                                                                 {"messages[0].content[1]", "prompt"},
+                                                                 {"messages[0].content", "file"},
+                                                                 {"Please reduce the length of the messages or completion.",
+                                                                  "Please send a shorter clip or prompt, or ask for fewer tokens."},
+                                                                 {"Please reduce the length of the messages.",
+                                                                  "Please send a shorter clip or prompt."},
+                                                                 {"in the messages", "in the prompt"}};
+    std::string msg = e.what();
+    for (const auto& [from, to] : kNames)
+      for (size_t at = msg.find(from); at != std::string::npos; at = msg.find(from, at))
+        msg.replace(at, std::strlen(from), to);
+    return ApiError(e.status, msg, e.param.rfind("messages[0].content[1]", 0) == 0 ? "prompt" : "file", e.code);
+  }
+
+  void speech(SpeechTask task, const httplib::Request& hreq, httplib::Response& res) {
+    auto guard = std::make_shared<InFlight>(inflight);
+    try {
+      if (draining) throw ApiError(503, "the server is shutting down");
+      if (!hreq.is_multipart_form_data())
+        throw ApiError(400, "send the audio as multipart/form-data with a part named 'file' (as OpenAI's clients do)",
+                       "file");
+      std::vector<FormField> form;
+      for (const auto& [name, f] : hreq.files) form.push_back({name, f.content, f.filename});
+      SpeechRequest sr = parse_speech_request(task, form);
+      ApiRequest ar = parse_chat_request(sr.chat, opts.api);
+      sr.chat = json();  // its base64 copy of the audio
+      const phi4mm::ServedLora served_lora = check_model(ar.model);
+      ar.params.logprobs = std::max<int64_t>(ar.params.logprobs, 0);  // verbose_json's avg_logprob
+      if (!ar.max_tokens_given) ar.params.max_tokens = context;        // what the context leaves (fit_context)
+      phi4mm::ProcessedChat pc;
+      try {
+        pc = build_chat(ar.messages, ar.tools, /*add_generation_prompt=*/true, &ar);
+      } catch (const ApiError& e) {
+        throw speech_error(e);
+      }
+      ar.messages = json();
+      SpeechOutput out;
+      out.temperature = ar.params.temperature;
+      for (const phi4mm::Media& m : pc.media)
+        if (m.kind == phi4mm::MediaKind::kAudio && m.sample_rate > 0)
+          out.duration_s = double(m.samples.size()) / double(m.sample_rate);
+      Request r;
+      r.prompt = pc.ids();
+      r.adapter = pc.adapter;
+      r.served_lora = served_lora.number;
+      r.served_lora_uid = served_lora.uid;
+      r.media = std::move(pc.media);
+      r.params = ar.params;
+      fit_context(r, ar, "file");
+      out.prompt_tokens = int64_t(r.prompt.size());
+      out.audio_tokens = std::count(r.prompt.begin(), r.prompt.end(), int64_t(phi4mm::kAudioTokenId));
+      std::vector<Request> reqs;
+      reqs.push_back(std::move(r));
+      std::shared_ptr<Pending> pending = submit_all(reqs);
+      ResponseHeader h{new_response_id("trsc-"), unix_now(), served_lora.number ? ar.model : opts.served_model_name};
+      {
+        std::lock_guard<std::mutex> lk(metrics_mu);
+        model_counts[h.model]++;
+      }
+      if (sr.stream) {
+        stream_speech(ar.include_usage, std::move(h), std::move(out), pending, guard, res);
+        return;
+      }
+      ChoiceOutput c;
+      std::string error;
+      bool all_done = false;
+      while (!all_done)
+        for (auto& [i, o] : pending->take(std::chrono::milliseconds(1000), all_done)) {
+          if (!o.error.empty()) error = o.error;
+          if (o.sample >= 0) c.add(o);
+        }
+      if (!error.empty()) throw ApiError(500, error);
+      out.text = std::move(c.text);
+      out.tokens = std::move(c.tokens);
+      out.logprobs = std::move(c.logprobs);
+      out.finish = c.finish;
+      const SpeechBody b = speech_response(sr, out);
+      res.status = 200;
+      res.set_content(b.body, b.content_type);
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  }
+
+  void stream_speech(bool include_usage, ResponseHeader h, SpeechOutput out, std::shared_ptr<Pending> pending,
+                     std::shared_ptr<InFlight> guard, httplib::Response& res) {
+    struct State {
+      ResponseHeader h;
+      SpeechOutput out;
+      bool failed = false;
+    };
+    auto st = std::make_shared<State>(State{std::move(h), std::move(out), false});
+    Engine* eng = &engine;
+    res.status = 200;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [st, pending, include_usage](size_t, httplib::DataSink& sink) {
+          auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+          const bool all_sent = pump_events(*pending, st->failed, write, [&](size_t, const RequestOutput& o) {
+            if (o.sample < 0) return true;
+            SpeechOutput& so = st->out;
+            so.tokens.insert(so.tokens.end(), o.tokens.begin(), o.tokens.end());
+            so.logprobs.insert(so.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+            so.text += o.text;
+            if (o.finish != FinishReason::none) so.finish = o.finish;
+            return o.text.empty() || write(sse_event(speech_delta_event(st->h, o.text)));
+          });
+          if (!all_sent) return false;
+          if (!st->failed && !write(sse_event(speech_done_event(st->h, st->out)))) return false;
+          if (include_usage && !write(sse_event(speech_usage_chunk(st->h, st->out)))) return false;
+          if (!write(kSseDone)) return false;
+          sink.done();
+          return true;
+        },
+        abort_when_gone(pending, guard, eng));
   }
 
   // ---- helpers -------------------------------------------------------------

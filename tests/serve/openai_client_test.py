@@ -116,6 +116,34 @@ def main():
         assert sizes["image+audio"] == sizes["image"] + sizes["audio"], sizes
         print("image, audio, image+audio ok", sizes)
 
+        # Speech to text through the client's audio API (multipart/form-data):
+        # the text equals the chat turn it amounts to; the stream's typed
+        # events add up to it; verbose_json parses into its type.
+        with open(wav_path, "rb") as f:
+            wav = f.read()
+        asr = client.chat.completions.create(model=model, max_tokens=8, temperature=0, messages=[
+            {"role": "user", "content": [audio, {"type": "text", "text": "<|audio_1|>Transcribe the audio clip into text."}]}])
+        t = client.audio.transcriptions.create(model=model, file=("clip.wav", wav), language="en",
+                                               extra_body={"max_completion_tokens": 8})
+        assert t.text == asr.choices[0].message.content and t.usage.output_tokens == asr.usage.completion_tokens, (t, asr)
+        v = client.audio.transcriptions.create(model=model, file=("clip.wav", wav), response_format="verbose_json",
+                                               timestamp_granularities=["segment"], extra_body={"max_completion_tokens": 8})
+        assert v.text == t.text and abs(v.duration - 1.898625) < 1e-6 and v.segments[0].end == v.duration, v
+        deltas, done = "", None
+        for ev in client.audio.transcriptions.create(model=model, file=("clip.wav", wav), stream=True,
+                                                     extra_body={"max_completion_tokens": 8}):
+            if ev.type == "transcript.text.delta":
+                deltas += ev.delta
+            elif ev.type == "transcript.text.done":
+                done = ev.text
+        assert deltas == t.text and done == t.text, (deltas, done, t.text)
+        try:
+            client.audio.transcriptions.create(model=model, file=("clip.wav", wav), language="xx")
+            raise AssertionError("language xx accepted")
+        except openai.BadRequestError as e:
+            assert e.body["param"] == "language", e.body
+        print("audio transcriptions ok", repr(t.text))
+
         # Forced tool calls (constrained decoding): the demo model never calls a
         # tool by itself; "required" and a named function make it, streamed or not,
         # and json_object makes the content one JSON object.
