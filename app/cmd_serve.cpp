@@ -28,7 +28,8 @@ constexpr const char* kServeUsage =
     "usage: areno serve [--model-path DIR] [--host 127.0.0.1] [--port 8000] [options]\n"
     "\n"
     "Serves the model over an OpenAI-compatible HTTP API: POST /v1/chat/completions\n"
-    "(streaming with \"stream\": true), POST /v1/completions, GET /v1/models,\n"
+    "(streaming with \"stream\": true), POST /v1/completions, POST /v1/audio/transcriptions\n"
+    "and /v1/audio/translations (multipart/form-data, the audio in \"file\"), GET /v1/models,\n"
     "GET /health, GET /metrics (Prometheus), POST /tokenize, POST /detokenize.\n"
     "SIGINT / SIGTERM stop accepting requests, finish the running ones and exit 0.\n"
     "\n"
@@ -127,11 +128,11 @@ extern "C" void on_stop_signal(int sig) { g_signal = sig; }
 
 }  // namespace
 
-int cmd_serve(const Args& args) {
-  std::string model_path, served_name, device = "cpu", dtype;
-  serve::ServerOptions so;
-  serve::EngineOptions eo;
-  double kv_gb = 1.0, body_mb = 32;
+void add_serve_flags(Flags& flags, ServeSetup& s, bool http) {
+  serve::ServerOptions& so = s.so;
+  serve::EngineOptions& eo = s.eo;
+  auto& lora_modules = s.lora_modules;
+  s.decode_mb = double(so.max_media_decode_bytes >> 20);
   // A positive number: --kv-cache-gb, --max-body-mb, the HTTP timeouts.
   auto positive_flag = [](const std::string& name, double& dst) {
     return [name, &dst](const std::string& v) {
@@ -139,17 +140,10 @@ int cmd_serve(const Args& args) {
       if (dst <= 0) throw std::invalid_argument(name + ": must be > 0");
     };
   };
-  Flags flags("serve", kServeUsage);
-  flags.value("--model-path", model_path).value("--served-model-name", served_name).value("--host", so.host);
-  flags.value("--port", [&](const std::string& v) {
-    so.port = int(parse_int_flag("--port", v, 0));
-    if (so.port > 65535) throw std::invalid_argument(fmt::format("--port: {} is not a port number", so.port));
-  });
-  flags.value("--device", device).value("--dtype", dtype);
-  ModelNeeds needs;
-  flags.toggle("--check-weights", needs.check_weights);
-  add_model_flags(flags, needs);
-  std::vector<std::pair<std::string, std::string>> lora_modules;  // NAME, DIR
+  flags.value("--model-path", s.model_path).value("--served-model-name", s.served_name);
+  flags.value("--device", s.device).value("--dtype", s.dtype);
+  flags.toggle("--check-weights", s.needs.check_weights);
+  add_model_flags(flags, s.needs);
   flags.values("--lora-modules", [&](const std::string& v) {
     std::string name, dir;
     if (!v.empty() && v[0] == '{') {  // vLLM's JSON form: {"name": ..., "path": ...}
@@ -180,8 +174,8 @@ int cmd_serve(const Args& args) {
   });
   flags.value("--max-loras", [&](const std::string& v) { so.max_loras = size_t(parse_int_flag("--max-loras", v, 0)); });
   for (const char* name : {"--tp-size", "--world-size"})
-    flags.value(name, [name](const std::string& s) {
-      const int64_t v = parse_int_flag(name, s, 1);
+    flags.value(name, [name](const std::string& text) {
+      const int64_t v = parse_int_flag(name, text, 1);
       if (v != 1)
         throw std::invalid_argument(fmt::format("{} {}: tensor parallelism is not implemented yet; only 1 is supported",
                                                 name, v));
@@ -189,39 +183,28 @@ int cmd_serve(const Args& args) {
   flags.integer("--max-running-prompts", eo.max_running, 1)
       .integer("--max-batch-tokens", eo.max_batch_tokens, 1)
       .integer("--prefill-chunk-tokens", eo.prefill_chunk_tokens, 1);
-  flags.value("--kv-cache-gb", positive_flag("--kv-cache-gb", kv_gb));
+  flags.value("--kv-cache-gb", positive_flag("--kv-cache-gb", s.kv_gb));
   flags.integer("--max-queue", eo.max_queue, 1).integer("--seed", eo.seed, 0);
   eo.prefix_caching = true;
   flags.toggle("--enable-prefix-caching", eo.prefix_caching).toggle("--no-enable-prefix-caching", eo.prefix_caching, false);
   flags.integer("--speculative-tokens", eo.speculative_tokens, 0)
       .integer("--prompt-lookup-max", eo.prompt_lookup_max, 1)
       .integer("--prompt-lookup-min", eo.prompt_lookup_min, 1);
-  double media_cache_mb = 256;
   flags.value("--media-cache-mb", [&](const std::string& v) {
-    media_cache_mb = parse_double_flag("--media-cache-mb", v, 0);
-    if (media_cache_mb > 1e7)
+    s.media_cache_mb = parse_double_flag("--media-cache-mb", v, 0);
+    if (s.media_cache_mb > 1e7)
       throw std::invalid_argument(fmt::format("--media-cache-mb: {} must be from 0 to 1e7", v));
   });
   flags.integer("--default-max-tokens", so.api.default_max_tokens, 1)
       .integer("--max-prompt-tokens", so.max_prompt_tokens, 0)
       .integer("--max-context-len", so.max_context_len, 0);
-  flags.value("--max-body-mb", positive_flag("--max-body-mb", body_mb));
+  flags.value("--max-body-mb", positive_flag("--max-body-mb", s.body_mb));
   flags.value("--max-json-depth", [&](const std::string& v) {
     so.max_json_depth = int(parse_int_flag("--max-json-depth", v, 1));
     if (so.max_json_depth > 4096)
       throw std::invalid_argument(fmt::format("--max-json-depth: {} is above 4096, deep enough to crash", v));
   });
-  flags.value("--api-key", [&](const std::string& v) {
-    so.api_key = v;
-    if (so.api_key.empty()) throw std::invalid_argument("--api-key: the key must not be empty");
-  });
   flags.compute_threads();
-  flags.integer("--http-threads", so.threads, 1)
-      .integer("--listen-backlog", so.connections.backlog, 1)
-      .integer("--max-connections", so.connections.max_connections, 1);
-  flags.value("--header-timeout-s", positive_flag("--header-timeout-s", so.connections.header_timeout_s))
-      .value("--body-timeout-s", positive_flag("--body-timeout-s", so.connections.body_timeout_s))
-      .value("--keep-alive-timeout-s", positive_flag("--keep-alive-timeout-s", so.connections.keep_alive_timeout_s));
   flags.value("--media-root", [&](const std::string& v) {
     so.media.media_root = v;
     if (!std::filesystem::is_directory(so.media.media_root))
@@ -234,40 +217,73 @@ int cmd_serve(const Args& args) {
     if (so.media.timeout_seconds > 3600)
       throw std::invalid_argument(fmt::format("--media-fetch-timeout-s: {} is above 3600", v));
   });
-  double decode_mb = double(so.max_media_decode_bytes >> 20);
-  flags.value("--max-media-decode-mb", positive_flag("--max-media-decode-mb", decode_mb));
-  if (auto rc = flags.parse(args)) return *rc;
+  flags.value("--max-media-decode-mb", positive_flag("--max-media-decode-mb", s.decode_mb));
+  if (!http) return;
+  flags.value("--host", so.host);
+  flags.value("--port", [&](const std::string& v) {
+    so.port = int(parse_int_flag("--port", v, 0));
+    if (so.port > 65535) throw std::invalid_argument(fmt::format("--port: {} is not a port number", so.port));
+  });
+  flags.value("--api-key", [&](const std::string& v) {
+    so.api_key = v;
+    if (so.api_key.empty()) throw std::invalid_argument("--api-key: the key must not be empty");
+  });
+  flags.integer("--http-threads", so.threads, 1)
+      .integer("--listen-backlog", so.connections.backlog, 1)
+      .integer("--max-connections", so.connections.max_connections, 1);
+  flags.value("--header-timeout-s", positive_flag("--header-timeout-s", so.connections.header_timeout_s))
+      .value("--body-timeout-s", positive_flag("--body-timeout-s", so.connections.body_timeout_s))
+      .value("--keep-alive-timeout-s", positive_flag("--keep-alive-timeout-s", so.connections.keep_alive_timeout_s));
+}
+
+void finish_serve_flags(ServeSetup& s) {
+  serve::ServerOptions& so = s.so;
+  serve::EngineOptions& eo = s.eo;
   if (eo.prompt_lookup_min > eo.prompt_lookup_max)
     throw std::invalid_argument(fmt::format("--prompt-lookup-min {} exceeds --prompt-lookup-max {}",
                                             eo.prompt_lookup_min, eo.prompt_lookup_max));
-  eo.kv_cache_bytes = size_t(kv_gb * double(size_t(1) << 30));
-  eo.media_cache_bytes = size_t(media_cache_mb * double(size_t(1) << 20));
-  so.max_body_bytes = size_t(body_mb * double(size_t(1) << 20));
-  so.max_media_decode_bytes = size_t(decode_mb * double(size_t(1) << 20));
+  eo.kv_cache_bytes = size_t(s.kv_gb * double(size_t(1) << 30));
+  eo.media_cache_bytes = size_t(s.media_cache_mb * double(size_t(1) << 20));
+  so.max_body_bytes = size_t(s.body_mb * double(size_t(1) << 20));
+  so.max_media_decode_bytes = size_t(s.decode_mb * double(size_t(1) << 20));
   if (so.media.allow_private && !so.media.allow_remote)
     throw std::invalid_argument("--allow-private-media: needs --allow-remote-media");
+}
 
-  ServedModel m = load_served_model(model_path, device, dtype, needs);
+ServedModel load_for_serving(ServeSetup& s, const char* command) {
+  serve::ServerOptions& so = s.so;
+  ServedModel m = load_served_model(s.model_path, s.device, s.dtype, s.needs);
   if (m.demo)
-    fmt::print("areno serve: no --model-path; serving the embedded demo model \"areno-demo\" (a tiny model trained "
+    fmt::print("areno {}: no --model-path; serving the embedded demo model \"areno-demo\" (a tiny model trained "
                "on a synthetic set: it answers small sums, the colour or shape of a drawn shape, beep or noise, "
-               "loud or quiet; docs/demo.md)\n");
-  so.served_model_name = served_name.empty() ? m.name : served_name;
-  so.model_path = model_path;
-  if (so.max_loras > 0 && lora_modules.size() > so.max_loras)
-    throw std::invalid_argument(fmt::format("--lora-modules: {} adapters, above --max-loras {}", lora_modules.size(),
+               "loud or quiet; docs/demo.md)\n",
+               command);
+  so.served_model_name = s.served_name.empty() ? m.name : s.served_name;
+  so.model_path = s.model_path;
+  if (so.max_loras > 0 && s.lora_modules.size() > so.max_loras)
+    throw std::invalid_argument(fmt::format("--lora-modules: {} adapters, above --max-loras {}", s.lora_modules.size(),
                                             so.max_loras));
-  for (const auto& [name, dir] : lora_modules) {
-    if (name == so.served_model_name || name == model_path)
+  for (const auto& [name, dir] : s.lora_modules) {
+    if (name == so.served_model_name || name == s.model_path)
       throw std::invalid_argument(fmt::format("--lora-modules: '{}' is the served model's own name", name));
     phi4mm::load_served_lora(*m.model, name, dir);
     const phi4mm::LoraConfig& c = m.model->served_loras().back().cfg;
     fmt::print(stderr, "served LoRA '{}' from {}: rank {}, scaling {}, on {}\n", name, dir, c.r, c.scaling(),
                fmt::join(c.targets, ","));
   }
-  eo.eos_token_ids = m.model->config().generation.eos_token_ids;
+  s.eo.eos_token_ids = m.model->config().generation.eos_token_ids;
+  return m;
+}
 
-  serve::Engine engine(m.model, m.tokenizer, eo);
+int cmd_serve(const Args& args) {
+  ServeSetup setup;
+  Flags flags("serve", kServeUsage);
+  add_serve_flags(flags, setup, /*http=*/true);
+  if (auto rc = flags.parse(args)) return *rc;
+  finish_serve_flags(setup);
+  ServedModel m = load_for_serving(setup, "serve");
+  const serve::ServerOptions& so = setup.so;
+  serve::Engine engine(m.model, m.tokenizer, setup.eo);
   serve::HttpServer server(engine, so);
   const int port = server.bind();
 

@@ -331,3 +331,75 @@ TEST_CASE("serve/cli generate --print-ids: ids and raw logprobs as JSON, equal t
   // Greedy: a second run prints the same object.
   CHECK(testing::captured_stdout([] { app::cmd_generate({"--prompt", "Hello there", "--max-tokens", "5", "--print-ids"}); }) == out);
 }
+
+TEST_CASE("serve/cli batch: an OpenAI batch file through the server's routes, in order; bad lines stop before any request") {
+  testing::TempDir dir;
+  const std::string in = (dir.path / "in.jsonl").string(), out = (dir.path / "out.jsonl").string();
+  auto write = [](const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; };
+  auto line = [](const std::string& id, const std::string& url, const nlohmann::json& body) {
+    return nlohmann::json{{"custom_id", id}, {"method", "POST"}, {"url", url}, {"body", body}}.dump() + "\n";
+  };
+  const nlohmann::json sum = {{"messages", {{{"role", "user"}, {"content", "What is 2 + 3?"}}}}, {"max_tokens", 8},
+                              {"temperature", 0}};
+  std::string text;
+  // The demo model answers this sum (docs/demo.md); 12 copies keep several
+  // requests in flight, and greedy answers do not depend on the batch.
+  for (int i = 0; i < 12; ++i) text += line(fmt::format("sum-{}", i), "/v1/chat/completions", sum);
+  text += "\n   \n";  // blank lines are skipped
+  text += line("empty", "/v1/chat/completions", {{"messages", nlohmann::json::array()}});
+  text += line("other-model", "/v1/chat/completions", {{"model", "nope"}, {"messages", sum["messages"]}});
+  text += line("completion", "/v1/completions", {{"prompt", "What is 1 + 1?"}, {"max_tokens", 2}, {"temperature", 0}});
+  write(in, text);
+  REQUIRE(app::cmd_batch({"-i", in, "-o", out, "--max-concurrency", "4"}) == 0);
+  std::ifstream f(out);
+  std::vector<nlohmann::json> rows;
+  for (std::string l; std::getline(f, l);) rows.push_back(nlohmann::json::parse(l));
+  REQUIRE(rows.size() == 15);
+  for (int i = 0; i < 12; ++i) {
+    CAPTURE(i);
+    const nlohmann::json& r = rows[size_t(i)];
+    CHECK(r["custom_id"] == fmt::format("sum-{}", i));
+    CHECK(r["id"].get<std::string>().rfind("batch_req_", 0) == 0);
+    CHECK(r["error"].is_null());
+    CHECK(r["response"]["status_code"] == 200);
+    CHECK(r["response"]["request_id"] == r["response"]["body"]["id"]);
+    CHECK(r["response"]["body"]["choices"][0]["message"]["content"] == "5");
+  }
+  CHECK(rows[12]["custom_id"] == "empty");
+  CHECK(rows[12]["response"]["status_code"] == 400);
+  CHECK(rows[12]["response"]["body"]["error"]["param"] == "messages");
+  CHECK(rows[13]["response"]["status_code"] == 404);
+  CHECK(rows[13]["response"]["body"]["error"]["code"] == "model_not_found");
+  CHECK(rows[14]["response"]["status_code"] == 200);
+  CHECK(rows[14]["response"]["body"]["object"] == "text_completion");
+
+  // Bad files name the file, the line and the field; nothing is written.
+  const std::string good = line("x", "/v1/completions", {{"prompt", "hi"}});
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {good + "{not json\n", "in.jsonl:2: "},
+      {"[1, 2]\n", "in.jsonl:1: a line must be a JSON object"},
+      {line("", "/v1/completions", {{"prompt", "hi"}}), "'custom_id' must be a non-empty string"},
+      {good + good, "in.jsonl:2: 'custom_id' \"x\" is used by an earlier line"},
+      {R"({"custom_id": "a", "method": "GET", "url": "/v1/completions", "body": {}})" "\n", "'method' must be \"POST\""},
+      {line("a", "/v1/embeddings", {{"input", "hi"}}), "'url' must be"},
+      {R"({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": "hi"})" "\n", "'body' must be a JSON object"},
+      {line("a", "/v1/completions", {{"prompt", "hi"}, {"stream", true}}), "'body.stream': a batch request cannot stream"},
+      {"\n\n" + std::string(3 << 20, 'x') + "\n", "in.jsonl:3: the line is longer than"},
+  };
+  for (const auto& [content, says] : bad) {
+    CAPTURE(says);
+    write(in, content);
+    std::filesystem::remove(out);
+    const std::string e = error_of([&] { app::cmd_batch({"-i", in, "-o", out, "--max-body-mb", "1"}); });
+    CHECK_MESSAGE(e.find(says) != std::string::npos, e);
+    CHECK_FALSE(std::filesystem::exists(out));
+  }
+  CHECK(error_of([&] { app::cmd_batch({"-o", out}); }).find("--input-file") != std::string::npos);
+  CHECK(error_of([&] { app::cmd_batch({"-i", in}); }).find("--output-file") != std::string::npos);
+  CHECK(error_of([&] { app::cmd_batch({"-i", (dir.path / "none.jsonl").string(), "-o", out}); }).find("cannot open") !=
+        std::string::npos);
+  write(in, good);
+  CHECK(error_of([&] { app::cmd_batch({"-i", in, "-o", (dir.path / "no" / "out.jsonl").string()}); })
+            .find("no/out.jsonl") != std::string::npos);
+  CHECK(app::cmd_batch({"-i", in, "-o", out, "--port", "1"}) == 2);  // the listener's flags are serve's alone
+}
