@@ -53,6 +53,10 @@ constexpr const char* kServeUsage =
     "  --lora-root DIR           allow POST /v1/load_lora_adapter {\"lora_name\", \"lora_path\"} and\n"
     "                            /v1/unload_lora_adapter {\"lora_name\"} (vLLM's) while serving, for\n"
     "                            folders under DIR only (default: off, both 404)\n"
+    "  --lora-resolve            with --lora-root: a request whose \"model\" names a PEFT folder\n"
+    "                            under DIR that is not loaded loads it first (vLLM's filesystem\n"
+    "                            LoRA resolver); at --max-loras the least recently used adapter\n"
+    "                            loaded this way and not in use is unloaded (429 when all are busy)\n"
     "  --max-loras N             served LoRAs loaded at once, at startup and later (default 16; 0:\n"
     "                            no limit)\n"
     "  --quantize int8           weight-only int8 for the decoder and the tied head, quantized at\n"
@@ -173,6 +177,7 @@ void add_serve_flags(Flags& flags, ServeSetup& s, bool http) {
       throw std::invalid_argument(fmt::format("--lora-root: '{}' is not a directory", so.lora_root));
   });
   flags.value("--max-loras", [&](const std::string& v) { so.max_loras = size_t(parse_int_flag("--max-loras", v, 0)); });
+  flags.toggle("--lora-resolve", so.lora_resolve);
   for (const char* name : {"--tp-size", "--world-size"})
     flags.value(name, [name](const std::string& text) {
       const int64_t v = parse_int_flag(name, text, 1);
@@ -248,6 +253,8 @@ void finish_serve_flags(ServeSetup& s) {
   so.max_media_decode_bytes = size_t(s.decode_mb * double(size_t(1) << 20));
   if (so.media.allow_private && !so.media.allow_remote)
     throw std::invalid_argument("--allow-private-media: needs --allow-remote-media");
+  if (so.lora_resolve && so.lora_root.empty())
+    throw std::invalid_argument("--lora-resolve: needs --lora-root (the folder adapters are loaded from)");
 }
 
 ServedModel load_for_serving(ServeSetup& s, const char* command) {

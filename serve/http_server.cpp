@@ -16,10 +16,12 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <shared_mutex>
 #include <string_view>
 #include <thread>
 
 #include "areno_build_config.h"
+#include "models/phi4mm/checkpoint.h"
 #include "models/phi4mm/processor/chat_processor.h"
 #include "models/phi4mm/processor/media_source.h"
 #include "serve/cfg.h"
@@ -154,6 +156,16 @@ struct HttpServer::Impl {
   std::atomic<bool> stopped{false};
   int64_t started = unix_now();
   int64_t context = 0;
+
+  // --lora-resolve: loads and evictions take it uniquely; a request holds it
+  // shared from the adapter's last lookup until its submit, so the adapter it
+  // names cannot be evicted in between (once submitted, the engine counts it
+  // in use).
+  std::shared_mutex lora_mu;
+  std::mutex lora_use_mu;
+  std::map<std::string, uint64_t> resolved_last_use;  // adapters loaded on demand -> last use (a counter)
+  uint64_t lora_clock = 0;
+  std::atomic<int64_t> lora_resolved_loads{0}, lora_evictions{0};
 
   std::mutex metrics_mu;
   std::map<std::pair<std::string, int>, int64_t> http_counts;  // (route, status) -> count
@@ -295,14 +307,123 @@ struct HttpServer::Impl {
 
   // What a request's "model" names: the served model (or no name: number
   // 0), or one of its served LoRAs (phi4mm::ServedLora); 404 otherwise.
-  phi4mm::ServedLora check_model(const std::string& model) const {
+  phi4mm::ServedLora check_model(const std::string& model) {
     if (model.empty() || model == opts.served_model_name || (!opts.model_path.empty() && model == opts.model_path))
       return {};
-    if (std::optional<phi4mm::ServedLora> l = engine.find_lora(model)) return *l;
+    if (std::optional<phi4mm::ServedLora> l = engine.find_lora(model)) {
+      touch_lora(model);
+      return *l;
+    }
+    if (opts.lora_resolve && !opts.lora_root.empty())
+      if (std::optional<phi4mm::ServedLora> l = resolve_lora(model)) return *l;
     std::string names = fmt::format("`{}`", opts.served_model_name);
     for (const phi4mm::ServedLora& l : engine.loras()) names += fmt::format(", `{}`", l.name);
     throw ApiError(404, fmt::format("The model `{}` does not exist (this server serves {}).", model, names), "model",
                    "model_not_found");
+  }
+
+  // ---- served LoRAs loaded on demand (--lora-resolve) ----------------------
+
+  // An adapter loaded or unloaded through the routes is no longer one loaded on demand.
+  void forget_resolved(const std::string& name) {
+    std::lock_guard<std::mutex> lk(lora_use_mu);
+    resolved_last_use.erase(name);
+  }
+
+  void touch_lora(const std::string& name) {
+    if (!opts.lora_resolve) return;
+    std::lock_guard<std::mutex> lk(lora_use_mu);
+    if (auto it = resolved_last_use.find(name); it != resolved_last_use.end()) it->second = ++lora_clock;
+  }
+
+  // Loads `name` from the LoRA root, evicting the least recently used idle
+  // adapter loaded on demand when max_loras are loaded. nullopt: no such
+  // folder (the caller answers 404). Throws ApiError 429 (every evictable
+  // adapter busy), 400 (the folder does not load), 503 (stopping).
+  std::optional<phi4mm::ServedLora> resolve_lora(const std::string& name) {
+    if (!valid_lora_name(name) || name.front() == '/') return std::nullopt;
+    std::string real;
+    try {
+      real = phi4mm::resolve_under_root(opts.lora_root, name, "model");
+    } catch (const phi4mm::ProcessorError&) {
+      return std::nullopt;
+    }
+    if (!std::filesystem::is_regular_file(std::filesystem::path(real) / "adapter_config.json")) return std::nullopt;
+    std::unique_lock<std::shared_mutex> lk(lora_mu);
+    if (std::optional<phi4mm::ServedLora> l = engine.find_lora(name)) return l;  // another request loaded it
+    auto unloadable = [&](const std::string& what) {
+      std::string w = what;
+      for (size_t at; (at = w.find(real)) != std::string::npos;) w.replace(at, real.size(), name);
+      return ApiError(400, fmt::format("the adapter '{}' could not be loaded: {}", name, w), "model");
+    };
+    try {  // its config checked before anything is evicted for it
+      phi4mm::peft_lora_config(real, engine.model().config().text.num_hidden_layers);
+    } catch (const std::exception& e) {
+      throw unloadable(e.what());
+    }
+    if (opts.max_loras > 0 && engine.loras().size() >= opts.max_loras) {
+      std::vector<std::pair<uint64_t, std::string>> idle;  // oldest first
+      {
+        std::lock_guard<std::mutex> ul(lora_use_mu);
+        for (const auto& [n, t] : resolved_last_use) idle.emplace_back(t, n);
+      }
+      std::sort(idle.begin(), idle.end());
+      bool freed = false;
+      for (const auto& [t, n] : idle) {
+        bool evicted = true;
+        try {
+          engine.unload_lora(n);
+        } catch (const LoraInUse&) {
+          continue;
+        } catch (const std::out_of_range&) {  // unloaded through the route meanwhile: a slot is free
+          evicted = false;
+        } catch (const std::runtime_error& e) {
+          throw ApiError(503, e.what());
+        }
+        forget_resolved(n);
+        if (evicted) {
+          ++lora_evictions;
+          fmt::print(stderr, "served LoRA '{}' unloaded to make room for '{}' (--lora-resolve)\n", n, name);
+        }
+        freed = true;
+        break;
+      }
+      if (!freed)
+        throw ApiError(429, fmt::format("all {} served LoRAs are in use or were not loaded on demand; '{}' cannot be "
+                                        "loaded now, retry later", opts.max_loras, name), "model");
+    }
+    try {
+      engine.load_lora(name, real, opts.max_loras, name);
+    } catch (const std::length_error& e) {
+      throw ApiError(429, e.what(), "model");
+    } catch (const std::invalid_argument& e) {
+      throw ApiError(400, e.what(), "model");
+    } catch (const std::exception& e) {
+      throw unloadable(e.what());
+    }
+    {
+      std::lock_guard<std::mutex> ul(lora_use_mu);
+      resolved_last_use[name] = ++lora_clock;
+    }
+    ++lora_resolved_loads;
+    fmt::print(stderr, "served LoRA '{}' loaded on demand from {}\n", name, real);
+    return engine.find_lora(name);
+  }
+
+  // Before submitting requests for a served LoRA: holds lora_mu shared in
+  // `hold` and returns the adapter as loaded now (loaded again if it was
+  // evicted since check_model). Without --lora-resolve, `l` as it is.
+  phi4mm::ServedLora pin_lora(const std::string& model, const phi4mm::ServedLora& l,
+                              std::shared_lock<std::shared_mutex>& hold) {
+    if (!opts.lora_resolve || l.number == 0) return l;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      hold = std::shared_lock<std::shared_mutex>(lora_mu);
+      if (std::optional<phi4mm::ServedLora> now = engine.find_lora(model)) return *now;
+      hold.unlock();
+      check_model(model);  // loads it again (or throws)
+    }
+    throw ApiError(503, fmt::format("the served LoRA '{}' was unloaded again while this request started; retry",
+                                    model), "model");
   }
 
   // ---- prompts -----------------------------------------------------------
@@ -458,7 +579,11 @@ struct HttpServer::Impl {
           reqs.push_back(std::move(r));
         }
       }
+      std::shared_lock<std::shared_mutex> lora_hold;
+      const phi4mm::ServedLora pinned = pin_lora(ar.model, served_lora, lora_hold);
+      for (Request& r : reqs) r.served_lora = pinned.number, r.served_lora_uid = pinned.uid;
       std::shared_ptr<Pending> pending = submit_all(reqs);
+      if (lora_hold.owns_lock()) lora_hold.unlock();
 
       ResponseHeader h{new_response_id(kind == ApiKind::chat ? "chatcmpl-" : "cmpl-"), unix_now(),
                        served_lora.number ? ar.model : opts.served_model_name};
@@ -762,9 +887,14 @@ struct HttpServer::Impl {
       fit_context(r, ar, "file");
       out.prompt_tokens = int64_t(r.prompt.size());
       out.audio_tokens = std::count(r.prompt.begin(), r.prompt.end(), int64_t(phi4mm::kAudioTokenId));
+      std::shared_lock<std::shared_mutex> lora_hold;
+      const phi4mm::ServedLora pinned = pin_lora(ar.model, served_lora, lora_hold);
+      r.served_lora = pinned.number;
+      r.served_lora_uid = pinned.uid;
       std::vector<Request> reqs;
       reqs.push_back(std::move(r));
       std::shared_ptr<Pending> pending = submit_all(reqs);
+      if (lora_hold.owns_lock()) lora_hold.unlock();
       ResponseHeader h{new_response_id("trsc-"), unix_now(), served_lora.number ? ar.model : opts.served_model_name};
       {
         std::lock_guard<std::mutex> lk(metrics_mu);
@@ -879,6 +1009,7 @@ struct HttpServer::Impl {
         for (size_t at; (at = what.find(real)) != std::string::npos;) what.replace(at, real.size(), path);
         throw ApiError(400, fmt::format("the adapter could not be loaded: {}", what), "lora_path");
       }
+      forget_resolved(name);
       fmt::print(stderr, "served LoRA '{}' loaded from {}\n", name, real);
       res.status = 200;
       res.set_content(fmt::format("Success: LoRA adapter '{}' added successfully.", name), "text/plain");
@@ -900,6 +1031,7 @@ struct HttpServer::Impl {
       } catch (const std::runtime_error& e) {  // the engine is stopping
         throw ApiError(503, e.what());
       }
+      forget_resolved(name);
       fmt::print(stderr, "served LoRA '{}' unloaded\n", name);
       res.status = 200;
       res.set_content(fmt::format("Success: LoRA adapter '{}' removed successfully.", name), "text/plain");
@@ -989,8 +1121,12 @@ struct HttpServer::Impl {
     metric("areno_engine_step_seconds_total", "counter", "Seconds spent in engine steps.", s.step_seconds_total);
     metric("areno_engine_last_step_seconds", "gauge", "Duration of the last engine step.", s.last_step_seconds);
     metric("areno_http_requests_in_flight", "gauge", "HTTP requests being handled (streams included).", double(inflight.load()));
-    metric("areno_served_loras", "gauge", "Served LoRAs loaded (--lora-modules, /v1/load_lora_adapter).",
+    metric("areno_served_loras", "gauge", "Served LoRAs loaded (--lora-modules, /v1/load_lora_adapter, --lora-resolve).",
            double(engine.loras().size()));
+    metric("areno_lora_resolved_loads_total", "counter", "Served LoRAs loaded on demand (--lora-resolve).",
+           double(lora_resolved_loads.load()));
+    metric("areno_lora_evictions_total", "counter", "Served LoRAs loaded on demand and unloaded to make room.",
+           double(lora_evictions.load()));
     out += "# HELP areno_http_requests_total HTTP requests answered, by route and status.\n"
            "# TYPE areno_http_requests_total counter\n";
     std::lock_guard<std::mutex> lk(metrics_mu);

@@ -105,6 +105,13 @@ struct ServerOptions {
   // resolved). At most max_loras loaded at once (0: no limit).
   std::string lora_root;
   size_t max_loras = 16;
+  // With lora_root (--lora-resolve, vLLM's filesystem LoRA resolver): a
+  // request whose `model` is no loaded adapter but names a PEFT folder under
+  // the root (the name as a relative path) loads it first. When max_loras
+  // are loaded, the least recently used adapter loaded this way and not in
+  // use is unloaded to make room (429 when every one is in use); adapters
+  // loaded at startup or through /v1/load_lora_adapter stay.
+  bool lora_resolve = false;
 };
 
 // A served LoRA's name (`--lora-modules NAME=DIR`, `lora_name`): 1 to 128

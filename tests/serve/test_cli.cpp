@@ -58,6 +58,7 @@ TEST_CASE("serve/cli bad flags and values name the flag") {
   CHECK(error_of([] { app::cmd_serve({"--lora-modules", "areno-demo=/no/such/adapter"}); })
             .find("'areno-demo' is the served model's own name") != std::string::npos);
   CHECK(error_of([] { app::cmd_serve({"--lora-root", "/no/such/dir"}); }).find("--lora-root") != std::string::npos);
+  CHECK(error_of([] { app::cmd_serve({"--lora-resolve"}); }).find("--lora-resolve: needs --lora-root") != std::string::npos);
   CHECK(error_of([] { app::cmd_serve({"--max-loras", "-1"}); }).find("--max-loras") != std::string::npos);
   CHECK(error_of([] { app::cmd_serve({"--max-loras", "1", "--lora-modules", "a=x", "--lora-modules", "b=y"}); })
             .find("2 adapters, above --max-loras 1") != std::string::npos);

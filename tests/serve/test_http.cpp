@@ -867,6 +867,100 @@ TEST_CASE("serve/http served LoRAs: \"model\" picks the adapter, /v1/models list
   engine.stop(false);
 }
 
+TEST_CASE("serve/http --lora-resolve: a request names an adapter folder under the root and it loads; the least recently used one loaded so is evicted at the cap, never one in use or loaded by the route") {
+  std::signal(SIGPIPE, SIG_IGN);
+  areno::testing::TempDir root, outside;
+  for (const char* n : {"a", "b", "c", "r", "org/d"})
+    areno::testing::save_random_peft("tiny", root.str(std::string("adapters/") + n), 2, 4.0, 11);
+  areno::testing::save_random_peft("tiny", outside.str("secret"), 2, 4.0, 12);
+  std::filesystem::create_symlink(outside.str("secret"), root.str("adapters/link"));
+  std::filesystem::create_directories(root.str("adapters/plain"));  // no adapter_config.json
+  std::filesystem::create_directories(root.str("adapters/broken"));
+  std::ofstream(root.str("adapters/broken/adapter_config.json")) << "{not json";
+  auto model = phi4mm::init_model("tiny", 0);
+  EngineOptions eo;
+  eo.kv_blocks = 128;
+  auto loaded = [](const Engine& e) {  // sorted
+    std::vector<std::string> names;
+    for (const phi4mm::ServedLora& l : e.loras()) names.push_back(l.name);
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  ServerOptions so;
+  so.lora_root = root.str("adapters");
+  so.lora_resolve = true;
+  so.max_loras = 2;
+  {
+    Engine engine(model, tokenizer_for(*model), eo);
+    engine.start();
+    Served srv(engine, so);
+    auto logprob = [&](const std::string& name) {
+      Reply r = post(srv.port, "/v1/completions", {{"model", name}, {"prompt", {24912, 2375, 13}}, {"echo", true},
+                                                   {"logprobs", 0}, {"max_tokens", 0}});
+      CAPTURE(r.raw);
+      REQUIRE(r.status == 200);
+      CHECK(r.body["model"] == name);
+      return r.body["choices"][0]["logprobs"]["token_logprobs"][2].get<double>();
+    };
+    const double base = logprob("areno-demo");
+    // The route's adapter stays loaded whatever comes on demand.
+    REQUIRE(post(srv.port, "/v1/load_lora_adapter", {{"lora_name", "r"}, {"lora_path", "r"}}).status == 200);
+    const double a = logprob("a");
+    CHECK(a != base);
+    CHECK(loaded(engine) == std::vector<std::string>{"a", "r"});
+    CHECK(get(srv.port, "/v1/models").body["data"].size() == 3);
+    CHECK(logprob("org/d") != base);  // at the cap: "a" makes room
+    CHECK(loaded(engine) == std::vector<std::string>{"org/d", "r"});
+    CHECK(logprob("a") == a);  // loaded again, the same adapter; "org/d" out
+    CHECK(loaded(engine) == std::vector<std::string>{"a", "r"});
+    // Unloading the route's adapter frees its slot: no eviction for "b".
+    REQUIRE(post(srv.port, "/v1/unload_lora_adapter", {{"lora_name", "r"}}).status == 200);
+    logprob("b");
+    CHECK(loaded(engine) == std::vector<std::string>{"a", "b"});
+    // The least recently used goes: "a" used after "b" loaded, so "c" takes b's place.
+    logprob("a");
+    logprob("c");
+    CHECK(loaded(engine) == std::vector<std::string>{"a", "c"});
+    const std::string metrics = get(srv.port, "/metrics").raw;
+    CHECK(metrics.find("\nareno_lora_resolved_loads_total 5\n") != std::string::npos);  // a, org/d, a, b, c
+    CHECK(metrics.find("\nareno_lora_evictions_total 3\n") != std::string::npos);       // a, org/d, b
+    // Not adapters under the root: 404 as any unknown model; a folder that does not load: 400.
+    for (const std::string& name : {std::string("zzz"), std::string("link"), std::string("plain"),
+                                    std::string("../") + outside.path.filename().string() + "/secret",
+                                    outside.str("secret"), std::string("a b")}) {
+      CAPTURE(name);
+      Reply r = post(srv.port, "/v1/chat/completions", hello_chat({{"model", name}}));
+      check_error(r, 404, "does not exist", "model");
+      CHECK(r.body["error"]["code"] == "model_not_found");
+    }
+    check_error(post(srv.port, "/v1/chat/completions", hello_chat({{"model", "broken"}})), 400,
+                "the adapter 'broken' could not be loaded", "model");
+    CHECK(loaded(engine) == std::vector<std::string>{"a", "c"});  // nothing evicted for the broken folder
+    check_serving(srv.port);
+    engine.stop(false);
+  }
+  {
+    // Adapters in use are never evicted: with the engine not stepping, submitted
+    // requests stay queued (in use); /tokenize resolves names like generation does.
+    auto fresh = phi4mm::init_model("tiny", 0);  // the adapters live in the model: a new one
+    Engine engine(fresh, tokenizer_for(*fresh), eo);
+    Served srv(engine, so);
+    auto hold = [&](const std::string& name) {
+      REQUIRE(post(srv.port, "/tokenize", {{"model", name}, {"prompt", "hi"}}).status == 200);
+      Request q;
+      q.prompt = {24912, 2375};
+      q.served_lora = engine.find_lora(name)->number;
+      q.params.max_tokens = 1;
+      engine.submit(std::move(q), [](const RequestOutput&) {});
+    };
+    hold("a");
+    hold("b");
+    check_error(post(srv.port, "/tokenize", {{"model", "c"}, {"prompt", "hi"}}), 429, "in use", "model");
+    CHECK(loaded(engine) == std::vector<std::string>{"a", "b"});
+    engine.stop(false);
+  }
+}
+
 TEST_CASE("serve/http request errors: status and OpenAI body, then the server keeps serving") {
   World& w = world();
   const int port = w.plain->port;
