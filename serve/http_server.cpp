@@ -432,9 +432,10 @@ struct HttpServer::Impl {
   // (503 when the media decode budget stays full). With `ar`, a prompt too long
   // for it is refused from the media headers, before any media is decoded.
   phi4mm::ProcessedChat build_chat(const json& messages, const json& tools, bool add_generation_prompt,
-                                   const ApiRequest* ar = nullptr) {
+                                   const ApiRequest* ar = nullptr, bool continue_final_message = false) {
     phi4mm::ProcessorOptions po = processor;
     po.add_generation_prompt = add_generation_prompt;
+    po.continue_final_message = continue_final_message || (ar && ar->continue_final_message);
     if (ar) po.max_prompt_tokens = max_prompt_length(*ar);
     try {
       return phi4mm::process_chat(engine.tokenizer(), messages, tools, po);
@@ -731,7 +732,9 @@ struct HttpServer::Impl {
             if (st->started[c]) return true;
             st->started[c] = true;
             if (kind == ApiKind::chat)
-              return write(sse_event(chat_chunk(st->h, int64_t(c), {{"role", "assistant"}, {"content", ""}})));
+              return write(sse_event(chat_chunk(st->h, int64_t(c), {{"role", "assistant"}, {"content", ""}}))) &&
+                     (ar.echo_prefix.empty() ||
+                      write(sse_event(chat_chunk(st->h, int64_t(c), {{"content", ar.echo_prefix}}))));
             if (!ar.echo) return true;
             std::vector<tok::TokenId> tids(st->prompt_ids[i].begin(), st->prompt_ids[i].end());
             const std::string text = t.decode(tids, ar.params.skip_special_tokens);
@@ -1048,7 +1051,11 @@ struct HttpServer::Impl {
       std::vector<int64_t> ids;
       if (body.contains("messages")) {
         const bool agp = body.value("add_generation_prompt", true);
-        ids = build_chat(body["messages"], body.value("tools", json()), agp).ids();
+        const bool cont = body.value("continue_final_message", false);
+        if (agp && cont)
+          throw ApiError(400, "'continue_final_message' and 'add_generation_prompt' cannot both be true",
+                         "continue_final_message");
+        ids = build_chat(body["messages"], body.value("tools", json()), agp, nullptr, cont).ids();
       } else if (body.contains("prompt") && body["prompt"].is_string()) {
         for (tok::TokenId t : engine.tokenizer().encode(body["prompt"].get<std::string>())) ids.push_back(t);
       } else {

@@ -430,6 +430,23 @@ ApiRequest parse_chat_request(const json& body, const ApiLimits& lim) {
       if (x != "text") throw bad("modalities", "this model only produces text ('modalities': [\"text\"])");
   }
   r.add_generation_prompt = get_bool(body, "add_generation_prompt", true);
+  r.continue_final_message = get_bool(body, "continue_final_message", false);
+  if (r.continue_final_message && r.add_generation_prompt)
+    throw bad("continue_final_message",
+              "'continue_final_message' and 'add_generation_prompt' cannot both be true (send \"add_generation_prompt\": "
+              "false to continue the last message)");
+  const json& last = r.messages.back();
+  if (get_bool(body, "echo", false) && last.is_object() && last.value("role", "") == "assistant") {
+    r.chat_echo = true;
+    const json content = last.contains("content") ? last["content"] : json();
+    if (content.is_string()) {
+      r.echo_prefix = content.get<std::string>();
+    } else if (content.is_array()) {  // its text parts, as the template joins them
+      for (const json& part : content)
+        if (part.is_object() && part.value("type", "") == "text" && part.contains("text") && part["text"].is_string())
+          r.echo_prefix += (r.echo_prefix.empty() ? "" : "\n") + part["text"].get<std::string>();
+    }
+  }
   return r;
 }
 
@@ -843,6 +860,8 @@ json chat_response(const ResponseHeader& h, const ApiRequest& req, const tok::To
         finish = "tool_calls";
       }
     }
+    if (req.chat_echo)
+      message["content"] = req.echo_prefix + (message["content"].is_string() ? message["content"].get<std::string>() : "");
     out_choices.push_back({{"index", i},
                            {"message", message},
                            {"logprobs", req.logprobs ? chat_logprobs_json(t, c.logprobs, req.top_logprobs,

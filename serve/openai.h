@@ -110,6 +110,12 @@ struct ApiRequest {
   // Each auto tool's `parameters` (parallel to auto_tools; null: any object).
   std::vector<std::shared_ptr<const JsonSchema>> auto_schemas;
   bool add_generation_prompt = true;
+  // vLLM's: the last message left open for the model to continue (needs
+  // add_generation_prompt false); chat `echo`: the reply prefixed with the
+  // last message's text when that message is the assistant's.
+  bool continue_final_message = false;
+  bool chat_echo = false;
+  std::string echo_prefix;
   bool logprobs = false;            // chat: per-token logprobs requested
   int64_t top_logprobs = 0;
 

@@ -545,6 +545,46 @@ TEST_CASE("serve/http chat streaming: role chunk, deltas, finish chunk, usage ch
   CHECK(lp_tokens == 12);
 }
 
+TEST_CASE("serve/http continue_final_message: the prompt ends inside the last message; echo puts it before the reply") {
+  World& w = world();
+  const json messages = {{{"role", "user"}, {"content", "Hello there"}}, {{"role", "assistant"}, {"content", "Well, "}}};
+  const json body = {{"messages", messages}, {"add_generation_prompt", false}, {"continue_final_message", true},
+                     {"max_tokens", 5}, {"temperature", 0}, {"ignore_eos", true}};
+  // The prompt: the template's text cut after "Well, ", token for token.
+  std::vector<int64_t> want;
+  for (tok::TokenId t : w.tokenizer->encode("<|user|>Hello there<|end|><|assistant|>Well, ")) want.push_back(t);
+  Reply tk = post(w.plain->port, "/tokenize", body);
+  REQUIRE(tk.status == 200);
+  CHECK(tk.body["tokens"].get<std::vector<int64_t>>() == want);
+  // The same tokens through /v1/completions give the same continuation.
+  Reply ref = post(w.plain->port, "/v1/completions",
+                   {{"prompt", want}, {"max_tokens", 5}, {"temperature", 0}, {"ignore_eos", true}});
+  REQUIRE(ref.status == 200);
+  const std::string cont = ref.body["choices"][0]["text"];
+  Reply r = post(w.plain->port, "/v1/chat/completions", body);
+  REQUIRE(r.status == 200);
+  CHECK(r.body["usage"]["prompt_tokens"] == want.size());
+  CHECK(r.body["choices"][0]["message"]["content"] == cont);
+  json echo = body;
+  echo["echo"] = true;
+  Reply e = post(w.plain->port, "/v1/chat/completions", echo);
+  CHECK(e.body["choices"][0]["message"]["content"] == "Well, " + cont);
+  echo["stream"] = true;
+  Reply s = post(w.plain->port, "/v1/chat/completions", echo);
+  std::string streamed;
+  for (const std::string& ev : sse_payloads(s.raw)) {
+    if (ev == "[DONE]") continue;
+    const json c = json::parse(ev);
+    if (!c["choices"].empty() && c["choices"][0]["delta"].contains("content"))
+      streamed += c["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  CHECK(streamed == "Well, " + cont);
+  json both = body;
+  both.erase("add_generation_prompt");
+  check_error(post(w.plain->port, "/v1/chat/completions", both), 400, "cannot both be true", "continue_final_message");
+  check_error(post(w.plain->port, "/tokenize", both), 400, "cannot both be true", "continue_final_message");
+}
+
 TEST_CASE("serve/http n > 1: choices share the prompt, usage counts it once, seeds reproduce") {
   World& w = world();
   json body = hello_chat({{"n", 3}, {"temperature", 1.0}, {"seed", 7}, {"max_tokens", 5}, {"ignore_eos", true}});

@@ -67,6 +67,35 @@ TEST_CASE("serve/openai chat defaults: OpenAI values and the server's max tokens
   CHECK(r.tools.is_null());
 }
 
+TEST_CASE("serve/openai continue_final_message and chat echo (vLLM's)") {
+  const json conv = json::array({{{"role", "user"}, {"content", "Hi"}},
+                                 {{"role", "assistant"}, {"content", json::array({{{"type", "text"}, {"text", "A"}},
+                                                                                  {{"type", "text"}, {"text", "B"}}})}}});
+  ApiRequest r = parse_chat_request({{"messages", conv}, {"add_generation_prompt", false},
+                                     {"continue_final_message", true}, {"echo", true}}, {});
+  CHECK(r.continue_final_message);
+  CHECK_FALSE(r.add_generation_prompt);
+  CHECK(r.chat_echo);
+  CHECK(r.echo_prefix == "A\nB");
+  // Both true: refused, naming the field.
+  try {
+    parse_chat_request({{"messages", conv}, {"continue_final_message", true}}, {});
+    FAIL("accepted");
+  } catch (const ApiError& e) {
+    CHECK(e.status == 400);
+    CHECK(e.param == "continue_final_message");
+  }
+  // echo only repeats an assistant's last message.
+  CHECK_FALSE(parse_chat_request({{"messages", json::array({{{"role", "user"}, {"content", "Hi"}}})}, {"echo", true}}, {})
+                  .chat_echo);
+  // The response: the prefix before the generated text.
+  ChoiceOutput c;
+  c.text = "C";
+  c.finish = FinishReason::stop;
+  const json resp = chat_response({"id", 1, "m"}, r, tokenizer(), {c}, Usage{});
+  CHECK(resp["choices"][0]["message"]["content"] == "A\nBC");
+}
+
 TEST_CASE("serve/openai chat fields map onto SamplingParams (OpenAI and vLLM extensions)") {
   ApiRequest r = parse_chat_request(
       chat({{"max_completion_tokens", 5}, {"max_tokens", 9}, {"temperature", 0}, {"top_p", 0.5}, {"n", 3},

@@ -101,6 +101,9 @@ TEST_CASE("prompt/placeholders: user-written ones stay, missing ones are prepend
 
 TEST_CASE("prompt/chat template: roles, no generation prompt, tools, tool calls") {
   CHECK(phi4mm::render_chat({{"user", "Hi", std::nullopt}}, false) == "<|user|>Hi<|end|><|endoftext|>");
+  // continue_final_message: the text stops after the last content (transformers' truncation).
+  CHECK(phi4mm::render_chat({{"user", "Hi", std::nullopt}, {"assistant", "Hello, ", std::nullopt}}, false, true) ==
+        "<|user|>Hi<|end|><|assistant|>Hello, ");
   CHECK(phi4mm::render_chat({{"system", "S", std::string("[]")}, {"user", "Hi", std::nullopt}}, true) ==
         "<|system|>S<|tool|>[]<|/tool|><|end|><|user|>Hi<|end|><|assistant|>");
   // developer is OpenAI's name for system; tool renders verbatim as the template does.

@@ -57,7 +57,7 @@ ProcessedChat process_chat(const tok::Tokenizer& tokenizer, const nlohmann::json
       prompt = build_prompt(
           tokenizer, std::move(chat),
           [&](const MediaPart& m) { return counts[m.kind == MediaKind::kImage ? 0 : 1].at(m.index); },
-          options.add_generation_prompt);
+          options.add_generation_prompt, options.continue_final_message);
     } catch (const std::exception& e) {
       throw ProcessorError("messages", e.what());
     }

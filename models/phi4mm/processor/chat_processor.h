@@ -31,6 +31,7 @@ struct ProcessorOptions {
   MediaSource source;
   MediaLimits limits;
   bool add_generation_prompt = true;
+  bool continue_final_message = false;  // the last message left open for the model to continue (chat_template.h)
   // Prompts longer than this are refused (PromptTooLong) before any media is
   // decoded; 0: no limit. A server sets what its context leaves for the prompt.
   int64_t max_prompt_tokens = 0;

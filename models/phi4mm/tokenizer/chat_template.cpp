@@ -2,9 +2,11 @@
 
 namespace areno::phi4mm {
 
-std::string render_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
+std::string render_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                        bool continue_final_message) {
   std::string out;
-  for (const ChatMessage& m : messages) {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
     out += "<|";
     out += m.role;
     out += "|>";
@@ -14,6 +16,7 @@ std::string render_chat(const std::vector<ChatMessage>& messages, bool add_gener
       out += *m.tools;
       out += "<|/tool|>";
     }
+    if (continue_final_message && i + 1 == messages.size()) return out;
     out += "<|end|>";
   }
   out += add_generation_prompt ? "<|assistant|>" : "<|endoftext|>";

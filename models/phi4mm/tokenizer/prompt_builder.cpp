@@ -307,14 +307,17 @@ FlatChat flatten_chat(const json& messages, const json& tools) {
 
 Prompt build_prompt(const tok::Tokenizer& tokenizer, const json& messages, const MediaTokenCounter& count_tokens,
                     const PromptOptions& options) {
-  return build_prompt(tokenizer, flatten_chat(messages, options.tools), count_tokens, options.add_generation_prompt);
+  return build_prompt(tokenizer, flatten_chat(messages, options.tools), count_tokens, options.add_generation_prompt,
+                      options.continue_final_message);
 }
 
 Prompt build_prompt(const tok::Tokenizer& tokenizer, FlatChat flat, const MediaTokenCounter& count_tokens,
-                    bool add_generation_prompt) {
+                    bool add_generation_prompt, bool continue_final_message) {
   Prompt p;
   p.media = std::move(flat.media);
-  p.text = render_chat(flat.chat, add_generation_prompt);
+  if (continue_final_message && flat.chat.empty())
+    throw std::runtime_error("continue_final_message: there is no message to continue");
+  p.text = render_chat(flat.chat, add_generation_prompt, continue_final_message);
   size_t n[2] = {0, 0};
   for (const MediaPart& m : p.media) ++n[m.kind == MediaKind::kImage ? 0 : 1];
   const std::string rewritten = rewrite_placeholders(p.text, n[0], n[1]);

@@ -51,6 +51,7 @@ using MediaTokenCounter = std::function<size_t(const MediaPart&)>;
 
 struct PromptOptions {
   bool add_generation_prompt = true;
+  bool continue_final_message = false;  // render_chat's (chat_template.h)
   // OpenAI request `tools` ([{type: "function", function: {...}}]); rendered
   // into the system turn (spec 5.1). Null = none.
   nlohmann::json tools = nullptr;
@@ -84,6 +85,6 @@ Prompt build_prompt(const tok::Tokenizer& tokenizer, const nlohmann::json& messa
                     const MediaTokenCounter& count_tokens, const PromptOptions& options = {});
 // The same from messages already flattened (flatten_chat with options.tools).
 Prompt build_prompt(const tok::Tokenizer& tokenizer, FlatChat flat, const MediaTokenCounter& count_tokens,
-                    bool add_generation_prompt = true);
+                    bool add_generation_prompt = true, bool continue_final_message = false);
 
 }  // namespace areno::phi4mm
