@@ -1001,6 +1001,65 @@ TEST_CASE("serve/http --lora-resolve: a request names an adapter folder under th
   }
 }
 
+TEST_CASE("serve/http --lora-resolve under churn: concurrent requests for more adapters than slots each run with their own adapter or get 429") {
+  std::signal(SIGPIPE, SIG_IGN);
+  areno::testing::TempDir root;
+  const std::vector<std::string> names = {"a", "b", "c", "d"};
+  for (size_t i = 0; i < names.size(); ++i)
+    areno::testing::save_random_peft("tiny", root.str("adapters/" + names[i]), 2, 4.0, 20 + int(i));
+  auto model = phi4mm::init_model("tiny", 0);
+  EngineOptions eo;
+  eo.kv_blocks = 256;
+  eo.max_running = 8;
+  Engine engine(model, tokenizer_for(*model), eo);
+  engine.start();
+  ServerOptions so;
+  so.lora_root = root.str("adapters");
+  so.lora_resolve = true;
+  so.max_loras = 2;
+  Served srv(engine, so);
+  auto logprob = [&](const std::string& name, Reply* out = nullptr) {
+    Reply r = post(srv.port, "/v1/completions", {{"model", name}, {"prompt", {24912, 2375, 13}}, {"echo", true},
+                                                 {"logprobs", 0}, {"max_tokens", 2}, {"temperature", 0}});
+    if (out) *out = r;
+    return r.status == 200 ? r.body["choices"][0]["logprobs"]["token_logprobs"][2].get<double>() : NAN;
+  };
+  // Each adapter's value, one at a time.
+  std::map<std::string, double> want;
+  for (const std::string& n : names) want[n] = logprob(n);
+  want["areno-demo"] = logprob("areno-demo");
+  for (const std::string& n : names) CHECK(want[n] != want["areno-demo"]);
+  // 8 clients, 12 requests each, over 5 names with 2 slots.
+  std::atomic<int> ok{0}, busy{0}, wrong{0}, other{0};
+  std::vector<std::thread> ts;
+  for (int c = 0; c < 8; ++c)
+    ts.emplace_back([&, c] {
+      for (int k = 0; k < 12; ++k) {
+        const std::string name = k % 5 == 4 ? "areno-demo" : names[size_t((c + k) % 4)];
+        Reply r;
+        const double v = logprob(name, &r);
+        if (r.status == 200) {
+          ++ok;
+          if (v != want[name]) ++wrong;
+        } else if (r.status == 429) {
+          ++busy;
+        } else {
+          ++other;
+        }
+      }
+    });
+  for (auto& t : ts) t.join();
+  MESSAGE("churn: ", ok.load(), " answered, ", busy.load(), " busy (429)");
+  CHECK(wrong == 0);
+  CHECK(other == 0);
+  CHECK(ok + busy == 96);
+  CHECK(ok >= 40);
+  CHECK(engine.loras().size() <= 2);
+  check_serving(srv.port);
+  engine.stop(true);
+  CHECK(engine.stats().kv_blocks_used == 0);
+}
+
 TEST_CASE("serve/http request errors: status and OpenAI body, then the server keeps serving") {
   World& w = world();
   const int port = w.plain->port;
