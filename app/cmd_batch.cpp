@@ -25,7 +25,6 @@
 #include "app/flags.h"
 #include "nn/io/atomic_file.h"
 #include "serve/openai.h"
-#include "tensor/backend.h"
 
 namespace areno::app {
 
@@ -183,7 +182,9 @@ int cmd_batch(const Args& args) {
   std::signal(SIGPIPE, SIG_IGN);
   std::signal(SIGINT, on_batch_signal);
   std::signal(SIGTERM, on_batch_signal);
-  release_cpu_threads();
+  // (No release_cpu_threads() as serve does: clang's libomp crashes in a later
+  // omp_set_num_threads of the same process after a hard pause, and the tests
+  // run several batches in one process; the load's idle workers sleep anyway.)
   engine.start();
   std::thread listener([&] { server.listen(); });
 

@@ -387,7 +387,9 @@ TEST_CASE("serve/cli batch: an OpenAI batch file through the server's routes, in
       {line("a", "/v1/completions", {{"prompt", "hi"}, {"stream", true}}), "'body.stream': a batch request cannot stream"},
       {"\n\n" + std::string(3 << 20, 'x') + "\n", "in.jsonl:3: the line is longer than"},
   };
-  for (const auto& [content, says] : bad) {
+  for (const auto& item : bad) {  // no structured binding: clang 14 cannot capture one
+    const std::string& content = item.first;
+    const std::string& says = item.second;
     CAPTURE(says);
     write(in, content);
     std::filesystem::remove(out);

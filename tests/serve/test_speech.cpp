@@ -150,7 +150,9 @@ TEST_CASE("serve/speech the form's refusals name the field") {
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     CAPTURE(i);
-    const auto [param, message] = refusal(cases[i].task, cases[i].f);
+    const std::pair<std::string, std::string> got = refusal(cases[i].task, cases[i].f);
+    const std::string& param = got.first;
+    const std::string& message = got.second;
     CHECK(param == cases[i].param);
     CHECK_MESSAGE(message.find(cases[i].says) != std::string::npos, message);
   }
