@@ -5,7 +5,7 @@
 #
 # Builds build-fuzz/ with clang 14 (-Dfuzz=true, ASan + UBSan, no CUDA), then
 # runs each harness (default: all of request safetensors image audio
-# tokenizer_json json_schema regex cfg) for N seconds (default 60) on a copy of its corpus
+# tokenizer_json json_schema regex cfg speech) for N seconds (default 60) on a copy of its corpus
 # tests/fuzz/corpus/<name>/. A crash, a sanitizer report, a leak or a timeout
 # stops that harness and leaves the input under build-fuzz/findings/<name>/;
 # the script then exits non-zero. With --merge the inputs that add coverage
@@ -24,7 +24,7 @@ while (($#)); do
     *) names+=("$1"); shift ;;
   esac
 done
-((${#names[@]})) || names=(request safetensors image audio tokenizer_json json_schema regex cfg)
+((${#names[@]})) || names=(request safetensors image audio tokenizer_json json_schema regex cfg speech)
 if [ ! -f build-fuzz/build.ninja ]; then
   CC=clang-14 CXX=clang++-14 meson setup build-fuzz -Dfuzz=true -Dcuda=disabled -Dbuildtype=debugoptimized \
     -Db_sanitize=address,undefined -Db_lundef=false >/dev/null

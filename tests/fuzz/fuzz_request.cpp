@@ -25,6 +25,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       po.limits.max_image_pixels = 1 << 22;  // keep the fuzzer's memory small
       po.limits.max_audio_seconds = 30;
       po.add_generation_prompt = r.add_generation_prompt;
+      po.continue_final_message = r.continue_final_message;
       const phi4mm::ProcessedChat pc = phi4mm::process_chat(tokenizer, r.messages, r.tools, po);
       (void)pc.ids();
     } else {
