@@ -541,6 +541,13 @@ bool Engine::step() {
   std::erase_if(active_, [](const std::unique_ptr<Req>& q) { return q->done; });
   stats_.running = int64_t(running_.size());
   stats_.waiting = int64_t(waiting_.size() + preempted_.size());
+  stats_.lora_running_waiting.clear();
+  for (const Seq* s : running_)
+    if (s->req->r.served_lora) stats_.lora_running_waiting[s->req->r.served_lora].first++;
+  for (const Seq* s : preempted_)
+    if (s->req->r.served_lora) stats_.lora_running_waiting[s->req->r.served_lora].second++;
+  for (const auto& q : waiting_)
+    if (q && q->r.served_lora) stats_.lora_running_waiting[q->r.served_lora].second++;
   stats_.kv_blocks_used = cache_->manager().num_used();
   stats_.kv_blocks_cached = cache_->manager().num_cached();
   {

@@ -33,6 +33,7 @@
 #include <functional>
 #include <future>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -157,6 +158,10 @@ struct EngineStats {
   // Media items encoded by submit (on submitting threads) and the time spent.
   int64_t media_items_total = 0;
   double media_seconds_total = 0;
+  // Per served LoRA (Request::served_lora, its number): sequences running
+  // (preempted ones count as waiting) and requests waiting; only numbers with
+  // one or the other.
+  std::map<int32_t, std::pair<int64_t, int64_t>> lora_running_waiting;
 };
 
 class Engine {

@@ -101,6 +101,13 @@ struct InFlight {
   ~InFlight() { --n; }
 };
 
+// Prometheus label escaping (model names are the operator's and the clients').
+std::string prometheus_label(const std::string& v) {
+  std::string label;
+  for (char c : v) label += c == '\\' ? "\\\\" : c == '"' ? "\\\"" : c == '\n' ? "\\n" : std::string(1, c);
+  return label;
+}
+
 // Runs one response's stream until every engine request is done: each
 // output to `on_output` (false: stop, a write failed), each engine error as an
 // SSE error event (and `failed` set), an SSE comment after 2 s without
@@ -1139,13 +1146,21 @@ struct HttpServer::Impl {
     std::lock_guard<std::mutex> lk(metrics_mu);
     for (const auto& [key, count] : http_counts)
       out += fmt::format("areno_http_requests_total{{route=\"{}\",status=\"{}\"}} {}\n", key.first, key.second, count);
+    // Per served LoRA (vLLM's lora_requests_info as one gauge per adapter and state).
+    out += "# HELP areno_lora_requests Sequences running and requests waiting, by served LoRA.\n"
+           "# TYPE areno_lora_requests gauge\n";
+    for (const phi4mm::ServedLora& l : engine.loras()) {
+      const auto it = s.lora_running_waiting.find(l.number);
+      const std::pair<int64_t, int64_t> rw = it == s.lora_running_waiting.end() ? std::pair<int64_t, int64_t>{0, 0}
+                                                                                 : it->second;
+      out += fmt::format("areno_lora_requests{{adapter=\"{0}\",state=\"running\"}} {1}\n"
+                         "areno_lora_requests{{adapter=\"{0}\",state=\"waiting\"}} {2}\n",
+                         prometheus_label(l.name), rw.first, rw.second);
+    }
     out += "# HELP areno_model_requests_total Generation requests accepted, by the model they named.\n"
            "# TYPE areno_model_requests_total counter\n";
-    for (const auto& [model, count] : model_counts) {
-      std::string label;  // Prometheus label escaping (the served model's name is the operator's)
-      for (char c : model) label += c == '\\' ? "\\\\" : c == '"' ? "\\\"" : c == '\n' ? "\\n" : std::string(1, c);
-      out += fmt::format("areno_model_requests_total{{model=\"{}\"}} {}\n", label, count);
-    }
+    for (const auto& [model, count] : model_counts)
+      out += fmt::format("areno_model_requests_total{{model=\"{}\"}} {}\n", prometheus_label(model), count);
     return out;
   }
 };

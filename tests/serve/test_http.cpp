@@ -841,6 +841,30 @@ TEST_CASE("serve/http served LoRAs: \"model\" picks the adapter, /v1/models list
     CHECK(metrics.find("\nareno_model_requests_total{model=\"sql\"} 2\n") != std::string::npos);  // completion + chat
     CHECK(metrics.find("\nareno_model_requests_total{model=\"org/chat-v2\"} 2\n") != std::string::npos);
     CHECK(metrics.find("\nareno_model_requests_total{model=\"areno-demo\"} 1\n") != std::string::npos);
+    CHECK(metrics.find("\nareno_lora_requests{adapter=\"sql\",state=\"running\"} 0\n") != std::string::npos);
+    CHECK(metrics.find("\nareno_lora_requests{adapter=\"org/chat-v2\",state=\"waiting\"} 0\n") != std::string::npos);
+    {
+      // While a long request for "sql" runs, its gauge counts it.
+      std::thread long_one([&] {
+        post(srv.port, "/v1/completions",
+             {{"model", "sql"}, {"prompt", ids}, {"max_tokens", 400}, {"ignore_eos", true}, {"temperature", 0}});
+      });
+      bool seen = false;
+      for (int k = 0; k < 2000 && !seen; ++k) {
+        seen = get(srv.port, "/metrics").raw.find("\nareno_lora_requests{adapter=\"sql\",state=\"running\"} 1\n") !=
+               std::string::npos;
+        if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      long_one.join();
+      CHECK(seen);
+      bool zero = false;  // published at the end of the step that finished it
+      for (int k = 0; k < 1000 && !zero; ++k) {
+        zero = get(srv.port, "/metrics").raw.find("\nareno_lora_requests{adapter=\"sql\",state=\"running\"} 0\n") !=
+               std::string::npos;
+        if (!zero) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      CHECK(zero);
+    }
     // Unknown: 404 naming every served name.
     Reply bad = post(srv.port, "/v1/chat/completions", hello_chat({{"model", "sq"}}));
     check_error(bad, 404, "`areno-demo`, `sql`, `org/chat-v2`", "model");
