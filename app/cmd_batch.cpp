@@ -16,7 +16,6 @@
 #include <exception>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -144,12 +143,6 @@ std::vector<BatchLine> read_batch_file(const std::string& path, size_t max_line,
   return out;
 }
 
-std::string random_hex(std::mt19937_64& rng, int digits) {
-  std::string s;
-  while (int(s.size()) < digits) s += fmt::format("{:016x}", rng());
-  return s.substr(0, size_t(digits));
-}
-
 }  // namespace
 
 int cmd_batch(const Args& args) {
@@ -194,8 +187,6 @@ int cmd_batch(const Args& args) {
   std::vector<std::optional<std::string>> results(lines.size());
   std::atomic<size_t> next{0};
   std::atomic<int64_t> failed{0};
-  std::mt19937_64 rng(std::random_device{}());
-  std::mutex rng_mu;
   auto worker = [&] {
     httplib::Client cli("127.0.0.1", port);
     cli.set_connection_timeout(10, 0);
@@ -204,10 +195,7 @@ int cmd_batch(const Args& args) {
     for (size_t k; (k = next++) < lines.size() && g_batch_signal == 0;) {
       const BatchLine& bl = lines[k];
       nlohmann::json o;
-      {
-        std::lock_guard<std::mutex> lk(rng_mu);
-        o["id"] = "batch_req_" + random_hex(rng, 24);
-      }
+      o["id"] = serve::new_response_id("batch_req_");
       o["custom_id"] = bl.custom_id;
       httplib::Result r = cli.Post(bl.url.c_str(), bl.body, "application/json");
       if (!r) {
