@@ -185,6 +185,38 @@ TEST_CASE("rl/agent two turns with a tool result: one row, its mask, log-prob pa
   MESSAGE("agent rows: ", p.compared, " sampled tokens, worst |rollout - policy| logp ", p.worst);
 }
 
+TEST_CASE("rl/agent per-turn rewards: each on its turn's last sampled token in its row; a wrong count fails the run") {
+  AgentRollout ar(model(), tokenizer(), rollout_options(1),
+                  agent("agent_two_turns.sh", 60, "AGENT_REWARD=0.5 AGENT_TURN_REWARDS='[0.25, -1]' "));
+  const RolloutBatch b = ar.run(tasks(2));
+  REQUIRE(b.trajectories.size() == 2);
+  REQUIRE(b.samples.size() == 2);
+  for (const RolloutBatch::Trajectory& t : b.trajectories) {
+    CAPTURE(t.task);
+    CHECK(t.turn_rewards == std::vector<double>{0.25, -1});
+    REQUIRE(t.reward.has_value());
+    CHECK(*t.reward == 0.5);
+    REQUIRE(t.rows.size() == 1);
+    const RolloutSample& s = b.samples[size_t(t.rows[0])];
+    // [sampled answer 1][context][sampled answer 2]: the first turn ends at
+    // the last token before the context, the second at the row's last.
+    size_t a = 0;
+    while (a < s.tokens.size() && s.trainable[a]) ++a;
+    REQUIRE(a >= 1);
+    REQUIRE(s.turn_rewards.size() == 2);
+    CHECK(s.turn_rewards[0] == std::pair<int64_t, double>{int64_t(a) - 1, 0.25});
+    CHECK(s.turn_rewards[1] == std::pair<int64_t, double>{int64_t(s.tokens.size()) - 1, -1.0});
+  }
+  // One reward per recorded turn: the count is checked against the server's record.
+  AgentRollout wrong(model(), tokenizer(), rollout_options(1),
+                     agent("agent_two_turns.sh", 60, "AGENT_TURN_REWARDS='[1]' "));
+  CHECK_THROWS_WITH_AS(wrong.run(tasks(1)),
+                       doctest::Contains("the agent of task 0 (sample 0, dataset line 1) printed 1 turn_rewards, but "
+                                         "the server recorded 2 turns under trajectory_id \"areno-r0-t0-s0\""),
+                       AgentError);
+  CHECK(wrong.last_stats().kv_blocks_used == 0);
+}
+
 TEST_CASE("rl/agent failures name the task: crash, timeout, malformed output, unknown id; the rollout stays usable") {
   SUBCASE("run_agents alone") {
     // A crash: the exit status and the tail of its stderr.
@@ -201,7 +233,8 @@ TEST_CASE("rl/agent failures name the task: crash, timeout, malformed output, un
     // Malformed: the last line quoted and the expected format.
     CHECK_THROWS_WITH_AS(run_agents(tasks(1), "http://127.0.0.1:9/v1", agent("agent_malformed.sh")),
                          "--agent-cmd: the agent of task 0 (sample 0, dataset line 1) printed \"done: reward 1\" as its "
-                         "last line: not JSON; expected {\"trajectory_id\": \"ID\", \"reward\": <number, optional>}",
+                         "last line: not JSON; expected {\"trajectory_id\": \"ID\", \"reward\": <number, optional>, "
+                         "\"turn_rewards\": [<number per turn>, optional]}",
                          AgentError);
     // A command the shell does not find.
     CHECK_THROWS_WITH_AS(run_agents(tasks(1), "http://127.0.0.1:9/v1", AgentOptions{.cmd = "no-such-agent-xyz"}),
@@ -220,6 +253,24 @@ TEST_CASE("rl/agent failures name the task: crash, timeout, malformed output, un
                          doctest::Contains("\"trajectory_id\" must be a non-empty string"), AgentError);
     CHECK_THROWS_WITH_AS(parse_agent_output("{\"trajectory_id\": \"t\", \"reward\": \"1\"}", "agent"),
                          doctest::Contains("\"reward\" must be a finite number"), AgentError);
+    // Per-turn rewards: an array of finite numbers (AgentRollout checks their count).
+    const AgentOutput tr = parse_agent_output("{\"trajectory_id\": \"t\", \"turn_rewards\": [0.5, -1, 2e-3]}", "agent");
+    REQUIRE(tr.turn_rewards.has_value());
+    CHECK(*tr.turn_rewards == std::vector<double>{0.5, -1, 2e-3});
+    CHECK_FALSE(tr.reward.has_value());
+    CHECK_FALSE(parse_agent_output("{\"trajectory_id\": \"t\", \"turn_rewards\": null}", "agent").turn_rewards);
+    for (const char* bad : {"{\"trajectory_id\": \"t\", \"turn_rewards\": 1}",
+                            "{\"trajectory_id\": \"t\", \"turn_rewards\": []}",
+                            "{\"trajectory_id\": \"t\", \"turn_rewards\": {\"0\": 1}}"}) {
+      CAPTURE(bad);
+      CHECK_THROWS_WITH_AS(parse_agent_output(bad, "agent"),
+                           doctest::Contains("\"turn_rewards\" must be an array of finite numbers, one per turn"),
+                           AgentError);
+    }
+    CHECK_THROWS_WITH_AS(parse_agent_output("{\"trajectory_id\": \"t\", \"turn_rewards\": [1, \"2\"]}", "agent"),
+                         doctest::Contains("\"turn_rewards\"[1] must be a finite number"), AgentError);
+    CHECK_THROWS_WITH_AS(parse_agent_output("{\"trajectory_id\": \"t\", \"turn_rewards\": [1, null]}", "agent"),
+                         doctest::Contains("\"turn_rewards\"[1] must be a finite number"), AgentError);
   }
   SUBCASE("through AgentRollout") {
     AgentRollout ar(model(), tokenizer(), rollout_options(1), agent("agent_unrecorded.sh"));
@@ -287,6 +338,27 @@ TEST_CASE("areno train --algo ppo --agent-cmd: values and GAE over the agent row
   }
   // The context <|tool|> 42 <|end|> <|assistant|> of each of the 4 rows trains only with --train-tool-results.
   CHECK(last[true]["response_tokens"].get<double>() == last[false]["response_tokens"].get<double>() + 4 * 4);
+  // Turn rewards without an outcome (no --reward): with gamma = lam = 1 a
+  // token's return is the rewards from its turn on, so [0, 1] gives every
+  // trainable token 1 and [1, 0] only the first answer's tokens.
+  std::map<std::string, json> turns;
+  for (const char* tr : {"[0, 1]", "[1, 0]"}) {
+    const std::string mdir = dir.str(std::string("ppo-turns-") + tr[1]);
+    CHECK(app::cmd_train({"--algo", "ppo", "--dataset-path", dir.str("tasks.jsonl"), "--agent-cmd",
+                          fmt::format("AGENT_TURN_REWARDS='{}' sh tests/rl/scripts/agent_two_turns.sh", tr),
+                          "--batch-size", "2", "--n-samples", "1", "--max-steps", "1", "--metrics-log-dir",
+                          mdir}) == 0);
+    const std::vector<json> lines = testing::metrics_lines(mdir);
+    REQUIRE(lines.size() == 1);
+    CHECK(lines[0]["reward_mean"].get<double>() == 1.0);
+    turns[tr] = lines[0];
+  }
+  CHECK(turns["[0, 1]"]["returns_mean"].get<double>() == doctest::Approx(1.0).epsilon(1e-6));
+  const double first_share = turns["[1, 0]"]["returns_mean"].get<double>();
+  CHECK(first_share > 0.0);
+  CHECK(first_share < 1.0);
+  // The greedy answers are the same in both runs: the share is answer 1's tokens over both answers'.
+  CHECK(turns["[1, 0]"]["response_tokens"].get<double>() == turns["[0, 1]"]["response_tokens"].get<double>());
 }
 
 TEST_CASE("rl/agent --skip-failed-agents: failed runs are reported and left out, the others train") {
@@ -407,6 +479,16 @@ TEST_CASE("rl/agent row rule: continuing turns append, a re-templated turn start
   CHECK(a.rows[1].tokens == std::vector<int64_t>{6, 6});
   CHECK(a.rows[2].prompt.ids.size() == 10);
   CHECK(a.rows[2].tokens == std::vector<int64_t>{4});
+  // Where each turn's reward goes: its completion's last token in its row.
+  CHECK(a.rows[0].turn_ends == std::vector<int64_t>{1, 4});
+  CHECK(a.rows[1].turn_ends == std::vector<int64_t>{1});
+  CHECK(a.rows[2].turn_ends == std::vector<int64_t>{0});
+  // An empty completion ends at the row's last token so far (-1: none yet).
+  const AssembledTrajectory e =
+      assemble_trajectory({turn({1, 2}, {}), turn({1, 2, 7}, {5}), turn({1, 2, 7, 5, 8}, {})}, false);
+  REQUIRE(e.rows.size() == 1);
+  CHECK(e.rows[0].tokens == std::vector<int64_t>{7, 5, 8});
+  CHECK(e.rows[0].turn_ends == std::vector<int64_t>{-1, 1, 2});
   // --train-tool-results: the context is trainable too (still without a rollout log-probability).
   const AssembledTrajectory b = assemble_trajectory(turns, /*train_context=*/true);
   CHECK(b.rows[0].trainable == std::vector<uint8_t>{1, 1, 1, 1, 1});
@@ -749,11 +831,22 @@ TEST_CASE("areno train --algo grpo|gspo --agent-cmd: steps on agent rows write t
   CHECK(app::cmd_train({"--algo", "grpo", "--dataset-path", dir.str("tasks.jsonl"), "--agent-cmd",
                         "sh tests/rl/scripts/agent_two_turns.sh", "--reward", "regex:[0-9]", "--batch-size", "2",
                         "--n-samples", "2", "--max-steps", "1", "--metrics-log-dir", dir.str("metrics-reward")}) == 0);
+  // Turn rewards add to the outcome (here the sample index: 0 and 1).
+  CHECK(app::cmd_train({"--algo", "grpo", "--dataset-path", dir.str("tasks.jsonl"), "--agent-cmd",
+                        "AGENT_REWARD=sample AGENT_TURN_REWARDS='[0.25, 1]' sh tests/rl/scripts/agent_two_turns.sh",
+                        "--batch-size", "2", "--n-samples", "2", "--max-steps", "1", "--metrics-log-dir",
+                        dir.str("metrics-turns")}) == 0);
+  {
+    const std::vector<json> lines = testing::metrics_lines(dir.str("metrics-turns"));
+    REQUIRE(lines.size() == 1);
+    CHECK(lines[0]["reward_mean"].get<double>() == 1.75);  // (greedy twins: their advantages cancel)
+    CHECK(std::isfinite(lines[0]["loss"].get<double>()));
+  }
   CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "grpo", "--dataset-path", dir.str("tasks.jsonl"), "--agent-cmd",
                                        "sh tests/rl/scripts/agent_two_turns.sh", "--batch-size", "2", "--n-samples",
                                        "2", "--max-steps", "1"}),
-                       "--agent-cmd: the agent of task 0 (sample 0) printed no reward and neither --reward nor "
-                       "--reward-cmd is given",
+                       "--agent-cmd: the agent of task 0 (sample 0) printed no reward (nor turn_rewards) and neither "
+                       "--reward nor --reward-cmd is given",
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(app::cmd_train({"--algo", "grpo", "--dataset-path", dir.str("tasks.jsonl"), "--agent-cmd",
                                        "sh tests/rl/scripts/agent_crash.sh", "--reward", "exact", "--batch-size", "2",

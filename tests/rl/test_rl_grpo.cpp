@@ -138,10 +138,10 @@ TEST_CASE("rl/step helpers on rows and trajectories: masks, NaN log-probabilitie
   const float nan = std::numeric_limits<float>::quiet_NaN();
   ScoredRollouts r;
   r.prompts = {{{1, 2}, {}, phi4mm::Adapter::none}, {{3}, {}, phi4mm::Adapter::none}};
-  r.samples = {{0, 0, {10, 11, 12}, {-0.5f, nan, -0.25f}, serve::FinishReason::none, {1, 0, 1}},
-               {1, 1, {13, 14}, {-1.0f, -2.0f}, serve::FinishReason::none, {}},
-               {0, 1, {15, 16, 17}, {-0.125f, nan, nan}, serve::FinishReason::none, {1, 1, 0}}};
-  r.trajectories = {{0, 0, {0}, 1.0, "a", 1}, {0, 1, {1, 2}, std::nullopt, "b", 1}};
+  r.samples = {{0, 0, {10, 11, 12}, {-0.5f, nan, -0.25f}, serve::FinishReason::none, {1, 0, 1}, {}},
+               {1, 1, {13, 14}, {-1.0f, -2.0f}, serve::FinishReason::none, {}, {}},
+               {0, 1, {15, 16, 17}, {-0.125f, nan, nan}, serve::FinishReason::none, {1, 1, 0}, {}}};
+  r.trajectories = {{0, 0, {0}, 1.0, "a", 1, {}}, {0, 1, {1, 2}, std::nullopt, "b", 1, {}}};
   r.rewards = {1.0, 3.0};
   for (const RolloutSample& s : r.samples) r.tokens += trainable_tokens(s);
   CHECK(r.tokens == 6);

@@ -74,6 +74,49 @@ double max_abs(const std::vector<float>& v) {
 
 }  // namespace
 
+TEST_CASE("rl/ppo token rewards: the outcome on each row's last trainable token, turn rewards on their turns' ends") {
+  // Trajectory 0: one row with two turns. Trajectory 1: split into two rows,
+  // the first turn's end masked (moved back to a trainable token), the second
+  // row's turns at -1 and on context (moved forward to its first trainable
+  // token). Trajectory 2: an engine row (every token trainable), and a row
+  // with nothing trainable.
+  ScoredRollouts r;
+  r.samples.resize(5);
+  r.samples[0].tokens = {1, 2, 3, 4, 5};
+  r.samples[0].trainable = {1, 1, 0, 0, 1};
+  r.samples[0].turn_rewards = {{1, 0.5}, {4, 0.25}};
+  r.samples[1].tokens = {1, 2, 3};
+  r.samples[1].trainable = {1, 0, 0};
+  r.samples[1].turn_rewards = {{2, 1.0}};
+  r.samples[2].tokens = {1, 2, 3};
+  r.samples[2].trainable = {0, 1, 1};
+  r.samples[2].turn_rewards = {{-1, 0.125}, {0, 0.0625}};
+  r.samples[3].tokens = {1, 2};
+  r.samples[4].tokens = {1, 2};
+  r.samples[4].trainable = {0, 0};
+  r.samples[4].turn_rewards = {{1, 9.0}};
+  r.trajectories.resize(4);
+  r.trajectories[0].rows = {0};
+  r.trajectories[1].rows = {1, 2};
+  r.trajectories[2].rows = {3};
+  r.trajectories[3].rows = {4};
+  r.outcomes = {2.0, 3.0, 7.0, 5.0};
+  const int64_t T = 6;
+  const TokenRewards tr = ppo_token_rewards(r, T);
+  CHECK(tr.rewards == std::vector<float>{0, 0.5f, 0, 0, 2.25f, 0,   //
+                                         4.0f, 0, 0, 0, 0, 0,       //
+                                         0, 0.1875f, 3.0f, 0, 0, 0, //
+                                         0, 7.0f, 0, 0, 0, 0,       //
+                                         0, 0, 0, 0, 0, 0});
+  CHECK(tr.mask == std::vector<float>{1, 1, 0, 0, 1, 0,  //
+                                      1, 0, 0, 0, 0, 0,  //
+                                      0, 1, 1, 0, 0, 0,  //
+                                      1, 1, 0, 0, 0, 0,  //
+                                      0, 0, 0, 0, 0, 0});
+  r.outcomes.pop_back();
+  CHECK_THROWS_AS(ppo_token_rewards(r, T), std::logic_error);
+}
+
 TEST_CASE("rl/ppo one step on the demo model with --reward exact") {
   auto model = phi4mm::demo_model();
   const auto before = snapshot(*model);

@@ -99,6 +99,7 @@ AssembledTrajectory assemble_trajectory(const std::vector<serve::TrajectoryTurn>
       row->logp.push_back(i < t.logprobs.size() ? t.logprobs[i] : nan);
     }
     seq.insert(seq.end(), t.completion.begin(), t.completion.end());
+    row->turn_ends.push_back(int64_t(row->tokens.size()) - 1);
     ++row->turns;
   }
   out.final_text = turns.back().text;
@@ -112,7 +113,8 @@ namespace {
 
 bool blank(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v'; }
 
-const char* kOutputFormat = "{\"trajectory_id\": \"ID\", \"reward\": <number, optional>}";
+const char* kOutputFormat =
+    "{\"trajectory_id\": \"ID\", \"reward\": <number, optional>, \"turn_rewards\": [<number per turn>, optional]}";
 
 }  // namespace
 
@@ -139,6 +141,16 @@ AgentOutput parse_agent_output(const std::string& text, const std::string& who) 
   if (auto r = j.find("reward"); r != j.end() && !r->is_null()) {
     if (!r->is_number() || !std::isfinite(r->get<double>())) throw bad("\"reward\" must be a finite number");
     o.reward = r->get<double>();
+  }
+  if (auto r = j.find("turn_rewards"); r != j.end() && !r->is_null()) {
+    if (!r->is_array() || r->empty()) throw bad("\"turn_rewards\" must be an array of finite numbers, one per turn");
+    std::vector<double> v;
+    for (const json& x : *r) {
+      if (!x.is_number() || !std::isfinite(x.get<double>()))
+        throw bad(fmt::format("\"turn_rewards\"[{}] must be a finite number", v.size()));
+      v.push_back(x.get<double>());
+    }
+    o.turn_rewards = std::move(v);
   }
   return o;
 }
@@ -407,12 +419,21 @@ RolloutBatch AgentRollout::run(const std::vector<AgentTask>& tasks_in) {
                          who, shown(out.trajectory_id), serve::kTrajectoryHeader, shown(out.trajectory_id)));
       continue;
     }
+    if (out.turn_rewards && out.turn_rewards->size() != turns.size()) {
+      failed(fmt::format("{} printed {} turn_rewards, but the server recorded {} turn{} under trajectory_id \"{}\" "
+                         "(one reward per recorded request, in the order they finished)",
+                         who, out.turn_rewards->size(), turns.size(), turns.size() == 1 ? "" : "s",
+                         shown(out.trajectory_id)));
+      continue;
+    }
     AssembledTrajectory a = assemble_trajectory(turns, agent_.train_context);
     split_rows_ += int64_t(a.rows.size()) - 1;
     RolloutBatch::Trajectory tr;
     tr.task = t.task;
     tr.index = t.sample;
     tr.reward = out.reward;
+    if (out.turn_rewards) tr.turn_rewards = *out.turn_rewards;
+    size_t turn = 0;  // the trajectory's turn of each row's first
     tr.text = std::move(a.final_text);
     tr.tokens = a.final_tokens;
     for (AgentRow& r : a.rows) {
@@ -423,6 +444,8 @@ RolloutBatch AgentRollout::run(const std::vector<AgentTask>& tasks_in) {
       s.tokens = std::move(r.tokens);
       s.logp = std::move(r.logp);
       s.trainable = std::move(r.trainable);
+      if (out.turn_rewards)
+        for (int64_t end : r.turn_ends) s.turn_rewards.emplace_back(end, (*out.turn_rewards)[turn++]);
       b.prompts.push_back(std::move(r.prompt));
       b.samples.push_back(std::move(s));
     }

@@ -85,6 +85,10 @@ struct AgentRow {
   std::vector<uint8_t> trainable;  // per token
   std::vector<float> logp;         // rollout log-probability of sampled tokens, NaN on context
   int64_t turns = 0;
+  // Per turn of the row, in order: the index in `tokens` of its completion's
+  // last token (of the row's last token before it when the completion is
+  // empty; -1 when the row has none yet). Where a PPO step puts the turn's reward.
+  std::vector<int64_t> turn_ends;
 };
 
 struct AssembledTrajectory {
@@ -97,10 +101,14 @@ struct AssembledTrajectory {
 AssembledTrajectory assemble_trajectory(const std::vector<serve::TrajectoryTurn>& turns, bool train_context);
 
 // What one agent run printed: the last non-blank stdout line, one JSON object
-// {"trajectory_id": "ID", "reward": <finite number, optional>}.
+// {"trajectory_id": "ID", "reward": <finite number, optional>,
+//  "turn_rewards": [<finite number per recorded turn>, optional]}.
 struct AgentOutput {
   std::string trajectory_id;
   std::optional<double> reward;
+  // One per turn the server recorded under the id, in the order they
+  // finished (AgentRollout::run checks the count).
+  std::optional<std::vector<double>> turn_rewards;
   std::string error;  // run_agents with skip_failed: why this run failed (empty: it did not)
 };
 // Throws AgentError("<who> printed ...") for anything else.

@@ -131,6 +131,38 @@ int64_t PpoTrainer::steps_per_epoch() const { return loop_steps_per_epoch(int64_
 
 int64_t PpoTrainer::total_steps() const { return loop_total_steps(int64_t(rows_.size()), options_.loop); }
 
+TokenRewards ppo_token_rewards(const ScoredRollouts& r, int64_t T) {
+  const int64_t N = int64_t(r.samples.size());
+  if (r.outcomes.size() != r.trajectories.size())
+    throw std::logic_error(fmt::format("ppo_token_rewards: {} outcomes for {} trajectories", r.outcomes.size(),
+                                       r.trajectories.size()));
+  const std::vector<double> outcome = per_row(r, r.outcomes);
+  TokenRewards out;
+  out.rewards.assign(size_t(N * T), 0.0f);
+  out.mask.assign(size_t(N * T), 0.0f);
+  for (int64_t i = 0; i < N; ++i) {
+    const RolloutSample& s = r.samples[size_t(i)];
+    const int64_t L = int64_t(s.tokens.size());
+    if (L > T) throw std::logic_error(fmt::format("ppo_token_rewards: a row of {} tokens in T = {}", L, T));
+    int64_t first = -1, last = -1;
+    for (int64_t t = 0; t < L; ++t)
+      if (is_trainable(s, size_t(t))) {
+        out.mask[size_t(i * T + t)] = 1.0f;
+        if (first < 0) first = t;
+        last = t;
+      }
+    if (last < 0) continue;
+    out.rewards[size_t(i * T + last)] += float(outcome[size_t(i)]);
+    for (const auto& [end, reward] : s.turn_rewards) {
+      int64_t at = std::min(end, L - 1);
+      while (at >= 0 && !is_trainable(s, size_t(at))) --at;
+      if (at < 0) at = first;
+      out.rewards[size_t(i * T + at)] += float(reward);
+    }
+  }
+  return out;
+}
+
 PpoStepStats PpoTrainer::step() {
   if (done()) throw std::logic_error(fmt::format("the run is done ({} steps)", total_steps()));
   const auto t0 = Clock::now();
@@ -189,17 +221,9 @@ PpoStepStats PpoTrainer::step() {
   {
     int64_t T = 0;
     for (const RolloutSample& s : r.samples) T = std::max(T, int64_t(s.tokens.size()));
-    const std::vector<double> row_reward = per_row(r, r.rewards);
-    std::vector<float> tr(size_t(N * T), 0.0f), mask(size_t(N * T), 0.0f);
-    for (int64_t i = 0; i < N; ++i) {
-      const RolloutSample& s = r.samples[size_t(i)];
-      int64_t last = -1;
-      for (int64_t t = 0; t < int64_t(s.tokens.size()); ++t)
-        if (s.trainable.empty() || s.trainable[size_t(t)] != 0) mask[size_t(i * T + t)] = 1.0f, last = t;
-      if (last >= 0) tr[size_t(i * T + last)] = float(row_reward[size_t(i)]);
-    }
-    Tensor token_rewards = from_vector(tr, {N, T});
-    const Tensor token_mask = from_vector(mask, {N, T});
+    const TokenRewards tr = ppo_token_rewards(r, T);
+    Tensor token_rewards = from_vector(tr.rewards, {N, T});
+    const Tensor token_mask = from_vector(tr.mask, {N, T});
     if (options_.use_kl_in_reward) {
       // verl's apply_kl_penalty: the pre-update policy (the training forward
       // of step 2) against the reference, beta from the controller.

@@ -18,9 +18,10 @@
 // (AgentRollout, train/rl/agent.h, as GRPO's): an agent row's context tokens
 // (tool results, later prompts) are masked out of the values, GAE and both
 // losses (gae skips mask-0 positions, as verl's observation tokens), and the
-// trajectory's reward sits on the last trainable token of each of its rows
+// trajectory's outcome sits on the last trainable token of each of its rows
 // (a trajectory split into rows by the row rule gives each row, an episode,
-// the same final reward). With --train-tool-results the context trains too.
+// the same outcome) and each turn reward the agent printed on the last token
+// of its turn, in the row that holds the turn. With --train-tool-results the context trains too.
 //
 // One step:
 //   1. the next loop.batch_size prompts, rollout.n_samples completions each,
@@ -29,8 +30,8 @@
 //      values (the critic before the update), the training forward's
 //      log-probabilities (parity statistics) and, with --use-kl-loss, the
 //      reference's log-probabilities;
-//   3. token rewards: the sequence's reward on its last trainable token, 0
-//      elsewhere; with --use-kl-in-reward minus beta times the per-token KL
+//   3. token rewards (ppo_token_rewards): the outcome on the last trainable
+//      token, an agent's turn rewards on their turns' last tokens, 0 elsewhere; with --use-kl-in-reward minus beta times the per-token KL
 //      penalty of the training forward's log-probabilities to the reference's
 //      (verl's apply_kl_penalty; beta from the fixed or adaptive controller,
 //      updated after); gae(gamma, lam) over each response, advantages whitened
@@ -111,6 +112,18 @@ struct PpoStepStats {
   double reward_kl_penalty = 0;        // its penalty's mean (verl's actor/reward_kl_penalty)
   double reward_kl_penalty_coeff = 0;  // the beta it was applied with
 };
+
+// Step 3's token rewards of r's rows before any KL penalty, [N, T] row-major
+// (T at least every row's length), and the mask of their trainable tokens:
+// each row's trajectory outcome (ScoredRollouts::outcomes) on its last
+// trainable token, and each turn reward an agent printed on its turn's last
+// token (RolloutSample::turn_rewards), moved to the nearest trainable token at
+// or before it, else the row's first trainable token after it; rewards on
+// one token add. A row with no trainable token gets none.
+struct TokenRewards {
+  std::vector<float> rewards, mask;
+};
+TokenRewards ppo_token_rewards(const ScoredRollouts& r, int64_t T);
 
 // rl_scalars plus vf_loss, vf_clip_frac, value_mean, returns_mean, kl_loss,
 // clip_frac_lower, critic_grad_norm, policy_stepped, updates, and with

@@ -112,7 +112,7 @@ RolloutBatch engine_rollouts(Rollout& rollout, const std::vector<const PromptRow
     const RolloutSample& s = b.samples[k];
     const std::vector<tok::TokenId> ids(s.tokens.begin(), s.tokens.end());
     b.trajectories.push_back({s.prompt, s.index, {int64_t(k)}, std::nullopt,
-                              tokenizer.decode(ids, /*skip_special_tokens=*/true), int64_t(s.tokens.size())});
+                              tokenizer.decode(ids, /*skip_special_tokens=*/true), int64_t(s.tokens.size()), {}});
   }
   return b;
 }
@@ -157,19 +157,21 @@ ScoredRollouts roll_and_score(const std::vector<PromptRow>& rows, const TrainerS
 
   // Rewards: the source's, else the RewardFn's on the decoded final answer.
   const auto t_reward = Clock::now();
-  r.rewards.assign(size_t(NT), 0.0);
+  r.outcomes.assign(size_t(NT), 0.0);
   std::vector<RewardInput> inputs;
   std::vector<int64_t> scored;
   for (int64_t k = 0; k < NT; ++k) {
     const RolloutBatch::Trajectory& t = r.trajectories[size_t(k)];
     if (t.reward) {
-      r.rewards[size_t(k)] = *t.reward;
+      r.outcomes[size_t(k)] = *t.reward;
       continue;
     }
-    if (!reward)
-      throw std::invalid_argument(fmt::format("--agent-cmd: the agent of task {} (sample {}) printed no reward and "
-                                              "neither --reward nor --reward-cmd is given",
+    if (!reward) {
+      if (!t.turn_rewards.empty()) continue;  // the turn rewards alone
+      throw std::invalid_argument(fmt::format("--agent-cmd: the agent of task {} (sample {}) printed no reward (nor "
+                                              "turn_rewards) and neither --reward nor --reward-cmd is given",
                                               t.task, t.index));
+    }
     const PromptRow& p = *r.rows[size_t(t.task)];
     inputs.push_back({p.row, p.messages, t.text, t.tokens, t.index, t.task});
     scored.push_back(k);
@@ -178,8 +180,11 @@ ScoredRollouts roll_and_score(const std::vector<PromptRow>& rows, const TrainerS
     const std::vector<double> got = reward->score(inputs);
     if (got.size() != inputs.size())
       throw std::logic_error(fmt::format("the reward gave {} scores for {} completions", got.size(), inputs.size()));
-    for (size_t i = 0; i < scored.size(); ++i) r.rewards[size_t(scored[i])] = got[i];
+    for (size_t i = 0; i < scored.size(); ++i) r.outcomes[size_t(scored[i])] = got[i];
   }
+  r.rewards = r.outcomes;
+  for (int64_t k = 0; k < NT; ++k)
+    for (double x : r.trajectories[size_t(k)].turn_rewards) r.rewards[size_t(k)] += x;
   r.reward_s = seconds_since(t_reward);
   return r;
 }
@@ -220,6 +225,7 @@ void append_groups(ScoredRollouts& into, const ScoredRollouts& from, const std::
       }
       into.trajectories.push_back(std::move(t));
       into.rewards.push_back(from.rewards[size_t(k)]);
+      into.outcomes.push_back(from.outcomes[size_t(k)]);
     }
   }
   into.agent_failures.insert(into.agent_failures.end(), from.agent_failures.begin(), from.agent_failures.end());

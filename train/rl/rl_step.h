@@ -120,7 +120,8 @@ int64_t trainable_tokens(const RolloutSample& s);
 // trajectory its reward.
 struct ScoredRollouts : RolloutBatch {
   std::vector<const PromptRow*> rows;   // the step's prompt rows (Trajectory::task indexes them)
-  std::vector<double> rewards;          // one per trajectory
+  std::vector<double> rewards;          // one per trajectory: its outcome plus its turn rewards
+  std::vector<double> outcomes;         // one per trajectory: the printed or scored reward alone
   std::vector<int64_t> group_sizes;     // trajectories per task that has any, in order (n_samples each
                                         // unless failed agent runs were skipped)
   std::vector<std::string> agent_failures;  // agent runs skipped (--skip-failed-agents): why, one each
@@ -132,9 +133,12 @@ struct ScoredRollouts : RolloutBatch {
 // advance); 2. rollout.options().n_samples trajectories each, from `agent`
 // when given (its rows carry trainable masks), else from the engine
 // (`rollout`; one row per completion; its KV blocks are free afterwards);
-// 3. each trajectory's reward: the agent's printed one, else its final text
-// (special tokens skipped) scored by `reward`. Throws std::invalid_argument
-// when a trajectory has no reward and `reward` is null, std::logic_error when
+// 3. each trajectory's outcome: the agent's printed reward, else its final
+// text (special tokens skipped) scored by `reward`, else 0 when the agent
+// printed turn rewards; its reward: the outcome plus its turn rewards (the
+// return with gamma 1, which GRPO/GSPO normalise per group; PPO places the
+// parts on their tokens, ppo_token_rewards). Throws std::invalid_argument
+// when a trajectory has neither and `reward` is null, std::logic_error when
 // the source or the reward gives a wrong number of trajectories or scores.
 ScoredRollouts roll_and_score(const std::vector<PromptRow>& rows, const TrainerState& state, const SftOptions& loop,
                               Rollout& rollout, AgentRollout* agent, RewardFn* reward,
@@ -148,7 +152,7 @@ std::vector<int64_t> varied_groups(const ScoredRollouts& r);
 
 // Appends the groups `groups` of `from` (indices as varied_groups gives
 // them, ascending) to `into`, at most until `into` holds `limit` groups: their
-// prompt rows, prompts, samples, trajectories (re-indexed), rewards and group
+// prompt rows, prompts, samples, trajectories (re-indexed), rewards, outcomes and group
 // sizes; the trainable tokens, timings and skipped agent runs add up.
 void append_groups(ScoredRollouts& into, const ScoredRollouts& from, const std::vector<int64_t>& groups,
                    int64_t limit);

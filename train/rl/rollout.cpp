@@ -72,7 +72,7 @@ std::vector<RolloutSample> Rollout::run(const std::vector<Prompt>& prompts) {
       if (c.logprobs.size() != c.tokens.size())
         throw std::logic_error(fmt::format("rollout: prompt {} sample {}: {} tokens but {} log-probabilities", i, j,
                                            c.tokens.size(), c.logprobs.size()));
-      out.push_back({int64_t(i), int64_t(j), std::move(c.tokens), std::move(c.logprobs), c.finish, {}});
+      out.push_back({int64_t(i), int64_t(j), std::move(c.tokens), std::move(c.logprobs), c.finish, {}, {}});
     }
   return out;
 }

@@ -25,6 +25,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/phi4mm/text.h"
@@ -56,6 +57,10 @@ struct RolloutSample {
   std::vector<float> logp;
   serve::FinishReason finish = serve::FinishReason::none;
   std::vector<uint8_t> trainable;   // empty: every token; else 0/1 per token (Sequence::trainable)
+  // An agent's per-turn rewards of the turns in this row (AgentOutput::
+  // turn_rewards): (index in `tokens` of the turn's last token, -1 for none
+  // yet; the reward). Empty for engine rollouts and agents that print none.
+  std::vector<std::pair<int64_t, double>> turn_rewards;
 };
 
 // What one GRPO/GSPO step trains on, whichever source rolled it out (the
@@ -71,6 +76,7 @@ struct RolloutBatch {
     std::optional<double> reward;      // given by the source (an agent's printed reward)
     std::string text;                  // the final answer, for the configured reward
     int64_t tokens = 0;                // its token count
+    std::vector<double> turn_rewards;  // an agent's printed per-turn rewards (empty: none)
   };
   std::vector<Trajectory> trajectories;  // task-major
 };

@@ -8,7 +8,8 @@
 # run's index within its group, $ARENO_SAMPLE_INDEX; unset: none). A row with
 # "crash": true makes it exit with status 5 instead, and so does the run whose
 # sample index is $AGENT_FAIL_SAMPLE (after its first turn); with
-# $AGENT_STREAM set the second turn is streamed (SSE).
+# $AGENT_STREAM set the second turn is streamed (SSE). $AGENT_TURN_REWARDS, when
+# set, is printed as "turn_rewards" (a JSON array, one number per turn).
 set -eu
 row=$(cat)
 case $row in *'"crash":true'*) echo "asked to crash" >&2; exit 5 ;; esac
@@ -28,8 +29,9 @@ else
   chat "$m2" >/dev/null
 fi
 echo "some log line"
+turns=${AGENT_TURN_REWARDS:+, \"turn_rewards\": $AGENT_TURN_REWARDS}
 case ${AGENT_REWARD:-} in
-  "") echo "{\"trajectory_id\": \"$id\"}" ;;
-  sample) echo "{\"trajectory_id\": \"$id\", \"reward\": $ARENO_SAMPLE_INDEX}" ;;
-  *) echo "{\"trajectory_id\": \"$id\", \"reward\": $AGENT_REWARD}" ;;
+  "") echo "{\"trajectory_id\": \"$id\"$turns}" ;;
+  sample) echo "{\"trajectory_id\": \"$id\", \"reward\": $ARENO_SAMPLE_INDEX$turns}" ;;
+  *) echo "{\"trajectory_id\": \"$id\", \"reward\": $AGENT_REWARD$turns}" ;;
 esac
