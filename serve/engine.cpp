@@ -1039,7 +1039,8 @@ void Engine::emit_step(const std::vector<StepItem>& items, const std::vector<Row
     const int64_t p = rows[r].pos;
     if (it.prompt_rows && p + 1 < q.prompt_len) {
       const double lse = log_sum_exp(row, V);
-      q.prompt_lp[size_t(p + 1)] = make_logprob(row, V, lse, q.r.prompt[size_t(p + 1)], q.r.params.prompt_logprobs);
+      q.prompt_lp[size_t(p + 1)] =
+          make_logprob(row, V, lse, q.r.prompt[size_t(p + 1)], q.r.params.prompt_logprobs, /*with_rank=*/true);
     }
     if (it.sample && p == it.start + it.len - 1) last_row[&s] = row;
     if (!it.draft.empty()) draft_rows[rows[r].item].push_back(row);

@@ -684,7 +684,7 @@ struct HttpServer::Impl {
     for (auto& p : prompt_ids) usage.prompt_tokens += int64_t(p.size());
     for (auto& c : choices) usage.completion_tokens += int64_t(c.tokens.size());
     const json out = kind == ApiKind::chat
-                         ? chat_response(h, ar, engine.tokenizer(), choices, usage)
+                         ? chat_response(h, ar, engine.tokenizer(), choices, usage, prompt_ids[0], prompt_lps[0])
                          : completion_response(h, ar, engine.tokenizer(), prompt_ids, prompt_lps, choices, usage);
     send_json(res, 200, out);
   }
@@ -709,6 +709,10 @@ struct HttpServer::Impl {
       bool tools = false;
       std::vector<ToolCallStreamer> streamer;
       std::vector<std::vector<TokenLogprob>> held_lps;
+      // return_token_ids: per choice, the ids not yet sent in a chunk's
+      // token_ids, and whether its first chunk (prompt_token_ids) went out.
+      std::vector<std::vector<int64_t>> unsent_ids;
+      std::vector<bool> prompt_ids_sent;
     };
     auto st = std::make_shared<State>();
     st->ar = std::move(ar);
@@ -722,6 +726,8 @@ struct HttpServer::Impl {
     st->tools = kind == ApiKind::chat && !st->ar.tools.is_null() && st->ar.tool_choice != "none";
     st->streamer.resize(st->prompt_ids.size() * n);
     st->held_lps.resize(st->prompt_ids.size() * n);
+    st->unsent_ids.resize(st->prompt_ids.size() * n);
+    st->prompt_ids_sent.assign(st->prompt_ids.size() * n, false);
 
     Engine* eng = &engine;
     Impl* self = this;
@@ -734,12 +740,25 @@ struct HttpServer::Impl {
           const tok::Tokenizer& t = eng->tokenizer();
           ApiRequest& ar = st->ar;
           auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+          // A chunk of choice c (prompt i) as sent: with return_token_ids,
+          // the ids not sent yet, and the prompt's ids in its first chunk.
+          auto ids = [&](json chunk, size_t i, size_t c) {
+            if (!ar.return_token_ids) return chunk;
+            json& choice = chunk["choices"][0];
+            if (!st->prompt_ids_sent[c]) {
+              st->prompt_ids_sent[c] = true;
+              (kind == ApiKind::chat ? chunk : choice)["prompt_token_ids"] = st->prompt_ids[i];
+            }
+            choice["token_ids"] = std::move(st->unsent_ids[c]);
+            st->unsent_ids[c].clear();
+            return chunk;
+          };
           // The first chunk of a choice: the role (chat) or the echoed prompt (completions).
           auto start_choice = [&](size_t i, size_t c) {
             if (st->started[c]) return true;
             st->started[c] = true;
             if (kind == ApiKind::chat)
-              return write(sse_event(chat_chunk(st->h, int64_t(c), {{"role", "assistant"}, {"content", ""}}))) &&
+              return write(sse_event(ids(chat_chunk(st->h, int64_t(c), {{"role", "assistant"}, {"content", ""}}), i, c))) &&
                      (ar.echo_prefix.empty() ||
                       write(sse_event(chat_chunk(st->h, int64_t(c), {{"content", ar.echo_prefix}}))));
             if (!ar.echo) return true;
@@ -749,7 +768,7 @@ struct HttpServer::Impl {
             if (ar.completion_logprobs >= 0)
               lp = completion_logprobs_json(t, st->prompt_ids[i], st->prompt_lps[i], {}, ar.return_tokens_as_token_ids);
             st->text_offset[c] = int64_t(text.size());
-            return write(sse_event(completion_chunk(st->h, int64_t(c), text, lp)));
+            return write(sse_event(ids(completion_chunk(st->h, int64_t(c), text, lp), i, c)));
           };
           const bool all_sent = pump_events(*pending, st->failed, write, [&](size_t i, const RequestOutput& o) {
             if (o.sample < 0) {
@@ -759,6 +778,7 @@ struct HttpServer::Impl {
             const size_t c = i * n + size_t(o.sample);
             if (turn) st->recorded.add(o);
             if (!start_choice(i, c)) return false;
+            if (ar.return_token_ids) st->unsent_ids[c].insert(st->unsent_ids[c].end(), o.tokens.begin(), o.tokens.end());
             st->usage.completion_tokens += int64_t(o.tokens.size());
             const bool want_lp = kind == ApiKind::chat ? ar.logprobs : ar.completion_logprobs >= 0;
             // What this event sends as content: its own text, or (tools)
@@ -793,7 +813,7 @@ struct HttpServer::Impl {
             }
             if (!call_delta.is_null()) {
               json lp = want_lp ? chat_logprobs_json(t, lps, ar.top_logprobs, ar.return_tokens_as_token_ids) : json(nullptr);
-              if (!write(sse_event(chat_chunk(st->h, int64_t(c), call_delta, lp)))) return false;
+              if (!write(sse_event(ids(chat_chunk(st->h, int64_t(c), call_delta, lp), i, c)))) return false;
             } else if (!text.empty() || (want_lp && !lps.empty())) {
               json chunk;
               if (kind == ApiKind::chat) {
@@ -807,7 +827,7 @@ struct HttpServer::Impl {
                 st->text_offset[c] += int64_t(o.text.size());
                 chunk = completion_chunk(st->h, int64_t(c), o.text, lp);
               }
-              if (!write(sse_event(chunk))) return false;
+              if (!write(sse_event(ids(std::move(chunk), i, c)))) return false;
             }
             if (o.finish != FinishReason::none) {
               ChoiceOutput co;
@@ -815,9 +835,9 @@ struct HttpServer::Impl {
               co.stop_reason = o.stop_reason;
               const json stop = stop_reason_json(co, ar.params);
               const json finish = call_delta.is_null() ? finish_reason_name(o.finish) : json("tool_calls");
-              const json chunk = kind == ApiKind::chat ? chat_chunk(st->h, int64_t(c), json::object(), nullptr, finish, stop)
-                                                       : completion_chunk(st->h, int64_t(c), "", nullptr, finish, stop);
-              if (!write(sse_event(chunk))) return false;
+              json chunk = kind == ApiKind::chat ? chat_chunk(st->h, int64_t(c), json::object(), nullptr, finish, stop)
+                                                 : completion_chunk(st->h, int64_t(c), "", nullptr, finish, stop);
+              if (!write(sse_event(ids(std::move(chunk), i, c)))) return false;
             }
             return true;
           });

@@ -303,6 +303,7 @@ void parse_common(const json& body, const ApiLimits& lim, ApiRequest& r) {
   p.skip_special_tokens = get_bool(body, "skip_special_tokens", true);
   p.include_stop_str_in_output = get_bool(body, "include_stop_str_in_output", false);
   r.return_tokens_as_token_ids = get_bool(body, "return_tokens_as_token_ids", false);
+  r.return_token_ids = get_bool(body, "return_token_ids", false);
   if (has(body, "cache_salt")) {
     const json& s = body["cache_salt"];
     if (!s.is_string() || s.get_ref<const std::string&>().empty() || s.get_ref<const std::string&>().size() > 1024)
@@ -315,6 +316,14 @@ void parse_common(const json& body, const ApiLimits& lim, ApiRequest& r) {
     if (!so.is_object()) throw bad("stream_options", "'stream_options' must be an object");
     if (!r.stream) throw bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
     r.include_usage = get_bool(so, "include_usage", false);
+  }
+  if (has(body, "prompt_logprobs")) {
+    // An integer as vLLM's; a boolean counts as 0 or 1 (pydantic's coercion,
+    // which clients written against vLLM rely on).
+    const json& v = body["prompt_logprobs"];
+    r.prompt_logprobs = v.is_boolean() ? int64_t(v.get<bool>()) : get_int(body, "prompt_logprobs", -1, 0, lim.max_logprobs);
+    if (r.stream) throw bad("prompt_logprobs", "'prompt_logprobs' is not supported with 'stream'");
+    r.params.prompt_logprobs = std::max(r.params.prompt_logprobs, r.prompt_logprobs);
   }
   parse_guided(body, r);
 }
@@ -547,7 +556,8 @@ ApiRequest parse_completion_request(const json& body, const ApiLimits& lim) {
     r.completion_logprobs = get_int(body, "logprobs", -1, 0, lim.max_logprobs);
   }
   r.params.logprobs = r.completion_logprobs;
-  if (r.echo && r.completion_logprobs >= 0) r.params.prompt_logprobs = r.completion_logprobs;
+  if (r.echo && r.completion_logprobs >= 0)
+    r.params.prompt_logprobs = std::max(r.params.prompt_logprobs, r.completion_logprobs);
   if (has(body, "suffix")) {
     if (!body["suffix"].is_string() || !body["suffix"].get<std::string>().empty())
       throw bad("suffix", "'suffix' is not supported");
@@ -711,6 +721,29 @@ json completion_logprobs_json(const tok::Tokenizer& t, const std::vector<int64_t
   return {{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
+json prompt_logprobs_json(const tok::Tokenizer& t, const std::vector<int64_t>& prompt_ids,
+                          const std::vector<std::optional<TokenLogprob>>& prompt_lps, int64_t top_k, bool as_ids) {
+  json out = json::array();
+  for (size_t i = 0; i < prompt_ids.size(); ++i) {
+    const TokenLogprob* lp = i < prompt_lps.size() && prompt_lps[i] ? &*prompt_lps[i] : nullptr;
+    if (!lp) {
+      out.push_back(nullptr);
+      continue;
+    }
+    auto entry = [&](int64_t id, float logprob, int64_t rank) {
+      return json{{"logprob", clamp_lp(logprob)}, {"rank", rank}, {"decoded_token", token_text(t, id, as_ids)}};
+    };
+    json pos = json::object();
+    pos[std::to_string(lp->token)] = entry(lp->token, lp->logprob, lp->rank);
+    for (size_t k = 0; k < lp->top.size() && int64_t(k) < top_k; ++k) {
+      const std::string key = std::to_string(lp->top[k].first);
+      if (!pos.contains(key)) pos[key] = entry(lp->top[k].first, lp->top[k].second, int64_t(k) + 1);
+    }
+    out.push_back(std::move(pos));
+  }
+  return out;
+}
+
 // ---- tool calls --------------------------------------------------------------
 
 namespace {
@@ -846,7 +879,8 @@ ToolCallParse ToolCallStreamer::finish(const json& tools) {
 // ---- whole responses ---------------------------------------------------------
 
 json chat_response(const ResponseHeader& h, const ApiRequest& req, const tok::Tokenizer& t,
-                   const std::vector<ChoiceOutput>& choices, const Usage& usage) {
+                   const std::vector<ChoiceOutput>& choices, const Usage& usage, const std::vector<int64_t>& prompt_ids,
+                   const std::vector<std::optional<TokenLogprob>>& prompt_lps) {
   json out_choices = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
     const ChoiceOutput& c = choices[i];
@@ -869,9 +903,15 @@ json chat_response(const ResponseHeader& h, const ApiRequest& req, const tok::To
                                                      : json(nullptr)},
                            {"finish_reason", finish},
                            {"stop_reason", stop_reason_json(c, req.params)}});
+    if (req.return_token_ids) out_choices.back()["token_ids"] = c.tokens;
   }
-  return {{"id", h.id},           {"object", "chat.completion"}, {"created", h.created}, {"model", h.model},
-          {"system_fingerprint", nullptr}, {"choices", out_choices},  {"usage", usage.to_json()}};
+  json out = {{"id", h.id},           {"object", "chat.completion"}, {"created", h.created}, {"model", h.model},
+              {"system_fingerprint", nullptr}, {"choices", out_choices},  {"usage", usage.to_json()}};
+  if (req.prompt_logprobs >= 0)
+    out["prompt_logprobs"] = prompt_logprobs_json(t, prompt_ids, prompt_lps, req.prompt_logprobs,
+                                                  req.return_tokens_as_token_ids);
+  if (req.return_token_ids) out["prompt_token_ids"] = prompt_ids;
+  return out;
 }
 
 json completion_response(const ResponseHeader& h, const ApiRequest& req, const tok::Tokenizer& t,
@@ -891,6 +931,10 @@ json completion_response(const ResponseHeader& h, const ApiRequest& req, const t
       std::vector<tok::TokenId> tids(echo_ids.begin(), echo_ids.end());
       text = t.decode(tids, req.params.skip_special_tokens);
       if (p < prompt_lps.size()) echo_lps = prompt_lps[p];
+      // The engine's top list is the larger of `logprobs` and `prompt_logprobs`.
+      for (std::optional<TokenLogprob>& lp : echo_lps)
+        if (lp && req.completion_logprobs >= 0 && int64_t(lp->top.size()) > req.completion_logprobs)
+          lp->top.resize(size_t(req.completion_logprobs));
     }
     text += c.text;
     json lp = nullptr;
@@ -901,6 +945,17 @@ json completion_response(const ResponseHeader& h, const ApiRequest& req, const t
                            {"logprobs", lp},
                            {"finish_reason", finish_name(c.finish)},
                            {"stop_reason", stop_reason_json(c, req.params)}});
+    json& choice = out_choices.back();
+    static const std::vector<std::optional<TokenLogprob>> kNone;
+    if (req.prompt_logprobs >= 0)
+      choice["prompt_logprobs"] = p < prompt_ids.size()
+                                      ? prompt_logprobs_json(t, prompt_ids[p], p < prompt_lps.size() ? prompt_lps[p] : kNone,
+                                                             req.prompt_logprobs, req.return_tokens_as_token_ids)
+                                      : json(nullptr);
+    if (req.return_token_ids) {
+      choice["prompt_token_ids"] = p < prompt_ids.size() ? json(prompt_ids[p]) : json(nullptr);
+      choice["token_ids"] = c.tokens;
+    }
   }
   return {{"id", h.id},         {"object", "text_completion"}, {"created", h.created},
           {"model", h.model},   {"system_fingerprint", nullptr}, {"choices", out_choices},

@@ -73,6 +73,10 @@ struct ApiRequest {
   bool stream = false;
   bool include_usage = false;       // stream_options.include_usage
   bool return_tokens_as_token_ids = false;
+  // vLLM's: the prompt's log-probabilities with their ranks and the top k
+  // (-1: not asked; not with stream), and the prompt's and each choice's token ids.
+  int64_t prompt_logprobs = -1;
+  bool return_token_ids = false;
   std::string cache_salt;           // vLLM's: the prefix and media caches only shared within a salt
 
   // chat
@@ -186,6 +190,13 @@ nlohmann::json completion_logprobs_json(const tok::Tokenizer& tokenizer,
                                         const std::vector<TokenLogprob>& lps, bool tokens_as_ids,
                                         int64_t text_offset0 = 0);
 
+// vLLM's `prompt_logprobs` of one prompt: null for the first token, then per
+// token an object keyed by token id (as a string) holding the prompt token
+// and the top k: {"logprob", "rank", "decoded_token"} (ranks 1..k for the top).
+nlohmann::json prompt_logprobs_json(const tok::Tokenizer& tokenizer, const std::vector<int64_t>& prompt_ids,
+                                    const std::vector<std::optional<TokenLogprob>>& prompt_lps, int64_t top_k,
+                                    bool tokens_as_ids);
+
 // Tool calls in a completion (spec 5.2): `<|tool_call|>[...]<|/tool_call|>`
 // or `functools[...]`, each element {"name", "arguments" | "parameters"};
 // names must be among `tools`. On any parse failure nothing is found and the
@@ -217,9 +228,12 @@ class ToolCallStreamer {
 
 // Non-streaming responses. `choices` for completions are prompt-major:
 // choices[i * n + j] is sample j of prompt i; `prompt_ids[i]` and
-// `prompt_lps[i]` are used with echo.
+// `prompt_lps[i]` are used with echo, prompt_logprobs and return_token_ids
+// (chat: the one prompt's).
 nlohmann::json chat_response(const ResponseHeader& h, const ApiRequest& req, const tok::Tokenizer& tokenizer,
-                             const std::vector<ChoiceOutput>& choices, const Usage& usage);
+                             const std::vector<ChoiceOutput>& choices, const Usage& usage,
+                             const std::vector<int64_t>& prompt_ids = {},
+                             const std::vector<std::optional<TokenLogprob>>& prompt_lps = {});
 nlohmann::json completion_response(const ResponseHeader& h, const ApiRequest& req, const tok::Tokenizer& tokenizer,
                                    const std::vector<std::vector<int64_t>>& prompt_ids,
                                    const std::vector<std::vector<std::optional<TokenLogprob>>>& prompt_lps,

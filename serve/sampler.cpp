@@ -211,10 +211,16 @@ std::vector<int64_t> top_ids(const float* x, int64_t n, int64_t k) {
 
 }  // namespace
 
-TokenLogprob make_logprob(const float* row, int64_t n, double lse, int64_t token, int64_t k) {
+TokenLogprob make_logprob(const float* row, int64_t n, double lse, int64_t token, int64_t k, bool with_rank) {
   TokenLogprob t;
   t.token = token;
   t.logprob = float(double(row[token]) - lse);
+  if (with_rank) {
+    const float x = row[token];
+    int64_t above = 0;
+    for (int64_t i = 0; i < n; ++i) above += row[i] > x ? 1 : 0;
+    t.rank = above + 1;
+  }
   if (k > 0)
     for (int64_t id : top_ids(row, n, k)) t.top.emplace_back(id, float(double(row[id]) - lse));
   return t;

@@ -82,6 +82,7 @@ struct TokenLogprob {
   int64_t token = 0;
   float logprob = 0;
   std::vector<std::pair<int64_t, float>> top;  // best first
+  int64_t rank = 0;  // 1 + the ids with a larger logit (vLLM's rank); 0: not computed
 };
 
 // What the choice of a sequence's next token depends on besides the logits.
@@ -105,7 +106,7 @@ Picked pick_token(const SamplingParams& p, const SequenceView& s, const float* r
 
 // log-sum-exp of a row, and a token's logprob with the row's top k (prompt logprobs).
 double log_sum_exp(const float* row, int64_t n);
-TokenLogprob make_logprob(const float* row, int64_t n, double lse, int64_t token, int64_t k);
+TokenLogprob make_logprob(const float* row, int64_t n, double lse, int64_t token, int64_t k, bool with_rank = false);
 
 // The uniform number of generated token `step` of sample `sample`.
 double uniform01(uint64_t seed, int64_t sample, int64_t step);

@@ -665,6 +665,165 @@ TEST_CASE("serve/http /v1/completions echo + logprobs equal the packed forward's
   CHECK(json::parse(ev.front())["object"] == "text_completion");
 }
 
+TEST_CASE("serve/http vLLM's prompt_logprobs and return_token_ids: chat and completions, whole and streamed") {
+  World& w = world();
+  const json messages = {{{"role", "user"}, {"content", "Hello there"}}};
+  Reply tk = post(w.plain->port, "/tokenize", {{"messages", messages}});
+  REQUIRE(tk.status == 200);
+  const std::vector<int64_t> prompt = tk.body["tokens"].get<std::vector<int64_t>>();
+  REQUIRE(prompt.size() >= 4);
+  const std::vector<float> ref = score(*w.model, {prompt[0]}, std::vector<int64_t>(prompt.begin() + 1, prompt.end()));
+
+  // Chat: the prompt's log-probabilities with their ranks and the top 20,
+  // the prompt's ids and each choice's ids.
+  const int64_t k = 20;
+  Reply r = post(w.plain->port, "/v1/chat/completions",
+                 hello_chat({{"max_tokens", 5}, {"ignore_eos", true}, {"prompt_logprobs", k},
+                             {"return_token_ids", true}, {"logprobs", true}}));
+  REQUIRE(r.status == 200);
+  CHECK(r.body["prompt_token_ids"].get<std::vector<int64_t>>() == prompt);
+  const json& plp = r.body["prompt_logprobs"];
+  REQUIRE(plp.size() == prompt.size());
+  CHECK(plp[0].is_null());
+  for (size_t t = 1; t < prompt.size(); ++t) {
+    CAPTURE(t);
+    const std::string key = std::to_string(prompt[t]);
+    REQUIRE(plp[t].contains(key));
+    const json& tok = plp[t][key];
+    CHECK(std::fabs(tok["logprob"].get<double>() - double(ref[t - 1])) < 1e-5);
+    CHECK(tok["decoded_token"] == w.tokenizer->decode(std::vector<tok::TokenId>{tok::TokenId(prompt[t])}, false));
+    // The top 20 carry ranks 1..20 in order of log-probability; the prompt
+    // token's rank is 1 + the ids above it (counted over the whole vocabulary,
+    // so here checked against the top 20 when it is among them).
+    std::map<int64_t, double> by_rank;
+    for (auto it = plp[t].begin(); it != plp[t].end(); ++it)
+      if (it.key() != key || it.value()["rank"].get<int64_t>() <= k) by_rank[it.value()["rank"]] = it.value()["logprob"];
+    const int64_t rank = tok["rank"];
+    CHECK(rank >= 1);
+    CHECK(plp[t].size() == size_t(rank <= k ? k : k + 1));
+    REQUIRE(by_rank.size() == size_t(k));
+    CHECK(by_rank.begin()->first == 1);
+    CHECK(by_rank.rbegin()->first == k);
+    for (auto it = std::next(by_rank.begin()); it != by_rank.end(); ++it) CHECK(it->second <= std::prev(it)->second);
+    int64_t above = 0;
+    for (const auto& [rk, lp] : by_rank) above += lp > tok["logprob"].get<double>() ? 1 : 0;
+    if (rank <= k) CHECK(rank == above + 1);
+    else CHECK(above == k);
+  }
+  const json& choice = r.body["choices"][0];
+  const std::vector<int64_t> out_ids = choice["token_ids"].get<std::vector<int64_t>>();
+  REQUIRE(out_ids.size() == 5);
+  for (size_t i = 0; i < out_ids.size(); ++i)
+    CHECK(choice["logprobs"]["content"][i]["token"] == w.tokenizer->decode(std::vector<tok::TokenId>{tok::TokenId(out_ids[i])}, false));
+  // Exact ranks: the greedy continuation's tokens are each their row's top
+  // (rank 1), and the runner-up put in the first one's place has rank 2.
+  std::vector<int64_t> cont = prompt;
+  cont.insert(cont.end(), out_ids.begin(), out_ids.end());
+  Reply g = post(w.plain->port, "/v1/completions", {{"prompt", cont}, {"max_tokens", 1}, {"prompt_logprobs", 3}});
+  REQUIRE(g.status == 200);
+  std::string runner_up;
+  double runner_up_lp = 0;
+  for (size_t t = prompt.size(); t < cont.size(); ++t) {
+    CAPTURE(t);
+    const json& pos = g.body["choices"][0]["prompt_logprobs"][t];
+    CHECK(pos[std::to_string(cont[t])]["rank"] == 1);
+    CHECK(pos.size() == 3);
+    for (auto it = pos.begin(); it != pos.end() && t == prompt.size(); ++it)
+      if (it.value()["rank"] == 2) runner_up = it.key(), runner_up_lp = it.value()["logprob"];
+  }
+  REQUIRE_FALSE(runner_up.empty());
+  std::vector<int64_t> second = prompt;
+  second.push_back(std::stoll(runner_up));
+  Reply g2 = post(w.plain->port, "/v1/completions", {{"prompt", second}, {"max_tokens", 1}, {"prompt_logprobs", 0}});
+  REQUIRE(g2.status == 200);
+  const json& last_pos = g2.body["choices"][0]["prompt_logprobs"][prompt.size()];
+  REQUIRE(last_pos.size() == 1);
+  CHECK(last_pos[runner_up]["rank"] == 2);
+  CHECK(last_pos[runner_up]["logprob"].get<double>() == runner_up_lp);
+
+  // Without the fields, neither key is in the response.
+  Reply plain = post(w.plain->port, "/v1/chat/completions", hello_chat({{"max_tokens", 5}, {"ignore_eos", true}}));
+  REQUIRE(plain.status == 200);
+  CHECK_FALSE(plain.body.contains("prompt_logprobs"));
+  CHECK_FALSE(plain.body.contains("prompt_token_ids"));
+  CHECK_FALSE(plain.body["choices"][0].contains("token_ids"));
+  CHECK(plain.body["choices"][0]["message"]["content"] == choice["message"]["content"]);
+
+  // Completions: per choice, equal to echo's log-probabilities; a boolean
+  // counts as 1 (as vLLM's coercion).
+  Reply c = post(w.plain->port, "/v1/completions",
+                 {{"prompt", prompt}, {"max_tokens", 5}, {"ignore_eos", true}, {"temperature", 0}, {"n", 2},
+                  {"prompt_logprobs", true}, {"return_token_ids", true}});
+  REQUIRE(c.status == 200);
+  REQUIRE(c.body["choices"].size() == 2);
+  for (const json& ch : c.body["choices"]) {
+    CHECK(ch["prompt_token_ids"].get<std::vector<int64_t>>() == prompt);
+    CHECK(ch["token_ids"].get<std::vector<int64_t>>() == out_ids);  // greedy: the chat's continuation
+    REQUIRE(ch["prompt_logprobs"].size() == prompt.size());
+    CHECK(ch["prompt_logprobs"][0].is_null());
+    for (size_t t = 1; t < prompt.size(); ++t) {
+      const json& pos = ch["prompt_logprobs"][t];
+      const json& tok = pos[std::to_string(prompt[t])];
+      CHECK(pos.size() == (tok["rank"] == 1 ? 1u : 2u));
+      CHECK(tok["logprob"].get<double>() == plp[t][std::to_string(prompt[t])]["logprob"].get<double>());
+      CHECK(tok["rank"] == plp[t][std::to_string(prompt[t])]["rank"]);
+    }
+  }
+
+  // With echo: echo's entries keep their own k (the prompt token and the top
+  // 1), prompt_logprobs its own.
+  Reply e = post(w.plain->port, "/v1/completions",
+                 {{"prompt", prompt}, {"max_tokens", 1}, {"echo", true}, {"logprobs", 1}, {"prompt_logprobs", 3}});
+  REQUIRE(e.status == 200);
+  for (size_t t = 1; t < prompt.size(); ++t) {
+    CAPTURE(t);
+    const json& pos = e.body["choices"][0]["prompt_logprobs"][t];
+    CHECK(pos.size() == (pos[std::to_string(prompt[t])]["rank"].get<int64_t>() <= 3 ? 3u : 4u));
+    CHECK(e.body["choices"][0]["logprobs"]["top_logprobs"][t].size() ==
+          (pos[std::to_string(prompt[t])]["rank"] == 1 ? 1u : 2u));
+  }
+
+  // Streamed: the prompt's ids in the first chunk, the choice's ids spread
+  // over the chunks add up to the whole response's.
+  for (const char* route : {"/v1/chat/completions", "/v1/completions"}) {
+    CAPTURE(route);
+    const bool chat = std::string(route) == "/v1/chat/completions";
+    json body = chat ? hello_chat({{"max_tokens", 5}, {"ignore_eos", true}})
+                     : json{{"prompt", prompt}, {"max_tokens", 5}, {"ignore_eos", true}, {"temperature", 0}};
+    body["stream"] = true;
+    body["return_token_ids"] = true;
+    Reply st = post(w.plain->port, route, body);
+    REQUIRE(st.status == 200);
+    std::vector<int64_t> streamed;
+    int prompt_chunks = 0;
+    const auto events = sse_payloads(st.raw);
+    for (size_t i = 0; i + 1 < events.size(); ++i) {
+      const json ev = json::parse(events[i]);
+      const json& ch = ev["choices"][0];
+      const json& holder = chat ? ev : ch;
+      if (holder.contains("prompt_token_ids")) {
+        ++prompt_chunks;
+        CHECK(i == 0);
+        CHECK(holder["prompt_token_ids"].get<std::vector<int64_t>>() == prompt);
+      }
+      REQUIRE(ch.contains("token_ids"));
+      for (const json& id : ch["token_ids"]) streamed.push_back(id.get<int64_t>());
+    }
+    CHECK(prompt_chunks == 1);
+    CHECK(streamed == out_ids);
+  }
+
+  // Refused: with stream, out of range, not a number.
+  check_error(post(w.plain->port, "/v1/chat/completions", hello_chat({{"prompt_logprobs", 1}, {"stream", true}})), 400,
+              "'prompt_logprobs' is not supported with 'stream'", "prompt_logprobs");
+  check_error(post(w.plain->port, "/v1/completions", {{"prompt", "hi"}, {"prompt_logprobs", 21}}), 400, "",
+              "prompt_logprobs");
+  check_error(post(w.plain->port, "/v1/completions", {{"prompt", "hi"}, {"prompt_logprobs", "1"}}), 400, "",
+              "prompt_logprobs");
+  check_error(post(w.plain->port, "/v1/completions", {{"prompt", "hi"}, {"return_token_ids", 1}}), 400, "",
+              "return_token_ids");
+}
+
 // A greedy stream whose every step has eos (199999) on top (logit_bias): the
 // engine stops at the first token unless ignore_eos (vLLM's extension), and
 // with it generates max_tokens, streamed one text chunk per token.
