@@ -117,6 +117,7 @@ struct Engine::Req {
   bool prompt_lp_sent = false;
   bool aborted = false, done = false;
   int64_t finished = 0;
+  int64_t cached_tokens = -1;  // prompt tokens its first admission found in the prefix cache (-1: not admitted)
   std::string cb_error;  // the output callback threw: the request is stopped with this error
 };
 
@@ -481,6 +482,7 @@ void Engine::end_sample(Seq& s, RequestOutput& o) {
   std::erase(running_, &s);
   q.finished++;
   o.done = q.finished == int64_t(q.seqs.size());
+  if (o.done) o.cached_tokens = std::max<int64_t>(0, q.cached_tokens);
   if (o.done && !q.done) {
     q.done = true;
     stats_.requests_finished++;
@@ -787,6 +789,7 @@ bool Engine::admit_seq(Seq& s, std::vector<StepItem>& items, int64_t& budget) {
     if (looked) release(s);  // the cached blocks it took go back to the cache
     return false;
   }
+  if (s.req->cached_tokens < 0) s.req->cached_tokens = looked ? s.kv.length : 0;
   if (looked) {  // counted once per admission
     stats_.prefix_cache_queries += int64_t(s.tokens.size());
     stats_.prefix_cache_hits += s.kv.length;

@@ -95,6 +95,9 @@ struct RequestOutput {
   std::vector<std::optional<TokenLogprob>> prompt_logprobs;  // once, when requested (first is null)
   std::string error;                    // non-empty: the request failed (engine error)
   bool done = false;                    // last event of the request (all samples finished)
+  // With done: the prompt tokens its first admission took from the prefix
+  // cache (vLLM's num_cached_tokens; 0 without prefix caching).
+  int64_t cached_tokens = 0;
 };
 
 using OutputCallback = std::function<void(const RequestOutput&)>;

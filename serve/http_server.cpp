@@ -26,6 +26,7 @@
 #include "models/phi4mm/processor/media_source.h"
 #include "serve/cfg.h"
 #include "serve/grammar.h"
+#include "serve/responses.h"
 #include "serve/speech.h"
 
 namespace areno::serve {
@@ -110,11 +111,12 @@ std::string prometheus_label(const std::string& v) {
 
 // Runs one response's stream until every engine request is done: each
 // output to `on_output` (false: stop, a write failed), each engine error as an
-// SSE error event (and `failed` set), an SSE comment after 2 s without
+// SSE error event (error_event's, else chat's; and `failed` set), an SSE comment after 2 s without
 // events (clients ignore it; a gone client fails the write). False when a
 // write failed.
 bool pump_events(Pending& pending, bool& failed, const std::function<bool(const std::string&)>& write,
-                 const std::function<bool(size_t, const RequestOutput&)>& on_output) {
+                 const std::function<bool(size_t, const RequestOutput&)>& on_output,
+                 const std::function<std::string(const ApiError&)>& error_event = {}) {
   auto idle = std::chrono::steady_clock::now();
   bool all_done = false;
   while (true) {
@@ -122,7 +124,8 @@ bool pump_events(Pending& pending, bool& failed, const std::function<bool(const 
     for (auto& [i, o] : events) {
       if (!o.error.empty()) {
         failed = true;
-        if (!write(sse_event(error_body(ApiError(500, o.error))))) return false;
+        const ApiError e(500, o.error);
+        if (!write(error_event ? error_event(e) : sse_event(error_body(e)))) return false;
         continue;
       }
       if (!on_output(i, o)) return false;
@@ -147,6 +150,16 @@ std::function<void(bool)> abort_when_gone(std::shared_ptr<Pending> pending, std:
     for (size_t i = 0; i < pending->ids.size(); ++i)
       if (!pending->finished[i]) eng->abort(pending->ids[i]);
   };
+}
+
+// A 200 text/event-stream answer written by `provider` (never buffered by a
+// proxy); `released` runs when it ends (abort_when_gone).
+void start_sse(httplib::Response& res, httplib::ContentProviderWithoutLength provider,
+               httplib::ContentProviderResourceReleaser released) {
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider("text/event-stream", std::move(provider), std::move(released));
 }
 
 }  // namespace
@@ -302,6 +315,7 @@ struct HttpServer::Impl {
     http.Post("/v1/audio/translations", [this](const httplib::Request& q, httplib::Response& r) {
       speech(SpeechTask::translate, q, r);
     });
+    http.Post("/v1/responses", [this](const httplib::Request& q, httplib::Response& r) { responses(q, r); });
     http.Post("/tokenize", [this](const httplib::Request& q, httplib::Response& r) { tokenize(q, r); });
     http.Post("/detokenize", [this](const httplib::Request& q, httplib::Response& r) { detokenize(q, r); });
   }
@@ -731,11 +745,8 @@ struct HttpServer::Impl {
 
     Engine* eng = &engine;
     Impl* self = this;
-    res.status = 200;
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-    res.set_chunked_content_provider(
-        "text/event-stream",
+    start_sse(
+        res,
         [st, pending, kind, n, eng, self, turn](size_t, httplib::DataSink& sink) {
           const tok::Tokenizer& t = eng->tokenizer();
           ApiRequest& ar = st->ar;
@@ -917,32 +928,13 @@ struct HttpServer::Impl {
       fit_context(r, ar, "file");
       out.prompt_tokens = int64_t(r.prompt.size());
       out.audio_tokens = std::count(r.prompt.begin(), r.prompt.end(), int64_t(phi4mm::kAudioTokenId));
-      std::shared_lock<std::shared_mutex> lora_hold;
-      const phi4mm::ServedLora pinned = pin_lora(ar.model, served_lora, lora_hold);
-      r.served_lora = pinned.number;
-      r.served_lora_uid = pinned.uid;
-      std::vector<Request> reqs;
-      reqs.push_back(std::move(r));
-      std::shared_ptr<Pending> pending = submit_all(reqs);
-      if (lora_hold.owns_lock()) lora_hold.unlock();
-      ResponseHeader h{new_response_id("trsc-"), unix_now(), served_lora.number ? ar.model : opts.served_model_name};
-      {
-        std::lock_guard<std::mutex> lk(metrics_mu);
-        model_counts[h.model]++;
-      }
+      ResponseHeader h;
+      std::shared_ptr<Pending> pending = submit_one(std::move(r), ar.model, served_lora, "trsc-", h);
       if (sr.stream) {
         stream_speech(ar.include_usage, std::move(h), std::move(out), pending, guard, res);
         return;
       }
-      ChoiceOutput c;
-      std::string error;
-      bool all_done = false;
-      while (!all_done)
-        for (auto& [i, o] : pending->take(std::chrono::milliseconds(1000), all_done)) {
-          if (!o.error.empty()) error = o.error;
-          if (o.sample >= 0) c.add(o);
-        }
-      if (!error.empty()) throw ApiError(500, error);
+      ChoiceOutput c = collect_one(*pending);
       out.text = std::move(c.text);
       out.tokens = std::move(c.tokens);
       out.logprobs = std::move(c.logprobs);
@@ -964,11 +956,8 @@ struct HttpServer::Impl {
     };
     auto st = std::make_shared<State>(State{std::move(h), std::move(out), false});
     Engine* eng = &engine;
-    res.status = 200;
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-    res.set_chunked_content_provider(
-        "text/event-stream",
+    start_sse(
+        res,
         [st, pending, include_usage](size_t, httplib::DataSink& sink) {
           auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
           const bool all_sent = pump_events(*pending, st->failed, write, [&](size_t, const RequestOutput& o) {
@@ -984,6 +973,161 @@ struct HttpServer::Impl {
           if (!st->failed && !write(sse_event(speech_done_event(st->h, st->out)))) return false;
           if (include_usage && !write(sse_event(speech_usage_chunk(st->h, st->out)))) return false;
           if (!write(kSseDone)) return false;
+          sink.done();
+          return true;
+        },
+        abort_when_gone(pending, guard, eng));
+  }
+
+  // Submits one request for `model` (a served LoRA pinned from its lookup to
+  // submit), counts it by model, and sets its response header.
+  std::shared_ptr<Pending> submit_one(Request r, const std::string& model, const phi4mm::ServedLora& served,
+                                      const std::string& id_prefix, ResponseHeader& h) {
+    std::shared_lock<std::shared_mutex> lora_hold;
+    const phi4mm::ServedLora pinned = pin_lora(model, served, lora_hold);
+    r.served_lora = pinned.number;
+    r.served_lora_uid = pinned.uid;
+    std::vector<Request> reqs;
+    reqs.push_back(std::move(r));
+    std::shared_ptr<Pending> pending = submit_all(reqs);
+    if (lora_hold.owns_lock()) lora_hold.unlock();
+    h = ResponseHeader{new_response_id(id_prefix), unix_now(), served.number ? model : opts.served_model_name};
+    std::lock_guard<std::mutex> lk(metrics_mu);
+    model_counts[h.model]++;
+    return pending;
+  }
+
+  // The one choice of a one-request answer, once it is done (and the
+  // prompt tokens the prefix cache gave). An engine error is a 500.
+  static ChoiceOutput collect_one(Pending& pending, int64_t* cached_tokens = nullptr) {
+    ChoiceOutput c;
+    std::string error;
+    bool all_done = false;
+    while (!all_done)
+      for (auto& [i, o] : pending.take(std::chrono::milliseconds(1000), all_done)) {
+        if (!o.error.empty()) error = o.error;
+        if (o.done && cached_tokens) *cached_tokens = o.cached_tokens;
+        if (o.sample >= 0) c.add(o);
+      }
+    if (!error.empty()) throw ApiError(500, error);
+    return c;
+  }
+
+  // ---- /v1/responses (serve/responses.h) ----------------------------------------
+
+  void responses(const httplib::Request& hreq, httplib::Response& res) {
+    auto guard = std::make_shared<InFlight>(inflight);
+    try {
+      if (draining) throw ApiError(503, "the server is shutting down");
+      if (opts.recorder && hreq.has_header(kTrajectoryHeader))
+        throw ApiError(400, fmt::format("{} is recorded on /v1/chat/completions and /v1/completions only; send the "
+                                        "trajectory's turns there", kTrajectoryHeader));
+      ResponsesRequest rr = parse_responses_request(parse_ordered_json_bounded(hreq.body, opts.max_json_depth));
+      ApiRequest ar;
+      phi4mm::ServedLora served_lora;
+      Request r;
+      try {
+        ar = parse_chat_request(parse_json_bounded(rr.chat.dump(), opts.max_json_depth), opts.api);
+        served_lora = check_model(ar.model);
+        if (!ar.schema_field.empty() || !ar.forced_tools.empty() || !ar.auto_tools.empty())
+          compile_output_schemas(rr.chat, ar);
+        phi4mm::ProcessedChat pc = build_chat(ar.messages, ar.tools, /*add_generation_prompt=*/true, &ar);
+        r.prompt = pc.ids();
+        r.adapter = pc.adapter;
+        r.media = std::move(pc.media);
+        r.params = ar.params;
+        r.cache_salt = ar.cache_salt;
+        fit_context(r, ar, "messages");
+      } catch (const ApiError& e) {
+        throw responses_error(e, rr);
+      }
+      rr.chat = nlohmann::ordered_json();  // its copy of the media
+      ar.messages = json();
+      ResponsesOutput out;
+      out.input_tokens = int64_t(r.prompt.size());
+      out.temperature = ar.params.temperature;
+      out.top_p = ar.params.top_p;
+      out.with_logprobs = ar.logprobs;
+      out.top_logprobs = ar.top_logprobs;
+      out.message_id = new_response_id("msg_");
+      ResponseHeader h;
+      std::shared_ptr<Pending> pending = submit_one(std::move(r), ar.model, served_lora, "resp_", h);
+      if (rr.stream) {
+        stream_responses(std::move(ar), std::move(rr), std::move(h), std::move(out), pending, guard, res);
+        return;
+      }
+      ChoiceOutput c = collect_one(*pending, &out.cached_tokens);
+      finish_responses_output(ar, c, out);
+      send_json(res, 200,
+                response_object(h, rr, out, response_output(out, engine.tokenizer(), ar.return_tokens_as_token_ids)));
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  }
+
+  // The engine's whole output as a ResponsesOutput: the text, its calls (with tools).
+  static void finish_responses_output(const ApiRequest& ar, ChoiceOutput& c, ResponsesOutput& out) {
+    out.text = std::move(c.text);
+    out.logprobs = std::move(c.logprobs);
+    out.finish = c.finish;
+    out.output_tokens = int64_t(c.tokens.size());
+    if (!ar.tools.is_null() && ar.tool_choice != "none") out.calls = parse_tool_calls(out.text, ar.tools);
+    for (size_t i = 0; out.calls.found && i < out.calls.tool_calls.size(); ++i)
+      out.call_item_ids.push_back(new_response_id("fc_"));
+  }
+
+  void stream_responses(ApiRequest ar, ResponsesRequest rr, ResponseHeader h, ResponsesOutput out,
+                        std::shared_ptr<Pending> pending, std::shared_ptr<InFlight> guard, httplib::Response& res) {
+    struct State {
+      State(ApiRequest a, ResponsesStream s, ResponsesOutput o) : ar(std::move(a)), rs(std::move(s)), out(std::move(o)) {}
+      ApiRequest ar;
+      ResponsesStream rs;
+      ResponsesOutput out;
+      ChoiceOutput c;
+      bool tools = false;
+      bool started = false;
+      ToolCallStreamer streamer;
+      std::vector<TokenLogprob> held;  // the log-probabilities of text the streamer holds
+      bool failed = false;
+    };
+    auto st = std::make_shared<State>(std::move(ar), ResponsesStream(h, rr, out.message_id), std::move(out));
+    st->tools = !st->ar.tools.is_null() && st->ar.tool_choice != "none";
+    Engine* eng = &engine;
+    start_sse(
+        res,
+        [st, pending, eng](size_t, httplib::DataSink& sink) {
+          auto write = [&](const std::string& s) { return s.empty() || sink.write(s.data(), s.size()); };
+          const tok::Tokenizer& t = eng->tokenizer();
+          const ApiRequest& ar = st->ar;
+          if (!st->started) {
+            st->started = true;
+            if (!write(st->rs.start(st->out.temperature, st->out.top_p))) return false;
+          }
+          const bool all_sent = pump_events(
+              *pending, st->failed, write,
+              [&](size_t, const RequestOutput& o) {
+                if (o.done) st->out.cached_tokens = o.cached_tokens;
+                if (o.sample < 0) return true;
+                st->c.add(o);
+                std::string text = o.text;
+                std::vector<TokenLogprob> lps = o.logprobs;
+                if (st->tools) {  // text that may begin a call is held until it is known
+                  st->held.insert(st->held.end(), o.logprobs.begin(), o.logprobs.end());
+                  text = st->streamer.push(o.text);
+                  lps.clear();
+                  if (!text.empty()) lps = std::exchange(st->held, {});
+                }
+                const json lp = ar.logprobs
+                                    ? chat_logprobs_json(t, lps, ar.top_logprobs, ar.return_tokens_as_token_ids)["content"]
+                                    : json::array();
+                return write(st->rs.text(text, lp));
+              },
+              [&](const ApiError& e) { return st->rs.error(e); });
+          if (!all_sent) return false;
+          if (!st->failed) {
+            finish_responses_output(ar, st->c, st->out);
+            if (!write(st->rs.finish(st->out, t, ar.return_tokens_as_token_ids))) return false;
+          }
           sink.done();
           return true;
         },

@@ -1,5 +1,5 @@
-// A request body as the server sees it: bounded JSON parsing, the chat and
-// completion request parsers, and the chat processor (flattening, template,
+// A request body as the server sees it: bounded JSON parsing, the chat,
+// completion and Responses request parsers, and the chat processor (flattening, template,
 // tools, data-URL media decoded and counted, prompt built) with the built-in
 // tokenizer. No files or network: no media root, no remote fetcher.
 #include <exception>
@@ -8,6 +8,7 @@
 #include "models/phi4mm/processor/chat_processor.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "serve/openai.h"
+#include "serve/responses.h"
 #include "tests/fuzz/fuzz_common.h"
 
 using namespace areno;
@@ -17,7 +18,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size > (1 << 20)) return 0;
   const std::string text(reinterpret_cast<const char*>(data), size);
   try {
-    const nlohmann::json body = serve::parse_json_bounded(text, serve::kDefaultMaxJsonDepth);
+    nlohmann::json body = serve::parse_json_bounded(text, serve::kDefaultMaxJsonDepth);
+    // A Responses API body (serve/responses.h) becomes the chat body it amounts to.
+    if (body.is_object() && body.contains("input") && !body.contains("messages")) {
+      const serve::ResponsesRequest rr =
+          serve::parse_responses_request(serve::parse_ordered_json_bounded(text, serve::kDefaultMaxJsonDepth));
+      try {
+        body = serve::parse_json_bounded(rr.chat.dump(), serve::kDefaultMaxJsonDepth);
+        (void)serve::parse_chat_request(body, {});
+      } catch (const serve::ApiError& e) {
+        (void)serve::responses_error(e, rr);
+        throw;
+      }
+    }
     const bool chat = body.is_object() && body.contains("messages");
     serve::ApiRequest r = chat ? serve::parse_chat_request(body, {}) : serve::parse_completion_request(body, {});
     if (chat) {

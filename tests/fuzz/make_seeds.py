@@ -115,6 +115,20 @@ def main():
                             "tools": [{"type": "function", "function": {"name": "w", "parameters": {"type": "object", "properties": {"c": {"type": "integer"}}}}}]},
         "completion_ids.json": {"prompt": [[1, 2, 3], [200010, 5]], "max_tokens": 2, "echo": True, "logprobs": 2},
         "completion_text.json": {"prompt": "Once upon a time", "n": 2, "seed": 7, "min_tokens": 1, "max_tokens": 3},
+        # Responses API bodies (serve/responses.h)
+        "responses_items.json": {"input": [{"role": "developer", "content": "Use tools."},
+                                           {"role": "user", "content": [{"type": "input_text", "text": "Add"},
+                                                                        {"type": "input_image", "image_url": img}]},
+                                           {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{\"a\":1}"},
+                                           {"type": "function_call_output", "call_id": "c1", "output": "1"},
+                                           {"type": "reasoning"}],
+                                 "instructions": "Be brief.", "max_output_tokens": 9,
+                                 "tools": [{"type": "function", "name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}],
+                                 "tool_choice": {"type": "function", "name": "add"}},
+        "responses_format.json": {"input": "Give JSON", "stream": True, "top_logprobs": 2, "metadata": {"k": "v"},
+                                  "text": {"format": {"type": "json_schema", "name": "o", "strict": True,
+                                                      "schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}},
+                                  "include": ["message.output_text.logprobs"]},
     }
     for k, v in reqs.items():
         put("request", k, json.dumps(v))

@@ -758,7 +758,7 @@ TEST_CASE("rl/agent tool calls end to end: a model taught to call add(a, b) by S
   CHECK(worst < 1e-5);
 }
 
-TEST_CASE("rl/agent recorder: streamed turns are recorded; n > 1 and bad ids are refused") {
+TEST_CASE("rl/agent recorder: streamed turns are recorded; n > 1, bad ids and named Responses requests are refused") {
   // The second turn streamed (AGENT_STREAM): still one row with both answers.
   AgentRollout ar(model(), tokenizer(), rollout_options(1), agent("agent_two_turns.sh", 60, "AGENT_STREAM=1 "));
   const RolloutBatch b = ar.run(tasks(1));
@@ -779,6 +779,12 @@ TEST_CASE("rl/agent recorder: streamed turns are recorded; n > 1 and bad ids are
   REQUIRE(r);
   CHECK(r->status == 400);
   CHECK(r->body.find("X-Areno-Trajectory: 'a b' is not a trajectory id") != std::string::npos);
+  // The Responses API is not recorded: a named turn there is refused rather than lost.
+  r = cli.Post("/v1/responses", {{"X-Areno-Trajectory", "abc"}}, R"({"input":"hi"})", "application/json");
+  REQUIRE(r);
+  CHECK(r->status == 400);
+  CHECK(r->body.find("X-Areno-Trajectory is recorded on /v1/chat/completions and /v1/completions only") !=
+        std::string::npos);
 }
 
 TEST_CASE("areno train --algo grpo|gspo --agent-cmd: steps on agent rows write the metrics") {

@@ -73,6 +73,7 @@ def main():
         assert r.choices[0].finish_reason in ("stop", "length")
         assert r.usage.prompt_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
         greedy = r.choices[0].message.content
+        r0_prompt_tokens = r.usage.prompt_tokens
         print("text ok:", repr(greedy))
 
         stream = client.chat.completions.create(model=model, messages=msgs, max_tokens=8, temperature=0, stream=True,
@@ -143,6 +144,44 @@ def main():
         except openai.BadRequestError as e:
             assert e.body["param"] == "language", e.body
         print("audio transcriptions ok", repr(t.text))
+
+        # The Responses API: the client's typed Response and events; the text
+        # is the chat answer to the same turn; image parts; a required call
+        # comes back as a function_call item; vLLM's token fields through extra_body.
+        resp = client.responses.create(model=model, input=msgs[0]["content"], max_output_tokens=8, temperature=0)
+        assert resp.status == "completed" and resp.output_text == greedy, (resp, greedy)
+        assert resp.usage.input_tokens == r0_prompt_tokens and resp.usage.input_tokens_details.cached_tokens >= 0
+        kinds, deltas, final = [], "", None
+        for ev in client.responses.create(model=model, input=msgs[0]["content"], max_output_tokens=8, temperature=0,
+                                          stream=True):
+            kinds.append(ev.type)
+            if ev.type == "response.output_text.delta":
+                deltas += ev.delta
+            if ev.type == "response.completed":
+                final = ev.response
+        assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed", kinds
+        assert deltas == greedy and final.output_text == greedy, (deltas, final)
+        ri = client.responses.create(model=model, max_output_tokens=4, temperature=1.0, extra_body={"seed": 1}, input=[
+            {"role": "user", "content": [{"type": "input_image", "image_url": image["image_url"]["url"]},
+                                         {"type": "input_text", "text": "Describe it."}]}])
+        assert ri.usage.input_tokens - text_only.usage.prompt_tokens == sizes["image"], (ri.usage, sizes)
+        rt = client.responses.create(model=model, input="Add 2 and 3.", tool_choice="required", max_output_tokens=60,
+                                     temperature=0, tools=[{"type": "function", "name": "add", "parameters": {
+                                         "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                                         "required": ["a", "b"]}}])
+        calls = [o for o in rt.output if o.type == "function_call"]
+        assert calls and calls[0].name == "add" and set(json.loads(calls[0].arguments)) == {"a", "b"}, rt.output
+        try:
+            client.responses.create(model=model, input="hi", previous_response_id="resp_1")
+            raise AssertionError("previous_response_id accepted")
+        except openai.BadRequestError as e:
+            assert e.body["param"] == "previous_response_id", e.body
+        ids = client.chat.completions.create(model=model, messages=msgs, max_tokens=3, temperature=0,
+                                             extra_body={"return_token_ids": True, "prompt_logprobs": 1})
+        extra = ids.model_extra
+        assert len(extra["prompt_token_ids"]) == r0_prompt_tokens and len(extra["prompt_logprobs"]) == r0_prompt_tokens
+        assert extra["prompt_logprobs"][0] is None and len(ids.choices[0].model_extra["token_ids"]) == ids.usage.completion_tokens
+        print("responses ok", repr(resp.output_text))
 
         # Forced tool calls (constrained decoding): the demo model never calls a
         # tool by itself; "required" and a named function make it, streamed or not,

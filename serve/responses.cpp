@@ -1,0 +1,475 @@
+#include "serve/responses.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace areno::serve {
+
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+ApiError bad(const std::string& field, const std::string& why) {
+  return ApiError(400, fmt::format("'{}' {}", field, why), field);
+}
+
+bool present(const ojson& o, const char* key) { return o.contains(key) && !o[key].is_null(); }
+
+const std::string& string_field(const ojson& o, const char* key, const std::string& path) {
+  if (!o.contains(key) || !o[key].is_string()) throw bad(path + "." + key, "must be a string");
+  return o[key].get_ref<const std::string&>();
+}
+
+// Sampling fields passed to the chat request as they are (the chat parser checks them).
+constexpr const char* kPassThrough[] = {"model",         "temperature",     "top_p",      "top_k",
+                                        "min_p",         "seed",            "repetition_penalty",
+                                        "presence_penalty", "frequency_penalty", "stop", "stop_token_ids",
+                                        "ignore_eos",    "min_tokens",      "logit_bias", "cache_salt",
+                                        "skip_special_tokens", "top_logprobs"};
+
+// Repeated in the response object when sent.
+constexpr const char* kEchoed[] = {"instructions", "max_output_tokens", "metadata", "parallel_tool_calls",
+                                   "user",         "tool_choice",       "tools",    "text",
+                                   "service_tier", "prompt_cache_key",  "safety_identifier", "top_logprobs"};
+
+// A message item's content as chat content: a string, or chat parts.
+ojson chat_content(const ojson& content, const std::string& path, bool assistant) {
+  if (content.is_string()) return content;
+  if (!content.is_array()) throw bad(path, "must be a string or an array of content parts");
+  ojson parts = ojson::array();
+  for (size_t i = 0; i < content.size(); ++i) {
+    const ojson& p = content[i];
+    const std::string where = fmt::format("{}[{}]", path, i);
+    if (!p.is_object() || !p.contains("type") || !p["type"].is_string())
+      throw bad(where, "must be an object with a string 'type'");
+    const std::string& type = p["type"].get_ref<const std::string&>();
+    if (type == "input_text" || type == "output_text" || type == "text") {
+      parts.push_back({{"type", "text"}, {"text", string_field(p, "text", where)}});
+    } else if (assistant) {
+      throw bad(where + ".type", fmt::format("'{}' is not a part of an assistant message (output_text only)", type));
+    } else if (type == "input_image") {
+      if (present(p, "file_id"))
+        throw bad(where + ".file_id", "is not supported: this server stores no files (send image_url, a data URL)");
+      parts.push_back({{"type", "image_url"}, {"image_url", {{"url", string_field(p, "image_url", where)}}}});
+    } else if (type == "input_audio") {
+      if (!p.contains("input_audio")) throw bad(where + ".input_audio", "is required");
+      parts.push_back({{"type", "input_audio"}, {"input_audio", p["input_audio"]}});
+    } else {
+      throw bad(where + ".type", fmt::format("'{}' is not supported (input_text, input_image or input_audio)", type));
+    }
+  }
+  return parts;
+}
+
+}  // namespace
+
+ResponsesRequest parse_responses_request(const ojson& body) {
+  if (!body.is_object())
+    throw ApiError(400, fmt::format("the request body must be a JSON object (got {})", body.type_name()));
+  ResponsesRequest r;
+  for (const char* key : {"previous_response_id", "conversation"})
+    if (present(body, key))
+      throw bad(key, "is not supported: this server stores no responses or conversations (send the whole "
+                     "conversation as 'input')");
+  if (present(body, "background") && !(body["background"].is_boolean() && !body["background"].get<bool>()))
+    throw bad("background", "is not supported: this server stores no responses (leave it out or false)");
+  if (present(body, "prompt")) throw bad("prompt", "is not supported: this server stores no prompt templates");
+  if (present(body, "truncation") && body["truncation"] != "disabled")
+    throw bad("truncation", "must be 'disabled': a request longer than the context is refused, never cut");
+  if (present(body, "store") && !body["store"].is_boolean()) throw bad("store", "must be a boolean");
+  if (present(body, "stream") && !body["stream"].is_boolean()) throw bad("stream", "must be a boolean");
+  r.stream = present(body, "stream") && body["stream"].get<bool>();
+  if (present(body, "metadata") && !body["metadata"].is_object()) throw bad("metadata", "must be an object");
+
+  ojson& chat = r.chat;
+  chat = ojson::object();
+  for (const char* key : kPassThrough)
+    if (body.contains(key)) chat[key] = body[key];
+  if (body.contains("max_output_tokens")) chat["max_completion_tokens"] = body["max_output_tokens"];
+
+  // Messages: the instructions, then the input's items.
+  ojson messages = ojson::array();
+  if (present(body, "instructions")) {
+    if (!body["instructions"].is_string()) throw bad("instructions", "must be a string");
+    messages.push_back({{"role", "system"}, {"content", body["instructions"]}});
+    r.message_from.push_back("instructions");
+  }
+  if (!present(body, "input")) throw bad("input", "is required");
+  const ojson& input = body["input"];
+  if (input.is_string()) {
+    messages.push_back({{"role", "user"}, {"content", input}});
+    r.message_from.push_back("input");
+  } else if (input.is_array()) {
+    if (input.empty()) throw bad("input", "must not be an empty array");
+    bool open_turn = false;  // the last message is an assistant turn that calls may join
+    for (size_t i = 0; i < input.size(); ++i) {
+      const ojson& item = input[i];
+      const std::string where = fmt::format("input[{}]", i);
+      if (!item.is_object()) throw bad(where, fmt::format("must be an object (got {})", item.type_name()));
+      const std::string type = present(item, "type") && item["type"].is_string() ? item["type"].get<std::string>()
+                               : present(item, "type")                         ? std::string("?")
+                                                                               : std::string("message");
+      if (type == "message") {
+        const std::string& role = string_field(item, "role", where);
+        if (role != "user" && role != "assistant" && role != "system" && role != "developer")
+          throw bad(where + ".role", fmt::format("'{}' is not a role (user, assistant, system or developer)", role));
+        if (!item.contains("content")) throw bad(where + ".content", "is required");
+        messages.push_back({{"role", role}, {"content", chat_content(item["content"], where + ".content",
+                                                                     role == "assistant")}});
+        r.message_from.push_back(where);
+        open_turn = role == "assistant";
+      } else if (type == "function_call") {
+        const ojson call = {{"id", string_field(item, "call_id", where)},
+                            {"type", "function"},
+                            {"function",
+                             {{"name", string_field(item, "name", where)},
+                              {"arguments", string_field(item, "arguments", where)}}}};
+        if (!open_turn) {
+          messages.push_back({{"role", "assistant"}, {"content", nullptr}});
+          r.message_from.push_back(where);
+          open_turn = true;
+        }
+        ojson& turn = messages.back();
+        if (!turn.contains("tool_calls")) turn["tool_calls"] = ojson::array();
+        turn["tool_calls"].push_back(call);
+      } else if (type == "function_call_output") {
+        const std::string& call_id = string_field(item, "call_id", where);
+        if (!item.contains("output") || !item["output"].is_string())
+          throw bad(where + ".output", "must be a string");
+        messages.push_back({{"role", "tool"}, {"tool_call_id", call_id}, {"content", item["output"]}});
+        r.message_from.push_back(where);
+        open_turn = false;
+      } else if (type == "reasoning") {
+        continue;  // the model does not reason: nothing to feed back
+      } else {
+        throw bad(where + ".type", fmt::format("'{}' is not supported (message, function_call, "
+                                               "function_call_output or reasoning)",
+                                               type == "?" ? std::string("a non-string") : type));
+      }
+    }
+  } else {
+    throw bad("input", fmt::format("must be a string or an array of items (got {})", input.type_name()));
+  }
+  if (messages.empty()) throw bad("input", "has no message (only reasoning items)");
+  chat["messages"] = std::move(messages);
+
+  // Tools: OpenAI's flat function tools, as chat's nested ones.
+  if (present(body, "tools")) {
+    const ojson& tools = body["tools"];
+    if (!tools.is_array()) throw bad("tools", "must be an array");
+    ojson out = ojson::array();
+    for (size_t i = 0; i < tools.size(); ++i) {
+      const ojson& t = tools[i];
+      const std::string where = fmt::format("tools[{}]", i);
+      if (!t.is_object()) throw bad(where, "must be an object");
+      const std::string type = present(t, "type") && t["type"].is_string() ? t["type"].get<std::string>() : "";
+      if (type != "function")
+        throw bad(where + ".type", fmt::format("'{}' is not supported: only function tools are (the server runs "
+                                               "no built-in tools)", type));
+      ojson fn = {{"name", string_field(t, "name", where)}};
+      for (const char* key : {"description", "parameters", "strict"})
+        if (t.contains(key)) fn[key] = t[key];
+      out.push_back({{"type", "function"}, {"function", std::move(fn)}});
+    }
+    if (!out.empty()) chat["tools"] = std::move(out);
+  }
+  if (present(body, "tool_choice")) {
+    const ojson& tc = body["tool_choice"];
+    if (tc.is_string()) {
+      chat["tool_choice"] = tc;
+    } else if (tc.is_object() && tc.value("type", "") == "function") {
+      chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", string_field(tc, "name", "tool_choice")}}}};
+    } else {
+      throw bad("tool_choice", "must be none, auto, required or {\"type\": \"function\", \"name\": ...}");
+    }
+  }
+  if (present(body, "parallel_tool_calls") && !body["parallel_tool_calls"].is_boolean())
+    throw bad("parallel_tool_calls", "must be a boolean");
+
+  // text.format: the output's shape.
+  if (present(body, "text")) {
+    const ojson& text = body["text"];
+    if (!text.is_object()) throw bad("text", "must be an object");
+    if (present(text, "format")) {
+      const ojson& f = text["format"];
+      if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
+        throw bad("text.format", "must be an object with a string 'type'");
+      const std::string& type = f["type"].get_ref<const std::string&>();
+      if (type == "json_object") {
+        chat["response_format"] = {{"type", "json_object"}};
+      } else if (type == "json_schema") {
+        if (!f.contains("schema")) throw bad("text.format.schema", "is required");
+        ojson js = {{"name", f.contains("name") ? f["name"] : ojson("response")}, {"schema", f["schema"]}};
+        if (f.contains("strict")) js["strict"] = f["strict"];
+        chat["response_format"] = {{"type", "json_schema"}, {"json_schema", std::move(js)}};
+      } else if (type != "text") {
+        throw bad("text.format.type", fmt::format("'{}' is not a format (text, json_object or json_schema)", type));
+      }
+    }
+  }
+
+  // include: the text's log-probabilities.
+  bool logprobs = false;
+  if (present(body, "include")) {
+    const ojson& inc = body["include"];
+    if (!inc.is_array()) throw bad("include", "must be an array of strings");
+    for (size_t i = 0; i < inc.size(); ++i) {
+      if (!inc[i].is_string()) throw bad(fmt::format("include[{}]", i), "must be a string");
+      if (inc[i] == "message.output_text.logprobs") logprobs = true;
+    }
+  }
+  if (logprobs || present(body, "top_logprobs")) chat["logprobs"] = true;
+
+  for (const char* key : kEchoed)
+    if (present(body, key)) r.echo[key] = json::parse(body[key].dump());
+  if (logprobs) r.echo["include_logprobs"] = true;
+  return r;
+}
+
+ApiError responses_error(const ApiError& e, const ResponsesRequest& r) {
+  std::vector<std::pair<std::string, std::string>> names;
+  for (size_t k = r.message_from.size(); k-- > 0;)  // messages[12] before messages[1]
+    names.emplace_back(fmt::format("messages[{}]", k), r.message_from[k]);
+  names.emplace_back("max_completion_tokens", "max_output_tokens");
+  names.emplace_back("response_format.json_schema.schema", "text.format.schema");
+  names.emplace_back("response_format", "text.format");
+  names.emplace_back(".image_url.url", ".image_url");
+  names.emplace_back("tool_choice.function.name", "tool_choice.name");
+  names.emplace_back("'messages'", "'input'");
+  names.emplace_back("the messages", "the input");
+  auto rename = [&](std::string s) {
+    for (const auto& [from, to] : names)
+      for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+        s.replace(at, from.size(), to);
+    // tools[i].function.x -> tools[i].x
+    for (size_t at = s.find("].function."); at != std::string::npos; at = s.find("].function.", at)) {
+      const size_t open = s.rfind('[', at);
+      if (open >= 5 && s.compare(open - 5, 5, "tools") == 0) s.erase(at + 1, 9);
+      else at += 1;
+    }
+    return s;
+  };
+  std::string param = rename(e.param);
+  if (param == "messages") param = "input";
+  return ApiError(e.status, rename(e.what()), param, e.code);
+}
+
+// ---- responses -------------------------------------------------------------------
+
+namespace {
+
+json usage_json(const ResponsesOutput& out) {
+  return {{"input_tokens", out.input_tokens},
+          {"input_tokens_details", {{"cached_tokens", out.cached_tokens}}},
+          {"output_tokens", out.output_tokens},
+          {"output_tokens_details", {{"reasoning_tokens", 0}}},
+          {"total_tokens", out.input_tokens + out.output_tokens}};
+}
+
+json echoed(const ResponsesRequest& r, const char* key, json dflt) {
+  return r.echo.is_object() && r.echo.contains(key) ? r.echo[key] : std::move(dflt);
+}
+
+// The response object without output and usage.
+json base_object(const ResponseHeader& h, const ResponsesRequest& r, const char* status, double temperature,
+                 double top_p) {
+  const bool tools = r.echo.is_object() && r.echo.contains("tools");
+  return {{"id", h.id},
+          {"object", "response"},
+          {"created_at", h.created},
+          {"status", status},
+          {"background", false},
+          {"error", nullptr},
+          {"incomplete_details", nullptr},
+          {"instructions", echoed(r, "instructions", nullptr)},
+          {"max_output_tokens", echoed(r, "max_output_tokens", nullptr)},
+          {"max_tool_calls", nullptr},
+          {"model", h.model},
+          {"output", json::array()},
+          {"parallel_tool_calls", echoed(r, "parallel_tool_calls", true)},
+          {"previous_response_id", nullptr},
+          {"reasoning", {{"effort", nullptr}, {"summary", nullptr}}},
+          {"service_tier", echoed(r, "service_tier", "auto")},
+          {"store", false},
+          {"temperature", temperature},
+          {"text", echoed(r, "text", json{{"format", {{"type", "text"}}}})},
+          {"tool_choice", echoed(r, "tool_choice", tools ? "auto" : "none")},
+          {"tools", echoed(r, "tools", json::array())},
+          {"top_logprobs", echoed(r, "top_logprobs", 0)},
+          {"top_p", top_p},
+          {"truncation", "disabled"},
+          {"usage", nullptr},
+          {"user", echoed(r, "user", nullptr)},
+          {"metadata", echoed(r, "metadata", json::object())}};
+}
+
+json text_part(const std::string& text, const json& logprobs) {
+  return {{"type", "output_text"}, {"text", text}, {"annotations", json::array()}, {"logprobs", logprobs}};
+}
+
+json call_item(const json& call, const std::string& id, const char* status) {
+  return {{"type", "function_call"},
+          {"id", id},
+          {"call_id", call["id"]},
+          {"name", call["function"]["name"]},
+          {"arguments", call["function"]["arguments"]},
+          {"status", status}};
+}
+
+// The message's text: with a call found, the text besides it (null: none).
+json message_text(const ResponsesOutput& out) {
+  if (out.calls.found) return out.calls.content;
+  return out.text;
+}
+
+json logprobs_content(const ResponsesOutput& out, const tok::Tokenizer& t, bool as_ids) {
+  if (!out.with_logprobs) return json::array();
+  return chat_logprobs_json(t, out.logprobs, out.top_logprobs, as_ids)["content"];
+}
+
+}  // namespace
+
+json response_output(const ResponsesOutput& out, const tok::Tokenizer& t, bool as_ids) {
+  json items = json::array();
+  const json text = message_text(out);
+  const char* status = out.finish == FinishReason::length ? "incomplete" : "completed";
+  if (text.is_string())
+    items.push_back({{"type", "message"},
+                     {"id", out.message_id},
+                     {"status", status},
+                     {"role", "assistant"},
+                     {"content", json::array({text_part(text.get<std::string>(), logprobs_content(out, t, as_ids))})}});
+  if (out.calls.found)
+    for (size_t i = 0; i < out.calls.tool_calls.size(); ++i)
+      items.push_back(call_item(out.calls.tool_calls[i], i < out.call_item_ids.size() ? out.call_item_ids[i] : "",
+                                "completed"));
+  return items;
+}
+
+json response_object(const ResponseHeader& h, const ResponsesRequest& r, const ResponsesOutput& out,
+                     const json& output) {
+  const bool cut = out.finish == FinishReason::length;
+  json o = base_object(h, r, cut ? "incomplete" : "completed", out.temperature, out.top_p);
+  if (cut) o["incomplete_details"] = {{"reason", "max_output_tokens"}};
+  o["output"] = output;
+  o["usage"] = usage_json(out);
+  return o;
+}
+
+// ---- streaming ---------------------------------------------------------------------
+
+ResponsesStream::ResponsesStream(ResponseHeader h, const ResponsesRequest& r, std::string message_id)
+    : h_(std::move(h)), message_id_(std::move(message_id)) {
+  r_.echo = r.echo;
+  r_.stream = r.stream;
+}
+
+std::string ResponsesStream::event(json e) {
+  e["sequence_number"] = seq_++;
+  return fmt::format("event: {}\ndata: {}\n\n", e["type"].get<std::string>(), dump_json(e));
+}
+
+json ResponsesStream::message_item(const std::string& status, const json& content) const {
+  return {{"type", "message"}, {"id", message_id_}, {"status", status}, {"role", "assistant"}, {"content", content}};
+}
+
+std::string ResponsesStream::start(double temperature, double top_p) {
+  const json in_progress = base_object(h_, r_, "in_progress", temperature, top_p);
+  std::string s = event({{"type", "response.created"}, {"response", in_progress}});
+  s += event({{"type", "response.in_progress"}, {"response", in_progress}});
+  return s;
+}
+
+std::string ResponsesStream::open() {
+  if (open_) return {};
+  open_ = true;
+  // (one statement each: the order of evaluation fixes the sequence numbers)
+  std::string s = event({{"type", "response.output_item.added"},
+                         {"output_index", 0},
+                         {"item", message_item("in_progress", json::array())}});
+  s += event({{"type", "response.content_part.added"},
+              {"item_id", message_id_},
+              {"output_index", 0},
+              {"content_index", 0},
+              {"part", text_part("", json::array())}});
+  return s;
+}
+
+std::string ResponsesStream::text(const std::string& delta, const json& logprobs) {
+  if (delta.empty() && (!logprobs.is_array() || logprobs.empty())) return {};
+  std::string s = open();
+  text_ += delta;
+  const json lp = logprobs.is_array() ? logprobs : json::array();
+  for (const json& x : lp) logprobs_.push_back(x);
+  s += event({{"type", "response.output_text.delta"},
+              {"item_id", message_id_},
+              {"output_index", 0},
+              {"content_index", 0},
+              {"delta", delta},
+              {"logprobs", lp}});
+  return s;
+}
+
+std::string ResponsesStream::finish(const ResponsesOutput& out, const tok::Tokenizer& t, bool as_ids) {
+  std::string s;
+  json output = response_output(out, t, as_ids);
+  // A message announced while its text streamed stays in the output, even
+  // when a call found later took all of it.
+  if (open_ && (output.empty() || output[0]["type"] != "message"))
+    output.insert(output.begin(), message_item(out.finish == FinishReason::length ? "incomplete" : "completed",
+                                               json::array({text_part(text_, logprobs_)})));
+  size_t index = 0;
+  for (const json& item : output) {
+    if (item["type"] == "message") {
+      // Text the stream held back (a call's neighbour) goes out now.
+      const std::string full = item["content"][0]["text"];
+      s += open();
+      if (full.size() > text_.size() && full.compare(0, text_.size(), text_) == 0)
+        s += text(full.substr(text_.size()), json::array());
+      s += event({{"type", "response.output_text.done"},
+                  {"item_id", message_id_},
+                  {"output_index", index},
+                  {"content_index", 0},
+                  {"text", full},
+                  {"logprobs", item["content"][0]["logprobs"]}});
+      s += event({{"type", "response.content_part.done"},
+                  {"item_id", message_id_},
+                  {"output_index", index},
+                  {"content_index", 0},
+                  {"part", item["content"][0]}});
+      s += event({{"type", "response.output_item.done"}, {"output_index", index}, {"item", item}});
+    } else {
+      json added = item;
+      added["arguments"] = "";
+      added["status"] = "in_progress";
+      s += event({{"type", "response.output_item.added"}, {"output_index", index}, {"item", added}});
+      s += event({{"type", "response.function_call_arguments.delta"},
+                  {"item_id", item["id"]},
+                  {"output_index", index},
+                  {"delta", item["arguments"]}});
+      s += event({{"type", "response.function_call_arguments.done"},
+                  {"item_id", item["id"]},
+                  {"output_index", index},
+                  {"arguments", item["arguments"]}});
+      s += event({{"type", "response.output_item.done"}, {"output_index", index}, {"item", item}});
+    }
+    ++index;
+  }
+  const json final = response_object(h_, r_, out, output);
+  s += event({{"type", final["status"] == "completed" ? "response.completed" : "response.incomplete"},
+              {"response", final}});
+  return s;
+}
+
+std::string ResponsesStream::error(const ApiError& e) {
+  return event({{"type", "error"},
+                {"code", e.code.empty() ? json(nullptr) : json(e.code)},
+                {"message", e.what()},
+                {"param", e.param.empty() ? json(nullptr) : json(e.param)}});
+}
+
+}  // namespace areno::serve

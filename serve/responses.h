@@ -1,0 +1,120 @@
+#pragma once
+// OpenAI's Responses API, POST /v1/responses, as vLLM serves it for a model
+// that does not reason; independent of HTTP (serve/http_server.cpp runs it).
+//
+// A request amounts to one chat request (parse_responses_request writes its
+// /v1/chat/completions body), which runs through the chat path
+// (parse_chat_request, the processor, the engine), so every check and limit
+// of a chat request holds; only the request and response shapes are this
+// file's. Nothing is stored.
+//
+// Request fields:
+//   input          a string (one user message) or a list of items:
+//                    {"type": "message" (may be left out), "role": user | assistant | system | developer,
+//                     "content": a string or parts: input_text / output_text {"text"},
+//                     input_image {"image_url": a URL or data URL}, and (ours, as chat's)
+//                     input_audio {"input_audio": {"data", "format"}}};
+//                    {"type": "function_call", "call_id", "name", "arguments"}: a call the
+//                     model made (consecutive calls and the message before them are one turn);
+//                    {"type": "function_call_output", "call_id", "output"}: its result;
+//                    {"type": "reasoning", ...}: skipped (the model does not reason)
+//   instructions   a system message before the input
+//   max_output_tokens, temperature, top_p, and vLLM's sampling extras
+//                  (top_k, min_p, seed, repetition_penalty, presence_penalty,
+//                  frequency_penalty, stop, ignore_eos, min_tokens, logit_bias, cache_salt)
+//   tools          function tools {"type": "function", "name", "description", "parameters", "strict"};
+//                  other tool types are a 400
+//   tool_choice    none | auto | required | {"type": "function", "name"}
+//   text.format    {"type": "text" | "json_object"} | {"type": "json_schema", "name", "schema", "strict"}
+//   include        "message.output_text.logprobs": the text's log-probabilities (top_logprobs 0..20)
+//   stream         typed server-sent events (ResponsesStream)
+//   store          answered false: nothing is stored (vLLM's default)
+//   previous_response_id, conversation, background, prompt, truncation "auto":
+//                  a 400 (send the whole conversation as input)
+//   metadata, user, parallel_tool_calls, reasoning, service_tier,
+//   prompt_cache_key, safety_identifier: repeated or ignored
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/phi4mm/tokenizer/tokenizer.h"
+#include "serve/openai.h"
+
+namespace areno::serve {
+
+struct ResponsesRequest {
+  nlohmann::ordered_json chat;            // the /v1/chat/completions body it amounts to (stream false)
+  std::vector<std::string> message_from;  // per chat message: the field it came from ("instructions", "input[2]")
+  bool stream = false;
+  nlohmann::json echo;                    // the request's fields a response object repeats
+};
+
+// Validates the body (a JSON object). Throws ApiError 400 naming the field.
+ResponsesRequest parse_responses_request(const nlohmann::ordered_json& body);
+
+// An error of the chat path with the request's names: messages[k] becomes
+// the item it came from, max_completion_tokens max_output_tokens,
+// response_format text.format, tools[i].function tools[i].
+ApiError responses_error(const ApiError& e, const ResponsesRequest& r);
+
+// A finished response: the engine's output, and the ids its items carry.
+struct ResponsesOutput {
+  std::string text;
+  std::vector<TokenLogprob> logprobs;   // of the sampled tokens, when asked
+  int64_t top_logprobs = 0;
+  bool with_logprobs = false;
+  FinishReason finish = FinishReason::none;
+  ToolCallParse calls;                  // with tools: parse_tool_calls of the text
+  int64_t input_tokens = 0, output_tokens = 0, cached_tokens = 0;
+  double temperature = 0, top_p = 1;
+  std::string message_id;               // "msg_..."
+  std::vector<std::string> call_item_ids;  // "fc_...", one per call
+};
+
+// The output items: the assistant's message (its text, or with calls the
+// text besides them, if any) and a function_call item per call.
+nlohmann::json response_output(const ResponsesOutput& out, const tok::Tokenizer& tokenizer, bool tokens_as_ids);
+
+// The response object. status: completed, or incomplete with
+// incomplete_details {"reason": "max_output_tokens"} when the length limit
+// cut it; `output` as response_output gives it.
+nlohmann::json response_object(const ResponseHeader& h, const ResponsesRequest& r, const ResponsesOutput& out,
+                               const nlohmann::json& output);
+
+// Streaming, as OpenAI's server sends it: each event "event: TYPE\ndata: {JSON with type and
+// sequence_number}\n\n", in order
+//   response.created, response.in_progress (the response, status in_progress, no output),
+//   for the text: response.output_item.added (the message), response.content_part.added,
+//     response.output_text.delta per piece, response.output_text.done, response.content_part.done,
+//     response.output_item.done;
+//   per call: response.output_item.added, response.function_call_arguments.delta,
+//     response.function_call_arguments.done, response.output_item.done;
+//   response.completed or response.incomplete (the whole response object, as without stream);
+// a failure ends the stream with an "error" event. No [DONE].
+class ResponsesStream {
+ public:
+  ResponsesStream(ResponseHeader h, const ResponsesRequest& r, std::string message_id);
+  std::string start(double temperature, double top_p);
+  // A piece of text (and its tokens' log-probabilities, chat's "content" entries).
+  std::string text(const std::string& delta, const nlohmann::json& logprobs);
+  // The end: closes the message, sends the calls and the final response.
+  std::string finish(const ResponsesOutput& out, const tok::Tokenizer& tokenizer, bool tokens_as_ids);
+  std::string error(const ApiError& e);
+
+ private:
+  std::string event(nlohmann::json e);
+  std::string open();  // the message item's added events, once
+  nlohmann::json message_item(const std::string& status, const nlohmann::json& content) const;
+
+  ResponseHeader h_;
+  ResponsesRequest r_;  // (its chat body cleared)
+  std::string message_id_;
+  int64_t seq_ = 0;
+  bool open_ = false;       // the message item was announced
+  std::string text_;        // the text sent so far
+  nlohmann::json logprobs_ = nlohmann::json::array();
+};
+
+}  // namespace areno::serve

@@ -1,0 +1,385 @@
+// OpenAI's Responses API (serve/responses.h): the request as the chat body it
+// amounts to, every refusal by field, chat errors renamed to the request's
+// fields, and real HTTP on the demo model: a response equals its chat
+// request's answer and token counts, streamed events come in OpenAI's order
+// and add up to the response, tool calls and their results round-trip,
+// the length limit gives status incomplete, prefix-cached tokens are counted.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include <csignal>
+#include <string>
+
+#include "models/phi4mm/demo/demo.h"
+#include "serve/engine.h"
+#include "serve/http_server.h"
+#include "serve/responses.h"
+#include "tests/serve/http_fixture.h"
+
+using namespace areno;
+using namespace areno::serve;
+using nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+ResponsesRequest parse(const char* body) { return parse_responses_request(ojson::parse(body)); }
+
+// The 400 parse_responses_request throws for `body`, as {param, message}.
+std::pair<std::string, std::string> refusal(const char* body) {
+  try {
+    parse(body);
+  } catch (const ApiError& e) {
+    CHECK(e.status == 400);
+    return {e.param, e.what()};
+  }
+  FAIL("not refused: " << body);
+  return {};
+}
+
+struct Reply {
+  int status = 0;
+  json j;
+  std::string body;
+};
+
+Reply post(int port, const std::string& path, const json& body) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(120, 0);
+  httplib::Result r = cli.Post(path, body.dump(), "application/json");
+  REQUIRE(r);
+  Reply out{r->status, json::parse(r->body, nullptr, false), r->body};
+  return out;
+}
+
+// The events of a Responses stream: "event: T\ndata: {...}\n\n", T equal to data's type.
+std::vector<json> events_of(const std::string& body) {
+  std::vector<json> out;
+  size_t at = 0;
+  while ((at = body.find("event: ", at)) != std::string::npos) {
+    const size_t nl = body.find('\n', at);
+    const std::string type = body.substr(at + 7, nl - at - 7);
+    REQUIRE(body.compare(nl + 1, 6, "data: ") == 0);
+    const size_t end = body.find("\n\n", nl);
+    out.push_back(json::parse(body.substr(nl + 7, end - nl - 7)));
+    CHECK(out.back()["type"] == type);
+    at = end;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("serve/responses the request as a chat body: input items, instructions, tools, text.format, include") {
+  const ResponsesRequest a = parse(R"({"input": "Hi", "instructions": "Be brief.", "max_output_tokens": 9,
+                                       "temperature": 0.5, "top_k": 3, "metadata": {"k": "v"}, "store": true})");
+  CHECK(a.chat["messages"] == ojson::parse(R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])"));
+  CHECK(a.chat["max_completion_tokens"] == 9);
+  CHECK(a.chat["temperature"] == 0.5);
+  CHECK(a.chat["top_k"] == 3);
+  CHECK_FALSE(a.chat.contains("stream"));
+  CHECK_FALSE(a.stream);
+  CHECK(a.message_from == std::vector<std::string>{"instructions", "input"});
+  CHECK(a.echo["metadata"] == json{{"k", "v"}});
+
+  // Items: parts, a developer message, an assistant turn with two calls, their results, a skipped reasoning item.
+  const ResponsesRequest b = parse(R"({"input": [
+      {"role": "developer", "content": "Use tools."},
+      {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Look:"},
+                                                     {"type": "input_image", "image_url": "data:image/png;base64,AA", "detail": "auto"},
+                                                     {"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}}]},
+      {"type": "reasoning", "id": "rs_1", "summary": []},
+      {"role": "assistant", "content": [{"type": "output_text", "text": "Let me add."}]},
+      {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{\"a\":1}"},
+      {"type": "function_call", "call_id": "c2", "name": "add", "arguments": "{\"a\":2}"},
+      {"type": "function_call_output", "call_id": "c1", "output": "1"},
+      {"type": "function_call_output", "call_id": "c2", "output": "2"},
+      {"type": "function_call", "call_id": "c3", "name": "add", "arguments": "{}"}],
+    "tools": [{"type": "function", "name": "add", "description": "Adds.", "parameters": {"type": "object"}, "strict": true}],
+    "tool_choice": {"type": "function", "name": "add"},
+    "text": {"format": {"type": "json_schema", "name": "out", "schema": {"type": "object"}, "strict": true}},
+    "include": ["message.output_text.logprobs"], "top_logprobs": 2, "stream": true})");
+  CHECK(b.stream);
+  const ojson& m = b.chat["messages"];
+  REQUIRE(m.size() == 6);
+  CHECK(m[0] == ojson::parse(R"({"role": "developer", "content": "Use tools."})"));
+  CHECK(m[1]["content"] == ojson::parse(R"([{"type": "text", "text": "Look:"},
+                                            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}},
+                                            {"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}}])"));
+  CHECK(m[2] == ojson::parse(R"({"role": "assistant", "content": [{"type": "text", "text": "Let me add."}],
+      "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{\"a\":1}"}},
+                     {"id": "c2", "type": "function", "function": {"name": "add", "arguments": "{\"a\":2}"}}]})"));
+  CHECK(m[3] == ojson::parse(R"({"role": "tool", "tool_call_id": "c1", "content": "1"})"));
+  CHECK(m[4] == ojson::parse(R"({"role": "tool", "tool_call_id": "c2", "content": "2"})"));
+  CHECK(m[5] == ojson::parse(R"({"role": "assistant", "content": null,
+      "tool_calls": [{"id": "c3", "type": "function", "function": {"name": "add", "arguments": "{}"}}]})"));
+  CHECK(b.message_from == std::vector<std::string>{"input[0]", "input[1]", "input[3]", "input[6]", "input[7]", "input[8]"});
+  CHECK(b.chat["tools"] == ojson::parse(R"([{"type": "function", "function": {"name": "add", "description": "Adds.",
+                                              "parameters": {"type": "object"}, "strict": true}}])"));
+  CHECK(b.chat["tool_choice"] == ojson::parse(R"({"type": "function", "function": {"name": "add"}})"));
+  CHECK(b.chat["response_format"] == ojson::parse(R"({"type": "json_schema", "json_schema": {"name": "out",
+                                                      "schema": {"type": "object"}, "strict": true}})"));
+  CHECK(b.chat["logprobs"] == true);
+  CHECK(b.chat["top_logprobs"] == 2);
+  // The chat parser takes the body (less the format: chat refuses two constraints at once).
+  ojson without_format = b.chat;
+  without_format.erase("response_format");
+  const ApiRequest ar = parse_chat_request(json::parse(without_format.dump()), ApiLimits{});
+  CHECK(ar.logprobs);
+  CHECK(ar.top_logprobs == 2);
+  CHECK(ar.forced_tools == std::vector<std::string>{"add"});
+  CHECK(parse(R"({"input": "x", "text": {"format": {"type": "json_object"}}})").chat["response_format"] ==
+        ojson::parse(R"({"type": "json_object"})"));
+  CHECK_FALSE(parse(R"({"input": "x", "text": {"format": {"type": "text"}}})").chat.contains("response_format"));
+}
+
+TEST_CASE("serve/responses refusals name the field; chat errors are renamed to the request's fields") {
+  const std::pair<const char*, std::pair<std::string, std::string>> cases[] = {
+      {R"([1])", {"", "the request body must be a JSON object (got array)"}},
+      {R"({})", {"input", "'input' is required"}},
+      {R"({"input": []})", {"input", "'input' must not be an empty array"}},
+      {R"({"input": 3})", {"input", "'input' must be a string or an array of items (got number)"}},
+      {R"({"input": [{"type": "reasoning"}]})", {"input", "'input' has no message (only reasoning items)"}},
+      {R"({"input": "x", "previous_response_id": "resp_1"})",
+       {"previous_response_id", "'previous_response_id' is not supported: this server stores no responses or "
+                                "conversations (send the whole conversation as 'input')"}},
+      {R"({"input": "x", "conversation": "conv_1"})", {"conversation", ""}},
+      {R"({"input": "x", "background": true})", {"background", ""}},
+      {R"({"input": "x", "prompt": {"id": "p"}})", {"prompt", ""}},
+      {R"({"input": "x", "truncation": "auto"})", {"truncation", ""}},
+      {R"({"input": "x", "stream": "yes"})", {"stream", "'stream' must be a boolean"}},
+      {R"({"input": "x", "instructions": 5})", {"instructions", "'instructions' must be a string"}},
+      {R"({"input": [5]})", {"input[0]", "'input[0]' must be an object (got number)"}},
+      {R"({"input": [{"role": "robot", "content": "x"}]})",
+       {"input[0].role", "'input[0].role' 'robot' is not a role (user, assistant, system or developer)"}},
+      {R"({"input": [{"role": "user"}]})", {"input[0].content", "'input[0].content' is required"}},
+      {R"({"input": [{"type": "item_reference", "id": "x"}]})", {"input[0].type", ""}},
+      {R"({"input": [{"type": 7}]})", {"input[0].type", ""}},
+      {R"({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]})",
+       {"input[0].content[0].type", "'input[0].content[0].type' 'input_file' is not supported (input_text, "
+                                    "input_image or input_audio)"}},
+      {R"({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]})",
+       {"input[0].content[0].file_id", ""}},
+      {R"({"input": [{"role": "user", "content": [{"type": "input_image"}]}]})",
+       {"input[0].content[0].image_url", "'input[0].content[0].image_url' must be a string"}},
+      {R"({"input": [{"role": "assistant", "content": [{"type": "input_image", "image_url": "x"}]}]})",
+       {"input[0].content[0].type", ""}},
+      {R"({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]})", {"input[0].arguments", ""}},
+      {R"({"input": [{"type": "function_call_output", "call_id": "c", "output": {"a": 1}}]})",
+       {"input[0].output", "'input[0].output' must be a string"}},
+      {R"({"input": "x", "tools": [{"type": "web_search_preview"}]})",
+       {"tools[0].type", "'tools[0].type' 'web_search_preview' is not supported: only function tools are (the "
+                         "server runs no built-in tools)"}},
+      {R"({"input": "x", "tools": [{"type": "function"}]})", {"tools[0].name", ""}},
+      {R"({"input": "x", "tool_choice": {"type": "file_search"}})", {"tool_choice", ""}},
+      {R"({"input": "x", "text": {"format": {"type": "xml"}}})", {"text.format.type", ""}},
+      {R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}})", {"text.format.schema", ""}},
+      {R"({"input": "x", "include": "all"})", {"include", ""}},
+      {R"({"input": "x", "metadata": []})", {"metadata", ""}},
+  };
+  for (const auto& [body, want] : cases) {
+    CAPTURE(body);
+    const auto [param, message] = refusal(body);
+    CHECK(param == want.first);
+    if (!want.second.empty()) CHECK(message == want.second);
+  }
+
+  // Chat-path errors, renamed: a message's index becomes its item's, the
+  // chat names become the request's.
+  const ResponsesRequest r = parse(R"({"instructions": "s", "input": [{"role": "user", "content": "a"},
+      {"type": "reasoning"}, {"role": "user", "content": "b"}]})");
+  const ApiError e1 = responses_error(ApiError(400, "'messages[2].content' is bad", "messages[2].content"), r);
+  CHECK(e1.param == "input[2].content");
+  CHECK(std::string(e1.what()) == "'input[2].content' is bad");
+  CHECK(responses_error(ApiError(400, "x", "messages[0]"), r).param == "instructions");
+  CHECK(responses_error(ApiError(400, "'max_completion_tokens' must be >= 1", "max_completion_tokens"), r).param ==
+        "max_output_tokens");
+  CHECK(responses_error(ApiError(400, "x", "tools[3].function.parameters"), r).param == "tools[3].parameters");
+  CHECK(responses_error(ApiError(400, "x", "response_format.json_schema.schema"), r).param == "text.format.schema");
+  CHECK(responses_error(ApiError(400, "x", "messages"), r).param == "input");
+  CHECK(responses_error(ApiError(404, "no model", "model", "model_not_found"), r).code == "model_not_found");
+  // Over the chat parser: a bad temperature keeps its name, a bad token limit takes the request's.
+  const ResponsesRequest t = parse(R"({"input": "x", "max_output_tokens": 0})");
+  try {
+    parse_chat_request(json::parse(t.chat.dump()), ApiLimits{});
+    FAIL("not refused");
+  } catch (const ApiError& e) {
+    const ApiError mapped = responses_error(e, t);
+    CHECK(mapped.param == "max_output_tokens");
+    CHECK(std::string(mapped.what()).find("max_completion_tokens") == std::string::npos);
+  }
+}
+
+TEST_CASE("serve/responses over HTTP: the chat answer as a response; streamed events in order; tools; incomplete; cached tokens") {
+  std::signal(SIGPIPE, SIG_IGN);
+  auto model = phi4mm::demo_model();
+  EngineOptions eo;
+  eo.kv_blocks = 256;
+  eo.prefix_caching = true;
+  Engine engine(model, tokenizer_for(*model), eo);
+  engine.start();
+  Served served(engine, ServerOptions{});
+
+  // The same turn through chat, greedy.
+  const std::string question = "What is 2 + 3?";
+  Reply chat = post(served.port, "/v1/chat/completions",
+                    {{"messages", {{{"role", "system"}, {"content", "Answer."}}, {{"role", "user"}, {"content", question}}}},
+                     {"max_completion_tokens", 8},
+                     {"temperature", 0}});
+  REQUIRE(chat.status == 200);
+  const std::string text = chat.j["choices"][0]["message"]["content"];
+  const int64_t prompt_tokens = chat.j["usage"]["prompt_tokens"], completion_tokens = chat.j["usage"]["completion_tokens"];
+  REQUIRE_FALSE(text.empty());
+
+  const json body = {{"input", question}, {"instructions", "Answer."}, {"max_output_tokens", 8}, {"temperature", 0},
+                     {"metadata", {{"run", "1"}}}, {"include", {"message.output_text.logprobs"}}};
+  Reply r = post(served.port, "/v1/responses", body);
+  CAPTURE(r.body);
+  REQUIRE(r.status == 200);
+  CHECK(r.j["object"] == "response");
+  CHECK(r.j["id"].get<std::string>().rfind("resp_", 0) == 0);
+  CHECK(r.j["status"] == "completed");
+  CHECK(r.j["model"] == "areno-demo");
+  CHECK(r.j["instructions"] == "Answer.");
+  CHECK(r.j["max_output_tokens"] == 8);
+  CHECK(r.j["metadata"] == json{{"run", "1"}});
+  CHECK(r.j["store"] == false);
+  REQUIRE(r.j["output"].size() == 1);
+  const json& msg = r.j["output"][0];
+  CHECK(msg["type"] == "message");
+  CHECK(msg["role"] == "assistant");
+  CHECK(msg["status"] == "completed");
+  CHECK(msg["id"].get<std::string>().rfind("msg_", 0) == 0);
+  CHECK(msg["content"][0]["type"] == "output_text");
+  CHECK(msg["content"][0]["text"] == text);
+  CHECK(msg["content"][0]["logprobs"].size() == size_t(completion_tokens));
+  CHECK(r.j["usage"]["input_tokens"] == prompt_tokens);
+  CHECK(r.j["usage"]["output_tokens"] == completion_tokens);
+  CHECK(r.j["usage"]["total_tokens"] == prompt_tokens + completion_tokens);
+
+  // Streamed: OpenAI's order, sequence numbers 0.., the deltas add up, the
+  // final response is the whole one.
+  json sbody = body;
+  sbody["stream"] = true;
+  Reply s = post(served.port, "/v1/responses", sbody);
+  REQUIRE(s.status == 200);
+  const std::vector<json> ev = events_of(s.body);
+  REQUIRE(ev.size() >= 9);
+  for (size_t i = 0; i < ev.size(); ++i) CHECK(ev[i]["sequence_number"] == i);
+  CHECK(ev[0]["type"] == "response.created");
+  CHECK(ev[0]["response"]["status"] == "in_progress");
+  CHECK(ev[1]["type"] == "response.in_progress");
+  CHECK(ev[2]["type"] == "response.output_item.added");
+  CHECK(ev[3]["type"] == "response.content_part.added");
+  std::string deltas;
+  size_t k = 4, lps = 0;
+  for (; k < ev.size() && ev[k]["type"] == "response.output_text.delta"; ++k) {
+    deltas += ev[k]["delta"].get<std::string>();
+    lps += ev[k]["logprobs"].size();
+  }
+  CHECK(deltas == text);
+  CHECK(lps == size_t(completion_tokens));
+  REQUIRE(k + 4 == ev.size());
+  CHECK(ev[k]["type"] == "response.output_text.done");
+  CHECK(ev[k]["text"] == text);
+  CHECK(ev[k + 1]["type"] == "response.content_part.done");
+  CHECK(ev[k + 2]["type"] == "response.output_item.done");
+  CHECK(ev[k + 2]["item"]["content"][0]["text"] == text);
+  CHECK(ev[k + 3]["type"] == "response.completed");
+  const json& fin = ev[k + 3]["response"];
+  CHECK(fin["id"] == ev[0]["response"]["id"]);
+  CHECK(fin["output"][0]["id"] == ev[2]["item"]["id"]);
+  CHECK(fin["output"][0]["content"][0]["text"] == text);
+  CHECK(fin["usage"]["output_tokens"] == completion_tokens);
+  CHECK(s.body.find("[DONE]") == std::string::npos);
+
+  // The length limit: status incomplete, the reason, the message incomplete.
+  Reply cut = post(served.port, "/v1/responses", {{"input", "Tell me a long story."}, {"max_output_tokens", 2},
+                                                  {"temperature", 0}, {"ignore_eos", true}});
+  REQUIRE(cut.status == 200);
+  CHECK(cut.j["status"] == "incomplete");
+  CHECK(cut.j["incomplete_details"] == json{{"reason", "max_output_tokens"}});
+  CHECK(cut.j["output"][0]["status"] == "incomplete");
+  CHECK(cut.j["usage"]["output_tokens"] == 2);
+
+  // Tools: a required call comes back as a function_call item (whole and
+  // streamed), and the call with its output continues the conversation.
+  const json tools = json::parse(R"([{"type": "function", "name": "add", "parameters": {"type": "object",
+      "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}])");
+  Reply call = post(served.port, "/v1/responses", {{"input", "Add 2 and 3."}, {"tools", tools},
+                                                   {"tool_choice", "required"}, {"max_output_tokens", 60},
+                                                   {"temperature", 0}});
+  CAPTURE(call.body);
+  REQUIRE(call.status == 200);
+  const json* fc = nullptr;
+  for (const json& item : call.j["output"])
+    if (item["type"] == "function_call") fc = &item;
+  REQUIRE(fc != nullptr);
+  CHECK((*fc)["name"] == "add");
+  CHECK((*fc)["id"].get<std::string>().rfind("fc_", 0) == 0);
+  const json args = json::parse((*fc)["arguments"].get<std::string>());
+  CHECK(args.contains("a"));
+  CHECK(args.contains("b"));
+  CHECK(call.j["tools"] == tools);
+  CHECK(call.j["tool_choice"] == "required");
+  Reply scall = post(served.port, "/v1/responses", {{"input", "Add 2 and 3."}, {"tools", tools},
+                                                    {"tool_choice", "required"}, {"max_output_tokens", 60},
+                                                    {"temperature", 0}, {"stream", true}});
+  REQUIRE(scall.status == 200);
+  const std::vector<json> cev = events_of(scall.body);
+  std::string arg_delta;
+  for (const json& e : cev)
+    if (e["type"] == "response.function_call_arguments.delta") arg_delta += e["delta"].get<std::string>();
+  CHECK(arg_delta == (*fc)["arguments"]);  // greedy: the same call
+  CHECK(cev.back()["type"] == "response.completed");
+  const json input = {{{"role", "user"}, {"content", "Add 2 and 3."}},
+                      {{"type", "function_call"}, {"call_id", (*fc)["call_id"]}, {"name", "add"}, {"arguments", (*fc)["arguments"]}},
+                      {{"type", "function_call_output"}, {"call_id", (*fc)["call_id"]}, {"output", "5"}}};
+  Reply next = post(served.port, "/v1/responses", {{"input", input}, {"tools", tools}, {"max_output_tokens", 4},
+                                                   {"temperature", 0}});
+  REQUIRE(next.status == 200);
+  // The same history through chat gives the same prompt length.
+  const json history = {{{"role", "user"}, {"content", "Add 2 and 3."}},
+                        {{"role", "assistant"}, {"content", nullptr},
+                         {"tool_calls", {{{"id", (*fc)["call_id"]}, {"type", "function"},
+                                          {"function", {{"name", "add"}, {"arguments", (*fc)["arguments"]}}}}}}},
+                        {{"role", "tool"}, {"tool_call_id", (*fc)["call_id"]}, {"content", "5"}}};
+  json chat_tools = json::array({{{"type", "function"}, {"function", {{"name", "add"}, {"parameters", tools[0]["parameters"]}}}}});
+  Reply cnext = post(served.port, "/v1/chat/completions", {{"messages", history}, {"tools", chat_tools},
+                                                           {"max_completion_tokens", 4}, {"temperature", 0}});
+  REQUIRE(cnext.status == 200);
+  CHECK(next.j["usage"]["input_tokens"] == cnext.j["usage"]["prompt_tokens"]);
+
+  // Prefix caching: a longer shared prompt sent twice reports its cached blocks.
+  std::string long_text;
+  for (int i = 0; i < 20; ++i) long_text += fmt::format("Line {} of a long shared preamble. ", i);
+  const json lbody = {{"input", long_text}, {"max_output_tokens", 1}, {"temperature", 0}};
+  Reply first = post(served.port, "/v1/responses", lbody);
+  Reply second = post(served.port, "/v1/responses", lbody);
+  REQUIRE(first.status == 200);
+  REQUIRE(second.status == 200);
+  const int64_t input_tokens = second.j["usage"]["input_tokens"];
+  const int64_t cached = second.j["usage"]["input_tokens_details"]["cached_tokens"];
+  CHECK(first.j["usage"]["input_tokens_details"]["cached_tokens"] == 0);
+  CHECK(cached > 0);
+  CHECK(cached % 16 == 0);  // whole blocks
+  CHECK(cached <= input_tokens - 1);
+
+  // Errors: the request's fields, the chat path's checks.
+  Reply e1 = post(served.port, "/v1/responses", {{"input", "x"}, {"temperature", 7}});
+  CHECK(e1.status == 400);
+  CHECK(e1.j["error"]["param"] == "temperature");
+  Reply e2 = post(served.port, "/v1/responses",
+                  {{"input", {{{"role", "user"}, {"content", {{{"type", "input_image"}, {"image_url", "http://127.0.0.1:9/a.png"}}}}}}}});
+  CHECK(e2.status == 400);
+  CHECK(e2.j["error"]["param"].get<std::string>().rfind("input[0]", 0) == 0);
+  Reply e3 = post(served.port, "/v1/responses", {{"input", "x"}, {"model", "nope"}});
+  CHECK(e3.status == 404);
+  CHECK(e3.j["error"]["code"] == "model_not_found");
+  Reply e4 = post(served.port, "/v1/responses", {{"input", "x"}, {"max_output_tokens", 1000000}});
+  CHECK(e4.status == 400);
+  CHECK(e4.j["error"]["message"].get<std::string>().find("messages") == std::string::npos);
+  // The server still answers.
+  CHECK(post(served.port, "/v1/responses", body).status == 200);
+}
