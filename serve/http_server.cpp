@@ -682,9 +682,11 @@ struct HttpServer::Impl {
     std::vector<std::vector<std::optional<TokenLogprob>>> prompt_lps(prompt_ids.size());
     std::string error;
     bool all_done = false;
+    Usage usage;
     while (!all_done) {
       for (auto& [i, o] : pending.take(std::chrono::milliseconds(1000), all_done)) {
         if (!o.error.empty()) error = o.error;
+        if (o.done) usage.cached_tokens += o.cached_tokens;
         if (o.sample < 0) {
           if (!o.prompt_logprobs.empty()) prompt_lps[i] = o.prompt_logprobs;
           continue;
@@ -694,7 +696,6 @@ struct HttpServer::Impl {
     }
     if (!error.empty()) throw ApiError(500, error);
     if (turn) record_turn(*turn, ar, choices[0]);
-    Usage usage;
     for (auto& p : prompt_ids) usage.prompt_tokens += int64_t(p.size());
     for (auto& c : choices) usage.completion_tokens += int64_t(c.tokens.size());
     const json out = kind == ApiKind::chat
@@ -782,6 +783,7 @@ struct HttpServer::Impl {
             return write(sse_event(ids(completion_chunk(st->h, int64_t(c), text, lp), i, c)));
           };
           const bool all_sent = pump_events(*pending, st->failed, write, [&](size_t i, const RequestOutput& o) {
+            if (o.done) st->usage.cached_tokens += o.cached_tokens;
             if (o.sample < 0) {
               if (!o.prompt_logprobs.empty()) st->prompt_lps[i] = o.prompt_logprobs;
               return true;

@@ -631,7 +631,7 @@ json Usage::to_json() const {
   return {{"prompt_tokens", prompt_tokens},
           {"completion_tokens", completion_tokens},
           {"total_tokens", prompt_tokens + completion_tokens},
-          {"prompt_tokens_details", nullptr}};
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
 std::string new_response_id(const std::string& prefix) {

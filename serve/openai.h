@@ -160,6 +160,7 @@ struct ChoiceOutput {
 struct Usage {
   int64_t prompt_tokens = 0;      // expanded prompt(s), once per prompt whatever n
   int64_t completion_tokens = 0;  // all choices, stop tokens included
+  int64_t cached_tokens = 0;      // prompt tokens the prefix cache gave (prompt_tokens_details)
   nlohmann::json to_json() const;
 };
 

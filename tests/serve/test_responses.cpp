@@ -365,6 +365,19 @@ TEST_CASE("serve/responses over HTTP: the chat answer as a response; streamed ev
   CHECK(cached > 0);
   CHECK(cached % 16 == 0);  // whole blocks
   CHECK(cached <= input_tokens - 1);
+  // Chat and completions report the same in usage.prompt_tokens_details (streamed too).
+  const json cbody = {{"messages", {{{"role", "user"}, {"content", long_text}}}}, {"max_tokens", 1}, {"temperature", 0}};
+  Reply c1 = post(served.port, "/v1/chat/completions", cbody);
+  REQUIRE(c1.status == 200);
+  CHECK(c1.j["usage"]["prompt_tokens_details"]["cached_tokens"] == cached);  // the same prompt as the Responses one
+  json sc = cbody;
+  sc["stream"] = true;
+  sc["stream_options"] = {{"include_usage", true}};
+  Reply c2 = post(served.port, "/v1/chat/completions", sc);
+  REQUIRE(c2.status == 200);
+  const size_t u = c2.body.rfind("\"usage\"");
+  REQUIRE(u != std::string::npos);
+  CHECK(c2.body.find(fmt::format("\"cached_tokens\":{}", cached), u) != std::string::npos);
 
   // Errors: the request's fields, the chat path's checks.
   Reply e1 = post(served.port, "/v1/responses", {{"input", "x"}, {"temperature", 7}});
