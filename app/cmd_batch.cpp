@@ -34,9 +34,9 @@ constexpr const char* kBatchUsage =
     "\n"
     "Runs an OpenAI batch file (vLLM's run_batch): one JSON object per line,\n"
     "  {\"custom_id\": \"...\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": {...}}\n"
-    "with url /v1/chat/completions or /v1/completions and the body of that route\n"
-    "(no streaming). Every line is checked first; a bad line stops the run before\n"
-    "any request, naming the file, the line and the field. The requests then run\n"
+    "with url /v1/chat/completions, /v1/completions or /v1/responses and the body of the\n"
+    "route (no streaming). Every line is checked first; a bad line stops the run\n"
+    "before any request, naming the file, the line and the field. The requests then run\n"
     "through this build's server routes (an in-process server on a loopback port),\n"
     "several at once so the engine batches them, and each gets one output line in\n"
     "input order:\n"
@@ -105,8 +105,9 @@ std::vector<BatchLine> read_batch_file(const std::string& path, size_t max_line,
       throw fail("'method' must be \"POST\"");
     auto url = j.find("url");
     if (url == j.end() || !url->is_string() ||
-        (url->get<std::string>() != "/v1/chat/completions" && url->get<std::string>() != "/v1/completions"))
-      throw fail("'url' must be \"/v1/chat/completions\" or \"/v1/completions\"");
+        (url->get<std::string>() != "/v1/chat/completions" && url->get<std::string>() != "/v1/completions" &&
+         url->get<std::string>() != "/v1/responses"))
+      throw fail("'url' must be \"/v1/chat/completions\", \"/v1/completions\" or \"/v1/responses\"");
     bl.url = url->get<std::string>();
     auto body = j.find("body");
     if (body == j.end() || !body->is_object()) throw fail("'body' must be a JSON object (the route's request)");

@@ -350,12 +350,13 @@ TEST_CASE("serve/cli batch: an OpenAI batch file through the server's routes, in
   text += line("empty", "/v1/chat/completions", {{"messages", nlohmann::json::array()}});
   text += line("other-model", "/v1/chat/completions", {{"model", "nope"}, {"messages", sum["messages"]}});
   text += line("completion", "/v1/completions", {{"prompt", "What is 1 + 1?"}, {"max_tokens", 2}, {"temperature", 0}});
+  text += line("response", "/v1/responses", {{"input", "What is 2 + 3?"}, {"max_output_tokens", 8}, {"temperature", 0}});
   write(in, text);
   REQUIRE(app::cmd_batch({"-i", in, "-o", out, "--max-concurrency", "4"}) == 0);
   std::ifstream f(out);
   std::vector<nlohmann::json> rows;
   for (std::string l; std::getline(f, l);) rows.push_back(nlohmann::json::parse(l));
-  REQUIRE(rows.size() == 15);
+  REQUIRE(rows.size() == 16);
   for (int i = 0; i < 12; ++i) {
     CAPTURE(i);
     const nlohmann::json& r = rows[size_t(i)];
@@ -373,6 +374,9 @@ TEST_CASE("serve/cli batch: an OpenAI batch file through the server's routes, in
   CHECK(rows[13]["response"]["body"]["error"]["code"] == "model_not_found");
   CHECK(rows[14]["response"]["status_code"] == 200);
   CHECK(rows[14]["response"]["body"]["object"] == "text_completion");
+  CHECK(rows[15]["response"]["status_code"] == 200);
+  CHECK(rows[15]["response"]["body"]["object"] == "response");
+  CHECK(rows[15]["response"]["body"]["output"][0]["content"][0]["text"] == "5");
 
   // Bad files name the file, the line and the field; nothing is written.
   const std::string good = line("x", "/v1/completions", {{"prompt", "hi"}});
