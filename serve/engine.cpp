@@ -150,6 +150,11 @@ int64_t Engine::max_context() const { return model_->config().text.max_position_
 
 int64_t Engine::submit(Request r, OutputCallback on_output) {
   const int64_t V = model_->config().text.vocab_size;
+  if (!r.params.bad_words.empty() && r.params.bad_words_ids.empty())
+    r.params.bad_words_ids = encode_bad_words(r.params.bad_words, [this](const std::string& text) {
+      const std::vector<tok::TokenId> ids = tok_->encode(text);
+      return std::vector<int64_t>(ids.begin(), ids.end());
+    });
   validate(r.params, V);
   if (r.prompt.empty()) throw std::invalid_argument("prompt: must contain at least one token");
   int64_t n_media = 0;

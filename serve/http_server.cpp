@@ -752,9 +752,11 @@ struct HttpServer::Impl {
           const tok::Tokenizer& t = eng->tokenizer();
           ApiRequest& ar = st->ar;
           auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
-          // A chunk of choice c (prompt i) as sent: with return_token_ids,
-          // the ids not sent yet, and the prompt's ids in its first chunk.
+          // A chunk of choice c (prompt i) as sent: with continuous usage,
+          // the usage so far; with return_token_ids, the ids not sent yet,
+          // and the prompt's ids in its first chunk.
           auto ids = [&](json chunk, size_t i, size_t c) {
+            if (ar.continuous_usage) chunk["usage"] = st->usage.to_json();
             if (!ar.return_token_ids) return chunk;
             json& choice = chunk["choices"][0];
             if (!st->prompt_ids_sent[c]) {
@@ -772,7 +774,7 @@ struct HttpServer::Impl {
             if (kind == ApiKind::chat)
               return write(sse_event(ids(chat_chunk(st->h, int64_t(c), {{"role", "assistant"}, {"content", ""}}), i, c))) &&
                      (ar.echo_prefix.empty() ||
-                      write(sse_event(chat_chunk(st->h, int64_t(c), {{"content", ar.echo_prefix}}))));
+                      write(sse_event(ids(chat_chunk(st->h, int64_t(c), {{"content", ar.echo_prefix}}), i, c))));
             if (!ar.echo) return true;
             std::vector<tok::TokenId> tids(st->prompt_ids[i].begin(), st->prompt_ids[i].end());
             const std::string text = t.decode(tids, ar.params.skip_special_tokens);
@@ -821,7 +823,7 @@ struct HttpServer::Impl {
               }
             }
             if (!call_delta.is_null() && !text.empty()) {  // the content before the call, then the call
-              if (!write(sse_event(chat_chunk(st->h, int64_t(c), {{"content", text}}, nullptr)))) return false;
+              if (!write(sse_event(ids(chat_chunk(st->h, int64_t(c), {{"content", text}}, nullptr), i, c)))) return false;
               text.clear();
             }
             if (!call_delta.is_null()) {

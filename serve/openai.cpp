@@ -304,6 +304,40 @@ void parse_common(const json& body, const ApiLimits& lim, ApiRequest& r) {
   p.include_stop_str_in_output = get_bool(body, "include_stop_str_in_output", false);
   r.return_tokens_as_token_ids = get_bool(body, "return_tokens_as_token_ids", false);
   r.return_token_ids = get_bool(body, "return_token_ids", false);
+  if (has(body, "allowed_token_ids")) {
+    const json& a = body["allowed_token_ids"];
+    if (!a.is_array() || a.empty() || int64_t(a.size()) > lim.vocab_size)
+      throw bad("allowed_token_ids", fmt::format("'allowed_token_ids' must be a non-empty array of at most {} token ids",
+                                                 lim.vocab_size));
+    for (size_t i = 0; i < a.size(); ++i) {
+      const int64_t id = as_int(a[i], "allowed_token_ids");
+      if (id < 0 || id >= lim.vocab_size)
+        throw bad("allowed_token_ids", fmt::format("'allowed_token_ids': {} is not a token id in [0, {})", id, lim.vocab_size));
+      p.allowed_token_ids.push_back(id);
+    }
+  }
+  if (has(body, "bad_words")) {
+    const json& w = body["bad_words"];
+    if (!w.is_array() || int64_t(w.size()) > bounds::kMaxBadWords)
+      throw bad("bad_words", fmt::format("'bad_words' must be an array of at most {} strings", bounds::kMaxBadWords));
+    for (const json& x : w) {
+      if (!x.is_string() || x.get_ref<const std::string&>().find_first_not_of(" \t\n\r\f\v") == std::string::npos ||
+          int64_t(x.get_ref<const std::string&>().size()) > bounds::kMaxBadWordBytes)
+        throw bad("bad_words", fmt::format("'bad_words' entries must be strings with a non-blank character, of at "
+                                           "most {} bytes", bounds::kMaxBadWordBytes));
+      p.bad_words.push_back(x.get<std::string>());
+    }
+  }
+  // vLLM's fields this server does not run: refused by name, never ignored.
+  if (get_bool(body, "use_beam_search", false))
+    throw bad("use_beam_search", "'use_beam_search' is not supported (sampling and greedy decoding only)");
+  if (has(body, "logits_processors") && !(body["logits_processors"].is_array() && body["logits_processors"].empty()))
+    throw bad("logits_processors", "'logits_processors' is not supported (the server runs no client code)");
+  if (has(body, "priority") && as_int(body["priority"], "priority") != 0)
+    throw bad("priority", "'priority' other than 0 is not supported (requests are served first come, first served)");
+  if (has(body, "truncate_prompt_tokens"))
+    throw bad("truncate_prompt_tokens", "'truncate_prompt_tokens' is not supported: a prompt longer than the "
+                                        "context is refused, never cut");
   if (has(body, "cache_salt")) {
     const json& s = body["cache_salt"];
     if (!s.is_string() || s.get_ref<const std::string&>().empty() || s.get_ref<const std::string&>().size() > 1024)
@@ -316,6 +350,7 @@ void parse_common(const json& body, const ApiLimits& lim, ApiRequest& r) {
     if (!so.is_object()) throw bad("stream_options", "'stream_options' must be an object");
     if (!r.stream) throw bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
     r.include_usage = get_bool(so, "include_usage", false);
+    r.continuous_usage = r.include_usage && get_bool(so, "continuous_usage_stats", false);
   }
   if (has(body, "prompt_logprobs")) {
     // An integer as vLLM's; a boolean counts as 0 or 1 (pydantic's coercion,

@@ -72,6 +72,7 @@ struct ApiRequest {
   bool max_tokens_given = false;    // false: params.max_tokens is the server default (may be clamped)
   bool stream = false;
   bool include_usage = false;       // stream_options.include_usage
+  bool continuous_usage = false;    // vLLM's stream_options.continuous_usage_stats (with include_usage): usage in every chunk
   bool return_tokens_as_token_ids = false;
   // vLLM's: the prompt's log-probabilities with their ranks and the top k
   // (-1: not asked; not with stream), and the prompt's and each choice's token ids.

@@ -51,6 +51,38 @@ void validate(const SamplingParams& p, int64_t vocab_size) {
     if (id < 0 || id >= vocab_size) bad("logit_bias", fmt::format("id {} is outside [0, {})", id, vocab_size));
     check(bounds::logit_bias, b);
   }
+  if (!p.allowed_token_ids.empty()) {
+    bool any = false;
+    for (int64_t id : p.allowed_token_ids) {
+      if (id < 0 || id >= vocab_size) bad("allowed_token_ids", fmt::format("id {} is outside [0, {})", id, vocab_size));
+      any = any || !(phi4mm::is_unused_id(tok::TokenId(id)) || phi4mm::is_media_token(id));
+    }
+    if (!any) bad("allowed_token_ids", "holds only ids that are never drawn (media placeholders, unused ids)");
+  }
+  if (int64_t(p.bad_words.size()) > bounds::kMaxBadWords)
+    bad("bad_words", fmt::format("at most {} words (got {})", bounds::kMaxBadWords, p.bad_words.size()));
+  for (const std::string& w : p.bad_words)
+    if (w.find_first_not_of(" \t\n\r\f\v") == std::string::npos || int64_t(w.size()) > bounds::kMaxBadWordBytes)
+      bad("bad_words", fmt::format("each word must have a non-blank character and at most {} bytes",
+                                   bounds::kMaxBadWordBytes));
+  for (const std::vector<int64_t>& seq : p.bad_words_ids)
+    for (int64_t id : seq)
+      if (id < 0 || id >= vocab_size) bad("bad_words", fmt::format("id {} is outside [0, {})", id, vocab_size));
+}
+
+std::vector<std::vector<int64_t>> encode_bad_words(const std::vector<std::string>& words,
+                                                   const std::function<std::vector<int64_t>(const std::string&)>& encode) {
+  std::vector<std::vector<int64_t>> out;
+  for (const std::string& w : words) {
+    const std::string word = w.substr(std::min(w.size(), w.find_first_not_of(" \t\n\r\f\v")));
+    std::vector<int64_t> plain = encode(word);
+    if (plain.empty()) continue;
+    std::vector<int64_t> spaced = encode(" " + word);
+    out.push_back(std::move(plain));
+    // The spaced form too when it starts with another id and has as many.
+    if (!spaced.empty() && spaced[0] != out.back()[0] && spaced.size() == out.back().size()) out.push_back(std::move(spaced));
+  }
+  return out;
 }
 
 namespace {
@@ -249,8 +281,30 @@ Picked pick_token(const SamplingParams& p, const SequenceView& s, const float* r
   if (p.presence_penalty != 0 || p.frequency_penalty != 0)
     for (auto& [id, c] : *s.counts)
       work[size_t(id)] -= float(p.frequency_penalty * double(c) + p.presence_penalty);
+  if (!p.allowed_token_ids.empty()) {
+    // Every id but the allowed ones at -inf; the allowed keep their values.
+    thread_local std::vector<float> keep;
+    keep.clear();
+    for (int64_t id : p.allowed_token_ids) keep.push_back(work[size_t(id)]);
+    std::fill(work.begin(), work.end(), kNegInf);
+    for (size_t i = 0; i < keep.size(); ++i) work[size_t(p.allowed_token_ids[i])] = keep[i];
+  }
   if (s.generated < p.min_tokens)
     for (int64_t id : stop_ids) work[size_t(id)] = kNegInf;
+  if (!p.bad_words_ids.empty()) {
+    const std::span<const int64_t> gen = s.tokens.last(size_t(s.generated));
+    thread_local std::vector<std::pair<int64_t, float>> masked;
+    masked.clear();
+    for (const std::vector<int64_t>& seq : p.bad_words_ids) {
+      const size_t k = seq.size() - 1;  // the ids the generated tokens must end with
+      if (k > gen.size() || !std::equal(seq.begin(), seq.end() - 1, gen.end() - int64_t(k))) continue;
+      float& l = work[size_t(seq.back())];
+      if (l != kNegInf) masked.emplace_back(seq.back(), l), l = kNegInf;
+    }
+    // Where they leave no id to draw (and no grammar decides), they give way.
+    if (!masked.empty() && !p.grammar && row_max(work.data(), V) == kNegInf)
+      for (const auto& [id, l] : masked) work[size_t(id)] = l;
+  }
   if (p.grammar)
     p.grammar->mask(s.tokens.last(size_t(s.generated)), p.max_tokens - s.generated, work.data(), V);
 

@@ -13,6 +13,7 @@
 // of the raw model distribution (log_softmax of the logits before
 // temperature, penalties or filtering), as vLLM reports.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -45,6 +46,15 @@ struct SamplingParams {
   bool skip_special_tokens = true;      // in the decoded text
   int64_t logprobs = -1;         // -1: none; k >= 0: logprob of each token and the top k
   int64_t prompt_logprobs = -1;  // -1: none; k >= 0: logprobs of the prompt tokens (echo)
+  // vLLM's allowed_token_ids: when not empty, only these ids may be drawn.
+  std::vector<int64_t> allowed_token_ids;
+  // vLLM's bad_words, and their ids (Engine::submit encodes them, as vLLM:
+  // the word and, when it tokenizes to as many ids with another first id,
+  // " " + the word): a sequence's last id is masked when the generated tokens
+  // end with the rest of it (a one-id sequence: always). Where the rules leave
+  // no id to draw, the bad words give way for that token.
+  std::vector<std::string> bad_words;
+  std::vector<std::vector<int64_t>> bad_words_ids;
   // Constrained decoding (a forced tool call, a JSON object): only ids that
   // keep the output in the grammar's language and finishable within
   // max_tokens are drawn; applied after every other rule, and it wins over
@@ -72,11 +82,17 @@ inline constexpr Bound repetition_penalty{"repetition_penalty", 0, 2, true};
 inline constexpr Bound logit_bias{"logit_bias", -100, 100};
 inline constexpr int64_t kMaxLogprobs = 20;  // logprobs / prompt_logprobs: -1 (none) or [0, 20]
 inline constexpr int64_t kMinTopK = -1;      // top_k: -1 or 0 (off), or >= 1
+inline constexpr int64_t kMaxBadWords = 256;        // bad_words: strings per request
+inline constexpr int64_t kMaxBadWordBytes = 256;    // bytes per bad word
 }  // namespace bounds
 
 // Validates every field against the table; throws std::invalid_argument
 // naming the field ("temperature: must be in [0, 2] (got 5)").
 void validate(const SamplingParams& p, int64_t vocab_size);
+
+// vLLM's encoding of bad_words into id sequences (see SamplingParams).
+std::vector<std::vector<int64_t>> encode_bad_words(const std::vector<std::string>& words,
+                                                   const std::function<std::vector<int64_t>(const std::string&)>& encode);
 
 struct TokenLogprob {
   int64_t token = 0;

@@ -812,6 +812,103 @@ TEST_CASE("engine: stop strings, stop token ids and max_tokens") {
   CHECK(e.stats().kv_blocks_used == 0);
 }
 
+TEST_CASE("engine: allowed_token_ids and bad_words (vLLM's) mask what they name, nothing else") {
+  const auto c = mixed_cases()[0];
+  Engine e(tiny_model(), tokenizer(), opts(4, 512));
+  auto make = [&](int64_t max_tokens) {
+    Request r = make_request(c, max_tokens, 1.0);
+    r.params.seed = 9;
+    for (int64_t id = 199999; id < 200029; ++id) r.params.logit_bias.emplace_back(id, -100.0);
+    return r;
+  };
+  const auto base = generate(e, {make(12)})[0][0];
+  REQUIRE(base.tokens.size() == 12);
+  INFO(fmt::format("{}", fmt::join(base.tokens, ",")));
+  auto has_pair = [](const std::vector<int64_t>& t, int64_t a, int64_t b) {
+    for (size_t i = 1; i < t.size(); ++i)
+      if (t[i - 1] == a && t[i] == b) return true;
+    return false;
+  };
+
+  // allowed_token_ids: every token drawn among them.
+  {
+    Request r = make(12);
+    r.params.allowed_token_ids = {base.tokens[1], base.tokens[4], 17, 4000};
+    const auto res = generate(e, {r})[0][0];
+    REQUIRE(res.tokens.size() == 12);
+    for (int64_t t : res.tokens) CHECK(std::count(r.params.allowed_token_ids.begin(), r.params.allowed_token_ids.end(), t) == 1);
+  }
+  // A one-id bad word: never drawn.
+  {
+    const int64_t id = base.tokens[3];
+    Request r = make(12);
+    r.params.bad_words_ids = {{id}};
+    const auto res = generate(e, {r})[0][0];
+    REQUIRE(res.tokens.size() == 12);
+    CHECK(std::count(res.tokens.begin(), res.tokens.end(), id) == 0);
+  }
+  // A two-id bad word: its second id masked only right after its first, so
+  // the steps before (the same distributions) draw base's tokens.
+  {
+    const int64_t a = base.tokens[2], b = base.tokens[3];
+    REQUIRE(has_pair(base.tokens, a, b));
+    Request r = make(12);
+    r.params.bad_words_ids = {{a, b}};
+    const auto res = generate(e, {r})[0][0];
+    CHECK_FALSE(has_pair(res.tokens, a, b));
+    CHECK(std::vector<int64_t>(res.tokens.begin(), res.tokens.begin() + 3) ==
+          std::vector<int64_t>(base.tokens.begin(), base.tokens.begin() + 3));
+  }
+  // Where they would leave nothing to draw, the bad words give way.
+  {
+    Request r = make(4);
+    r.params.allowed_token_ids = {4000};
+    r.params.bad_words_ids = {{4000}};
+    const auto res = generate(e, {r})[0][0];
+    CHECK(res.tokens == std::vector<int64_t>(4, 4000));
+  }
+  // Strings are encoded at submit, as vLLM encodes them.
+  {
+    const std::string word = tokenizer()->decode(std::vector<tok::TokenId>{tok::TokenId(base.tokens[3])});
+    Request r = make(12);
+    r.params.bad_words = {word};
+    const auto seqs = encode_bad_words(r.params.bad_words, [](const std::string& t) {
+      const std::vector<tok::TokenId> ids = tokenizer()->encode(t);
+      return std::vector<int64_t>(ids.begin(), ids.end());
+    });
+    REQUIRE_FALSE(seqs.empty());
+    const auto res = generate(e, {r})[0][0];
+    for (const auto& seq : seqs) {
+      if (seq.size() == 1) CHECK(std::count(res.tokens.begin(), res.tokens.end(), seq[0]) == 0);
+      if (seq.size() == 2) CHECK_FALSE(has_pair(res.tokens, seq[0], seq[1]));
+    }
+  }
+  // Checked at submit.
+  Request bad = make(4);
+  bad.params.allowed_token_ids = {phi4mm::kImageTokenId};
+  CHECK_THROWS_WITH_AS(e.submit(bad, [](const RequestOutput&) {}), doctest::Contains("allowed_token_ids: holds only ids"),
+                       std::invalid_argument);
+  bad = make(4);
+  bad.params.bad_words = {"  "};
+  CHECK_THROWS_WITH_AS(e.submit(bad, [](const RequestOutput&) {}), doctest::Contains("bad_words:"), std::invalid_argument);
+  CHECK(e.stats().kv_blocks_used == 0);
+}
+
+TEST_CASE("engine: bad_words are encoded as vLLM encodes them") {
+  // A made-up tokenizer: "foo" -> 1 2, " foo" -> 3 2 (a new first id, as
+  // long: kept), "bar" -> 4, " bar" -> 4 (the same first id: dropped),
+  // "baz" -> 5, " baz" -> 6 7 (longer: dropped); leading blanks are stripped.
+  const std::map<std::string, std::vector<int64_t>> vocab = {
+      {"foo", {1, 2}}, {" foo", {3, 2}}, {"bar", {4}}, {" bar", {4}}, {"baz", {5}}, {" baz", {6, 7}}};
+  auto enc = [&](const std::string& t) {
+    auto it = vocab.find(t);
+    return it == vocab.end() ? std::vector<int64_t>{} : it->second;
+  };
+  CHECK(encode_bad_words({"foo", " bar", "\tbaz"}, enc) ==
+        std::vector<std::vector<int64_t>>{{1, 2}, {3, 2}, {4}, {5}});
+  CHECK(encode_bad_words({"unknown"}, enc).empty());
+}
+
 TEST_CASE("engine: streaming text concatenates to the full decode") {
   const auto c = mixed_cases()[0];
   Engine e(tiny_model(), tokenizer(), opts(4, 512));

@@ -824,6 +824,81 @@ TEST_CASE("serve/http vLLM's prompt_logprobs and return_token_ids: chat and comp
               "return_token_ids");
 }
 
+TEST_CASE("serve/http vLLM's allowed_token_ids, bad_words and continuous_usage_stats; its fields the server does not run are refused") {
+  World& w = world();
+  // allowed_token_ids: every sampled id among them (the chat's logprobs show the ids).
+  const std::vector<int64_t> allowed = {24912, 2375, 13, 1374};
+  Reply a = post(w.plain->port, "/v1/completions",
+                 {{"prompt", "Hello"}, {"max_tokens", 8}, {"temperature", 1.0}, {"seed", 3}, {"ignore_eos", true},
+                  {"allowed_token_ids", allowed}, {"return_token_ids", true}});
+  REQUIRE(a.status == 200);
+  const std::vector<int64_t> got = a.body["choices"][0]["token_ids"].get<std::vector<int64_t>>();
+  REQUIRE(got.size() == 8);
+  for (int64_t id : got) CHECK(std::count(allowed.begin(), allowed.end(), id) == 1);
+  // bad_words: the greedy reply's first word banned, the reply changes and does not contain it.
+  Reply g = post(w.plain->port, "/v1/chat/completions", hello_chat({{"max_tokens", 6}, {"return_token_ids", true}}));
+  REQUIRE(g.status == 200);
+  const std::vector<int64_t> gids = g.body["choices"][0]["token_ids"].get<std::vector<int64_t>>();
+  REQUIRE_FALSE(gids.empty());
+  const std::string word = w.tokenizer->decode(std::vector<tok::TokenId>{tok::TokenId(gids[0])});
+  Reply b = post(w.plain->port, "/v1/chat/completions",
+                 hello_chat({{"max_tokens", 6}, {"return_token_ids", true}, {"bad_words", {word}}}));
+  REQUIRE(b.status == 200);
+  const std::vector<int64_t> bids = b.body["choices"][0]["token_ids"].get<std::vector<int64_t>>();
+  const auto seqs = encode_bad_words({word}, [&](const std::string& t) {
+    const std::vector<tok::TokenId> ids = w.tokenizer->encode(t);
+    return std::vector<int64_t>(ids.begin(), ids.end());
+  });
+  REQUIRE(std::find(seqs.begin(), seqs.end(), std::vector<int64_t>{gids[0]}) != seqs.end());
+  CHECK(bids[0] != gids[0]);
+  for (const auto& seq : seqs)
+    if (seq.size() == 1) CHECK(std::count(bids.begin(), bids.end(), seq[0]) == 0);
+  // continuous_usage_stats: every chunk carries the usage so far, its completion tokens rising to the total.
+  Reply s = post(w.plain->port, "/v1/chat/completions",
+                 hello_chat({{"max_tokens", 5}, {"ignore_eos", true}, {"stream", true},
+                             {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}}));
+  REQUIRE(s.status == 200);
+  int64_t last = -1, chunks = 0;
+  for (const std::string& e : sse_payloads(s.raw)) {
+    if (e == "[DONE]") continue;
+    const json c = json::parse(e);
+    REQUIRE(c.contains("usage"));
+    const int64_t done = c["usage"]["completion_tokens"];
+    CHECK(done >= last);
+    CHECK(c["usage"]["prompt_tokens"].get<int64_t>() > 0);
+    last = done;
+    ++chunks;
+  }
+  CHECK(last == 5);
+  CHECK(chunks >= 3);  // the role chunk, the deltas (if any text), the finish chunk, the usage chunk
+  // The Responses API passes them on too.
+  Reply r = post(w.plain->port, "/v1/responses", {{"input", "Hello"}, {"max_output_tokens", 4}, {"temperature", 1.0},
+                                                  {"allowed_token_ids", {13}}, {"ignore_eos", true}});
+  REQUIRE(r.status == 200);
+  CHECK(r.body["output"][0]["content"][0]["text"] == "....");
+
+  // Refused by name.
+  const std::vector<std::pair<json, std::string>> refused = {
+      {{{"allowed_token_ids", json::array()}}, "allowed_token_ids"},
+      {{{"allowed_token_ids", {-1}}}, "allowed_token_ids"},
+      {{{"allowed_token_ids", {200064}}}, "allowed_token_ids"},
+      {{{"allowed_token_ids", {"a"}}}, "allowed_token_ids"},
+      {{{"bad_words", "word"}}, "bad_words"},
+      {{{"bad_words", {" "}}}, "bad_words"},
+      {{{"bad_words", {std::string(300, 'x')}}}, "bad_words"},
+      {{{"use_beam_search", true}}, "use_beam_search"},
+      {{{"logits_processors", {"mod.fn"}}}, "logits_processors"},
+      {{{"priority", 1}}, "priority"},
+      {{{"truncate_prompt_tokens", 10}}, "truncate_prompt_tokens"},
+  };
+  for (const auto& item : refused) {
+    CAPTURE(item.first.dump());
+    check_error(post(w.plain->port, "/v1/chat/completions", hello_chat(item.first)), 400, "", item.second);
+  }
+  CHECK(post(w.plain->port, "/v1/chat/completions", hello_chat({{"priority", 0}, {"use_beam_search", false},
+                                                               {"logits_processors", json::array()}})).status == 200);
+}
+
 // A greedy stream whose every step has eos (199999) on top (logit_bias): the
 // engine stops at the first token unless ignore_eos (vLLM's extension), and
 // with it generates max_tokens, streamed one text chunk per token.
