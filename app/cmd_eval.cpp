@@ -63,6 +63,7 @@ int cmd_eval(const Args& args) {
   train::DatasetOptions dopts;
   dopts.media_root = media_root;
   dopts.image = sm.model->image_embed() != nullptr;
+  dopts.image_max_crops = sm.model->config().vision.dynamic_hd;
   dopts.audio = sm.model->audio_embed() != nullptr;
   const train::SftDataset data = train::load_sft_dataset(dataset, *sm.tokenizer, dopts);
   std::map<int64_t, std::string> group_of_line;

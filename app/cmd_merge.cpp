@@ -100,7 +100,8 @@ int cmd_merge_lora(const Args& args) {
   so.merge_user_lora = true;
   phi4mm::save_model(*model, out, so);
   phi4mm::copy_side_files(model_path, out);
-  if (!fs::exists(fs::path(out) / "preprocessor_config.json")) phi4mm::write_preprocessor_config(out);
+  if (!fs::exists(fs::path(out) / "preprocessor_config.json"))
+    phi4mm::write_preprocessor_config(out, phi4mm::image_options(model->config().vision.dynamic_hd));
   fmt::print(stderr, "merged the user LoRA (rank {}, scaling {}, on {}) into {} ({})\n", u.r, u.scaling(),
              fmt::join(u.targets, ","), out, dtype_name(model->dtype()));
   return 0;

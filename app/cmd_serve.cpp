@@ -63,6 +63,11 @@ constexpr const char* kServeUsage =
     "  --quantize int8           weight-only int8 for the decoder and the tied head, quantized at\n"
     "                            load (per output channel scales, f32 activations, LoRA and towers\n"
     "                            unchanged; CPU only; about half the memory of bf16). Default none\n"
+    "  --mm-processor-kwargs JSON\n"
+    "                            the image processor's settings (vLLM's flag): '{\"dynamic_hd\": N}',\n"
+    "                            at most N HD crops per image, 1 to 64 (default: the checkpoint's\n"
+    "                            preprocessor_config.json, 36 when released); fewer crops, fewer\n"
+    "                            image tokens and a faster first token, at some detail\n"
     "  --tp-size N, --world-size N  tensor parallelism: only 1 is supported for now\n"
     "  --threads N               compute threads of the engine (default: OMP_NUM_THREADS, else the\n"
     "                            physical cores)\n"
@@ -149,6 +154,19 @@ void add_serve_flags(Flags& flags, ServeSetup& s, bool http) {
   flags.value("--device", s.device).value("--dtype", s.dtype);
   flags.toggle("--check-weights", s.needs.check_weights);
   add_model_flags(flags, s.needs);
+  flags.value("--mm-processor-kwargs", [&](const std::string& v) {
+    const nlohmann::json j = nlohmann::json::parse(v, nullptr, false);
+    if (!j.is_object() || j.empty())
+      throw std::invalid_argument("--mm-processor-kwargs: expected a JSON object such as '{\"dynamic_hd\": 12}'");
+    for (auto it = j.begin(); it != j.end(); ++it)
+      if (it.key() != "dynamic_hd")
+        throw std::invalid_argument(fmt::format("--mm-processor-kwargs: '{}' is not a setting (dynamic_hd only)", it.key()));
+    try {
+      s.dynamic_hd = phi4mm::parse_dynamic_hd(j["dynamic_hd"], "--mm-processor-kwargs: dynamic_hd");
+    } catch (const std::runtime_error& e) {
+      throw std::invalid_argument(e.what());
+    }
+  });
   flags.values("--lora-modules", [&](const std::string& v) {
     std::string name, dir;
     if (!v.empty() && v[0] == '{') {  // vLLM's JSON form: {"name": ..., "path": ...}
@@ -279,6 +297,7 @@ ServedModel load_for_serving(ServeSetup& s, const char* command) {
     fmt::print(stderr, "served LoRA '{}' from {}: rank {}, scaling {}, on {}\n", name, dir, c.r, c.scaling(),
                fmt::join(c.targets, ","));
   }
+  if (s.dynamic_hd) m.model->set_dynamic_hd(*s.dynamic_hd);
   s.eo.eos_token_ids = m.model->config().generation.eos_token_ids;
   return m;
 }

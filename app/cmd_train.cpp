@@ -734,6 +734,7 @@ int cmd_train(const Args& args) {
   dopts.max_prompt_tokens = max_prompt;
   dopts.max_new_tokens = max_new;
   dopts.image = sm.model->image_embed() != nullptr;
+  dopts.image_max_crops = sm.model->config().vision.dynamic_hd;
   dopts.audio = sm.model->audio_embed() != nullptr;
   TempFile loaded;
   fs::path rows_file = dataset;

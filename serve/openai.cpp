@@ -335,6 +335,9 @@ void parse_common(const json& body, const ApiLimits& lim, ApiRequest& r) {
     throw bad("logits_processors", "'logits_processors' is not supported (the server runs no client code)");
   if (has(body, "priority") && as_int(body["priority"], "priority") != 0)
     throw bad("priority", "'priority' other than 0 is not supported (requests are served first come, first served)");
+  if (has(body, "mm_processor_kwargs") && !(body["mm_processor_kwargs"].is_object() && body["mm_processor_kwargs"].empty()))
+    throw bad("mm_processor_kwargs", "'mm_processor_kwargs' per request is not supported (the server's are set with "
+                                     "--mm-processor-kwargs)");
   if (has(body, "truncate_prompt_tokens"))
     throw bad("truncate_prompt_tokens", "'truncate_prompt_tokens' is not supported: a prompt longer than the "
                                         "context is refused, never cut");

@@ -96,6 +96,7 @@ phi4mm::ProcessedChat process_row(const tok::Tokenizer& tokenizer, const json& m
   phi4mm::ProcessorOptions po;
   po.image = options.image;
   po.audio = options.audio;
+  po.image_max_crops = options.image_max_crops;
   po.add_generation_prompt = generation_prompt;
   po.source.media_root =
       options.media_root.empty() ? fs::absolute(fs::path(file)).parent_path().string() : options.media_root;

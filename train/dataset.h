@@ -82,6 +82,7 @@ struct DatasetOptions {
   int64_t max_prompt_tokens = 0; // 0: no limit; longer rows are dropped and counted
   int64_t max_new_tokens = 0;    // 0: no limit; rows with more target tokens are dropped and counted
   bool image = true, audio = true;  // the model's modalities
+  int64_t image_max_crops = 36;     // the model's dynamic_hd (an image's placeholder count)
 };
 
 // The token row of one raw row. Throws DatasetError naming `file`, the line and the field.

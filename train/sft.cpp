@@ -430,7 +430,8 @@ fs::path save_step_folder(const phi4mm::Phi4MMForCausalLM& model, const AdamW& o
   phi4mm::save_model(model, tmp.string());
   // Tokenizer, processor and remote-code files of the checkpoint the run started from.
   phi4mm::copy_side_files(source, tmp);
-  if (!fs::exists(tmp / "preprocessor_config.json")) phi4mm::write_preprocessor_config(tmp);
+  if (!fs::exists(tmp / "preprocessor_config.json"))
+    phi4mm::write_preprocessor_config(tmp, phi4mm::image_options(model.config().vision.dynamic_hd));
   if (add_files) add_files(tmp);
   // In a subfolder: tools that read every *.safetensors of a checkpoint
   // folder as weights (the port's conversion script, vLLM) must not see it.

@@ -383,7 +383,19 @@ Config load_config(const std::string& dir) {
     check_token_ids(gpath, c.generation.bos_token_id, c.generation.pad_token_id, c.generation.eos_token_ids,
                     c.text.vocab_size);
   }
+  const std::string ppath = dir + "/preprocessor_config.json";
+  if (std::filesystem::exists(ppath)) {
+    const json p = read_json_file(ppath);
+    if (!p.is_object()) throw std::runtime_error(fmt::format("{}: must be a JSON object", ppath));
+    if (p.contains("dynamic_hd")) c.vision.dynamic_hd = parse_dynamic_hd(p["dynamic_hd"], ppath + ": dynamic_hd");
+  }
   return c;
+}
+
+int64_t parse_dynamic_hd(const json& v, const std::string& where) {
+  if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > kMaxDynamicHd)
+    throw std::runtime_error(fmt::format("{}: must be an integer from 1 to {} (got {})", where, kMaxDynamicHd, v.dump()));
+  return v.get<int64_t>();
 }
 
 json to_original_json(const Config& c) {

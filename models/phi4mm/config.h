@@ -89,8 +89,14 @@ struct Config {
 
 // Parses and validates a config.json object. `source` names the file in errors.
 Config parse_config(const nlohmann::json& j, const std::string& source = "config.json");
-// Reads <dir>/config.json and, when present, <dir>/generation_config.json.
+// Reads <dir>/config.json and, when present, <dir>/generation_config.json
+// and <dir>/preprocessor_config.json (its dynamic_hd).
 Config load_config(const std::string& dir);
+// The most HD crops an image may be cut into (dynamic_hd): 1 to 64 (the
+// released value is 36).
+inline constexpr int64_t kMaxDynamicHd = 64;
+// `v` as a dynamic_hd value; throws std::runtime_error "<where>: ..." otherwise.
+int64_t parse_dynamic_hd(const nlohmann::json& v, const std::string& where);
 // Parses generation_config.json (eos may be a number or a list).
 GenerationConfig parse_generation_config(const nlohmann::json& j,
                                          const std::string& source = "generation_config.json");

@@ -62,7 +62,9 @@ std::vector<Tensor> media_rows_each(const Phi4MMForCausalLM& model, std::span<co
   std::vector<Tensor> image_rows, audio_rows;
   if (!images.empty()) {
     if (!model.image_embed()) throw std::invalid_argument("this model has no vision tower; images cannot be used");
-    ImageBatch b = process_images(images);
+    ImageProcessorOptions io;
+    io.max_crops = model.config().vision.dynamic_hd;
+    ImageBatch b = process_images(images, io);
     image_rows = split_rows(model.image_embed()->forward(b), b.num_img_tokens, "vision tower");
   }
   if (!clips.empty()) {

@@ -442,6 +442,12 @@ void Phi4MMForCausalLM::add_user_lora(const LoraConfig& cfg, uint64_t seed) {
   cfg_.user_lora = cfg;
 }
 
+void Phi4MMForCausalLM::set_dynamic_hd(int64_t n) {
+  if (n < 1 || n > kMaxDynamicHd)
+    throw std::invalid_argument(fmt::format("dynamic_hd: must be an integer from 1 to {} (got {})", kMaxDynamicHd, n));
+  cfg_.vision.dynamic_hd = n;
+}
+
 std::shared_ptr<ImageEmbed> Phi4MMForCausalLM::image_embed() const {
   return model->embed_tokens_extend ? model->embed_tokens_extend->image_embed : nullptr;
 }

@@ -313,6 +313,10 @@ class Phi4MMForCausalLM : public Module {
   Phi4MMForCausalLM(const Config& c, TensorOptions opts = {}, const ModelParts& parts = {});
 
   const Config& config() const { return cfg_; }
+  // Sets vision.dynamic_hd (vLLM's --mm-processor-kwargs '{"dynamic_hd": N}');
+  // before serving or training, never while requests run. Throws
+  // std::invalid_argument outside [1, kMaxDynamicHd].
+  void set_dynamic_hd(int64_t n);
   // The compute dtype (that of the weights a quantized model stands for).
   DType dtype() const;
   Device device() const;

@@ -214,6 +214,24 @@ TEST_CASE("phi4mm/generation config: eos as a list or a number") {
                        doctest::Contains("eos_token_id"), std::runtime_error);
 }
 
+TEST_CASE("phi4mm/config reads dynamic_hd from preprocessor_config.json; a bad value fails at load naming it") {
+  areno::testing::TempDir dir;
+  std::ofstream(dir.path / "config.json") << to_original_json(preset_config("tiny")).dump();
+  CHECK(load_config(dir.path.string()).vision.dynamic_hd == 36);  // no preprocessor_config.json: the released value
+  std::ofstream(dir.path / "preprocessor_config.json") << R"({"image_processor_type": "Phi4MMImageProcessor", "dynamic_hd": 4})";
+  CHECK(load_config(dir.path.string()).vision.dynamic_hd == 4);
+  for (const char* bad : {"0", "65", "\"4\"", "4.5", "-1"}) {
+    CAPTURE(bad);
+    std::ofstream(dir.path / "preprocessor_config.json") << std::string(R"({"dynamic_hd": )") + bad + "}";
+    CHECK_THROWS_WITH_AS(load_config(dir.path.string()),
+                         doctest::Contains("preprocessor_config.json: dynamic_hd: must be an integer from 1 to 64"),
+                         std::runtime_error);
+  }
+  std::ofstream(dir.path / "preprocessor_config.json") << "[]";
+  CHECK_THROWS_WITH_AS(load_config(dir.path.string()), doctest::Contains("preprocessor_config.json: must be a JSON object"),
+                       std::runtime_error);
+}
+
 TEST_CASE("phi4mm/presets validate and keep the released structure") {
   for (const char* p : {"tiny", "small"}) {
     Config c = preset_config(p);

@@ -13,6 +13,10 @@
 
 #include "model_fixtures.h"
 #include "models/phi4mm/model.h"
+#include "models/phi4mm/processor/chat_processor.h"
+#include "models/phi4mm/processor/image_io.h"
+#include "models/phi4mm/processor/media_source.h"
+#include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "nn/io/files.h"
 #include "nn/io/safetensors.h"
 #include "tensor/autograd.h"
@@ -132,6 +136,32 @@ TEST_CASE("phi4mm: media rows follow the prompt order and the processors' counts
   CHECK(speech.size(0) == a0);
   // Audio-only uses the speech projector, with an image the vision one: they differ.
   CHECK(testing::rel_err(rows.narrow(0, n0, a0), speech) > 1e-3);
+}
+
+TEST_CASE("phi4mm: dynamic_hd: the processor's placeholders and the tower's rows follow the model's setting") {
+  auto m = init_phi4mm("tiny", 6, DType::f32);
+  NoGradGuard ng;
+  const Media img = Media::of_image(test_image(1000, 750, 1));
+  const int64_t full = num_image_tokens(1000, 750);  // 36: a 3x2 grid
+  m->set_dynamic_hd(2);
+  const int64_t two = num_image_tokens(1000, 750, image_options(2));
+  CHECK(two < full);
+  // The chat processor counts what the tower gives.
+  const ProcessorOptions po = processor_options_for(*m);
+  CHECK(po.image_max_crops == 2);
+  CHECK(media_token_count(img, "media", po.image_max_crops) == two);
+  const std::vector<uint8_t> ppm = encode_ppm(img.image);
+  const nlohmann::json messages = {{{"role", "user"},
+                                    {"content", {{{"type", "image_url"},
+                                                  {"image_url", {{"url", "data:image/x-portable-pixmap;base64," +
+                                                                             encode_base64(ppm.data(), ppm.size())}}}}}}}};
+  const ProcessedChat pc = process_chat(make_tokenizer(), messages, nullptr, po);
+  CHECK(std::count(pc.prompt.ids.begin(), pc.prompt.ids.end(), kImageToken) == two);
+  CHECK(media_rows(*m, pc.media).size(0) == two);
+  m->set_dynamic_hd(36);
+  CHECK(media_rows(*m, pc.media).size(0) == full);
+  CHECK_THROWS_AS(m->set_dynamic_hd(0), std::invalid_argument);
+  CHECK_THROWS_AS(m->set_dynamic_hd(65), std::invalid_argument);
 }
 
 TEST_CASE("phi4mm: a bad tower config fails before any weight is read") {

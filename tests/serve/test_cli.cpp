@@ -58,6 +58,11 @@ TEST_CASE("serve/cli bad flags and values name the flag") {
   CHECK(error_of([] { app::cmd_serve({"--lora-modules", "areno-demo=/no/such/adapter"}); })
             .find("'areno-demo' is the served model's own name") != std::string::npos);
   CHECK(error_of([] { app::cmd_serve({"--lora-root", "/no/such/dir"}); }).find("--lora-root") != std::string::npos);
+  for (const char* bad : {"{}", "[4]", "{bad", R"({"dynamic_hd": 0})", R"({"dynamic_hd": 65})", R"({"dynamic_hd": "4"})",
+                          R"({"dynamic_hd": 4, "num_crops": 2})"}) {
+    const std::string e = error_of([&] { app::cmd_serve({"--mm-processor-kwargs", bad}); });
+    CHECK_MESSAGE(e.find("--mm-processor-kwargs") != std::string::npos, bad, ": ", e);
+  }
   CHECK(error_of([] { app::cmd_serve({"--lora-resolve"}); }).find("--lora-resolve: needs --lora-root") != std::string::npos);
   CHECK(error_of([] { app::cmd_serve({"--max-loras", "-1"}); }).find("--max-loras") != std::string::npos);
   CHECK(error_of([] { app::cmd_serve({"--max-loras", "1", "--lora-modules", "a=x", "--lora-modules", "b=y"}); })

@@ -1559,6 +1559,40 @@ TEST_CASE("serve/http a client that disconnects mid-stream frees its sequence an
   check_serving(w.plain->port);
 }
 
+TEST_CASE("serve/http dynamic_hd (--mm-processor-kwargs): an image's tokens follow the model's setting; per request it is refused") {
+  auto mm = phi4mm::init_phi4mm("tiny", 0);
+  mm->set_dynamic_hd(1);
+  auto tokenizer = tokenizer_for(*mm);
+  EngineOptions eo;
+  eo.kv_blocks = 512;
+  eo.prefill_chunk_tokens = 256;
+  Engine engine(mm, tokenizer, eo);
+  engine.start();
+  Served served(engine, ServerOptions{});
+  phi4mm::RgbImage im;
+  im.width = 900, im.height = 500;  // 36 crops allowed: a 2x2 grid; 1: the global view and one crop
+  for (int64_t i = 0; i < im.width * im.height * 3; ++i) im.rgb.push_back(uint8_t((i * 37) % 256));
+  const std::vector<uint8_t> ppm = phi4mm::encode_ppm(im);
+  const json messages = json::array(
+      {{{"role", "user"},
+        {"content", {{{"type", "image_url"},
+                      {"image_url", {{"url", "data:image/x-portable-pixmap;base64," + encode_base64(ppm.data(), ppm.size())}}}},
+                     {{"type", "text"}, {"text", "Describe it."}}}}}});
+  const phi4mm::ProcessedChat pc = phi4mm::process_chat(*tokenizer, messages, nullptr, phi4mm::processor_options_for(*mm));
+  const int64_t one = std::count(pc.prompt.ids.begin(), pc.prompt.ids.end(), phi4mm::kImageTokenId);
+  CHECK(one == phi4mm::num_image_tokens(900, 500, phi4mm::image_options(1)));
+  CHECK(one < phi4mm::num_image_tokens(900, 500));
+  Reply r = post(served.port, "/v1/chat/completions", {{"messages", messages}, {"max_tokens", 2}});
+  CAPTURE(r.raw);
+  REQUIRE(r.status == 200);  // the tower gave as many rows as the placeholders
+  CHECK(r.body["usage"]["prompt_tokens"] == int64_t(pc.prompt.ids.size()));
+  check_error(post(served.port, "/v1/chat/completions",
+                   {{"messages", messages}, {"mm_processor_kwargs", {{"dynamic_hd", 4}}}}),
+              400, "--mm-processor-kwargs", "mm_processor_kwargs");
+  CHECK(post(served.port, "/v1/chat/completions", {{"messages", messages}, {"max_tokens", 1},
+                                                   {"mm_processor_kwargs", json::object()}}).status == 200);
+}
+
 TEST_CASE("serve/http image, audio and image+audio requests through the real towers") {
   // The demo model with every component: SigLIP + Conformer towers and projectors.
   auto mm = phi4mm::init_phi4mm("tiny", 0);

@@ -204,6 +204,25 @@ TEST_CASE("vision/crop grid search and token bounds") {
   CHECK(choose_crop_grid(1000, 750) == G{3, 2});
   // Small max_crops forces the search for a 2x2 ceil grid.
   CHECK(choose_crop_grid(800, 800, 3) == G{1, 1});
+  // dynamic_hd 4 (spec 1.2 with MAX = 4, worked by hand): 4032x3024 and
+  // 1000x750 tie (1,1) with (2,2) and are big enough for more crops; 800x500
+  // takes the ceil path; 2000x500 matches 4:1 exactly; 1 crop at most: (1,1).
+  CHECK(choose_crop_grid(4032, 3024, 4) == G{2, 2});
+  CHECK(choose_crop_grid(1000, 750, 4) == G{2, 2});
+  CHECK(choose_crop_grid(800, 500, 4) == G{2, 2});
+  CHECK(choose_crop_grid(2000, 500, 4) == G{4, 1});
+  CHECK(choose_crop_grid(4032, 3024, 1) == G{1, 1});
+  // Fewer crops, fewer tokens: 273 + uh * (uw + 1) on the smaller canvas.
+  CHECK(num_image_tokens(4032, 3024, image_options(4)) < num_image_tokens(4032, 3024));
+  // The figures docs/serving.md gives: 1344x896 at 36 and at 2.
+  CHECK(image_layout(1344, 896).num_tokens == 1841);
+  CHECK(image_layout(1344, 896, image_options(2)).num_tokens == 673);
+  CHECK(choose_crop_grid(1344, 896, 2) == G{2, 1});
+  CHECK(num_image_tokens(4032, 3024, image_options(1)) == image_layout(4032, 3024, image_options(1)).num_tokens);
+  for (int64_t max = 1; max <= 12; ++max) {
+    const auto [gw, gh] = choose_crop_grid(3000, 1700, max);
+    CHECK(gw * gh <= max);
+  }
   // Section 2.3: minimum 290, 10x448 gives 305, 448x9 is rejected.
   CHECK(num_image_tokens(448, 10) == 290);
   CHECK(num_image_tokens(10, 448) == 305);

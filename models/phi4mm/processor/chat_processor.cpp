@@ -17,6 +17,7 @@ Adapter adapter_for(InputMode mode) {
 ProcessorOptions processor_options_for(const Phi4MMForCausalLM& model) {
   ProcessorOptions o;
   o.image = model.image_embed() != nullptr;
+  o.image_max_crops = model.config().vision.dynamic_hd;
   o.audio = model.audio_embed() != nullptr;
   return o;
 }
@@ -48,7 +49,7 @@ ProcessedChat process_chat(const tok::Tokenizer& tokenizer, const nlohmann::json
     Part p{where, read_media_part(it.part, it.kind, where, options.source), {}};
     it.part = nullptr;  // the bytes are read: the prompt keeps no copy of a base64 payload
     p.header = probe_media(it.kind, p.bytes, where, options.limits);
-    counts[k].push_back(size_t(header_token_count(p.header, where)));
+    counts[k].push_back(size_t(header_token_count(p.header, where, options.image_max_crops)));
     parts[k].push_back(std::move(p));
   }
   auto build = [&](FlatChat chat) {
@@ -77,7 +78,7 @@ ProcessedChat process_chat(const tok::Tokenizer& tokenizer, const nlohmann::json
     Part& p = parts[k].at(it.index);
     decoded[k].push_back(decode_media(it.kind, p.bytes, p.where, options.limits, options.decode_budget));
     std::vector<uint8_t>().swap(p.bytes);  // the encoded bytes are no longer needed
-    const size_t n = size_t(media_token_count(decoded[k].back(), p.where));
+    const size_t n = size_t(media_token_count(decoded[k].back(), p.where, options.image_max_crops));
     recount |= n != counts[k][it.index];
     counts[k][it.index] = n;
   }

@@ -27,6 +27,7 @@ namespace areno::phi4mm {
 
 struct ProcessorOptions {
   bool image = true;           // the model has a vision tower (else image parts are refused)
+  int64_t image_max_crops = 36;  // the model's dynamic_hd: an image's placeholder count follows it
   bool audio = true;           // the model has an audio encoder
   MediaSource source;
   MediaLimits limits;

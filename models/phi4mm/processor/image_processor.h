@@ -30,6 +30,13 @@ struct ImageProcessorOptions {
 };
 
 inline constexpr int64_t kCropSize = 448;
+
+// The default options with max_crops (a model's dynamic_hd).
+inline ImageProcessorOptions image_options(int64_t max_crops) {
+  ImageProcessorOptions o;
+  o.max_crops = max_crops;
+  return o;
+}
 inline constexpr int64_t kPatchSize = 14;
 inline constexpr int64_t kPatchesPerSide = kCropSize / kPatchSize;  // 32
 

@@ -113,9 +113,9 @@ MediaHeader probe_media(MediaKind kind, const std::vector<uint8_t>& bytes, const
   }
 }
 
-int64_t header_token_count(const MediaHeader& h, const std::string& field) {
+int64_t header_token_count(const MediaHeader& h, const std::string& field, int64_t max_crops) {
   try {
-    if (h.kind == MediaKind::kImage) return num_image_tokens(h.width, h.height);
+    if (h.kind == MediaKind::kImage) return num_image_tokens(h.width, h.height, image_options(max_crops));
     return h.exact_frames ? audio_token_count(h.frames, h.sample_rate) : 1;
   } catch (const std::exception& e) {
     throw ProcessorError(field, fmt::format("{}: {}", field, e.what()));
@@ -167,9 +167,9 @@ Media decode_media(MediaKind kind, const std::vector<uint8_t>& bytes, const std:
   return m;
 }
 
-int64_t media_token_count(const Media& item, const std::string& field) {
+int64_t media_token_count(const Media& item, const std::string& field, int64_t max_crops) {
   try {
-    if (item.kind == MediaKind::kImage) return num_image_tokens(item.image.width, item.image.height);
+    if (item.kind == MediaKind::kImage) return num_image_tokens(item.image.width, item.image.height, image_options(max_crops));
     return audio_token_count(int64_t(item.samples.size()), item.sample_rate);
   } catch (const std::exception& e) {
     throw ProcessorError(field, fmt::format("{}: {}", field, e.what()));

@@ -137,7 +137,7 @@ MediaHeader probe_media(MediaKind kind, const std::vector<uint8_t>& bytes, const
 // Placeholder tokens the header implies: exact for images and for audio with
 // exact frames; for other audio a lower bound (1), so a check against a prompt
 // limit never refuses what the decoded clip would fit.
-int64_t header_token_count(const MediaHeader& header, const std::string& field = "media");
+int64_t header_token_count(const MediaHeader& header, const std::string& field = "media", int64_t max_crops = 36);
 
 // Bytes decoding may take at its peak (`peak`) and keeps afterwards (`kept`),
 // estimated from the header: an image 3 bytes per pixel kept (RGB) and 10 at the
@@ -157,6 +157,6 @@ Media decode_media(MediaKind kind, const std::vector<uint8_t>& bytes, const std:
 
 // Placeholder tokens the item expands to, from the processors alone
 // (num_image_tokens / audio_token_count). Throws ProcessorError naming `field`.
-int64_t media_token_count(const Media& item, const std::string& field = "media");
+int64_t media_token_count(const Media& item, const std::string& field = "media", int64_t max_crops = 36);
 
 }  // namespace areno::phi4mm

@@ -34,6 +34,10 @@ struct VisionConfig {
   int64_t image_token_id = 200010;
   // Not a config.json key: the runtime convention, reference by default.
   PaddedQueries padded_queries = PaddedQueries::zero;
+  // Not a config.json key: preprocessor_config.json's `dynamic_hd`, the most
+  // HD crops an image is cut into (spec vision.md 1.2, MAX); the processor's
+  // placeholder counts and the tower's crops both follow it.
+  int64_t dynamic_hd = 36;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   int64_t patches_per_side() const { return image_size / patch_size; }  // P = 32
