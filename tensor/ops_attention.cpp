@@ -1,7 +1,8 @@
 // Scaled dot-product attention: the backend's fused kernel with a backward
 // when it has one (kernels/cpu/attention.cpp and attention_backward.cpp: f32),
-// else its fused inference kernel when nothing records, else the composition
-// of matmul and softmax (scaled_softmax: scale, causal mask and softmax in one
+// else its fused inference kernel when nothing records (with a key padding
+// mask too: per batch element over its kept keys), else the composition of
+// matmul and softmax (scaled_softmax: scale, causal mask and softmax in one
 // pass; the separate passes only with a bias or a key padding mask).
 #include <cmath>
 
@@ -51,6 +52,37 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     // score tensor per head, no separate mask/softmax passes).
     if (!needs_grad && inference_kernels_enabled() && be.attention_inference(q, k, v, out, scale, opts.causal))
       return out;
+  }
+  // Inference with a key padding mask and no bias: a masked key has weight 0,
+  // so each batch element's attention is the fused kernel's over the keys it
+  // keeps (gathered), with no [TQ, TK] scores or mask passes. An element that
+  // keeps no key falls through to the composition (its rows are NaN there).
+  if (!opts.bias.defined() && opts.key_padding_mask.defined() && !opts.causal && !needs_grad &&
+      inference_kernels_enabled() && q.device() == k.device() && q.device() == v.device() &&
+      opts.key_padding_mask.shape() == Shape{b, tk}) {
+    const std::vector<float> masked = opts.key_padding_mask.to(DType::f32).to_vector<float>();
+    std::vector<std::vector<int64_t>> keep(static_cast<size_t>(b));
+    bool all_keep_some = true;
+    for (int64_t i = 0; i < b; ++i) {
+      for (int64_t j = 0; j < tk; ++j)
+        if (masked[size_t(i * tk + j)] == 0.0f) keep[size_t(i)].push_back(j);
+      all_keep_some = all_keep_some && !keep[size_t(i)].empty();
+    }
+    Backend& be = backend(q.device());
+    std::vector<Tensor> outs;
+    for (int64_t i = 0; all_keep_some && i < b; ++i) {
+      Tensor ki = k.narrow(0, i, 1), vi = v.narrow(0, i, 1);
+      const std::vector<int64_t>& kept = keep[size_t(i)];
+      if (int64_t(kept.size()) < tk) {
+        const Tensor idx = from_vector(kept, {int64_t(kept.size())}).to(q.device());
+        ki = index_select(ki, 2, idx);
+        vi = index_select(vi, 2, idx);
+      }
+      Tensor out = empty({1, hq, tq, d}, TensorOptions(q.dtype(), q.device()));
+      if (!be.attention_inference(q.narrow(0, i, 1), ki, vi, out, scale, /*causal=*/false)) break;
+      outs.push_back(out);
+    }
+    if (all_keep_some && int64_t(outs.size()) == b) return b == 1 ? outs[0] : cat(outs, 0);
   }
   // q heads h = j * groups + r use kv head j.
   Tensor q5 = q.reshape({b, hkv, groups * tq, d});

@@ -27,7 +27,10 @@
 // warm-up: each takes seconds). With ARENO_PROFILE_OPS=1 each request prints
 // an op table for its tower and one for its prefill (to stderr).
 //
-// usage: bench_ttft CHECKPOINT_DIR [--reps N] [--only text|audio|image|gemm]
+// --dynamic-hd N sets the model's dynamic_hd (serve --mm-processor-kwargs):
+// the image is cut into at most N HD crops, fewer tokens and tower work.
+//
+// usage: bench_ttft CHECKPOINT_DIR [--reps N] [--only text|audio|image|gemm] [--dynamic-hd N]
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -100,7 +103,7 @@ Stages run_request(const Phi4MMForCausalLM& m, const std::vector<int64_t>& ids, 
   op_profile_reset();  // ARENO_PROFILE_OPS=1: a table per stage of every request
   double t0 = now_s();
   if (image) {
-    const ImageBatch b = process_images({*image});
+    const ImageBatch b = process_images({*image}, image_options(m.config().vision.dynamic_hd));
     st.pre_s = now_s() - t0;
     const uint64_t f0 = flops();
     t0 = now_s();
@@ -155,20 +158,25 @@ double gemm_rate(int64_t rows, int64_t N, int64_t K, DType dt, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  if (argc < 2) throw std::invalid_argument("usage: bench_ttft CHECKPOINT_DIR [--reps N] [--only text|audio|image|gemm]");
+  if (argc < 2)
+    throw std::invalid_argument(
+        "usage: bench_ttft CHECKPOINT_DIR [--reps N] [--only text|audio|image|gemm] [--dynamic-hd N]");
   const std::string dir = argv[1];
   int reps = 2;
+  int64_t dynamic_hd = 0;  // 0: the checkpoint's
   std::string only;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--reps") reps = std::max(1, std::stoi(v));
     else if (a == "--only") only = v;
+    else if (a == "--dynamic-hd") dynamic_hd = std::stoll(v);
     else throw std::invalid_argument(fmt::format("unknown option '{}'", a));
   }
   auto want = [&](const char* name) { return only.empty() || only == name; };
   NoGradGuard ng;
   const double tl = now_s();
   auto model = load_model(dir);
+  if (dynamic_hd > 0) model->set_dynamic_hd(dynamic_hd);
   const Phi4MMForCausalLM& m = *model;
   if (!m.image_embed() || !m.audio_embed()) throw std::invalid_argument(dir + ": the checkpoint has no image or audio tower");
   const TextConfig& t = m.config().text;
@@ -226,7 +234,8 @@ int main(int argc, char** argv) try {
   cases.push_back({"audio_10s", prompt(kAudioTokenId, audio_token_count(int64_t(audio.size()), 16000),
                                        "Transcribe the audio."),
                    Adapter::speech, nullptr, &audio});
-  cases.push_back({"image_1344x896", prompt(kImageTokenId, num_image_tokens(image.width, image.height),
+  cases.push_back({"image_1344x896", prompt(kImageTokenId, num_image_tokens(image.width, image.height,
+                                                                             image_options(m.config().vision.dynamic_hd)),
                                             "Describe the image."),
                    Adapter::vision, &image, nullptr});
   (void)run_request(m, cases[0].ids, Adapter::none, nullptr, nullptr);  // warm-up

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
 #include "tests/core/op_harness.h"
 #include "tests/test_util.h"
@@ -269,6 +270,57 @@ TEST_CASE("ops/naive: scaled_dot_product_attention with GQA, causal, bias and ke
     o.key_padding_mask = kpm;
     CAPTURE(causal);
     check_close(scaled_dot_product_attention(q, k, v, o), y, {B, Hq, Tq, D});
+  }
+}
+
+TEST_CASE("ops/naive: scaled_dot_product_attention with a key padding mask and no bias, inference and recorded paths") {
+  // Without a bias or a tape the fused kernel runs per batch element over the
+  // keys it keeps; with a tape the composition runs. Both equal the naive sum.
+  const int64_t B = 3, Hq = 4, Hkv = 2, Tq = 6, Tk = 9, D = 8;
+  // f32: the dtype the fused kernels take.
+  Tensor q = rnd({B, Hq, Tq, D}, 80).to(DType::f32), k = rnd({B, Hkv, Tk, D}, 81).to(DType::f32),
+         v = rnd({B, Hkv, Tk, D}, 82).to(DType::f32);
+  // Batch 0 keeps every key, 1 masks the last three, 2 masks keys 0, 4 and 8.
+  std::vector<double> maskv(size_t(B * Tk), 0.0);
+  for (int64_t j : {6, 7, 8}) maskv[size_t(Tk + j)] = 1;
+  for (int64_t j : {0, 4, 8}) maskv[size_t(2 * Tk + j)] = 1;
+  const Tensor kpm = as_tensor(maskv, {B, Tk}).to(DType::boolean);
+  const auto qv = q.to_vector<double>(), kv = k.to_vector<double>(), vv = v.to_vector<double>();
+  std::vector<double> y(size_t(B * Hq * Tq * D), 0.0);
+  const double scale = 1 / std::sqrt(double(D));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t i = 0; i < Tq; ++i) {
+        const int64_t hk = h / (Hq / Hkv);
+        std::vector<double> s(size_t(Tk), -INFINITY);
+        for (int64_t j = 0; j < Tk; ++j) {
+          if (maskv[size_t(b * Tk + j)] != 0) continue;
+          double dot = 0;
+          for (int64_t c = 0; c < D; ++c)
+            dot += qv[size_t(((b * Hq + h) * Tq + i) * D + c)] * kv[size_t(((b * Hkv + hk) * Tk + j) * D + c)];
+          s[size_t(j)] = dot * scale;
+        }
+        const double mx = *std::max_element(s.begin(), s.end());
+        double z = 0;
+        for (auto& e : s) z += (e = std::exp(e - mx));
+        for (int64_t c = 0; c < D; ++c) {
+          double acc = 0;
+          for (int64_t j = 0; j < Tk; ++j) acc += s[size_t(j)] / z * vv[size_t(((b * Hkv + hk) * Tk + j) * D + c)];
+          y[size_t(((b * Hq + h) * Tq + i) * D + c)] = acc;
+        }
+      }
+  AttentionOptions o;
+  o.key_padding_mask = kpm;
+  {
+    NoGradGuard ng;  // the fused kernel per batch element
+    check_close(scaled_dot_product_attention(q, k, v, o), y, {B, Hq, Tq, D}, 1e-5);  // f32
+    // A transposed (strided) q, as the vision tower passes it.
+    const Tensor qt = q.transpose(1, 2).contiguous().transpose(1, 2);
+    check_close(scaled_dot_product_attention(qt, k, v, o), y, {B, Hq, Tq, D}, 1e-5);  // f32
+  }
+  {
+    Tensor qg = q.detach().set_requires_grad(true);  // recorded: the composition
+    check_close(scaled_dot_product_attention(qg, k, v, o), y, {B, Hq, Tq, D}, 1e-5);  // f32
   }
 }
 
