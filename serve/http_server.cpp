@@ -547,27 +547,7 @@ struct HttpServer::Impl {
       // Schemas are read from the body again in key order (the parse above sorts keys).
       if (!ar.schema_field.empty() || !ar.forced_tools.empty() || !ar.auto_tools.empty())
         compile_output_schemas(parse_ordered_json_bounded(hreq.body, opts.max_json_depth), ar);
-      // A recorded trajectory turn: one sample of one prompt, its log-probabilities always computed.
-      std::shared_ptr<TrajectoryTurn> turn;
-      if (opts.recorder && hreq.has_header(kTrajectoryHeader)) {
-        turn = std::make_shared<TrajectoryTurn>();
-        turn->trajectory = hreq.get_header_value(kTrajectoryHeader);
-        turn->kind = kind;
-        if (!valid_trajectory_id(turn->trajectory))
-          throw ApiError(400, fmt::format("{}: '{}' is not a trajectory id (1 to 128 characters of A-Z a-z 0-9 . _ : -)",
-                                          kTrajectoryHeader, turn->trajectory));
-        if (ar.params.n != 1)
-          throw ApiError(400, fmt::format("'n' must be 1 in a request recorded under {} (got {})", kTrajectoryHeader,
-                                          ar.params.n), "n");
-        if (served_lora.number)  // the trainer scores turns with the model it trains, not a served adapter
-          throw ApiError(400, fmt::format("a request recorded under {} must name the served model `{}`, not the "
-                                          "served LoRA `{}`", kTrajectoryHeader, opts.served_model_name, ar.model),
-                         "model");
-        if (kind == ApiKind::completion && ar.prompts.size() != 1)
-          throw ApiError(400, fmt::format("'prompt' must be one prompt in a request recorded under {} (got {})",
-                                          kTrajectoryHeader, ar.prompts.size()), "prompt");
-        ar.params.logprobs = std::max<int64_t>(ar.params.logprobs, 0);  // the response shows them only when asked
-      }
+      std::shared_ptr<TrajectoryTurn> turn = trajectory_turn(hreq, kind, ar, served_lora);
 
       std::vector<Request> reqs;
       std::vector<std::vector<int64_t>> prompt_ids;
@@ -983,6 +963,33 @@ struct HttpServer::Impl {
         abort_when_gone(pending, guard, eng));
   }
 
+  // A recorded trajectory turn (the request names one under
+  // X-Areno-Trajectory on a server with a recorder), else null: one sample
+  // of one prompt for the served model, its log-probabilities always
+  // computed (the response shows them only when asked).
+  std::shared_ptr<TrajectoryTurn> trajectory_turn(const httplib::Request& hreq, ApiKind kind, ApiRequest& ar,
+                                                  const phi4mm::ServedLora& served_lora) {
+    if (!opts.recorder || !hreq.has_header(kTrajectoryHeader)) return nullptr;
+    auto turn = std::make_shared<TrajectoryTurn>();
+    turn->trajectory = hreq.get_header_value(kTrajectoryHeader);
+    turn->kind = kind;
+    if (!valid_trajectory_id(turn->trajectory))
+      throw ApiError(400, fmt::format("{}: '{}' is not a trajectory id (1 to 128 characters of A-Z a-z 0-9 . _ : -)",
+                                      kTrajectoryHeader, turn->trajectory));
+    if (ar.params.n != 1)
+      throw ApiError(400, fmt::format("'n' must be 1 in a request recorded under {} (got {})", kTrajectoryHeader,
+                                      ar.params.n), "n");
+    if (served_lora.number)  // the trainer scores turns with the model it trains, not a served adapter
+      throw ApiError(400, fmt::format("a request recorded under {} must name the served model `{}`, not the "
+                                      "served LoRA `{}`", kTrajectoryHeader, opts.served_model_name, ar.model),
+                     "model");
+    if (kind == ApiKind::completion && ar.prompts.size() != 1)
+      throw ApiError(400, fmt::format("'prompt' must be one prompt in a request recorded under {} (got {})",
+                                      kTrajectoryHeader, ar.prompts.size()), "prompt");
+    ar.params.logprobs = std::max<int64_t>(ar.params.logprobs, 0);
+    return turn;
+  }
+
   // Submits one request for `model` (a served LoRA pinned from its lookup to
   // submit), counts it by model, and sets its response header.
   std::shared_ptr<Pending> submit_one(Request r, const std::string& model, const phi4mm::ServedLora& served,
@@ -1023,25 +1030,26 @@ struct HttpServer::Impl {
     auto guard = std::make_shared<InFlight>(inflight);
     try {
       if (draining) throw ApiError(503, "the server is shutting down");
-      if (opts.recorder && hreq.has_header(kTrajectoryHeader))
-        throw ApiError(400, fmt::format("{} is recorded on /v1/chat/completions and /v1/completions only; send the "
-                                        "trajectory's turns there", kTrajectoryHeader));
       ResponsesRequest rr = parse_responses_request(parse_ordered_json_bounded(hreq.body, opts.max_json_depth));
       ApiRequest ar;
       phi4mm::ServedLora served_lora;
       Request r;
+      std::shared_ptr<TrajectoryTurn> turn;  // recorded for agentic rollouts, as a chat turn
       try {
         ar = parse_chat_request(parse_json_bounded(rr.chat.dump(), opts.max_json_depth), opts.api);
         served_lora = check_model(ar.model);
         if (!ar.schema_field.empty() || !ar.forced_tools.empty() || !ar.auto_tools.empty())
           compile_output_schemas(rr.chat, ar);
+        turn = trajectory_turn(hreq, ApiKind::chat, ar, served_lora);
         phi4mm::ProcessedChat pc = build_chat(ar.messages, ar.tools, /*add_generation_prompt=*/true, &ar);
         r.prompt = pc.ids();
         r.adapter = pc.adapter;
+        if (turn) turn->media = pc.media, turn->adapter = pc.adapter;
         r.media = std::move(pc.media);
         r.params = ar.params;
         r.cache_salt = ar.cache_salt;
         fit_context(r, ar, "messages");
+        if (turn) turn->prompt = r.prompt;
       } catch (const ApiError& e) {
         throw responses_error(e, rr);
       }
@@ -1057,10 +1065,12 @@ struct HttpServer::Impl {
       ResponseHeader h;
       std::shared_ptr<Pending> pending = submit_one(std::move(r), ar.model, served_lora, "resp_", h);
       if (rr.stream) {
-        stream_responses(std::move(ar), std::move(rr), std::move(h), std::move(out), pending, guard, res);
+        stream_responses(std::move(ar), std::move(rr), std::move(h), std::move(out), pending, guard, res,
+                         std::move(turn));
         return;
       }
       ChoiceOutput c = collect_one(*pending, &out.cached_tokens);
+      if (turn) record_turn(*turn, ar, c);
       finish_responses_output(ar, c, out);
       send_json(res, 200,
                 response_object(h, rr, out, response_output(out, engine.tokenizer(), ar.return_tokens_as_token_ids)));
@@ -1081,7 +1091,8 @@ struct HttpServer::Impl {
   }
 
   void stream_responses(ApiRequest ar, ResponsesRequest rr, ResponseHeader h, ResponsesOutput out,
-                        std::shared_ptr<Pending> pending, std::shared_ptr<InFlight> guard, httplib::Response& res) {
+                        std::shared_ptr<Pending> pending, std::shared_ptr<InFlight> guard, httplib::Response& res,
+                        std::shared_ptr<TrajectoryTurn> turn) {
     struct State {
       State(ApiRequest a, ResponsesStream s, ResponsesOutput o) : ar(std::move(a)), rs(std::move(s)), out(std::move(o)) {}
       ApiRequest ar;
@@ -1099,7 +1110,7 @@ struct HttpServer::Impl {
     Engine* eng = &engine;
     start_sse(
         res,
-        [st, pending, eng](size_t, httplib::DataSink& sink) {
+        [st, pending, eng, self = this, turn](size_t, httplib::DataSink& sink) {
           auto write = [&](const std::string& s) { return s.empty() || sink.write(s.data(), s.size()); };
           const tok::Tokenizer& t = eng->tokenizer();
           const ApiRequest& ar = st->ar;
@@ -1128,6 +1139,14 @@ struct HttpServer::Impl {
               },
               [&](const ApiError& e) { return st->rs.error(e); });
           if (!all_sent) return false;
+          if (turn && !st->failed) {
+            try {
+              self->record_turn(*turn, ar, st->c);
+            } catch (const std::exception& e) {
+              st->failed = true;
+              if (!write(st->rs.error(ApiError(500, e.what())))) return false;
+            }
+          }
           if (!st->failed) {
             finish_responses_output(ar, st->c, st->out);
             if (!write(st->rs.finish(st->out, t, ar.return_tokens_as_token_ids))) return false;

@@ -758,7 +758,7 @@ TEST_CASE("rl/agent tool calls end to end: a model taught to call add(a, b) by S
   CHECK(worst < 1e-5);
 }
 
-TEST_CASE("rl/agent recorder: streamed turns are recorded; n > 1, bad ids and named Responses requests are refused") {
+TEST_CASE("rl/agent recorder: streamed turns are recorded; n > 1 and bad ids are refused") {
   // The second turn streamed (AGENT_STREAM): still one row with both answers.
   AgentRollout ar(model(), tokenizer(), rollout_options(1), agent("agent_two_turns.sh", 60, "AGENT_STREAM=1 "));
   const RolloutBatch b = ar.run(tasks(1));
@@ -779,12 +779,38 @@ TEST_CASE("rl/agent recorder: streamed turns are recorded; n > 1, bad ids and na
   REQUIRE(r);
   CHECK(r->status == 400);
   CHECK(r->body.find("X-Areno-Trajectory: 'a b' is not a trajectory id") != std::string::npos);
-  // The Responses API is not recorded: a named turn there is refused rather than lost.
-  r = cli.Post("/v1/responses", {{"X-Areno-Trajectory", "abc"}}, R"({"input":"hi"})", "application/json");
+  r = cli.Post("/v1/responses", {{"X-Areno-Trajectory", "a b"}}, R"({"input":"hi"})", "application/json");
   REQUIRE(r);
   CHECK(r->status == 400);
-  CHECK(r->body.find("X-Areno-Trajectory is recorded on /v1/chat/completions and /v1/completions only") !=
-        std::string::npos);
+  CHECK(r->body.find("X-Areno-Trajectory: 'a b' is not a trajectory id") != std::string::npos);
+}
+
+TEST_CASE("rl/agent over the Responses API: turns recorded as chat turns, one row each, log-prob parity") {
+  for (const char* env : {"", "AGENT_STREAM=1 "}) {
+    CAPTURE(env);
+    AgentRollout ar(model(), tokenizer(), rollout_options(1), agent("agent_responses.sh", 60, env));
+    const RolloutBatch b = ar.run(tasks(2));
+    REQUIRE(b.trajectories.size() == 2);
+    REQUIRE(b.samples.size() == 2);  // the second turn continued the first's row
+    CHECK(ar.split_rows() == 0);
+    CHECK(ar.last_stats().requests_finished == 4);
+    CHECK(ar.last_stats().kv_blocks_used == 0);
+    for (const RolloutSample& s : b.samples) {
+      // [sampled answer 1][context: <|user|>Again?<|end|><|assistant|>][sampled answer 2]
+      size_t a = 0;
+      while (a < s.tokens.size() && s.trainable[a]) ++a;
+      size_t c = a;
+      while (c < s.tokens.size() && !s.trainable[c]) ++c;
+      REQUIRE(a >= 1);
+      REQUIRE(c < s.tokens.size());
+      std::string context = decode(std::vector<int64_t>(s.tokens.begin() + int64_t(a), s.tokens.begin() + int64_t(c)));
+      if (context.rfind("<|end|>", 0) == 0) context = context.substr(7);
+      CHECK(context == "<|user|>Again?<|end|><|assistant|>");
+    }
+    const Parity p = parity(b);
+    CHECK(p.compared >= 4);
+    CHECK(p.worst < 1e-5);
+  }
 }
 
 TEST_CASE("areno train --algo grpo|gspo --agent-cmd: steps on agent rows write the metrics") {
