@@ -231,39 +231,54 @@ TEST_CASE("ops/naive: cross_entropy with ignore_index, mean and sum") {
   check_close(cross_entropy(logits, target, -100, "none"), none, {6});
 }
 
+namespace {
+
+// Attention summed in double: q [B, Hq, Tq, D], k and v [B, Hkv, Tk, D],
+// `masked` [B, Tk] (1 = key left out), `bias` [Hq, Tq, Tk] or empty; with
+// `causal` the last query sees the last key.
+std::vector<double> naive_attention(const std::vector<double>& qv, const std::vector<double>& kv,
+                                    const std::vector<double>& vv, const std::vector<double>& masked,
+                                    const std::vector<double>& bias, bool causal, int64_t B, int64_t Hq,
+                                    int64_t Hkv, int64_t Tq, int64_t Tk, int64_t D) {
+  std::vector<double> y(size_t(B * Hq * Tq * D), 0.0);
+  const double scale = 1 / std::sqrt(double(D));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t hk = h / (Hq / Hkv);
+      for (int64_t i = 0; i < Tq; ++i) {
+        std::vector<double> s(size_t(Tk), -INFINITY);
+        for (int64_t j = 0; j < Tk; ++j) {
+          if (masked[size_t(b * Tk + j)] != 0) continue;
+          if (causal && j > i + (Tk - Tq)) continue;
+          double d = 0;
+          for (int64_t c = 0; c < D; ++c)
+            d += qv[size_t(((b * Hq + h) * Tq + i) * D + c)] * kv[size_t(((b * Hkv + hk) * Tk + j) * D + c)];
+          s[size_t(j)] = d * scale + (bias.empty() ? 0.0 : bias[size_t((h * Tq + i) * Tk + j)]);
+        }
+        const double mx = *std::max_element(s.begin(), s.end());
+        double z = 0;
+        for (auto& e : s) z += (e = std::exp(e - mx));
+        for (int64_t c = 0; c < D; ++c) {
+          double acc = 0;
+          for (int64_t j = 0; j < Tk; ++j) acc += s[size_t(j)] / z * vv[size_t(((b * Hkv + hk) * Tk + j) * D + c)];
+          y[size_t(((b * Hq + h) * Tq + i) * D + c)] = acc;
+        }
+      }
+    }
+  return y;
+}
+
+}  // namespace
+
 TEST_CASE("ops/naive: scaled_dot_product_attention with GQA, causal, bias and key padding") {
   const int64_t B = 2, Hq = 4, Hkv = 2, Tq = 3, Tk = 5, D = 4;
   Tensor q = rnd({B, Hq, Tq, D}, 60), k = rnd({B, Hkv, Tk, D}, 61), v = rnd({B, Hkv, Tk, D}, 62);
   Tensor bias = rnd({1, Hq, Tq, Tk}, 63);
   std::vector<double> maskv = {0, 0, 1, 0, 0, 0, 1, 0, 0, 1};  // [B, Tk], 1 = masked
   Tensor kpm = as_tensor(maskv, {B, Tk}).to(DType::boolean);
-  auto qv = q.to_vector<double>(), kv = k.to_vector<double>(), vv = v.to_vector<double>(),
-       bv = bias.to_vector<double>();
   for (bool causal : {false, true}) {
-    std::vector<double> y(size_t(B * Hq * Tq * D), 0.0);
-    double scale = 1 / std::sqrt(double(D));
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < Hq; ++h) {
-        int64_t hk = h / (Hq / Hkv);
-        for (int64_t i = 0; i < Tq; ++i) {
-          std::vector<double> s(size_t(Tk), -INFINITY);
-          for (int64_t j = 0; j < Tk; ++j) {
-            if (maskv[size_t(b * Tk + j)] != 0) continue;
-            if (causal && j > i + (Tk - Tq)) continue;  // the last query sees the last key
-            double d = 0;
-            for (int64_t c = 0; c < D; ++c)
-              d += qv[size_t(((b * Hq + h) * Tq + i) * D + c)] * kv[size_t(((b * Hkv + hk) * Tk + j) * D + c)];
-            s[size_t(j)] = d * scale + bv[size_t((h * Tq + i) * Tk + j)];
-          }
-          double mx = *std::max_element(s.begin(), s.end()), z = 0;
-          for (auto& e : s) z += (e = std::exp(e - mx));
-          for (int64_t c = 0; c < D; ++c) {
-            double acc = 0;
-            for (int64_t j = 0; j < Tk; ++j) acc += s[size_t(j)] / z * vv[size_t(((b * Hkv + hk) * Tk + j) * D + c)];
-            y[size_t(((b * Hq + h) * Tq + i) * D + c)] = acc;
-          }
-        }
-      }
+    const std::vector<double> y = naive_attention(q.to_vector<double>(), k.to_vector<double>(), v.to_vector<double>(),
+                                                  maskv, bias.to_vector<double>(), causal, B, Hq, Hkv, Tq, Tk, D);
     AttentionOptions o;
     o.causal = causal;
     o.bias = bias;
@@ -285,30 +300,8 @@ TEST_CASE("ops/naive: scaled_dot_product_attention with a key padding mask and n
   for (int64_t j : {6, 7, 8}) maskv[size_t(Tk + j)] = 1;
   for (int64_t j : {0, 4, 8}) maskv[size_t(2 * Tk + j)] = 1;
   const Tensor kpm = as_tensor(maskv, {B, Tk}).to(DType::boolean);
-  const auto qv = q.to_vector<double>(), kv = k.to_vector<double>(), vv = v.to_vector<double>();
-  std::vector<double> y(size_t(B * Hq * Tq * D), 0.0);
-  const double scale = 1 / std::sqrt(double(D));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < Hq; ++h)
-      for (int64_t i = 0; i < Tq; ++i) {
-        const int64_t hk = h / (Hq / Hkv);
-        std::vector<double> s(size_t(Tk), -INFINITY);
-        for (int64_t j = 0; j < Tk; ++j) {
-          if (maskv[size_t(b * Tk + j)] != 0) continue;
-          double dot = 0;
-          for (int64_t c = 0; c < D; ++c)
-            dot += qv[size_t(((b * Hq + h) * Tq + i) * D + c)] * kv[size_t(((b * Hkv + hk) * Tk + j) * D + c)];
-          s[size_t(j)] = dot * scale;
-        }
-        const double mx = *std::max_element(s.begin(), s.end());
-        double z = 0;
-        for (auto& e : s) z += (e = std::exp(e - mx));
-        for (int64_t c = 0; c < D; ++c) {
-          double acc = 0;
-          for (int64_t j = 0; j < Tk; ++j) acc += s[size_t(j)] / z * vv[size_t(((b * Hkv + hk) * Tk + j) * D + c)];
-          y[size_t(((b * Hq + h) * Tq + i) * D + c)] = acc;
-        }
-      }
+  const std::vector<double> y = naive_attention(q.to_vector<double>(), k.to_vector<double>(), v.to_vector<double>(),
+                                                maskv, {}, false, B, Hq, Hkv, Tq, Tk, D);
   AttentionOptions o;
   o.key_padding_mask = kpm;
   {
