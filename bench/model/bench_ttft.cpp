@@ -5,7 +5,9 @@
 //   audio   10 s of 16 kHz audio (a deterministic chirp with noise) and a
 //           short instruction, speech adapter
 //   image   a 1344x896 RGB image (a deterministic pattern) and a short
-//           question, vision adapter
+//           question, vision adapter; it fills its 3x2 crops exactly
+//   image_1280x720  the same for a 16:9 image whose crops carry padded
+//           patches (the common case: most sizes do not fill their grid)
 //
 // Each request runs as the engine runs a prompt: the processor (image crops /
 // log-mel features), the tower and its projector, then one prefill of the
@@ -215,7 +217,7 @@ int main(int argc, char** argv) try {
     return p;
   };
 
-  const RgbImage image = pattern(1344, 896);
+  const RgbImage image = pattern(1344, 896), wide = pattern(1280, 720);
   const std::vector<double> audio = chirp(10.0, 16000);
   struct Case {
     const char* name;
@@ -238,6 +240,10 @@ int main(int argc, char** argv) try {
                                                                              image_options(m.config().vision.dynamic_hd)),
                                             "Describe the image."),
                    Adapter::vision, &image, nullptr});
+  cases.push_back({"image_1280x720", prompt(kImageTokenId, num_image_tokens(wide.width, wide.height,
+                                                                            image_options(m.config().vision.dynamic_hd)),
+                                            "Describe the image."),
+                   Adapter::vision, &wide, nullptr});
   (void)run_request(m, cases[0].ids, Adapter::none, nullptr, nullptr);  // warm-up
   for (const Case& c : cases) {
     const std::string name = c.name;
