@@ -178,11 +178,13 @@ TEST_CASE("serve/responses refusals name the field; chat errors are renamed to t
       {R"({"input": "x", "include": "all"})", {"include", ""}},
       {R"({"input": "x", "metadata": []})", {"metadata", ""}},
   };
-  for (const auto& [body, want] : cases) {
+  for (const auto& item : cases) {  // no structured binding: clang 14 cannot capture one
+    const char* body = item.first;
+    const std::pair<std::string, std::string>& want = item.second;
     CAPTURE(body);
-    const auto [param, message] = refusal(body);
-    CHECK(param == want.first);
-    if (!want.second.empty()) CHECK(message == want.second);
+    const std::pair<std::string, std::string> got = refusal(body);
+    CHECK(got.first == want.first);
+    if (!want.second.empty()) CHECK(got.second == want.second);
   }
 
   // Chat-path errors, renamed: a message's index becomes its item's, the
