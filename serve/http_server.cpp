@@ -500,6 +500,20 @@ struct HttpServer::Impl {
   // Checks the prompt length and fixes max_tokens / max_context of `r`; a
   // forced tool call, a JSON object, a JSON schema, a choice, a regex or a grammar gets its
   // grammar, and max_tokens must leave room for its shortest output.
+  // The engine request of a processed chat turn (its media moved in),
+  // fitted to the context; `field` names the prompt in errors. The served
+  // LoRA is set when it is submitted (pinned).
+  Request chat_engine_request(phi4mm::ProcessedChat pc, const ApiRequest& ar, const char* field) {
+    Request r;
+    r.prompt = pc.ids();
+    r.adapter = pc.adapter;
+    r.media = std::move(pc.media);
+    r.params = ar.params;
+    r.cache_salt = ar.cache_salt;
+    fit_context(r, ar, field);
+    return r;
+  }
+
   void fit_context(Request& r, const ApiRequest& ar, const char* field) {
     const int64_t len = int64_t(r.prompt.size());
     check_prompt_length(len, ar, field);
@@ -553,19 +567,8 @@ struct HttpServer::Impl {
       std::vector<std::vector<int64_t>> prompt_ids;
       if (kind == ApiKind::chat) {
         phi4mm::ProcessedChat pc = build_chat(ar.messages, ar.tools, ar.add_generation_prompt, &ar);
-        Request r;
-        r.prompt = pc.ids();
-        r.adapter = pc.adapter;
-        r.served_lora = served_lora.number;
-        r.served_lora_uid = served_lora.uid;
-        if (turn) {
-          turn->media = pc.media;
-          turn->adapter = pc.adapter;
-        }
-        r.media = std::move(pc.media);
-        r.params = ar.params;
-        r.cache_salt = ar.cache_salt;
-        fit_context(r, ar, "messages");
+        Request r = chat_engine_request(std::move(pc), ar, "messages");
+        if (turn) turn->media = r.media, turn->adapter = r.adapter;
         prompt_ids.push_back(r.prompt);
         reqs.push_back(std::move(r));
       } else {
@@ -902,14 +905,7 @@ struct HttpServer::Impl {
       for (const phi4mm::Media& m : pc.media)
         if (m.kind == phi4mm::MediaKind::kAudio && m.sample_rate > 0)
           out.duration_s = double(m.samples.size()) / double(m.sample_rate);
-      Request r;
-      r.prompt = pc.ids();
-      r.adapter = pc.adapter;
-      r.served_lora = served_lora.number;
-      r.served_lora_uid = served_lora.uid;
-      r.media = std::move(pc.media);
-      r.params = ar.params;
-      fit_context(r, ar, "file");
+      Request r = chat_engine_request(std::move(pc), ar, "file");
       out.prompt_tokens = int64_t(r.prompt.size());
       out.audio_tokens = std::count(r.prompt.begin(), r.prompt.end(), int64_t(phi4mm::kAudioTokenId));
       ResponseHeader h;
@@ -1041,15 +1037,9 @@ struct HttpServer::Impl {
         if (!ar.schema_field.empty() || !ar.forced_tools.empty() || !ar.auto_tools.empty())
           compile_output_schemas(rr.chat, ar);
         turn = trajectory_turn(hreq, ApiKind::chat, ar, served_lora);
-        phi4mm::ProcessedChat pc = build_chat(ar.messages, ar.tools, /*add_generation_prompt=*/true, &ar);
-        r.prompt = pc.ids();
-        r.adapter = pc.adapter;
-        if (turn) turn->media = pc.media, turn->adapter = pc.adapter;
-        r.media = std::move(pc.media);
-        r.params = ar.params;
-        r.cache_salt = ar.cache_salt;
-        fit_context(r, ar, "messages");
-        if (turn) turn->prompt = r.prompt;
+        r = chat_engine_request(build_chat(ar.messages, ar.tools, /*add_generation_prompt=*/true, &ar), ar,
+                                "messages");
+        if (turn) turn->media = r.media, turn->adapter = r.adapter, turn->prompt = r.prompt;
       } catch (const ApiError& e) {
         throw responses_error(e, rr);
       }

@@ -321,7 +321,7 @@ void parse_common(const json& body, const ApiLimits& lim, ApiRequest& r) {
     if (!w.is_array() || int64_t(w.size()) > bounds::kMaxBadWords)
       throw bad("bad_words", fmt::format("'bad_words' must be an array of at most {} strings", bounds::kMaxBadWords));
     for (const json& x : w) {
-      if (!x.is_string() || x.get_ref<const std::string&>().find_first_not_of(" \t\n\r\f\v") == std::string::npos ||
+      if (!x.is_string() || !has_non_blank(x.get_ref<const std::string&>()) ||
           int64_t(x.get_ref<const std::string&>().size()) > bounds::kMaxBadWordBytes)
         throw bad("bad_words", fmt::format("'bad_words' entries must be strings with a non-blank character, of at "
                                            "most {} bytes", bounds::kMaxBadWordBytes));

@@ -365,7 +365,6 @@ json response_object(const ResponseHeader& h, const ResponsesRequest& r, const R
 ResponsesStream::ResponsesStream(ResponseHeader h, const ResponsesRequest& r, std::string message_id)
     : h_(std::move(h)), message_id_(std::move(message_id)) {
   r_.echo = r.echo;
-  r_.stream = r.stream;
 }
 
 std::string ResponsesStream::event(json e) {

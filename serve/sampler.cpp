@@ -62,7 +62,7 @@ void validate(const SamplingParams& p, int64_t vocab_size) {
   if (int64_t(p.bad_words.size()) > bounds::kMaxBadWords)
     bad("bad_words", fmt::format("at most {} words (got {})", bounds::kMaxBadWords, p.bad_words.size()));
   for (const std::string& w : p.bad_words)
-    if (w.find_first_not_of(" \t\n\r\f\v") == std::string::npos || int64_t(w.size()) > bounds::kMaxBadWordBytes)
+    if (!has_non_blank(w) || int64_t(w.size()) > bounds::kMaxBadWordBytes)
       bad("bad_words", fmt::format("each word must have a non-blank character and at most {} bytes",
                                    bounds::kMaxBadWordBytes));
   for (const std::vector<int64_t>& seq : p.bad_words_ids)

@@ -18,6 +18,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -89,6 +90,10 @@ inline constexpr int64_t kMaxBadWordBytes = 256;    // bytes per bad word
 // Validates every field against the table; throws std::invalid_argument
 // naming the field ("temperature: must be in [0, 2] (got 5)").
 void validate(const SamplingParams& p, int64_t vocab_size);
+
+// A bad word is checked for a character other than ASCII blanks (vLLM strips
+// the leading ones; an all-blank word encodes to nothing).
+inline bool has_non_blank(std::string_view s) { return s.find_first_not_of(" \t\n\r\f\v") != std::string_view::npos; }
 
 // vLLM's encoding of bad_words into id sequences (see SamplingParams).
 std::vector<std::vector<int64_t>> encode_bad_words(const std::vector<std::string>& words,
