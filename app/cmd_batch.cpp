@@ -170,6 +170,7 @@ int cmd_batch(const Args& args) {
   so.host = "127.0.0.1";
   so.port = 0;
   so.api_key.clear();
+  so.responses_store_bytes = 0;  // lines run at once and nothing reads a response back
   serve::Engine engine(m.model, m.tokenizer, setup.eo);
   serve::HttpServer server(engine, so);
   const int port = server.bind();

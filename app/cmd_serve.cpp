@@ -29,7 +29,8 @@ constexpr const char* kServeUsage =
     "\n"
     "Serves the model over an OpenAI-compatible HTTP API: POST /v1/chat/completions\n"
     "(streaming with \"stream\": true), POST /v1/completions, POST /v1/responses (OpenAI's\n"
-    "Responses API, stateless), POST /v1/audio/transcriptions and /v1/audio/translations\n"
+    "Responses API; GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items),\n"
+    "POST /v1/audio/transcriptions and /v1/audio/translations\n"
     "(multipart/form-data, the audio in \"file\"), GET /v1/models,\n"
     "GET /health, GET /metrics (Prometheus), POST /tokenize, POST /detokenize.\n"
     "SIGINT / SIGTERM stop accepting requests, finish the running ones and exit 0.\n"
@@ -115,6 +116,10 @@ constexpr const char* kServeUsage =
     "  --body-timeout-s X        the body must arrive within X s after the headers, else 408\n"
     "                            (default 60)\n"
     "  --keep-alive-timeout-s X  an idle connection is closed X s after its last response (default 5)\n"
+    "  --responses-store-mb X    /v1/responses kept in memory for previous_response_id and GET /\n"
+    "                            DELETE /v1/responses/{id} (store: true, OpenAI's default), counted\n"
+    "                            as their JSON bytes, media included; the least recently used go\n"
+    "                            first; a restart forgets them (default 64; 0: nothing is stored)\n"
     "media:\n"
     "  --media-root DIR          allow local paths and file:// URLs under DIR (symlinks resolved;\n"
     "                            default: refused)\n"
@@ -258,6 +263,11 @@ void add_serve_flags(Flags& flags, ServeSetup& s, bool http) {
   flags.value("--header-timeout-s", positive_flag("--header-timeout-s", so.connections.header_timeout_s))
       .value("--body-timeout-s", positive_flag("--body-timeout-s", so.connections.body_timeout_s))
       .value("--keep-alive-timeout-s", positive_flag("--keep-alive-timeout-s", so.connections.keep_alive_timeout_s));
+  flags.value("--responses-store-mb", [&](const std::string& v) {
+    s.responses_store_mb = parse_double_flag("--responses-store-mb", v, 0);
+    if (s.responses_store_mb > 1e7)
+      throw std::invalid_argument(fmt::format("--responses-store-mb: {} must be from 0 to 1e7", v));
+  });
 }
 
 void finish_serve_flags(ServeSetup& s) {
@@ -270,6 +280,7 @@ void finish_serve_flags(ServeSetup& s) {
   eo.media_cache_bytes = size_t(s.media_cache_mb * double(size_t(1) << 20));
   so.max_body_bytes = size_t(s.body_mb * double(size_t(1) << 20));
   so.max_media_decode_bytes = size_t(s.decode_mb * double(size_t(1) << 20));
+  so.responses_store_bytes = size_t(s.responses_store_mb * double(size_t(1) << 20));
   if (so.media.allow_private && !so.media.allow_remote)
     throw std::invalid_argument("--allow-private-media: needs --allow-remote-media");
   if (so.lora_resolve && so.lora_root.empty())

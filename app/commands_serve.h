@@ -29,7 +29,7 @@ struct ServeSetup {
   serve::EngineOptions eo;
   ModelNeeds needs;
   std::vector<std::pair<std::string, std::string>> lora_modules;  // --lora-modules NAME, DIR
-  double kv_gb = 1.0, body_mb = 32, media_cache_mb = 256, decode_mb = 0;
+  double kv_gb = 1.0, body_mb = 32, media_cache_mb = 256, decode_mb = 0, responses_store_mb = 64;
   std::optional<int64_t> dynamic_hd;  // --mm-processor-kwargs '{"dynamic_hd": N}'
 };
 void add_serve_flags(Flags& flags, ServeSetup& s, bool http);

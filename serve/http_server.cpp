@@ -187,6 +187,8 @@ struct HttpServer::Impl {
   uint64_t lora_clock = 0;
   std::atomic<int64_t> lora_resolved_loads{0}, lora_evictions{0};
 
+  ResponsesStore stored_responses{opts.responses_store_bytes};
+
   std::mutex metrics_mu;
   std::map<std::pair<std::string, int>, int64_t> http_counts;  // (route, status) -> count
   std::map<std::string, int64_t> model_counts;  // generation requests by model (the served one, or a served LoRA)
@@ -224,6 +226,14 @@ struct HttpServer::Impl {
     });
   }
 
+  // A route's metrics label: ids in paths become {id}, so clients cannot grow the label set.
+  static std::string route_label(const std::string& path) {
+    static const std::string prefix = "/v1/responses/";
+    if (path.compare(0, prefix.size(), prefix) != 0) return path;
+    const bool items = path.size() > 12 && path.compare(path.size() - 12, 12, "/input_items") == 0;
+    return prefix + "{id}" + (items ? "/input_items" : "");
+  }
+
   void count_http(const std::string& route, int status) {
     std::lock_guard<std::mutex> lk(metrics_mu);
     http_counts[{route, status}]++;
@@ -247,7 +257,7 @@ struct HttpServer::Impl {
       return httplib::Server::HandlerResponse::Unhandled;
     });
     http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      count_http(req.matches.empty() ? "other" : req.path, res.status);
+      count_http(req.matches.empty() ? "other" : route_label(req.path), res.status);
     });
     // httplib's own errors (404 unknown route, 400 bad request line...) get
     // OpenAI bodies too; the listener answers 408, 413 and 431 itself.
@@ -316,6 +326,12 @@ struct HttpServer::Impl {
       speech(SpeechTask::translate, q, r);
     });
     http.Post("/v1/responses", [this](const httplib::Request& q, httplib::Response& r) { responses(q, r); });
+    // (a bounded id: std::regex recurses per character matched)
+    static const char* kResponseId = R"(/v1/responses/([A-Za-z0-9_-]{1,128}))";
+    http.Get(kResponseId, [this](const httplib::Request& q, httplib::Response& r) { stored_response(q, r, false); });
+    http.Delete(kResponseId, [this](const httplib::Request& q, httplib::Response& r) { stored_response(q, r, true); });
+    http.Get(std::string(kResponseId) + "/input_items",
+             [this](const httplib::Request& q, httplib::Response& r) { stored_input_items(q, r); });
     http.Post("/tokenize", [this](const httplib::Request& q, httplib::Response& r) { tokenize(q, r); });
     http.Post("/detokenize", [this](const httplib::Request& q, httplib::Response& r) { detokenize(q, r); });
   }
@@ -1026,7 +1042,19 @@ struct HttpServer::Impl {
     auto guard = std::make_shared<InFlight>(inflight);
     try {
       if (draining) throw ApiError(503, "the server is shutting down");
-      ResponsesRequest rr = parse_responses_request(parse_ordered_json_bounded(hreq.body, opts.max_json_depth));
+      const nlohmann::ordered_json body = parse_ordered_json_bounded(hreq.body, opts.max_json_depth);
+      std::optional<ResponsesStore::Entry> previous;
+      if (const std::string id = previous_response_id(body); !id.empty()) {
+        if (!stored_responses.enabled())
+          throw ApiError(400, "'previous_response_id' is not supported: this server stores no responses (start areno "
+                              "serve with --responses-store-mb N, or send the whole conversation as 'input')",
+                         "previous_response_id");
+        previous = stored_responses.get(id);
+      }
+      ResponsesRequest rr = parse_responses_request(body, previous ? previous->conversation.get() : nullptr);
+      previous.reset();
+      if (!stored_responses.enabled()) rr.store = false;
+      if (!rr.store) rr.items = nlohmann::ordered_json();
       ApiRequest ar;
       phi4mm::ServedLora served_lora;
       Request r;
@@ -1062,11 +1090,61 @@ struct HttpServer::Impl {
       ChoiceOutput c = collect_one(*pending, &out.cached_tokens);
       if (turn) record_turn(*turn, ar, c);
       finish_responses_output(ar, c, out);
-      send_json(res, 200,
-                response_object(h, rr, out, response_output(out, engine.tokenizer(), ar.return_tokens_as_token_ids)));
+      const json output = response_output(out, engine.tokenizer(), ar.return_tokens_as_token_ids);
+      json object = response_object(h, rr, out, output);
+      if (rr.store) store_response(object, rr.items);
+      send_json(res, 200, object);
     } catch (const ApiError& e) {
       send_error(res, e);
     }
+  }
+
+  // Keeps a finished response (its "store" says whether it was kept).
+  void store_response(json& object, const nlohmann::ordered_json& items) {
+    object["store"] = true;
+    if (!stored_responses.put(object["id"].get<std::string>(), object, items, object["output"]))
+      object["store"] = false;
+  }
+
+  // GET (the response object) or DELETE /v1/responses/{id}.
+  void stored_response(const httplib::Request& hreq, httplib::Response& res, bool erase) {
+    InFlight g(inflight);
+    try {
+      const std::string id = hreq.matches[1];
+      if (erase) {
+        if (!stored_responses.erase(id)) throw response_not_found(id);
+        send_json(res, 200, {{"id", id}, {"object", "response.deleted"}, {"deleted", true}});
+        return;
+      }
+      std::optional<ResponsesStore::Entry> e = stored_responses.get(id);
+      if (!e) throw response_not_found(id);
+      send_json(res, 200, e->object);
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  }
+
+  void stored_input_items(const httplib::Request& hreq, httplib::Response& res) {
+    InFlight g(inflight);
+    try {
+      const std::string id = hreq.matches[1];
+      std::optional<ResponsesStore::Entry> e = stored_responses.get(id);
+      if (!e) throw response_not_found(id);
+      send_json(res, 200, input_items_page(*e, hreq.get_param_value("limit"), hreq.get_param_value("order"),
+                                           hreq.get_param_value("after")));
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  }
+
+  ApiError response_not_found(const std::string& id) const {
+    return ApiError(404,
+                    stored_responses.enabled()
+                        ? fmt::format("Response with id '{}' not found.", id)
+                        : fmt::format("Response with id '{}' not found: this server stores no responses (start "
+                                      "areno serve with --responses-store-mb N)",
+                                      id),
+                    "response_id", "not_found");
   }
 
   // The engine's whole output as a ResponsesOutput: the text, its calls (with tools).
@@ -1088,6 +1166,8 @@ struct HttpServer::Impl {
       ApiRequest ar;
       ResponsesStream rs;
       ResponsesOutput out;
+      bool store = false;
+      nlohmann::ordered_json items;  // to store
       ChoiceOutput c;
       bool tools = false;
       bool started = false;
@@ -1096,6 +1176,8 @@ struct HttpServer::Impl {
       bool failed = false;
     };
     auto st = std::make_shared<State>(std::move(ar), ResponsesStream(h, rr, out.message_id), std::move(out));
+    st->store = rr.store;
+    st->items = std::move(rr.items);
     st->tools = !st->ar.tools.is_null() && st->ar.tool_choice != "none";
     Engine* eng = &engine;
     start_sse(
@@ -1139,7 +1221,10 @@ struct HttpServer::Impl {
           }
           if (!st->failed) {
             finish_responses_output(ar, st->c, st->out);
-            if (!write(st->rs.finish(st->out, t, ar.return_tokens_as_token_ids))) return false;
+            json& final = st->rs.conclude(st->out, t, ar.return_tokens_as_token_ids);
+            if (st->store) self->store_response(final, st->items);
+            st->items = nlohmann::ordered_json();
+            if (!write(st->rs.finish())) return false;
           }
           sink.done();
           return true;
@@ -1311,6 +1396,10 @@ struct HttpServer::Impl {
     metric("areno_engine_steps_total", "counter", "Engine steps run.", double(s.steps));
     metric("areno_engine_step_seconds_total", "counter", "Seconds spent in engine steps.", s.step_seconds_total);
     metric("areno_engine_last_step_seconds", "gauge", "Duration of the last engine step.", s.last_step_seconds);
+    metric("areno_responses_stored", "gauge", "Responses kept for previous_response_id (--responses-store-mb).",
+           double(stored_responses.size()));
+    metric("areno_responses_stored_bytes", "gauge", "Bytes the stored responses count against --responses-store-mb.",
+           double(stored_responses.bytes()));
     metric("areno_http_requests_in_flight", "gauge", "HTTP requests being handled (streams included).", double(inflight.load()));
     metric("areno_served_loras", "gauge", "Served LoRAs loaded (--lora-modules, /v1/load_lora_adapter, --lora-resolve).",
            double(engine.loras().size()));

@@ -10,6 +10,8 @@
 //   GET  /metrics               Prometheus text from Engine::stats()
 //   GET  /version
 //   POST /tokenize, /detokenize vLLM-style helpers
+//   POST /v1/responses          OpenAI's Responses API (serve/responses.h); with a store,
+//   GET, DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items
 //
 // Every error carries OpenAI's body {"error": {"message", "type", "param",
 // "code"}}: 400 bad JSON / fields / media / prompt too long (code
@@ -112,6 +114,10 @@ struct ServerOptions {
   // use is unloaded to make room (429 when every one is in use); adapters
   // loaded at startup or through /v1/load_lora_adapter stay.
   bool lora_resolve = false;
+  // Finished /v1/responses requests kept for previous_response_id and GET /
+  // DELETE /v1/responses/{id} (serve/responses.h ResponsesStore), in bytes of
+  // their JSON; the least recently used go first. 0: nothing is stored.
+  size_t responses_store_bytes = size_t(64) << 20;
 };
 
 // A served LoRA's name (`--lora-modules NAME=DIR`, `lora_name`): 1 to 128

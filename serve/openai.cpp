@@ -3,11 +3,15 @@
 
 #include <fmt/format.h>
 
+#include <sys/random.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <limits>
-#include <random>
+#include <stdexcept>
 
 #include "serve/cfg.h"
 #include "serve/grammar.h"
@@ -673,8 +677,20 @@ json Usage::to_json() const {
 }
 
 std::string new_response_id(const std::string& prefix) {
-  static thread_local std::mt19937_64 gen{std::random_device{}()};
-  return prefix + fmt::format("{:016x}{:08x}", gen(), uint32_t(gen()));
+  // From the kernel's random source, not a seeded generator: a stored
+  // response's id is what lets a client read it, so ids must not be
+  // predictable from the ones a client has seen.
+  unsigned char b[16];
+  size_t got = 0;
+  while (got < sizeof b) {
+    const ssize_t n = getrandom(b + got, sizeof b - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw std::runtime_error(fmt::format("getrandom failed: {}", std::strerror(errno)));
+    got += size_t(n);
+  }
+  std::string id = prefix;
+  for (unsigned char c : b) id += fmt::format("{:02x}", c);
+  return id;
 }
 
 json stop_reason_json(const ChoiceOutput& c, const SamplingParams& p) {

@@ -171,7 +171,7 @@ struct ResponseHeader {
   int64_t created = 0;
   std::string model;
 };
-// prefix + 24 random hex digits.
+// prefix + 32 hex digits of 128 random bits from the kernel (getrandom).
 std::string new_response_id(const std::string& prefix);
 
 // The JSON `stop_reason`: the stop string, the stop token id as a number, or null.

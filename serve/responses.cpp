@@ -67,20 +67,30 @@ ojson chat_content(const ojson& content, const std::string& path, bool assistant
 
 }  // namespace
 
-ResponsesRequest parse_responses_request(const ojson& body) {
+std::string previous_response_id(const ojson& body) {
+  if (!present(body, "previous_response_id")) return {};
+  if (!body["previous_response_id"].is_string()) throw bad("previous_response_id", "must be a string");
+  return body["previous_response_id"].get<std::string>();
+}
+
+ResponsesRequest parse_responses_request(const ojson& body, const ojson* previous) {
   if (!body.is_object())
     throw ApiError(400, fmt::format("the request body must be a JSON object (got {})", body.type_name()));
   ResponsesRequest r;
-  for (const char* key : {"previous_response_id", "conversation"})
-    if (present(body, key))
-      throw bad(key, "is not supported: this server stores no responses or conversations (send the whole "
-                     "conversation as 'input')");
+  r.previous_response_id = previous_response_id(body);
+  if (!r.previous_response_id.empty() && (!previous || !previous->is_array()))
+    throw ApiError(400, fmt::format("Previous response with id '{}' not found.", r.previous_response_id),
+                   "previous_response_id", "previous_response_not_found");
+  if (present(body, "conversation"))
+    throw bad("conversation", "is not supported: this server keeps no conversations (use previous_response_id, or "
+                              "send the whole conversation as 'input')");
   if (present(body, "background") && !(body["background"].is_boolean() && !body["background"].get<bool>()))
-    throw bad("background", "is not supported: this server stores no responses (leave it out or false)");
+    throw bad("background", "is not supported: responses run while the request is open (leave it out or false)");
   if (present(body, "prompt")) throw bad("prompt", "is not supported: this server stores no prompt templates");
   if (present(body, "truncation") && body["truncation"] != "disabled")
     throw bad("truncation", "must be 'disabled': a request longer than the context is refused, never cut");
   if (present(body, "store") && !body["store"].is_boolean()) throw bad("store", "must be a boolean");
+  r.store = !present(body, "store") || body["store"].get<bool>();
   if (present(body, "stream") && !body["stream"].is_boolean()) throw bad("stream", "must be a boolean");
   r.stream = present(body, "stream") && body["stream"].get<bool>();
   if (present(body, "metadata") && !body["metadata"].is_object()) throw bad("metadata", "must be an object");
@@ -91,68 +101,77 @@ ResponsesRequest parse_responses_request(const ojson& body) {
     if (body.contains(key)) chat[key] = body[key];
   if (body.contains("max_output_tokens")) chat["max_completion_tokens"] = body["max_output_tokens"];
 
-  // Messages: the instructions, then the input's items.
+  // The items: the previous response's conversation, then the input's.
+  if (!present(body, "input")) throw bad("input", "is required");
+  const ojson& input = body["input"];
+  r.items = previous ? *previous : ojson::array();
+  std::vector<std::string> where_of(r.items.size());
+  for (size_t i = 0; i < where_of.size(); ++i)
+    where_of[i] = fmt::format("previous_response_id (its item {})", i);
+  if (input.is_string()) {
+    r.items.push_back({{"type", "message"}, {"role", "user"}, {"content", input}});
+    where_of.push_back("input");
+  } else if (input.is_array()) {
+    if (input.empty()) throw bad("input", "must not be an empty array");
+    for (size_t i = 0; i < input.size(); ++i) {
+      r.items.push_back(input[i]);
+      where_of.push_back(fmt::format("input[{}]", i));
+    }
+  } else {
+    throw bad("input", fmt::format("must be a string or an array of items (got {})", input.type_name()));
+  }
+
+  // Messages: the instructions, then the items.
   ojson messages = ojson::array();
   if (present(body, "instructions")) {
     if (!body["instructions"].is_string()) throw bad("instructions", "must be a string");
     messages.push_back({{"role", "system"}, {"content", body["instructions"]}});
     r.message_from.push_back("instructions");
   }
-  if (!present(body, "input")) throw bad("input", "is required");
-  const ojson& input = body["input"];
-  if (input.is_string()) {
-    messages.push_back({{"role", "user"}, {"content", input}});
-    r.message_from.push_back("input");
-  } else if (input.is_array()) {
-    if (input.empty()) throw bad("input", "must not be an empty array");
-    bool open_turn = false;  // the last message is an assistant turn that calls may join
-    for (size_t i = 0; i < input.size(); ++i) {
-      const ojson& item = input[i];
-      const std::string where = fmt::format("input[{}]", i);
-      if (!item.is_object()) throw bad(where, fmt::format("must be an object (got {})", item.type_name()));
-      const std::string type = present(item, "type") && item["type"].is_string() ? item["type"].get<std::string>()
-                               : present(item, "type")                         ? std::string("?")
-                                                                               : std::string("message");
-      if (type == "message") {
-        const std::string& role = string_field(item, "role", where);
-        if (role != "user" && role != "assistant" && role != "system" && role != "developer")
-          throw bad(where + ".role", fmt::format("'{}' is not a role (user, assistant, system or developer)", role));
-        if (!item.contains("content")) throw bad(where + ".content", "is required");
-        messages.push_back({{"role", role}, {"content", chat_content(item["content"], where + ".content",
-                                                                     role == "assistant")}});
+  bool open_turn = false;  // the last message is an assistant turn that calls may join
+  for (size_t i = 0; i < r.items.size(); ++i) {
+    const ojson& item = r.items[i];
+    const std::string& where = where_of[i];
+    if (!item.is_object()) throw bad(where, fmt::format("must be an object (got {})", item.type_name()));
+    const std::string type = present(item, "type") && item["type"].is_string() ? item["type"].get<std::string>()
+                             : present(item, "type")                         ? std::string("?")
+                                                                             : std::string("message");
+    if (type == "message") {
+      const std::string& role = string_field(item, "role", where);
+      if (role != "user" && role != "assistant" && role != "system" && role != "developer")
+        throw bad(where + ".role", fmt::format("'{}' is not a role (user, assistant, system or developer)", role));
+      if (!item.contains("content")) throw bad(where + ".content", "is required");
+      messages.push_back(
+          {{"role", role}, {"content", chat_content(item["content"], where + ".content", role == "assistant")}});
+      r.message_from.push_back(where);
+      open_turn = role == "assistant";
+    } else if (type == "function_call") {
+      const ojson call = {{"id", string_field(item, "call_id", where)},
+                          {"type", "function"},
+                          {"function",
+                           {{"name", string_field(item, "name", where)},
+                            {"arguments", string_field(item, "arguments", where)}}}};
+      if (!open_turn) {
+        messages.push_back({{"role", "assistant"}, {"content", nullptr}});
         r.message_from.push_back(where);
-        open_turn = role == "assistant";
-      } else if (type == "function_call") {
-        const ojson call = {{"id", string_field(item, "call_id", where)},
-                            {"type", "function"},
-                            {"function",
-                             {{"name", string_field(item, "name", where)},
-                              {"arguments", string_field(item, "arguments", where)}}}};
-        if (!open_turn) {
-          messages.push_back({{"role", "assistant"}, {"content", nullptr}});
-          r.message_from.push_back(where);
-          open_turn = true;
-        }
-        ojson& turn = messages.back();
-        if (!turn.contains("tool_calls")) turn["tool_calls"] = ojson::array();
-        turn["tool_calls"].push_back(call);
-      } else if (type == "function_call_output") {
-        const std::string& call_id = string_field(item, "call_id", where);
-        if (!item.contains("output") || !item["output"].is_string())
-          throw bad(where + ".output", "must be a string");
-        messages.push_back({{"role", "tool"}, {"tool_call_id", call_id}, {"content", item["output"]}});
-        r.message_from.push_back(where);
-        open_turn = false;
-      } else if (type == "reasoning") {
-        continue;  // the model does not reason: nothing to feed back
-      } else {
-        throw bad(where + ".type", fmt::format("'{}' is not supported (message, function_call, "
-                                               "function_call_output or reasoning)",
-                                               type == "?" ? std::string("a non-string") : type));
+        open_turn = true;
       }
+      ojson& turn = messages.back();
+      if (!turn.contains("tool_calls")) turn["tool_calls"] = ojson::array();
+      turn["tool_calls"].push_back(call);
+    } else if (type == "function_call_output") {
+      const std::string& call_id = string_field(item, "call_id", where);
+      if (!item.contains("output") || !item["output"].is_string()) throw bad(where + ".output", "must be a string");
+      messages.push_back({{"role", "tool"}, {"tool_call_id", call_id}, {"content", item["output"]}});
+      r.message_from.push_back(where);
+      open_turn = false;
+    } else if (type == "reasoning") {
+      continue;  // the model does not reason: nothing to feed back
+    } else {
+      throw bad(where + ".type", fmt::format("'{}' is not supported (message, function_call, "
+                                             "function_call_output or reasoning)",
+                                             type == "?" ? std::string("a non-string") : type));
     }
-  } else {
-    throw bad("input", fmt::format("must be a string or an array of items (got {})", input.type_name()));
   }
   if (messages.empty()) throw bad("input", "has no message (only reasoning items)");
   chat["messages"] = std::move(messages);
@@ -291,10 +310,10 @@ json base_object(const ResponseHeader& h, const ResponsesRequest& r, const char*
           {"model", h.model},
           {"output", json::array()},
           {"parallel_tool_calls", echoed(r, "parallel_tool_calls", true)},
-          {"previous_response_id", nullptr},
+          {"previous_response_id", r.previous_response_id.empty() ? json(nullptr) : json(r.previous_response_id)},
           {"reasoning", {{"effort", nullptr}, {"summary", nullptr}}},
           {"service_tier", echoed(r, "service_tier", "auto")},
-          {"store", false},
+          {"store", r.store},
           {"temperature", temperature},
           {"text", echoed(r, "text", json{{"format", {{"type", "text"}}}})},
           {"tool_choice", echoed(r, "tool_choice", tools ? "auto" : "none")},
@@ -365,6 +384,8 @@ json response_object(const ResponseHeader& h, const ResponsesRequest& r, const R
 ResponsesStream::ResponsesStream(ResponseHeader h, const ResponsesRequest& r, std::string message_id)
     : h_(std::move(h)), message_id_(std::move(message_id)) {
   r_.echo = r.echo;
+  r_.store = r.store;
+  r_.previous_response_id = r.previous_response_id;
 }
 
 std::string ResponsesStream::event(json e) {
@@ -413,16 +434,21 @@ std::string ResponsesStream::text(const std::string& delta, const json& logprobs
   return s;
 }
 
-std::string ResponsesStream::finish(const ResponsesOutput& out, const tok::Tokenizer& t, bool as_ids) {
-  std::string s;
+json& ResponsesStream::conclude(const ResponsesOutput& out, const tok::Tokenizer& t, bool as_ids) {
   json output = response_output(out, t, as_ids);
   // A message announced while its text streamed stays in the output, even
   // when a call found later took all of it.
   if (open_ && (output.empty() || output[0]["type"] != "message"))
     output.insert(output.begin(), message_item(out.finish == FinishReason::length ? "incomplete" : "completed",
                                                json::array({text_part(text_, logprobs_)})));
+  final_ = response_object(h_, r_, out, output);
+  return final_;
+}
+
+std::string ResponsesStream::finish() {
+  std::string s;
   size_t index = 0;
-  for (const json& item : output) {
+  for (const json& item : final_["output"]) {
     if (item["type"] == "message") {
       // Text the stream held back (a call's neighbour) goes out now.
       const std::string full = item["content"][0]["text"];
@@ -458,9 +484,8 @@ std::string ResponsesStream::finish(const ResponsesOutput& out, const tok::Token
     }
     ++index;
   }
-  const json final = response_object(h_, r_, out, output);
-  s += event({{"type", final["status"] == "completed" ? "response.completed" : "response.incomplete"},
-              {"response", final}});
+  s += event({{"type", final_["status"] == "completed" ? "response.completed" : "response.incomplete"},
+              {"response", final_}});
   return s;
 }
 
@@ -469,6 +494,117 @@ std::string ResponsesStream::error(const ApiError& e) {
                 {"code", e.code.empty() ? json(nullptr) : json(e.code)},
                 {"message", e.what()},
                 {"param", e.param.empty() ? json(nullptr) : json(e.param)}});
+}
+
+}  // namespace areno::serve
+
+// ---- the store -----------------------------------------------------------------------
+
+namespace areno::serve {
+
+namespace {
+
+// An id for a stored item that has none, by its type.
+std::string item_id_prefix(const ojson& item) {
+  const std::string type = item.is_object() && item.contains("type") && item["type"].is_string()
+                               ? item["type"].get<std::string>()
+                               : "message";
+  if (type == "function_call") return "fc_";
+  if (type == "function_call_output") return "fco_";
+  if (type == "reasoning") return "rs_";
+  return "msg_";
+}
+
+}  // namespace
+
+bool ResponsesStore::put(const std::string& id, json object, const ojson& inputs, const json& outputs) {
+  if (!enabled()) return false;
+  auto conversation = std::make_shared<ojson>(inputs.is_array() ? inputs : ojson::array());
+  for (ojson& item : *conversation)
+    if (item.is_object() && !(item.contains("id") && item["id"].is_string()))
+      item["id"] = new_response_id(item_id_prefix(item));
+  const size_t inputs_n = conversation->size();
+  for (const json& item : outputs) conversation->push_back(ojson::parse(item.dump()));
+  // Every byte as serialized, plus the id twice (map key, recency list) and a
+  // fixed allowance for the entry's own bookkeeping.
+  const size_t bytes = object.dump().size() + conversation->dump().size() + 2 * id.size() + 256;
+  if (bytes > max_bytes_) return false;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (auto it = slots_.find(id); it != slots_.end()) {
+    bytes_ -= it->second.bytes;
+    lru_.erase(it->second.lru);
+    slots_.erase(it);
+  }
+  while (bytes_ + bytes > max_bytes_ && !lru_.empty()) {
+    auto victim = slots_.find(lru_.back());
+    bytes_ -= victim->second.bytes;
+    slots_.erase(victim);
+    lru_.pop_back();
+  }
+  lru_.push_front(id);
+  slots_[id] = Slot{Entry{std::move(object), std::move(conversation), inputs_n}, bytes, lru_.begin()};
+  bytes_ += bytes;
+  return true;
+}
+
+std::optional<ResponsesStore::Entry> ResponsesStore::get(const std::string& id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = slots_.find(id);
+  if (it == slots_.end()) return std::nullopt;
+  lru_.splice(lru_.begin(), lru_, it->second.lru);
+  return it->second.entry;
+}
+
+bool ResponsesStore::erase(const std::string& id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = slots_.find(id);
+  if (it == slots_.end()) return false;
+  bytes_ -= it->second.bytes;
+  lru_.erase(it->second.lru);
+  slots_.erase(it);
+  return true;
+}
+
+size_t ResponsesStore::bytes() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return bytes_;
+}
+
+size_t ResponsesStore::size() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return slots_.size();
+}
+
+json input_items_page(const ResponsesStore::Entry& e, const std::string& limit_s, const std::string& order,
+                      const std::string& after) {
+  int64_t limit = 20;
+  if (!limit_s.empty()) {
+    limit = -1;
+    if (limit_s.size() <= 3 && limit_s.find_first_not_of("0123456789") == std::string::npos)
+      limit = std::stoll(limit_s);
+    if (limit < 1 || limit > 100) throw bad("limit", "must be an integer from 1 to 100");
+  }
+  if (!order.empty() && order != "asc" && order != "desc") throw bad("order", "must be 'asc' or 'desc'");
+  const bool desc = order != "asc";
+  const ojson& items = *e.conversation;
+  const size_t n = std::min(e.inputs, items.size());
+  std::vector<size_t> index(n);
+  for (size_t i = 0; i < n; ++i) index[i] = desc ? n - 1 - i : i;
+  size_t from = 0;
+  if (!after.empty()) {
+    bool found = false;
+    for (size_t k = 0; k < n && !found; ++k)
+      if (items[index[k]].value("id", "") == after) from = k + 1, found = true;
+    if (!found) throw bad("after", fmt::format("'{}' is not an input item of this response", after));
+  }
+  json data = json::array();
+  for (size_t k = from; k < n && int64_t(data.size()) < limit; ++k) data.push_back(json::parse(items[index[k]].dump()));
+  const bool more = from + data.size() < n;
+  return {{"object", "list"},
+          {"data", data},
+          {"first_id", data.empty() ? json(nullptr) : data.front()["id"]},
+          {"last_id", data.empty() ? json(nullptr) : data.back()["id"]},
+          {"has_more", more}};
 }
 
 }  // namespace areno::serve

@@ -6,7 +6,8 @@
 // /v1/chat/completions body), which runs through the chat path
 // (parse_chat_request, the processor, the engine), so every check and limit
 // of a chat request holds; only the request and response shapes are this
-// file's. Nothing is stored.
+// file's. Finished responses may be kept in a ResponsesStore (below) for
+// previous_response_id and GET / DELETE /v1/responses/{id}.
 //
 // Request fields:
 //   input          a string (one user message) or a list of items:
@@ -28,13 +29,22 @@
 //   text.format    {"type": "text" | "json_object"} | {"type": "json_schema", "name", "schema", "strict"}
 //   include        "message.output_text.logprobs": the text's log-probabilities (top_logprobs 0..20)
 //   stream         typed server-sent events (ResponsesStream)
-//   store          answered false: nothing is stored (vLLM's default)
-//   previous_response_id, conversation, background, prompt, truncation "auto":
-//                  a 400 (send the whole conversation as input)
+//   store          true (the default, as OpenAI's): the finished response is kept when the
+//                  server has a store (`serve --responses-store-mb`, ResponsesStore); the
+//                  response object says whether it was
+//   previous_response_id  a stored response: its input items (its own predecessors' included)
+//                  and its output items come before this input; its instructions do not
+//                  (OpenAI's rule). 400 previous_response_not_found when not stored (any more)
+//   conversation, background, prompt, truncation "auto": a 400 (not supported)
 //   metadata, user, parallel_tool_calls, reasoning, service_tier,
 //   prompt_cache_key, safety_identifier: repeated or ignored
 #include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -48,11 +58,21 @@ struct ResponsesRequest {
   nlohmann::ordered_json chat;            // the /v1/chat/completions body it amounts to (stream false)
   std::vector<std::string> message_from;  // per chat message: the field it came from ("instructions", "input[2]")
   bool stream = false;
+  bool store = true;                      // asked to be stored (the response object says whether it was)
+  std::string previous_response_id;       // "" when none
+  nlohmann::ordered_json items;           // the input items as stored: the previous response's
+                                          // conversation, then this input's (a string as a user message)
   nlohmann::json echo;                    // the request's fields a response object repeats
 };
 
+// The body's previous_response_id: "" when absent or null; a 400 when not a string.
+std::string previous_response_id(const nlohmann::ordered_json& body);
+
 // Validates the body (a JSON object). Throws ApiError 400 naming the field.
-ResponsesRequest parse_responses_request(const nlohmann::ordered_json& body);
+// `previous`: the stored conversation of the body's previous_response_id
+// (ResponsesStore::Entry::conversation), required when it names one.
+ResponsesRequest parse_responses_request(const nlohmann::ordered_json& body,
+                                         const nlohmann::ordered_json* previous = nullptr);
 
 // An error of the chat path with the request's names: messages[k] becomes
 // the item it came from, max_completion_tokens max_output_tokens,
@@ -79,7 +99,8 @@ nlohmann::json response_output(const ResponsesOutput& out, const tok::Tokenizer&
 
 // The response object. status: completed, or incomplete with
 // incomplete_details {"reason": "max_output_tokens"} when the length limit
-// cut it; `output` as response_output gives it.
+// cut it; `output` as response_output gives it; "store" as asked (the server
+// sets whether it was stored).
 nlohmann::json response_object(const ResponseHeader& h, const ResponsesRequest& r, const ResponsesOutput& out,
                                const nlohmann::json& output);
 
@@ -99,8 +120,12 @@ class ResponsesStream {
   std::string start(double temperature, double top_p);
   // A piece of text (and its tokens' log-probabilities, chat's "content" entries).
   std::string text(const std::string& delta, const nlohmann::json& logprobs);
-  // The end: closes the message, sends the calls and the final response.
-  std::string finish(const ResponsesOutput& out, const tok::Tokenizer& tokenizer, bool tokens_as_ids);
+  // The final response object (its output as the stream shows it: a message
+  // announced while text streamed stays); the caller may still change it
+  // (its "store") before finish() sends it.
+  nlohmann::json& conclude(const ResponsesOutput& out, const tok::Tokenizer& tokenizer, bool tokens_as_ids);
+  // The end, after conclude(): closes the message, sends the calls and the final response.
+  std::string finish();
   std::string error(const ApiError& e);
 
  private:
@@ -115,6 +140,60 @@ class ResponsesStream {
   bool open_ = false;       // the message item was announced
   std::string text_;        // the text sent so far
   nlohmann::json logprobs_ = nlohmann::json::array();
+  nlohmann::json final_;
 };
+
+// Finished responses kept in memory for previous_response_id and GET / DELETE
+// /v1/responses/{id} (`areno serve --responses-store-mb`). Bounded by bytes:
+// each entry counts its response object and its conversation as serialized
+// JSON (media data URLs included), and the least recently used entries (put,
+// get) go first to make room; an entry larger than the whole budget is not
+// kept. Ids are the responses' own (resp_ and 32 hex digits from the kernel's
+// random source, so one client cannot guess another's). Not persisted: a
+// restart forgets everything. Thread-safe.
+class ResponsesStore {
+ public:
+  struct Entry {
+    nlohmann::json object;  // the response object as it was sent
+    // Every item the response saw as input (previous responses' inputs and
+    // outputs first; instructions excluded), then its output items; items
+    // without an id were given one when stored.
+    std::shared_ptr<const nlohmann::ordered_json> conversation;
+    size_t inputs = 0;      // the number of leading items of `conversation` that were input
+  };
+
+  explicit ResponsesStore(size_t max_bytes) : max_bytes_(max_bytes) {}
+  bool enabled() const { return max_bytes_ > 0; }
+
+  // Keeps a finished response: `inputs` (ResponsesRequest::items) then
+  // `outputs` (response_output). False when it does not fit the budget alone.
+  bool put(const std::string& id, nlohmann::json object, const nlohmann::ordered_json& inputs,
+           const nlohmann::json& outputs);
+  std::optional<Entry> get(const std::string& id);
+  bool erase(const std::string& id);
+
+  size_t bytes() const;
+  size_t size() const;
+  size_t max_bytes() const { return max_bytes_; }
+
+ private:
+  struct Slot {
+    Entry entry;
+    size_t bytes = 0;
+    std::list<std::string>::iterator lru;
+  };
+  const size_t max_bytes_;
+  mutable std::mutex mu_;
+  std::list<std::string> lru_;  // most recent first
+  std::unordered_map<std::string, Slot> slots_;
+  size_t bytes_ = 0;
+};
+
+// GET /v1/responses/{id}/input_items: the stored input items as OpenAI lists
+// them, {"object": "list", "data", "first_id", "last_id", "has_more"}.
+// Query: limit 1..100 (default 20), order asc | desc (default desc), after
+// (an item id: the items past it in that order). 400 naming the parameter.
+nlohmann::json input_items_page(const ResponsesStore::Entry& e, const std::string& limit, const std::string& order,
+                                const std::string& after);
 
 }  // namespace areno::serve

@@ -21,8 +21,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     nlohmann::json body = serve::parse_json_bounded(text, serve::kDefaultMaxJsonDepth);
     // A Responses API body (serve/responses.h) becomes the chat body it amounts to.
     if (body.is_object() && body.contains("input") && !body.contains("messages")) {
-      const serve::ResponsesRequest rr =
-          serve::parse_responses_request(serve::parse_ordered_json_bounded(text, serve::kDefaultMaxJsonDepth));
+      // With previous_response_id, the body's own input stands for the stored conversation.
+      const nlohmann::ordered_json obody = serve::parse_ordered_json_bounded(text, serve::kDefaultMaxJsonDepth);
+      const nlohmann::ordered_json* previous =
+          obody.contains("previous_response_id") && obody["input"].is_array() ? &obody["input"] : nullptr;
+      const serve::ResponsesRequest rr = serve::parse_responses_request(obody, previous);
+      // Kept and listed as the store does, with the body's paging fields.
+      static serve::ResponsesStore store(size_t(8) << 20);
+      if (store.put("resp_fuzz", nlohmann::json::object(), rr.items, nlohmann::json::array())) {
+        auto field = [&](const char* key) {
+          return obody.contains(key) && obody[key].is_string() ? obody[key].get<std::string>() : std::string();
+        };
+        try {
+          (void)serve::input_items_page(*store.get("resp_fuzz"), field("limit"), field("order"), field("after"));
+        } catch (const serve::ApiError&) {
+        }
+      }
       try {
         body = serve::parse_json_bounded(rr.chat.dump(), serve::kDefaultMaxJsonDepth);
         (void)serve::parse_chat_request(body, {});

@@ -171,9 +171,23 @@ def main():
                                          "required": ["a", "b"]}}])
         calls = [o for o in rt.output if o.type == "function_call"]
         assert calls and calls[0].name == "add" and set(json.loads(calls[0].arguments)) == {"a", "b"}, rt.output
+        # Stored responses: previous_response_id continues one, retrieve,
+        # input_items.list and delete as the client calls them.
+        follow = client.responses.create(model=model, previous_response_id=resp.id, input="And again?",
+                                         max_output_tokens=4, temperature=0)
+        assert follow.previous_response_id == resp.id and follow.usage.input_tokens > resp.usage.input_tokens, follow
+        assert client.responses.retrieve(resp.id).output_text == greedy
+        listed = [item.content for item in client.responses.input_items.list(follow.id, order="asc")]
+        assert len(listed) == 3 and listed[0] == msgs[0]["content"] and listed[2] == "And again?", listed
+        client.responses.delete(resp.id)
         try:
-            client.responses.create(model=model, input="hi", previous_response_id="resp_1")
-            raise AssertionError("previous_response_id accepted")
+            client.responses.retrieve(resp.id)
+            raise AssertionError("a deleted response retrieved")
+        except openai.NotFoundError:
+            pass
+        try:
+            client.responses.create(model=model, input="hi", previous_response_id=resp.id)
+            raise AssertionError("a deleted previous_response_id accepted")
         except openai.BadRequestError as e:
             assert e.body["param"] == "previous_response_id", e.body
         ids = client.chat.completions.create(model=model, messages=msgs, max_tokens=3, temperature=0,

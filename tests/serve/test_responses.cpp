@@ -44,6 +44,14 @@ struct Reply {
   std::string body;
 };
 
+Reply call(int port, const std::string& method, const std::string& path) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(120, 0);
+  httplib::Result r = method == "GET" ? cli.Get(path) : cli.Delete(path);
+  REQUIRE(r);
+  return Reply{r->status, json::parse(r->body, nullptr, false), r->body};
+}
+
 Reply post(int port, const std::string& path, const json& body) {
   httplib::Client cli("127.0.0.1", port);
   cli.set_read_timeout(120, 0);
@@ -134,6 +142,133 @@ TEST_CASE("serve/responses the request as a chat body: input items, instructions
   CHECK_FALSE(parse(R"({"input": "x", "text": {"format": {"type": "text"}}})").chat.contains("response_format"));
 }
 
+TEST_CASE("serve/responses previous_response_id: the stored conversation comes first, its instructions do not") {
+  // A stored conversation: the earlier input (a system item given as input
+  // stays) and the earlier output (a message and a call).
+  const ojson previous = ojson::parse(R"([
+      {"type": "message", "role": "system", "content": "Be exact.", "id": "msg_a"},
+      {"type": "message", "role": "user", "content": "Add 1 and 2.", "id": "msg_b"},
+      {"type": "message", "id": "msg_c", "status": "completed", "role": "assistant",
+       "content": [{"type": "output_text", "text": "Calling.", "annotations": [], "logprobs": []}]},
+      {"type": "function_call", "id": "fc_d", "call_id": "c1", "name": "add", "arguments": "{}", "status": "completed"}])");
+  const ojson body = ojson::parse(R"({"previous_response_id": "resp_x", "instructions": "New rules.",
+      "input": [{"type": "function_call_output", "call_id": "c1", "output": "3"}], "store": false})");
+  const ResponsesRequest r = parse_responses_request(body, &previous);
+  CHECK(r.previous_response_id == "resp_x");
+  CHECK_FALSE(r.store);
+  CHECK(r.chat["messages"] == ojson::parse(R"([
+      {"role": "system", "content": "New rules."},
+      {"role": "system", "content": "Be exact."},
+      {"role": "user", "content": "Add 1 and 2."},
+      {"role": "assistant", "content": [{"type": "text", "text": "Calling."}],
+       "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "3"}])"));
+  CHECK(r.message_from == std::vector<std::string>{"instructions", "previous_response_id (its item 0)",
+                                                    "previous_response_id (its item 1)",
+                                                    "previous_response_id (its item 2)", "input[0]"});
+  // The items to store next: the previous ones, then this input (a string as a user message).
+  REQUIRE(r.items.size() == 5);
+  CHECK(r.items[4] == body["input"][0]);
+  CHECK(parse_responses_request(ojson::parse(R"({"input": "Hi"})")).items ==
+        ojson::parse(R"([{"type": "message", "role": "user", "content": "Hi"}])"));
+  CHECK(parse_responses_request(ojson::parse(R"({"input": "Hi"})")).store);  // OpenAI's default
+  // A new input's errors keep their own index.
+  try {
+    parse_responses_request(ojson::parse(R"({"previous_response_id": "resp_x", "input": [{"role": "robot", "content": "x"}]})"),
+                            &previous);
+    FAIL("not refused");
+  } catch (const ApiError& e) {
+    CHECK(e.param == "input[0].role");
+  }
+}
+
+TEST_CASE("serve/responses the store: every byte counted, least recently used out, ids given, input items paged") {
+  const json object = {{"id", "resp_1"}, {"object", "response"}, {"output", json::array()}};
+  const ojson inputs = ojson::parse(R"([{"type": "message", "role": "user", "content": "a"},
+                                        {"type": "function_call_output", "call_id": "c", "output": "o", "id": "mine"}])");
+  const json outputs = json::parse(R"([{"type": "message", "id": "msg_o", "role": "assistant", "content": []}])");
+
+  ResponsesStore off(0);
+  CHECK_FALSE(off.enabled());
+  CHECK_FALSE(off.put("resp_1", object, inputs, outputs));
+
+  ResponsesStore big(1 << 20);
+  REQUIRE(big.put("resp_1", object, inputs, outputs));
+  const size_t one = big.bytes();
+  // The count covers the object, the conversation and the id.
+  {
+    const std::optional<ResponsesStore::Entry> e = big.get("resp_1");
+    REQUIRE(e);
+    CHECK(one >= object.dump().size() + e->conversation->dump().size() + 2 * std::string("resp_1").size());
+    CHECK(e->object == object);
+    REQUIRE(e->conversation->size() == 3);
+    CHECK(e->inputs == 2);
+    const std::string given = (*e->conversation)[0]["id"];
+    CHECK(given.rfind("msg_", 0) == 0);
+    CHECK(given.size() == 4 + 32);
+    CHECK((*e->conversation)[1]["id"] == "mine");  // kept
+    CHECK((*e->conversation)[2]["id"] == "msg_o");
+    CHECK((*e->conversation)[1]["output"] == "o");
+  }
+  // Replacing an id does not count it twice.
+  REQUIRE(big.put("resp_1", object, inputs, outputs));
+  CHECK(big.size() == 1);
+  CHECK(big.bytes() == one);
+
+  // A budget of two entries and a bit: a third pushes out the least recently used.
+  ResponsesStore small(2 * one + one / 2);
+  REQUIRE(small.put("resp_a", object, inputs, outputs));
+  REQUIRE(small.put("resp_b", object, inputs, outputs));
+  REQUIRE(small.get("resp_a"));  // a is now the more recent
+  REQUIRE(small.put("resp_c", object, inputs, outputs));
+  CHECK(small.get("resp_a"));
+  CHECK_FALSE(small.get("resp_b"));
+  CHECK(small.get("resp_c"));
+  CHECK(small.size() == 2);
+  CHECK(small.bytes() <= small.max_bytes());
+  CHECK(small.erase("resp_a"));
+  CHECK_FALSE(small.erase("resp_a"));
+  CHECK(small.size() == 1);
+  CHECK(small.bytes() == one);
+  // Larger than the whole budget: not kept, nothing pushed out.
+  ResponsesStore tiny(one - 1);
+  CHECK_FALSE(tiny.put("resp_1", object, inputs, outputs));
+  CHECK(tiny.size() == 0);
+  CHECK(tiny.bytes() == 0);
+
+  // Input items: the inputs only (not the output), newest first by default.
+  ResponsesStore::Entry e;
+  e.conversation = std::make_shared<const ojson>(ojson::parse(
+      R"([{"id": "i0"}, {"id": "i1"}, {"id": "i2"}, {"id": "i3"}, {"id": "out"}])"));
+  e.inputs = 4;
+  auto ids = [](const json& page) {
+    std::string s;
+    for (const json& x : page["data"]) s += x["id"].get<std::string>() + " ";
+    return s;
+  };
+  const json all = input_items_page(e, "", "", "");
+  CHECK(ids(all) == "i3 i2 i1 i0 ");
+  CHECK(all["object"] == "list");
+  CHECK(all["first_id"] == "i3");
+  CHECK(all["last_id"] == "i0");
+  CHECK(all["has_more"] == false);
+  const json p1 = input_items_page(e, "2", "asc", "");
+  CHECK(ids(p1) == "i0 i1 ");
+  CHECK(p1["has_more"] == true);
+  const json p2 = input_items_page(e, "2", "asc", "i1");
+  CHECK(ids(p2) == "i2 i3 ");
+  CHECK(p2["has_more"] == false);
+  const json p3 = input_items_page(e, "", "desc", "i0");
+  CHECK(p3["data"].empty());
+  CHECK(p3["first_id"].is_null());
+  for (const char* bad : {"0", "101", "-1", "x", "1000000000000000000000"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(input_items_page(e, bad, "", ""), ApiError);
+  }
+  CHECK_THROWS_AS(input_items_page(e, "", "up", ""), ApiError);
+  CHECK_THROWS_AS(input_items_page(e, "", "", "out"), ApiError);  // an output item is no input item
+}
+
 TEST_CASE("serve/responses refusals name the field; chat errors are renamed to the request's fields") {
   const std::pair<const char*, std::pair<std::string, std::string>> cases[] = {
       {R"([1])", {"", "the request body must be a JSON object (got array)"}},
@@ -142,8 +277,9 @@ TEST_CASE("serve/responses refusals name the field; chat errors are renamed to t
       {R"({"input": 3})", {"input", "'input' must be a string or an array of items (got number)"}},
       {R"({"input": [{"type": "reasoning"}]})", {"input", "'input' has no message (only reasoning items)"}},
       {R"({"input": "x", "previous_response_id": "resp_1"})",
-       {"previous_response_id", "'previous_response_id' is not supported: this server stores no responses or "
-                                "conversations (send the whole conversation as 'input')"}},
+       {"previous_response_id", "Previous response with id 'resp_1' not found."}},
+      {R"({"input": "x", "previous_response_id": 1})", {"previous_response_id", "'previous_response_id' must be a string"}},
+      {R"({"input": "x", "store": "yes"})", {"store", "'store' must be a boolean"}},
       {R"({"input": "x", "conversation": "conv_1"})", {"conversation", ""}},
       {R"({"input": "x", "background": true})", {"background", ""}},
       {R"({"input": "x", "prompt": {"id": "p"}})", {"prompt", ""}},
@@ -246,7 +382,7 @@ TEST_CASE("serve/responses over HTTP: the chat answer as a response; streamed ev
   CHECK(r.j["instructions"] == "Answer.");
   CHECK(r.j["max_output_tokens"] == 8);
   CHECK(r.j["metadata"] == json{{"run", "1"}});
-  CHECK(r.j["store"] == false);
+  CHECK(r.j["store"] == true);  // OpenAI's default, and the server has a store
   REQUIRE(r.j["output"].size() == 1);
   const json& msg = r.j["output"][0];
   CHECK(msg["type"] == "message");
@@ -397,4 +533,146 @@ TEST_CASE("serve/responses over HTTP: the chat answer as a response; streamed ev
   CHECK(e4.j["error"]["message"].get<std::string>().find("messages") == std::string::npos);
   // The server still answers.
   CHECK(post(served.port, "/v1/responses", body).status == 200);
+}
+
+TEST_CASE("serve/responses stored: GET returns it, previous_response_id continues it, input items, DELETE, no store") {
+  std::signal(SIGPIPE, SIG_IGN);
+  auto model = phi4mm::demo_model();
+  EngineOptions eo;
+  eo.kv_blocks = 256;
+  Engine engine(model, tokenizer_for(*model), eo);
+  engine.start();
+  Served served(engine, ServerOptions{});
+  const int port = served.port;
+
+  // A first turn; GET gives the object the POST answered.
+  const json first_body = {{"input", "What is 2 + 3?"}, {"instructions", "Answer."}, {"max_output_tokens", 6},
+                           {"temperature", 0}};
+  Reply first = post(port, "/v1/responses", first_body);
+  CAPTURE(first.body);
+  REQUIRE(first.status == 200);
+  CHECK(first.j["store"] == true);
+  const std::string id = first.j["id"];
+  CHECK(id.size() == 5 + 32);
+  Reply got = call(port, "GET", "/v1/responses/" + id);
+  REQUIRE(got.status == 200);
+  CHECK(got.j == first.j);
+  const std::string answer = first.j["output"][0]["content"][0]["text"];
+
+  // The next turn continues it: its prompt is the chat of the earlier input,
+  // the earlier answer and the new input, without the earlier instructions.
+  Reply second = post(port, "/v1/responses", {{"previous_response_id", id}, {"input", "And 4 + 5?"},
+                                              {"max_output_tokens", 6}, {"temperature", 0}});
+  CAPTURE(second.body);
+  REQUIRE(second.status == 200);
+  CHECK(second.j["previous_response_id"] == id);
+  CHECK(second.j["instructions"].is_null());
+  const json history = {{{"role", "user"}, {"content", "What is 2 + 3?"}},
+                        {{"role", "assistant"}, {"content", answer}},
+                        {{"role", "user"}, {"content", "And 4 + 5?"}}};
+  Reply chat = post(port, "/v1/chat/completions", {{"messages", history}, {"max_completion_tokens", 6}, {"temperature", 0}});
+  REQUIRE(chat.status == 200);
+  CHECK(second.j["usage"]["input_tokens"] == chat.j["usage"]["prompt_tokens"]);
+  CHECK(second.j["output"][0]["content"][0]["text"] == chat.j["choices"][0]["message"]["content"]);
+
+  // Its input items: the whole context, oldest first with order=asc, paged.
+  Reply items = call(port, "GET", "/v1/responses/" + second.j["id"].get<std::string>() + "/input_items?order=asc");
+  CAPTURE(items.body);
+  REQUIRE(items.status == 200);
+  REQUIRE(items.j["data"].size() == 3);
+  CHECK(items.j["data"][0]["content"] == "What is 2 + 3?");
+  CHECK(items.j["data"][1]["id"] == first.j["output"][0]["id"]);
+  CHECK(items.j["data"][2]["content"] == "And 4 + 5?");
+  CHECK(items.j["has_more"] == false);
+  Reply page = call(port, "GET", "/v1/responses/" + second.j["id"].get<std::string>() + "/input_items?limit=1");
+  REQUIRE(page.status == 200);
+  CHECK(page.j["data"].size() == 1);
+  CHECK(page.j["data"][0]["content"] == "And 4 + 5?");  // newest first by default
+  CHECK(page.j["has_more"] == true);
+  CHECK(call(port, "GET", "/v1/responses/" + id + "/input_items?limit=500").status == 400);
+
+  // Streamed, continuing the second: the final event's response is what GET gives.
+  Reply s = post(port, "/v1/responses", {{"previous_response_id", second.j["id"]}, {"input", "Thanks."},
+                                         {"max_output_tokens", 4}, {"temperature", 0}, {"stream", true}});
+  REQUIRE(s.status == 200);
+  const std::vector<json> ev = events_of(s.body);
+  REQUIRE(!ev.empty());
+  CHECK(ev[0]["response"]["previous_response_id"] == second.j["id"]);
+  const json& fin = ev.back()["response"];
+  CHECK(fin["store"] == true);
+  Reply sgot = call(port, "GET", "/v1/responses/" + fin["id"].get<std::string>());
+  REQUIRE(sgot.status == 200);
+  CHECK(sgot.j == fin);
+  Reply sitems = call(port, "GET", "/v1/responses/" + fin["id"].get<std::string>() + "/input_items?limit=100");
+  CHECK(sitems.j["data"].size() == 5);
+
+  // A tool call answered through previous_response_id gives the prompt of the whole input sent again.
+  const json tools = json::parse(R"([{"type": "function", "name": "add", "parameters": {"type": "object",
+      "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}])");
+  Reply c1 = post(port, "/v1/responses", {{"input", "Add 2 and 3."}, {"tools", tools}, {"tool_choice", "required"},
+                                          {"max_output_tokens", 60}, {"temperature", 0}});
+  REQUIRE(c1.status == 200);
+  json whole = json::array({{{"role", "user"}, {"content", "Add 2 and 3."}}});
+  std::string call_id;
+  for (const json& item : c1.j["output"]) {
+    whole.push_back(item);
+    if (item["type"] == "function_call") call_id = item["call_id"];
+  }
+  REQUIRE_FALSE(call_id.empty());
+  const json result = {{"type", "function_call_output"}, {"call_id", call_id}, {"output", "5"}};
+  whole.push_back(result);
+  Reply c2 = post(port, "/v1/responses", {{"previous_response_id", c1.j["id"]}, {"input", {result}}, {"tools", tools},
+                                          {"max_output_tokens", 4}, {"temperature", 0}});
+  Reply c3 = post(port, "/v1/responses", {{"input", whole}, {"tools", tools}, {"max_output_tokens", 4},
+                                          {"temperature", 0}, {"store", false}});
+  REQUIRE(c2.status == 200);
+  REQUIRE(c3.status == 200);
+  CHECK(c2.j["usage"]["input_tokens"] == c3.j["usage"]["input_tokens"]);
+  REQUIRE(c2.j["output"].size() == c3.j["output"].size());  // greedy: the same answer (ids differ)
+  for (size_t i = 0; i < c2.j["output"].size(); ++i) {
+    CHECK(c2.j["output"][i]["type"] == c3.j["output"][i]["type"]);
+    CHECK(c2.j["output"][i].value("content", json()) == c3.j["output"][i].value("content", json()));
+  }
+  // store false: answered, not kept.
+  CHECK(c3.j["store"] == false);
+  CHECK(call(port, "GET", "/v1/responses/" + c3.j["id"].get<std::string>()).status == 404);
+
+  // DELETE: gone for GET, for input items and as a previous response.
+  Reply del = call(port, "DELETE", "/v1/responses/" + id);
+  REQUIRE(del.status == 200);
+  CHECK(del.j == json{{"id", id}, {"object", "response.deleted"}, {"deleted", true}});
+  Reply gone = call(port, "GET", "/v1/responses/" + id);
+  CHECK(gone.status == 404);
+  CHECK(gone.j["error"]["message"] == fmt::format("Response with id '{}' not found.", id));
+  CHECK(call(port, "DELETE", "/v1/responses/" + id).status == 404);
+  CHECK(call(port, "GET", "/v1/responses/" + id + "/input_items").status == 404);
+  Reply orphan = post(port, "/v1/responses", {{"previous_response_id", id}, {"input", "x"}});
+  CHECK(orphan.status == 400);
+  CHECK(orphan.j["error"]["code"] == "previous_response_not_found");
+  CHECK(orphan.j["error"]["param"] == "previous_response_id");
+  // A later turn stands on its own copy: the second still loads after the first is gone.
+  CHECK(call(port, "GET", "/v1/responses/" + second.j["id"].get<std::string>()).status == 200);
+  // Ids outside the route's pattern are no route.
+  CHECK(call(port, "GET", "/v1/responses/" + std::string(200, 'a')).status == 404);
+  CHECK(call(port, "GET", "/v1/responses/a%2Fb").status == 404);
+
+  // Metrics label the route, not the id.
+  Reply metrics = call(port, "GET", "/metrics");
+  CHECK(metrics.body.find("route=\"/v1/responses/{id}\"") != std::string::npos);
+  CHECK(metrics.body.find("route=\"/v1/responses/{id}/input_items\"") != std::string::npos);
+  CHECK(metrics.body.find(id) == std::string::npos);
+  CHECK(metrics.body.find("areno_responses_stored ") != std::string::npos);
+
+  // A server without a store: answered with store false, nothing to GET, previous ids refused.
+  ServerOptions none;
+  none.responses_store_bytes = 0;
+  Served bare(engine, none);
+  Reply plain = post(bare.port, "/v1/responses", first_body);
+  REQUIRE(plain.status == 200);
+  CHECK(plain.j["store"] == false);
+  CHECK(call(bare.port, "GET", "/v1/responses/" + plain.j["id"].get<std::string>()).status == 404);
+  Reply refused = post(bare.port, "/v1/responses", {{"previous_response_id", second.j["id"]}, {"input", "x"}});
+  CHECK(refused.status == 400);
+  CHECK(refused.j["error"]["param"] == "previous_response_id");
+  CHECK(refused.j["error"]["message"].get<std::string>().find("--responses-store-mb") != std::string::npos);
 }
