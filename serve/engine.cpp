@@ -51,14 +51,17 @@ std::string sha256(std::string_view bytes) {
 }
 
 // The media cache's key of one item: the salt's digest, its kind and size,
-// the digest of its pixels or samples, and for a clip whether its request
-// has an image (the clip's rows then come from the vision projector; an
-// image's rows do not depend on the other items).
-std::string media_item_key(const std::string& salt_digest, const phi4mm::Media& m, bool with_image) {
+// the digest of its pixels or samples, for an image its crop limit (the
+// model's when the item names none), and for a clip whether its request has
+// an image (the clip's rows then come from the vision projector; an image's
+// rows do not depend on the other items).
+std::string media_item_key(const std::string& salt_digest, const phi4mm::Media& m, bool with_image,
+                           int64_t default_crops) {
   std::string buf = salt_digest;
   const bool image = m.kind == phi4mm::MediaKind::kImage;
   const int64_t dims[4] = {int64_t(m.kind), image ? m.image.width : m.sample_rate,
-                           image ? m.image.height : int64_t(m.samples.size()), image ? 0 : int64_t(with_image)};
+                           image ? m.image.height : int64_t(m.samples.size()),
+                           image ? (m.max_crops > 0 ? m.max_crops : default_crops) : int64_t(with_image)};
   buf.append(reinterpret_cast<const char*>(dims), sizeof dims);
   buf += image ? sha256({reinterpret_cast<const char*>(m.image.rgb.data()), m.image.rgb.size()})
                : sha256({reinterpret_cast<const char*>(m.samples.data()), m.samples.size() * sizeof(double)});
@@ -373,7 +376,8 @@ void Engine::encode_media(Req& q, const std::vector<phi4mm::Media>& media, int64
   std::vector<std::vector<std::string>> digests(n);
   int64_t hits = 0;
   if (cached) {
-    for (size_t i = 0; i < n; ++i) keys[i] = media_item_key(q.salt_digest, media[i], with_image);
+    for (size_t i = 0; i < n; ++i)
+      keys[i] = media_item_key(q.salt_digest, media[i], with_image, model_->config().vision.dynamic_hd);
     std::lock_guard<std::mutex> lk(media_mu_);
     for (size_t i = 0; i < n; ++i)
       if (auto it = media_by_key_.find(keys[i]); it != media_by_key_.end()) {

@@ -184,6 +184,7 @@ struct HttpServer::Impl {
   std::shared_mutex lora_mu;
   std::mutex lora_use_mu;
   std::map<std::string, uint64_t> resolved_last_use;  // adapters loaded on demand -> last use (a counter)
+  std::map<std::string, int> lora_reserved;  // adapters a request is loading to pin: never evicted meanwhile
   uint64_t lora_clock = 0;
   std::atomic<int64_t> lora_resolved_loads{0}, lora_evictions{0};
 
@@ -402,7 +403,8 @@ struct HttpServer::Impl {
       std::vector<std::pair<uint64_t, std::string>> idle;  // oldest first
       {
         std::lock_guard<std::mutex> ul(lora_use_mu);
-        for (const auto& [n, t] : resolved_last_use) idle.emplace_back(t, n);
+        for (const auto& [n, t] : resolved_last_use)
+          if (!lora_reserved.count(n)) idle.emplace_back(t, n);
       }
       std::sort(idle.begin(), idle.end());
       bool freed = false;
@@ -453,14 +455,28 @@ struct HttpServer::Impl {
   phi4mm::ServedLora pin_lora(const std::string& model, const phi4mm::ServedLora& l,
                               std::shared_lock<std::shared_mutex>& hold) {
     if (!opts.lora_resolve || l.number == 0) return l;
-    for (int attempt = 0; attempt < 3; ++attempt) {
-      hold = std::shared_lock<std::shared_mutex>(lora_mu);
-      if (std::optional<phi4mm::ServedLora> now = engine.find_lora(model)) return *now;
-      hold.unlock();
-      check_model(model);  // loads it again (or throws)
-    }
-    throw ApiError(503, fmt::format("the served LoRA '{}' was unloaded again while this request started; retry",
-                                    model), "model");
+    hold = std::shared_lock<std::shared_mutex>(lora_mu);
+    if (std::optional<phi4mm::ServedLora> now = engine.find_lora(model)) return *now;
+    hold.unlock();
+    // Evicted since check_model: load it again, reserved so that no other
+    // request's load evicts it before this one holds the lock.
+    struct Reservation {
+      Impl* self;
+      std::string name;
+      Reservation(Impl* s, std::string n) : self(s), name(std::move(n)) {
+        std::lock_guard<std::mutex> lk(self->lora_use_mu);
+        ++self->lora_reserved[name];
+      }
+      ~Reservation() {
+        std::lock_guard<std::mutex> lk(self->lora_use_mu);
+        if (--self->lora_reserved[name] == 0) self->lora_reserved.erase(name);
+      }
+    } reserved(this, model);
+    check_model(model);  // loads it again (or throws)
+    hold = std::shared_lock<std::shared_mutex>(lora_mu);
+    if (std::optional<phi4mm::ServedLora> now = engine.find_lora(model)) return *now;
+    throw ApiError(503, fmt::format("the served LoRA '{}' was unloaded through /v1/unload_lora_adapter while this "
+                                    "request started; retry", model), "model");
   }
 
   // ---- prompts -----------------------------------------------------------
@@ -468,9 +484,14 @@ struct HttpServer::Impl {
   // The one place where the processor's {field, message} errors become 400s
   // (503 when the media decode budget stays full). With `ar`, a prompt too long
   // for it is refused from the media headers, before any media is decoded.
+  // The request's mm_processor_kwargs (`ar`'s, else `image_max_crops` when
+  // not 0) set its images' crop limit.
   phi4mm::ProcessedChat build_chat(const json& messages, const json& tools, bool add_generation_prompt,
-                                   const ApiRequest* ar = nullptr, bool continue_final_message = false) {
+                                   const ApiRequest* ar = nullptr, bool continue_final_message = false,
+                                   int64_t image_max_crops = 0) {
     phi4mm::ProcessorOptions po = processor;
+    if (ar && ar->image_max_crops > 0) image_max_crops = ar->image_max_crops;
+    if (image_max_crops > 0) po.image_max_crops = image_max_crops;
     po.add_generation_prompt = add_generation_prompt;
     po.continue_final_message = continue_final_message || (ar && ar->continue_final_message);
     if (ar) po.max_prompt_tokens = max_prompt_length(*ar);
@@ -1324,7 +1345,9 @@ struct HttpServer::Impl {
         if (agp && cont)
           throw ApiError(400, "'continue_final_message' and 'add_generation_prompt' cannot both be true",
                          "continue_final_message");
-        ids = build_chat(body["messages"], body.value("tools", json()), agp, nullptr, cont).ids();
+        ids = build_chat(body["messages"], body.value("tools", json()), agp, nullptr, cont,
+                         parse_mm_processor_kwargs(body))
+                  .ids();
       } else if (body.contains("prompt") && body["prompt"].is_string()) {
         for (tok::TokenId t : engine.tokenizer().encode(body["prompt"].get<std::string>())) ids.push_back(t);
       } else {

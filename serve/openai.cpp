@@ -13,6 +13,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "models/phi4mm/config.h"
 #include "serve/cfg.h"
 #include "serve/grammar.h"
 
@@ -339,9 +340,7 @@ void parse_common(const json& body, const ApiLimits& lim, ApiRequest& r) {
     throw bad("logits_processors", "'logits_processors' is not supported (the server runs no client code)");
   if (has(body, "priority") && as_int(body["priority"], "priority") != 0)
     throw bad("priority", "'priority' other than 0 is not supported (requests are served first come, first served)");
-  if (has(body, "mm_processor_kwargs") && !(body["mm_processor_kwargs"].is_object() && body["mm_processor_kwargs"].empty()))
-    throw bad("mm_processor_kwargs", "'mm_processor_kwargs' per request is not supported (the server's are set with "
-                                     "--mm-processor-kwargs)");
+  r.image_max_crops = parse_mm_processor_kwargs(body);
   if (has(body, "truncate_prompt_tokens"))
     throw bad("truncate_prompt_tokens", "'truncate_prompt_tokens' is not supported: a prompt longer than the "
                                         "context is refused, never cut");
@@ -674,6 +673,26 @@ json Usage::to_json() const {
           {"completion_tokens", completion_tokens},
           {"total_tokens", prompt_tokens + completion_tokens},
           {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
+}
+
+int64_t parse_mm_processor_kwargs(const json& body) {
+  if (!body.is_object() || !body.contains("mm_processor_kwargs") || body["mm_processor_kwargs"].is_null()) return 0;
+  const json& k = body["mm_processor_kwargs"];
+  if (!k.is_object()) throw bad("mm_processor_kwargs", "'mm_processor_kwargs' must be an object");
+  int64_t crops = 0;
+  for (const auto& [key, value] : k.items()) {
+    if (key != "dynamic_hd")
+      throw bad("mm_processor_kwargs." + key,
+                fmt::format("'mm_processor_kwargs.{}' is not a setting of this model's processor (dynamic_hd only)",
+                            key.size() > 64 ? key.substr(0, 64) + "..." : key));
+    if (!value.is_number_integer() || value.get<int64_t>() < 1 || value.get<int64_t>() > phi4mm::kMaxDynamicHd)
+      throw bad("mm_processor_kwargs.dynamic_hd",
+                fmt::format("'mm_processor_kwargs.dynamic_hd' must be an integer from 1 to {} (the most HD crops "
+                            "per image)",
+                            phi4mm::kMaxDynamicHd));
+    crops = value.get<int64_t>();
+  }
+  return crops;
 }
 
 std::string new_response_id(const std::string& prefix) {

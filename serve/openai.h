@@ -79,6 +79,7 @@ struct ApiRequest {
   int64_t prompt_logprobs = -1;
   bool return_token_ids = false;
   std::string cache_salt;           // vLLM's: the prefix and media caches only shared within a salt
+  int64_t image_max_crops = 0;      // vLLM's mm_processor_kwargs {"dynamic_hd": N}; 0: the server's
 
   // chat
   nlohmann::json messages;
@@ -171,6 +172,11 @@ struct ResponseHeader {
   int64_t created = 0;
   std::string model;
 };
+// vLLM's per-request `mm_processor_kwargs`: {"dynamic_hd": N} (1..64, at
+// most N HD crops per image of this request) or {}; another key is a 400
+// naming it. Returns N, or 0 when absent or empty.
+int64_t parse_mm_processor_kwargs(const nlohmann::json& body);
+
 // prefix + 32 hex digits of 128 random bits from the kernel (getrandom).
 std::string new_response_id(const std::string& prefix);
 

@@ -29,7 +29,8 @@ constexpr const char* kPassThrough[] = {"model",         "temperature",     "top
                                         "min_p",         "seed",            "repetition_penalty",
                                         "presence_penalty", "frequency_penalty", "stop", "stop_token_ids",
                                         "ignore_eos",    "min_tokens",      "logit_bias", "cache_salt",
-                                        "skip_special_tokens", "top_logprobs", "allowed_token_ids", "bad_words"};
+                                        "skip_special_tokens", "top_logprobs", "allowed_token_ids", "bad_words",
+                                        "mm_processor_kwargs"};
 
 // Repeated in the response object when sent.
 constexpr const char* kEchoed[] = {"instructions", "max_output_tokens", "metadata", "parallel_tool_calls",

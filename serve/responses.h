@@ -22,7 +22,8 @@
 //   instructions   a system message before the input
 //   max_output_tokens, temperature, top_p, and vLLM's sampling extras
 //                  (top_k, min_p, seed, repetition_penalty, presence_penalty,
-//                  frequency_penalty, stop, ignore_eos, min_tokens, logit_bias, cache_salt)
+//                  frequency_penalty, stop, ignore_eos, min_tokens, logit_bias, cache_salt,
+//                  mm_processor_kwargs)
 //   tools          function tools {"type": "function", "name", "description", "parameters", "strict"};
 //                  other tool types are a 400
 //   tool_choice    none | auto | required | {"type": "function", "name"}

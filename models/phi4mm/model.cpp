@@ -1,5 +1,6 @@
 #include "models/phi4mm/model.h"
 
+#include <map>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -52,20 +53,27 @@ std::shared_ptr<Phi4MMForCausalLM> init_phi4mm(const Config& config, uint64_t se
 
 std::vector<Tensor> media_rows_each(const Phi4MMForCausalLM& model, std::span<const Media> media,
                                     std::optional<bool> with_image) {
-  std::vector<RgbImage> images;
+  // Images by their crop limit (each group one tower batch), clips together.
+  std::map<int64_t, std::vector<size_t>> image_groups;  // max crops -> indices into media
   std::vector<AudioClip> clips;
-  for (const Media& m : media) {
-    if (m.kind == MediaKind::kImage) images.push_back(m.image);
-    else clips.push_back({m.samples, m.sample_rate});
+  for (size_t i = 0; i < media.size(); ++i) {
+    const Media& m = media[i];
+    if (m.kind == MediaKind::kImage)
+      image_groups[m.max_crops > 0 ? m.max_crops : model.config().vision.dynamic_hd].push_back(i);
+    else
+      clips.push_back({m.samples, m.sample_rate});
   }
-  const bool has_image = with_image.value_or(!images.empty());
-  std::vector<Tensor> image_rows, audio_rows;
-  if (!images.empty()) {
+  const bool has_image = with_image.value_or(!image_groups.empty());
+  std::vector<Tensor> image_rows(media.size()), audio_rows;
+  if (!image_groups.empty()) {
     if (!model.image_embed()) throw std::invalid_argument("this model has no vision tower; images cannot be used");
-    ImageProcessorOptions io;
-    io.max_crops = model.config().vision.dynamic_hd;
-    ImageBatch b = process_images(images, io);
-    image_rows = split_rows(model.image_embed()->forward(b), b.num_img_tokens, "vision tower");
+    for (const auto& [crops, index] : image_groups) {
+      std::vector<RgbImage> images;
+      for (size_t i : index) images.push_back(media[i].image);
+      ImageBatch b = process_images(images, image_options(crops));
+      std::vector<Tensor> rows = split_rows(model.image_embed()->forward(b), b.num_img_tokens, "vision tower");
+      for (size_t k = 0; k < index.size(); ++k) image_rows[index[k]] = std::move(rows[k]);
+    }
   }
   if (!clips.empty()) {
     if (!model.audio_embed()) throw std::invalid_argument("this model has no audio encoder; audio cannot be used");
@@ -75,10 +83,10 @@ std::vector<Tensor> media_rows_each(const Phi4MMForCausalLM& model, std::span<co
         ab.tokens, "audio encoder");
   }
   std::vector<Tensor> parts;
-  size_t ii = 0, ai = 0;
+  size_t ai = 0;
   const DType dt = model.dtype();
-  for (const Media& m : media)
-    parts.push_back((m.kind == MediaKind::kImage ? image_rows[ii++] : audio_rows[ai++]).to(model.device(), dt));
+  for (size_t i = 0; i < media.size(); ++i)
+    parts.push_back((media[i].kind == MediaKind::kImage ? image_rows[i] : audio_rows[ai++]).to(model.device(), dt));
   return parts;
 }
 

@@ -158,10 +158,37 @@ TEST_CASE("phi4mm: dynamic_hd: the processor's placeholders and the tower's rows
   const ProcessedChat pc = process_chat(make_tokenizer(), messages, nullptr, po);
   CHECK(std::count(pc.prompt.ids.begin(), pc.prompt.ids.end(), kImageToken) == two);
   CHECK(media_rows(*m, pc.media).size(0) == two);
+  // The processed image carries its limit; an image that names none follows the model.
+  CHECK(pc.media[0].max_crops == 2);
   m->set_dynamic_hd(36);
-  CHECK(media_rows(*m, pc.media).size(0) == full);
+  CHECK(media_rows(*m, pc.media).size(0) == two);
+  CHECK(media_rows(*m, std::vector<Media>{img}).size(0) == full);
   CHECK_THROWS_AS(m->set_dynamic_hd(0), std::invalid_argument);
   CHECK_THROWS_AS(m->set_dynamic_hd(65), std::invalid_argument);
+}
+
+TEST_CASE("phi4mm: images with their own crop limits in one media list: each as encoded alone, in order") {
+  auto m = init_phi4mm("tiny", 6, DType::f32);
+  NoGradGuard ng;
+  const Media a = Media::of_image(test_image(1000, 750, 1), 1);
+  const Media b = Media::of_image(test_image(1000, 750, 1));  // the model's 36
+  const Media c = Media::of_image(test_image(640, 900, 2), 2);
+  const Media d = Media::of_image(test_image(500, 400, 3), 1);
+  const std::vector<Media> all = {a, b, c, d};
+  const std::vector<Tensor> rows = media_rows_each(*m, all);
+  REQUIRE(rows.size() == 4);
+  CHECK(rows[0].size(0) == num_image_tokens(1000, 750, image_options(1)));
+  CHECK(rows[1].size(0) == num_image_tokens(1000, 750));
+  CHECK(rows[2].size(0) == num_image_tokens(640, 900, image_options(2)));
+  CHECK(rows[3].size(0) == num_image_tokens(500, 400, image_options(1)));
+  for (size_t i = 0; i < all.size(); ++i) {
+    CAPTURE(i);
+    const Tensor alone = media_rows(*m, std::vector<Media>{all[i]});
+    REQUIRE(alone.shape() == rows[i].shape());
+    CHECK(testing::rel_err(rows[i], alone) < 1e-5);
+  }
+  // The same pixels under two limits give different rows.
+  CHECK(rows[0].size(0) != rows[1].size(0));
 }
 
 TEST_CASE("phi4mm: a bad tower config fails before any weight is read") {

@@ -1289,6 +1289,8 @@ TEST_CASE("serve/http --lora-resolve under churn: concurrent requests for more a
   for (const std::string& n : names) CHECK(want[n] != want["areno-demo"]);
   // 8 clients, 12 requests each, over 5 names with 2 slots.
   std::atomic<int> ok{0}, busy{0}, wrong{0}, other{0};
+  std::mutex other_mu;
+  std::vector<std::string> others;
   std::vector<std::thread> ts;
   for (int c = 0; c < 8; ++c)
     ts.emplace_back([&, c] {
@@ -1303,11 +1305,14 @@ TEST_CASE("serve/http --lora-resolve under churn: concurrent requests for more a
           ++busy;
         } else {
           ++other;
+          std::lock_guard<std::mutex> lk(other_mu);
+          others.push_back(fmt::format("{} {}", r.status, r.raw));
         }
       }
     });
   for (auto& t : ts) t.join();
   MESSAGE("churn: ", ok.load(), " answered, ", busy.load(), " busy (429)");
+  for (const std::string& o : others) MESSAGE("other answer: ", o);
   CHECK(wrong == 0);
   CHECK(other == 0);
   CHECK(ok + busy == 96);
@@ -1559,7 +1564,7 @@ TEST_CASE("serve/http a client that disconnects mid-stream frees its sequence an
   check_serving(w.plain->port);
 }
 
-TEST_CASE("serve/http dynamic_hd (--mm-processor-kwargs): an image's tokens follow the model's setting; per request it is refused") {
+TEST_CASE("serve/http dynamic_hd (--mm-processor-kwargs): an image's tokens follow the model's setting, or the request's") {
   auto mm = phi4mm::init_phi4mm("tiny", 0);
   mm->set_dynamic_hd(1);
   auto tokenizer = tokenizer_for(*mm);
@@ -1586,11 +1591,61 @@ TEST_CASE("serve/http dynamic_hd (--mm-processor-kwargs): an image's tokens foll
   CAPTURE(r.raw);
   REQUIRE(r.status == 200);  // the tower gave as many rows as the placeholders
   CHECK(r.body["usage"]["prompt_tokens"] == int64_t(pc.prompt.ids.size()));
-  check_error(post(served.port, "/v1/chat/completions",
-                   {{"messages", messages}, {"mm_processor_kwargs", {{"dynamic_hd", 4}}}}),
-              400, "--mm-processor-kwargs", "mm_processor_kwargs");
   CHECK(post(served.port, "/v1/chat/completions", {{"messages", messages}, {"max_tokens", 1},
                                                    {"mm_processor_kwargs", json::object()}}).status == 200);
+
+  // Per request (vLLM's mm_processor_kwargs): the request's limit, through
+  // the processor and the tower, greedy answers equal to a model set to it,
+  // the same image cached apart under each limit.
+  phi4mm::ProcessorOptions po4 = phi4mm::processor_options_for(*mm);
+  po4.image_max_crops = 4;
+  const int64_t four_len = int64_t(phi4mm::process_chat(*tokenizer, messages, nullptr, po4).prompt.ids.size());
+  CHECK(four_len > int64_t(pc.prompt.ids.size()));
+  const json ask4 = {{"messages", messages}, {"max_tokens", 4}, {"temperature", 0}, {"mm_processor_kwargs", {{"dynamic_hd", 4}}}};
+  const json ask1 = {{"messages", messages}, {"max_tokens", 4}, {"temperature", 0}};
+  Reply r4 = post(served.port, "/v1/chat/completions", ask4);
+  CAPTURE(r4.raw);
+  REQUIRE(r4.status == 200);
+  CHECK(r4.body["usage"]["prompt_tokens"] == four_len);
+  Reply r1 = post(served.port, "/v1/chat/completions", ask1);
+  REQUIRE(r1.status == 200);
+  CHECK(r1.body["usage"]["prompt_tokens"] == int64_t(pc.prompt.ids.size()));
+  Reply r4again = post(served.port, "/v1/chat/completions", ask4);  // from the media cache
+  REQUIRE(r4again.status == 200);
+  CHECK(r4again.body["choices"][0]["message"] == r4.body["choices"][0]["message"]);
+  // /tokenize and the Responses API take it too.
+  Reply t4 = post(served.port, "/tokenize", {{"messages", messages}, {"mm_processor_kwargs", {{"dynamic_hd", 4}}}});
+  REQUIRE(t4.status == 200);
+  CHECK(t4.body["count"] == four_len);
+  const json& url = messages[0]["content"][0]["image_url"]["url"];
+  Reply resp4 = post(served.port, "/v1/responses",
+                     {{"input", {{{"role", "user"}, {"content", {{{"type", "input_image"}, {"image_url", url}},
+                                                                 {{"type", "input_text"}, {"text", "Describe it."}}}}}}},
+                      {"max_output_tokens", 4}, {"temperature", 0}, {"mm_processor_kwargs", {{"dynamic_hd", 4}}}});
+  REQUIRE(resp4.status == 200);
+  CHECK(resp4.body["usage"]["input_tokens"] == four_len);
+  CHECK(resp4.body["output"][0]["content"][0]["text"] == r4.body["choices"][0]["message"]["content"]);
+  {
+    // The same answer from a model whose own setting is 4 (no media cache: the tower runs).
+    auto mm4 = phi4mm::init_phi4mm("tiny", 0);
+    mm4->set_dynamic_hd(4);
+    EngineOptions eo4 = eo;
+    eo4.media_cache_bytes = 0;
+    Engine engine4(mm4, tokenizer, eo4);
+    engine4.start();
+    Served served4(engine4, ServerOptions{});
+    Reply m4 = post(served4.port, "/v1/chat/completions", ask1);
+    REQUIRE(m4.status == 200);
+    CHECK(m4.body["usage"]["prompt_tokens"] == four_len);
+    CHECK(m4.body["choices"][0]["message"] == r4.body["choices"][0]["message"]);
+  }
+  for (const json& bad : {json{{"dynamic_hd", 0}}, json{{"dynamic_hd", 65}}, json{{"dynamic_hd", "4"}},
+                          json{{"num_crops", 2}}, json::array({4})}) {
+    CAPTURE(bad);
+    Reply e = post(served.port, "/v1/chat/completions", {{"messages", messages}, {"mm_processor_kwargs", bad}});
+    CHECK(e.status == 400);
+    CHECK(e.body["error"]["param"].get<std::string>().rfind("mm_processor_kwargs", 0) == 0);
+  }
 }
 
 TEST_CASE("serve/http image, audio and image+audio requests through the real towers") {

@@ -45,11 +45,12 @@ void TrajectoryStore::clear() {
 
 namespace {
 
-// The same decoded item (the decode hold is bookkeeping, not content).
+// The same decoded item under the same crop limit (the decode hold is bookkeeping, not content).
 bool same_media(const phi4mm::Media& a, const phi4mm::Media& b) {
   if (a.kind != b.kind) return false;
   if (a.kind == phi4mm::MediaKind::kImage)
-    return a.image.width == b.image.width && a.image.height == b.image.height && a.image.rgb == b.image.rgb;
+    return a.image.width == b.image.width && a.image.height == b.image.height && a.max_crops == b.max_crops &&
+           a.image.rgb == b.image.rgb;
   return a.sample_rate == b.sample_rate && a.samples == b.samples;
 }
 

@@ -77,6 +77,7 @@ ProcessedChat process_chat(const tok::Tokenizer& tokenizer, const nlohmann::json
     const int k = it.kind == MediaKind::kImage ? 0 : 1;
     Part& p = parts[k].at(it.index);
     decoded[k].push_back(decode_media(it.kind, p.bytes, p.where, options.limits, options.decode_budget));
+    if (it.kind == MediaKind::kImage) decoded[k].back().max_crops = options.image_max_crops;
     std::vector<uint8_t>().swap(p.bytes);  // the encoded bytes are no longer needed
     const size_t n = size_t(media_token_count(decoded[k].back(), p.where, options.image_max_crops));
     recount |= n != counts[k][it.index];

@@ -27,7 +27,10 @@ namespace areno::phi4mm {
 
 struct ProcessorOptions {
   bool image = true;           // the model has a vision tower (else image parts are refused)
-  int64_t image_max_crops = 36;  // the model's dynamic_hd: an image's placeholder count follows it
+  // At most this many HD crops per image (1..64): an image's placeholder
+  // count follows it, and its Media carries it to the tower. The model's
+  // dynamic_hd unless a request asks for another (mm_processor_kwargs).
+  int64_t image_max_crops = 36;
   bool audio = true;           // the model has an audio encoder
   MediaSource source;
   MediaLimits limits;

@@ -111,10 +111,16 @@ struct Media {
   std::vector<double> samples;   // kAudio: mono, as decoded (float64 like soundfile)
   int64_t sample_rate = 0;       // kAudio
   std::shared_ptr<DecodeHold> decode_hold;  // this item's share of a DecodeBudget, if any
+  // kImage: at most this many HD crops (the processor's dynamic_hd, 1..64);
+  // 0: the model's (VisionConfig::dynamic_hd). Its placeholder count and its
+  // tower rows both follow it.
+  int64_t max_crops = 0;
 
-  static Media of_image(RgbImage image) { return {MediaKind::kImage, std::move(image), {}, 0, nullptr}; }
+  static Media of_image(RgbImage image, int64_t max_crops = 0) {
+    return {MediaKind::kImage, std::move(image), {}, 0, nullptr, max_crops};
+  }
   static Media of_audio(std::vector<double> samples, int64_t sample_rate) {
-    return {MediaKind::kAudio, {}, std::move(samples), sample_rate, nullptr};
+    return {MediaKind::kAudio, {}, std::move(samples), sample_rate, nullptr, 0};
   }
 };
 
