@@ -190,6 +190,25 @@ struct HttpServer::Impl {
 
   ResponsesStore stored_responses{opts.responses_store_bytes};
 
+  // Background responses (serve/responses.h "background"): each runs in the
+  // engine after its answer; one thread (started with the first) finishes
+  // and stores them as they end.
+  struct BackgroundJob {
+    std::shared_ptr<Pending> pending;
+    ApiRequest ar;
+    ResponsesRequest rr;  // its items kept for the store
+    ResponseHeader h;
+    ResponsesOutput out;
+    std::shared_ptr<InFlight> guard;  // draining waits for it
+    bool cancel = false;    // (under bg_mu) asked to stop
+    bool finishing = false, finished = false;
+  };
+  std::mutex bg_mu;
+  std::condition_variable bg_cv;  // a job added, finished, or stopping
+  std::map<std::string, std::shared_ptr<BackgroundJob>> bg_jobs;  // by response id, until stored
+  bool bg_stop = false;
+  std::thread bg_thread;
+
   std::mutex metrics_mu;
   std::map<std::pair<std::string, int>, int64_t> http_counts;  // (route, status) -> count
   std::map<std::string, int64_t> model_counts;  // generation requests by model (the served one, or a served LoRA)
@@ -202,6 +221,15 @@ struct HttpServer::Impl {
       token_bytes_table = std::make_shared<const TokenBytes>(engine.tokenizer(), opts.api.vocab_size);
     });
     return token_bytes_table;
+  }
+
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lk(bg_mu);
+      bg_stop = true;
+    }
+    bg_cv.notify_all();
+    if (bg_thread.joinable()) bg_thread.join();
   }
 
   Impl(Engine& e, ServerOptions o) : engine(e), opts(std::move(o)) {
@@ -231,8 +259,11 @@ struct HttpServer::Impl {
   static std::string route_label(const std::string& path) {
     static const std::string prefix = "/v1/responses/";
     if (path.compare(0, prefix.size(), prefix) != 0) return path;
-    const bool items = path.size() > 12 && path.compare(path.size() - 12, 12, "/input_items") == 0;
-    return prefix + "{id}" + (items ? "/input_items" : "");
+    for (const char* tail : {"/input_items", "/cancel"}) {
+      const size_t n = std::strlen(tail);
+      if (path.size() > n && path.compare(path.size() - n, n, tail) == 0) return prefix + "{id}" + tail;
+    }
+    return prefix + "{id}";
   }
 
   void count_http(const std::string& route, int status) {
@@ -333,6 +364,8 @@ struct HttpServer::Impl {
     http.Delete(kResponseId, [this](const httplib::Request& q, httplib::Response& r) { stored_response(q, r, true); });
     http.Get(std::string(kResponseId) + "/input_items",
              [this](const httplib::Request& q, httplib::Response& r) { stored_input_items(q, r); });
+    http.Post(std::string(kResponseId) + "/cancel",
+              [this](const httplib::Request& q, httplib::Response& r) { cancel_response(q, r); });
     http.Post("/tokenize", [this](const httplib::Request& q, httplib::Response& r) { tokenize(q, r); });
     http.Post("/detokenize", [this](const httplib::Request& q, httplib::Response& r) { detokenize(q, r); });
   }
@@ -1071,9 +1104,19 @@ struct HttpServer::Impl {
                               "serve with --responses-store-mb N, or send the whole conversation as 'input')",
                          "previous_response_id");
         previous = stored_responses.get(id);
+        if (previous) {
+          const std::string status = previous->object.value("status", "");
+          if (status != "completed" && status != "incomplete")
+            throw ApiError(400, fmt::format("Previous response with id '{}' is {}: only a completed or incomplete "
+                                            "response can be continued.", id, background_status(id, status)),
+                           "previous_response_id");
+        }
       }
       ResponsesRequest rr = parse_responses_request(body, previous ? previous->conversation.get() : nullptr);
       previous.reset();
+      if (rr.background && !stored_responses.enabled())
+        throw ApiError(400, "'background' needs a response store: this server stores no responses (start areno serve "
+                            "with --responses-store-mb N)", "background");
       if (!stored_responses.enabled()) rr.store = false;
       if (!rr.store) rr.items = nlohmann::ordered_json();
       ApiRequest ar;
@@ -1086,6 +1129,9 @@ struct HttpServer::Impl {
         if (!ar.schema_field.empty() || !ar.forced_tools.empty() || !ar.auto_tools.empty())
           compile_output_schemas(rr.chat, ar);
         turn = trajectory_turn(hreq, ApiKind::chat, ar, served_lora);
+        if (turn && rr.background)
+          throw ApiError(400, fmt::format("'background' is not supported with {} (a recorded turn ends with its "
+                                          "request)", kTrajectoryHeader), "background");
         r = chat_engine_request(build_chat(ar.messages, ar.tools, /*add_generation_prompt=*/true, &ar), ar,
                                 "messages");
         if (turn) turn->media = r.media, turn->adapter = r.adapter, turn->prompt = r.prompt;
@@ -1103,6 +1149,10 @@ struct HttpServer::Impl {
       out.message_id = new_response_id("msg_");
       ResponseHeader h;
       std::shared_ptr<Pending> pending = submit_one(std::move(r), ar.model, served_lora, "resp_", h);
+      if (rr.background) {
+        send_json(res, 200, start_background(std::move(ar), std::move(rr), std::move(h), std::move(out), pending, guard));
+        return;
+      }
       if (rr.stream) {
         stream_responses(std::move(ar), std::move(rr), std::move(h), std::move(out), pending, guard, res,
                          std::move(turn));
@@ -1133,12 +1183,137 @@ struct HttpServer::Impl {
     try {
       const std::string id = hreq.matches[1];
       if (erase) {
+        stop_background(id);  // a running one stops (and is stored) first
         if (!stored_responses.erase(id)) throw response_not_found(id);
         send_json(res, 200, {{"id", id}, {"object", "response.deleted"}, {"deleted", true}});
         return;
       }
       std::optional<ResponsesStore::Entry> e = stored_responses.get(id);
       if (!e) throw response_not_found(id);
+      json object = e->object;
+      if (object["status"] == "queued") object["status"] = background_status(id, "queued");
+      send_json(res, 200, object);
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  }
+
+  // ---- background responses ------------------------------------------------
+
+  // A stored background response's status: in_progress while its job runs.
+  std::string background_status(const std::string& id, const std::string& stored) {
+    std::lock_guard<std::mutex> lk(bg_mu);
+    return bg_jobs.count(id) ? "in_progress" : stored;
+  }
+
+  // Stores the queued response and hands it to the finishing thread; returns the queued object.
+  json start_background(ApiRequest ar, ResponsesRequest rr, ResponseHeader h, ResponsesOutput out,
+                        std::shared_ptr<Pending> pending, std::shared_ptr<InFlight> guard) {
+    json queued = response_pending(h, rr, "queued", out.temperature, out.top_p);
+    store_response(queued, rr.items);
+    if (queued["store"] != true) {
+      for (int64_t e : pending->ids) engine.abort(e);
+      throw ApiError(400, "the request is larger than this server's whole response store (--responses-store-mb), so "
+                          "it cannot run in the background", "background");
+    }
+    auto j = std::make_shared<BackgroundJob>();
+    j->pending = std::move(pending);
+    j->ar = std::move(ar);
+    j->rr = std::move(rr);
+    j->h = std::move(h);
+    j->out = std::move(out);
+    j->guard = std::move(guard);
+    {
+      std::lock_guard<std::mutex> lk(bg_mu);
+      bg_jobs[j->h.id] = j;
+      if (!bg_thread.joinable()) bg_thread = std::thread([this] { background_loop(); });
+    }
+    bg_cv.notify_all();
+    return queued;
+  }
+
+  void background_loop() {
+    std::unique_lock<std::mutex> lk(bg_mu);
+    while (!bg_stop) {
+      std::vector<std::shared_ptr<BackgroundJob>> done;
+      for (auto& [id, j] : bg_jobs) {
+        std::lock_guard<std::mutex> pl(j->pending->mu);
+        if (!j->finishing && j->pending->done == j->pending->total) done.push_back(j);
+      }
+      for (auto& j : done) {
+        j->finishing = true;
+        const bool cancel = j->cancel;
+        lk.unlock();
+        try {
+          finish_background(*j, cancel);
+        } catch (const std::exception& e) {
+          fmt::print(stderr, "background response {} could not be stored: {}\n", j->h.id, e.what());
+        }
+        lk.lock();
+        j->finished = true;
+        bg_jobs.erase(j->h.id);
+      }
+      if (!done.empty()) bg_cv.notify_all();
+      bg_cv.wait_for(lk, std::chrono::milliseconds(20));
+    }
+    for (auto& [id, j] : bg_jobs)  // the server is going away: what still runs is stopped
+      for (int64_t e : j->pending->ids) engine.abort(e);
+    bg_jobs.clear();
+  }
+
+  // A finished job's final object, stored under its id.
+  void finish_background(BackgroundJob& j, bool cancel) {
+    ChoiceOutput c;
+    std::string error;
+    bool aborted = false, all_done = false;
+    for (auto& [i, o] : j.pending->take(std::chrono::milliseconds(0), all_done)) {
+      if (!o.error.empty()) error = o.error;
+      if (o.done) {
+        j.out.cached_tokens = o.cached_tokens;
+        aborted |= o.finish == FinishReason::abort;
+      }
+      if (o.sample >= 0) c.add(o);
+    }
+    json object;
+    if (!error.empty()) {
+      object = response_pending(j.h, j.rr, "failed", j.out.temperature, j.out.top_p);
+      object["error"] = {{"code", "server_error"}, {"message", error}};
+    } else if (cancel || aborted) {
+      object = response_pending(j.h, j.rr, "cancelled", j.out.temperature, j.out.top_p);
+    } else {
+      finish_responses_output(j.ar, c, j.out);
+      object = response_object(j.h, j.rr, j.out,
+                               response_output(j.out, engine.tokenizer(), j.ar.return_tokens_as_token_ids));
+    }
+    store_response(object, j.rr.items);
+  }
+
+  // Stops a running background response and waits until it is stored; false when none runs.
+  bool stop_background(const std::string& id) {
+    std::unique_lock<std::mutex> lk(bg_mu);
+    auto it = bg_jobs.find(id);
+    if (it == bg_jobs.end()) return false;
+    std::shared_ptr<BackgroundJob> j = it->second;
+    j->cancel = true;
+    const std::vector<int64_t> ids = j->pending->ids;
+    lk.unlock();
+    for (int64_t e : ids) engine.abort(e);
+    lk.lock();
+    bg_cv.wait(lk, [&] { return j->finished || bg_stop; });
+    return true;
+  }
+
+  // POST /v1/responses/{id}/cancel: a background response stops (status
+  // cancelled); one that ended already is answered as it is.
+  void cancel_response(const httplib::Request& hreq, httplib::Response& res) {
+    InFlight g(inflight);
+    try {
+      const std::string id = hreq.matches[1];
+      stop_background(id);
+      std::optional<ResponsesStore::Entry> e = stored_responses.get(id);
+      if (!e) throw response_not_found(id);
+      if (!e->object.value("background", false))
+        throw ApiError(400, "Only background responses can be cancelled.", "response_id");
       send_json(res, 200, e->object);
     } catch (const ApiError& e) {
       send_error(res, e);

@@ -11,7 +11,8 @@
 //   GET  /version
 //   POST /tokenize, /detokenize vLLM-style helpers
 //   POST /v1/responses          OpenAI's Responses API (serve/responses.h); with a store,
-//   GET, DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items
+//   GET, DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items,
+//   POST /v1/responses/{id}/cancel (background responses)
 //
 // Every error carries OpenAI's body {"error": {"message", "type", "param",
 // "code"}}: 400 bad JSON / fields / media / prompt too long (code

@@ -85,15 +85,18 @@ ResponsesRequest parse_responses_request(const ojson& body, const ojson* previou
   if (present(body, "conversation"))
     throw bad("conversation", "is not supported: this server keeps no conversations (use previous_response_id, or "
                               "send the whole conversation as 'input')");
-  if (present(body, "background") && !(body["background"].is_boolean() && !body["background"].get<bool>()))
-    throw bad("background", "is not supported: responses run while the request is open (leave it out or false)");
+  if (present(body, "background") && !body["background"].is_boolean()) throw bad("background", "must be a boolean");
+  r.background = present(body, "background") && body["background"].get<bool>();
   if (present(body, "prompt")) throw bad("prompt", "is not supported: this server stores no prompt templates");
   if (present(body, "truncation") && body["truncation"] != "disabled")
     throw bad("truncation", "must be 'disabled': a request longer than the context is refused, never cut");
   if (present(body, "store") && !body["store"].is_boolean()) throw bad("store", "must be a boolean");
   r.store = !present(body, "store") || body["store"].get<bool>();
+  if (r.background && !r.store) throw bad("background", "needs 'store' true: a background response is read back by id");
   if (present(body, "stream") && !body["stream"].is_boolean()) throw bad("stream", "must be a boolean");
   r.stream = present(body, "stream") && body["stream"].get<bool>();
+  if (r.background && r.stream)
+    throw bad("background", "is not supported with 'stream' (leave out one of them; poll GET /v1/responses/{id})");
   if (present(body, "metadata") && !body["metadata"].is_object()) throw bad("metadata", "must be an object");
 
   ojson& chat = r.chat;
@@ -302,7 +305,7 @@ json base_object(const ResponseHeader& h, const ResponsesRequest& r, const char*
           {"object", "response"},
           {"created_at", h.created},
           {"status", status},
-          {"background", false},
+          {"background", r.background},
           {"error", nullptr},
           {"incomplete_details", nullptr},
           {"instructions", echoed(r, "instructions", nullptr)},
@@ -326,6 +329,15 @@ json base_object(const ResponseHeader& h, const ResponsesRequest& r, const char*
           {"user", echoed(r, "user", nullptr)},
           {"metadata", echoed(r, "metadata", json::object())}};
 }
+
+}  // namespace
+
+json response_pending(const ResponseHeader& h, const ResponsesRequest& r, const char* status, double temperature,
+                      double top_p) {
+  return base_object(h, r, status, temperature, top_p);
+}
+
+namespace {
 
 json text_part(const std::string& text, const json& logprobs) {
   return {{"type", "output_text"}, {"text", text}, {"annotations", json::array()}, {"logprobs", logprobs}};
@@ -386,6 +398,7 @@ ResponsesStream::ResponsesStream(ResponseHeader h, const ResponsesRequest& r, st
     : h_(std::move(h)), message_id_(std::move(message_id)) {
   r_.echo = r.echo;
   r_.store = r.store;
+  r_.background = r.background;
   r_.previous_response_id = r.previous_response_id;
 }
 

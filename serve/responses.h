@@ -36,7 +36,11 @@
 //   previous_response_id  a stored response: its input items (its own predecessors' included)
 //                  and its output items come before this input; its instructions do not
 //                  (OpenAI's rule). 400 previous_response_not_found when not stored (any more)
-//   conversation, background, prompt, truncation "auto": a 400 (not supported)
+//   background     true: answered at once with status queued; the response runs on and is
+//                  read back with GET /v1/responses/{id} (status in_progress, then completed,
+//                  incomplete, failed or cancelled; POST /v1/responses/{id}/cancel stops it).
+//                  Needs store (and a server store); not with stream
+//   conversation, prompt, truncation "auto": a 400 (not supported)
 //   metadata, user, parallel_tool_calls, reasoning, service_tier,
 //   prompt_cache_key, safety_identifier: repeated or ignored
 #include <cstdint>
@@ -60,6 +64,7 @@ struct ResponsesRequest {
   std::vector<std::string> message_from;  // per chat message: the field it came from ("instructions", "input[2]")
   bool stream = false;
   bool store = true;                      // asked to be stored (the response object says whether it was)
+  bool background = false;                // run after the answer, read back by id
   std::string previous_response_id;       // "" when none
   nlohmann::ordered_json items;           // the input items as stored: the previous response's
                                           // conversation, then this input's (a string as a user message)
@@ -97,6 +102,11 @@ struct ResponsesOutput {
 // The output items: the assistant's message (its text, or with calls the
 // text besides them, if any) and a function_call item per call.
 nlohmann::json response_output(const ResponsesOutput& out, const tok::Tokenizer& tokenizer, bool tokens_as_ids);
+
+// The response object before its output: status queued, in_progress, or
+// (with the error or reason set by the caller) failed or cancelled.
+nlohmann::json response_pending(const ResponseHeader& h, const ResponsesRequest& r, const char* status,
+                                double temperature, double top_p);
 
 // The response object. status: completed, or incomplete with
 // incomplete_details {"reason": "max_output_tokens"} when the length limit

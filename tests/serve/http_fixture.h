@@ -1,6 +1,8 @@
 #pragma once
 // What the HTTP tests share: an `areno serve` server on a free loopback port,
 // serving from its own thread.
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -10,6 +12,16 @@
 #include "serve/http_server.h"
 
 namespace areno::serve {
+
+// Polls `cond` every 20 ms until it holds (true) or `seconds` pass (false).
+inline bool wait_for(const std::function<bool()>& cond, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
 
 // The demo tokenizer, padded to `model`'s vocabulary.
 inline std::shared_ptr<const tok::Tokenizer> tokenizer_for(const phi4mm::Phi4MMForCausalLM& model) {

@@ -179,6 +179,18 @@ def main():
         assert client.responses.retrieve(resp.id).output_text == greedy
         listed = [item.content for item in client.responses.input_items.list(follow.id, order="asc")]
         assert len(listed) == 3 and listed[0] == msgs[0]["content"] and listed[2] == "And again?", listed
+        bg = client.responses.create(model=model, input=msgs[0]["content"], max_output_tokens=8, temperature=0,
+                                     background=True)
+        assert bg.status == "queued" and bg.background, bg
+        for _ in range(600):
+            bg = client.responses.retrieve(bg.id)
+            if bg.status not in ("queued", "in_progress"):
+                break
+            time.sleep(0.05)
+        assert bg.status == "completed" and bg.output_text == greedy, bg
+        long_bg = client.responses.create(model=model, input="Tell me a story.", max_output_tokens=3000,
+                                          background=True, extra_body={"ignore_eos": True})
+        assert client.responses.cancel(long_bg.id).status == "cancelled"
         client.responses.delete(resp.id)
         try:
             client.responses.retrieve(resp.id)

@@ -166,15 +166,6 @@ std::vector<std::string> sse_payloads(const std::string& raw) {
   return out;
 }
 
-bool wait_for(const std::function<bool()>& cond, double seconds) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
-}
-
 std::vector<uint8_t> tiny_bmp() {
   // 2x2, 24 bits, rows padded to 8 bytes, bottom-up.
   return {'B', 'M', 70, 0, 0, 0, 0, 0, 0, 0, 54, 0, 0, 0,                                   // file header

@@ -8,8 +8,11 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
+#include <chrono>
 #include <csignal>
+#include <functional>
 #include <string>
+#include <thread>
 
 #include "models/phi4mm/demo/demo.h"
 #include "serve/engine.h"
@@ -281,7 +284,9 @@ TEST_CASE("serve/responses refusals name the field; chat errors are renamed to t
       {R"({"input": "x", "previous_response_id": 1})", {"previous_response_id", "'previous_response_id' must be a string"}},
       {R"({"input": "x", "store": "yes"})", {"store", "'store' must be a boolean"}},
       {R"({"input": "x", "conversation": "conv_1"})", {"conversation", ""}},
-      {R"({"input": "x", "background": true})", {"background", ""}},
+      {R"({"input": "x", "background": 1})", {"background", "'background' must be a boolean"}},
+      {R"({"input": "x", "background": true, "store": false})", {"background", ""}},
+      {R"({"input": "x", "background": true, "stream": true})", {"background", ""}},
       {R"({"input": "x", "prompt": {"id": "p"}})", {"prompt", ""}},
       {R"({"input": "x", "truncation": "auto"})", {"truncation", ""}},
       {R"({"input": "x", "stream": "yes"})", {"stream", "'stream' must be a boolean"}},
@@ -675,4 +680,99 @@ TEST_CASE("serve/responses stored: GET returns it, previous_response_id continue
   CHECK(refused.status == 400);
   CHECK(refused.j["error"]["param"] == "previous_response_id");
   CHECK(refused.j["error"]["message"].get<std::string>().find("--responses-store-mb") != std::string::npos);
+}
+
+TEST_CASE("serve/responses background: queued at once, read back when done, cancelled, deleted while running") {
+  std::signal(SIGPIPE, SIG_IGN);
+  auto model = phi4mm::demo_model();
+  EngineOptions eo;
+  eo.kv_blocks = 512;
+  Engine engine(model, tokenizer_for(*model), eo);
+  engine.start();
+  Served served(engine, ServerOptions{});
+  const int port = served.port;
+  auto poll = [&](const std::string& id) {
+    Reply g;
+    for (int i = 0; i < 600; ++i) {
+      g = call(port, "GET", "/v1/responses/" + id);
+      if (g.status != 200 || (g.j["status"] != "queued" && g.j["status"] != "in_progress")) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return g;
+  };
+
+  // Queued at once; read back, it is the answer the same request gives in the foreground.
+  const json ask = {{"input", "What is 2 + 3?"}, {"max_output_tokens", 6}, {"temperature", 0}};
+  Reply fg = post(port, "/v1/responses", ask);
+  REQUIRE(fg.status == 200);
+  json bask = ask;
+  bask["background"] = true;
+  Reply q = post(port, "/v1/responses", bask);
+  CAPTURE(q.body);
+  REQUIRE(q.status == 200);
+  CHECK(q.j["status"] == "queued");
+  CHECK(q.j["background"] == true);
+  CHECK(q.j["store"] == true);
+  CHECK(q.j["output"].empty());
+  const std::string id = q.j["id"];
+  Reply done = poll(id);
+  CAPTURE(done.body);
+  REQUIRE(done.status == 200);
+  CHECK(done.j["status"] == "completed");
+  CHECK(done.j["background"] == true);
+  CHECK(done.j["output"][0]["content"][0]["text"] == fg.j["output"][0]["content"][0]["text"]);
+  CHECK(done.j["usage"]["input_tokens"] == fg.j["usage"]["input_tokens"]);
+  CHECK(done.j["usage"]["output_tokens"] == fg.j["usage"]["output_tokens"]);
+  // It continues as any stored response; cancelling it now answers it as it is.
+  Reply next = post(port, "/v1/responses", {{"previous_response_id", id}, {"input", "And 1 + 1?"}, {"max_output_tokens", 2}});
+  CHECK(next.status == 200);
+  Reply late = post(port, "/v1/responses/" + id + "/cancel", json::object());
+  CHECK(late.status == 200);
+  CHECK(late.j["status"] == "completed");
+
+  // A long one: running (in_progress, not continuable, counted in flight), then cancelled.
+  json longer = {{"input", "Tell me a long story."}, {"max_output_tokens", 3000}, {"ignore_eos", true},
+                 {"temperature", 0}, {"background", true}};
+  Reply run = post(port, "/v1/responses", longer);
+  REQUIRE(run.status == 200);
+  const std::string rid = run.j["id"];
+  Reply g = call(port, "GET", "/v1/responses/" + rid);
+  CHECK(g.j["status"] == "in_progress");
+  CHECK(served.server->in_flight() >= 1);  // draining waits for it
+  Reply cont = post(port, "/v1/responses", {{"previous_response_id", rid}, {"input", "x"}});
+  CHECK(cont.status == 400);
+  CHECK(cont.j["error"]["message"].get<std::string>().find("in_progress") != std::string::npos);
+  Reply cancelled = post(port, "/v1/responses/" + rid + "/cancel", json::object());
+  CAPTURE(cancelled.body);
+  REQUIRE(cancelled.status == 200);
+  CHECK(cancelled.j["status"] == "cancelled");
+  CHECK(call(port, "GET", "/v1/responses/" + rid).j["status"] == "cancelled");
+  CHECK(post(port, "/v1/responses", {{"previous_response_id", rid}, {"input", "x"}}).status == 400);
+  CHECK(wait_for([&] { return engine.stats().running == 0 && engine.stats().kv_blocks_used == 0; }, 20));
+
+  // Deleted while running: stopped, gone.
+  Reply run2 = post(port, "/v1/responses", longer);
+  REQUIRE(run2.status == 200);
+  const std::string did = run2.j["id"];
+  Reply del = call(port, "DELETE", "/v1/responses/" + did);
+  CHECK(del.status == 200);
+  CHECK(call(port, "GET", "/v1/responses/" + did).status == 404);
+  CHECK(wait_for([&] { return engine.stats().running == 0 && engine.stats().kv_blocks_used == 0; }, 20));
+  CHECK(wait_for([&] { return served.server->in_flight() == 0; }, 20));
+
+  // Refusals: a foreground response cannot be cancelled; an unknown id is 404.
+  Reply fgc = post(port, "/v1/responses/" + fg.j["id"].get<std::string>() + "/cancel", json::object());
+  CHECK(fgc.status == 400);
+  CHECK(fgc.j["error"]["message"] == "Only background responses can be cancelled.");
+  CHECK(post(port, "/v1/responses/resp_nothing/cancel", json::object()).status == 404);
+  Reply metrics = call(port, "GET", "/metrics");
+  CHECK(metrics.body.find("route=\"/v1/responses/{id}/cancel\"") != std::string::npos);
+
+  // A server without a store refuses background.
+  ServerOptions none;
+  none.responses_store_bytes = 0;
+  Served bare(engine, none);
+  Reply refused = post(bare.port, "/v1/responses", bask);
+  CHECK(refused.status == 400);
+  CHECK(refused.j["error"]["param"] == "background");
 }
