@@ -80,6 +80,24 @@ std::vector<json> events_of(const std::string& body) {
   return out;
 }
 
+// The demo model served on a free loopback port, its engine stepping on its own thread.
+struct DemoServer {
+  std::shared_ptr<phi4mm::Phi4MMForCausalLM> model = phi4mm::demo_model();
+  Engine engine;
+  Served served;
+  explicit DemoServer(EngineOptions eo) : engine(model, tokenizer_for(*model), eo), served(engine, ServerOptions{}) {
+    std::signal(SIGPIPE, SIG_IGN);
+    engine.start();
+  }
+};
+
+EngineOptions demo_engine(int64_t kv_blocks, bool prefix_caching = false) {
+  EngineOptions eo;
+  eo.kv_blocks = kv_blocks;
+  eo.prefix_caching = prefix_caching;
+  return eo;
+}
+
 }  // namespace
 
 TEST_CASE("serve/responses the request as a chat body: input items, instructions, tools, text.format, include") {
@@ -355,14 +373,8 @@ TEST_CASE("serve/responses refusals name the field; chat errors are renamed to t
 }
 
 TEST_CASE("serve/responses over HTTP: the chat answer as a response; streamed events in order; tools; incomplete; cached tokens") {
-  std::signal(SIGPIPE, SIG_IGN);
-  auto model = phi4mm::demo_model();
-  EngineOptions eo;
-  eo.kv_blocks = 256;
-  eo.prefix_caching = true;
-  Engine engine(model, tokenizer_for(*model), eo);
-  engine.start();
-  Served served(engine, ServerOptions{});
+  DemoServer demo(demo_engine(256, /*prefix_caching=*/true));
+  Served& served = demo.served;
 
   // The same turn through chat, greedy.
   const std::string question = "What is 2 + 3?";
@@ -541,14 +553,9 @@ TEST_CASE("serve/responses over HTTP: the chat answer as a response; streamed ev
 }
 
 TEST_CASE("serve/responses stored: GET returns it, previous_response_id continues it, input items, DELETE, no store") {
-  std::signal(SIGPIPE, SIG_IGN);
-  auto model = phi4mm::demo_model();
-  EngineOptions eo;
-  eo.kv_blocks = 256;
-  Engine engine(model, tokenizer_for(*model), eo);
-  engine.start();
-  Served served(engine, ServerOptions{});
-  const int port = served.port;
+  DemoServer demo(demo_engine(256));
+  Engine& engine = demo.engine;
+  const int port = demo.served.port;
 
   // A first turn; GET gives the object the POST answered.
   const json first_body = {{"input", "What is 2 + 3?"}, {"instructions", "Answer."}, {"max_output_tokens", 6},
@@ -683,13 +690,9 @@ TEST_CASE("serve/responses stored: GET returns it, previous_response_id continue
 }
 
 TEST_CASE("serve/responses background: queued at once, read back when done, cancelled, deleted while running") {
-  std::signal(SIGPIPE, SIG_IGN);
-  auto model = phi4mm::demo_model();
-  EngineOptions eo;
-  eo.kv_blocks = 512;
-  Engine engine(model, tokenizer_for(*model), eo);
-  engine.start();
-  Served served(engine, ServerOptions{});
+  DemoServer demo(demo_engine(512));
+  Engine& engine = demo.engine;
+  Served& served = demo.served;
   const int port = served.port;
   auto poll = [&](const std::string& id) {
     Reply g;
