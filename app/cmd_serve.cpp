@@ -117,6 +117,8 @@ constexpr const char* kServeUsage =
     "  --body-timeout-s X        the body must arrive within X s after the headers, else 408\n"
     "                            (default 60)\n"
     "  --keep-alive-timeout-s X  an idle connection is closed X s after its last response (default 5)\n"
+    "  --access-log              one line per request on stderr: time, X-Request-Id, peer,\n"
+    "                            \"METHOD path\", status, ms to the response headers (default off)\n"
     "  --responses-store-mb X    /v1/responses kept in memory for previous_response_id and GET /\n"
     "                            DELETE /v1/responses/{id} (store: true, OpenAI's default), counted\n"
     "                            as their JSON bytes, media included; the least recently used go\n"
@@ -264,6 +266,9 @@ void add_serve_flags(Flags& flags, ServeSetup& s, bool http) {
   flags.value("--header-timeout-s", positive_flag("--header-timeout-s", so.connections.header_timeout_s))
       .value("--body-timeout-s", positive_flag("--body-timeout-s", so.connections.body_timeout_s))
       .value("--keep-alive-timeout-s", positive_flag("--keep-alive-timeout-s", so.connections.keep_alive_timeout_s));
+  flags.toggle("--access-log", [&] {
+    so.access_log = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
+  });
   flags.value("--responses-store-mb", [&](const std::string& v) {
     s.responses_store_mb = parse_double_flag("--responses-store-mb", v, 0);
     if (s.responses_store_mb > 1e7)

@@ -26,6 +26,7 @@
 #include "models/phi4mm/processor/media_source.h"
 #include "serve/cfg.h"
 #include "serve/grammar.h"
+#include "serve/request_context.h"
 #include "serve/responses.h"
 #include "serve/speech.h"
 
@@ -277,6 +278,11 @@ struct HttpServer::Impl {
     // Only liveness is open: /tokenize and /detokenize decode media, /metrics
     // and /version describe the server.
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      RequestContext& ctx = current_request();
+      ctx.start = std::chrono::steady_clock::now();
+      ctx.id = req.get_header_value(kRequestIdHeader);
+      if (!valid_id(ctx.id, "._:-")) ctx.id = new_response_id("req-");
+      res.set_header(kRequestIdHeader, ctx.id);
       if (!opts.api_key.empty() && req.path != "/health") {
         const std::string auth = req.get_header_value("Authorization");
         if (!equal_secret(auth, "Bearer " + opts.api_key)) {
@@ -290,6 +296,13 @@ struct HttpServer::Impl {
     });
     http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       count_http(req.matches.empty() ? "other" : route_label(req.path), res.status);
+      if (opts.access_log) {
+        const RequestContext& ctx = current_request();
+        const double ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ctx.start).count();
+        opts.access_log(fmt::format("{} {} {} \"{} {}\" {} {:.1f} ms", utc_time_text(), ctx.id, req.remote_addr,
+                                    log_printable(req.method, 16), log_printable(req.path, 256), res.status, ms));
+      }
     });
     // httplib's own errors (404 unknown route, 400 bad request line...) get
     // OpenAI bodies too; the listener answers 408, 413 and 431 itself.

@@ -35,6 +35,11 @@
 // past max_loras) and {"lora_name"} to /v1/unload_lora_adapter unloads one
 // (404 unknown, 409 while a request uses it). Without a root both are 404.
 //
+// Every response carries `X-Request-Id`: the client's own when it sent a
+// valid one (1 to 128 of [A-Za-z0-9._:-]), else "req-" and 32 random hex
+// digits; the lines the server logs for a request name it
+// (serve/request_context.h), so an operator finds a client's failure.
+//
 // Trajectory recording (the trainer's agentic rollouts, docs/rl.md "Agentic
 // rollouts"): with ServerOptions::recorder set, a generation request carrying
 // the header `X-Areno-Trajectory: ID` is recorded when it finishes: the
@@ -44,6 +49,7 @@
 // 128 characters of [A-Za-z0-9._:-]. Requests without the header are served
 // and not recorded. serve/ knows nothing of what the recorder does with it.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +63,7 @@
 namespace areno::serve {
 
 inline constexpr const char* kTrajectoryHeader = "X-Areno-Trajectory";
+inline constexpr const char* kRequestIdHeader = "X-Request-Id";
 
 // One finished generation request of a trajectory.
 struct TrajectoryTurn {
@@ -119,6 +126,10 @@ struct ServerOptions {
   // DELETE /v1/responses/{id} (serve/responses.h ResponsesStore), in bytes of
   // their JSON; the least recently used go first. 0: nothing is stored.
   size_t responses_store_bytes = size_t(64) << 20;
+  // One line per HTTP request after its handler (`--access-log`): time,
+  // request id, peer, method, path, status, milliseconds to the response's
+  // headers (a stream's body comes later). Null: no access log.
+  std::function<void(const std::string& line)> access_log;
 };
 
 // A served LoRA's name (`--lora-modules NAME=DIR`, `lora_name`): 1 to 128

@@ -17,6 +17,8 @@
 #include <fmt/ranges.h>
 #include <httplib.h>
 
+#include "serve/request_context.h"
+
 namespace areno::serve {
 
 namespace {
@@ -67,11 +69,7 @@ std::string ipv6_kind(const std::array<uint8_t, 16>& b) {
 }
 
 // Control characters and the like shown as \xNN, so a URL cannot forge log lines.
-std::string printable(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) out += c >= 0x20 && c < 0x7F ? std::string(1, char(c)) : fmt::format("\\x{:02x}", c);
-  return out;
-}
+std::string printable(const std::string& s) { return log_printable(s, s.size()); }
 
 struct Url {
   std::string scheme, host;  // host without IPv6 brackets
@@ -223,7 +221,8 @@ std::vector<uint8_t> fetch_remote_media(const std::string& url, size_t max_bytes
   try {
     return fetch_checked(url, max_bytes, opts);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "areno serve: media fetch failed: {}: {}: {}\n", where, printable(url), e.what());
+    fmt::print(stderr, "areno serve: media fetch failed{}: {}: {}: {}\n", request_tag(), where, printable(url),
+               e.what());
     throw phi4mm::ProcessorError(where, fmt::format("{}: {}", where, kMediaFetchFailed));
   }
 }

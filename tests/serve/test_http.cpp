@@ -24,6 +24,7 @@
 #include "serve/engine.h"
 #include "serve/http_server.h"
 #include "tests/serve/grammar_tokens.h"
+#include "serve/request_context.h"
 #include "tests/serve/http_fixture.h"
 #include "tests/model/model_fixtures.h"
 #include "serve/media_fetch.h"
@@ -1703,4 +1704,58 @@ TEST_CASE("serve/http image, audio and image+audio requests through the real tow
   CHECK(engine.stats().prefix_cache_hits > 0);
   engine.stop(true);
   CHECK(engine.stats().kv_blocks_used == 0);
+}
+
+TEST_CASE("serve/http X-Request-Id on every response (the client's when valid) and the access log") {
+  std::signal(SIGPIPE, SIG_IGN);
+  auto model = phi4mm::init_model("tiny", 0);
+  Engine engine(model, tokenizer_for(*model), EngineOptions{});
+  engine.start();
+  std::mutex mu;
+  std::vector<std::string> lines;
+  ServerOptions so;
+  so.access_log = [&](const std::string& line) {
+    std::lock_guard<std::mutex> lk(mu);
+    lines.push_back(line);
+  };
+  Served served(engine, so);
+  httplib::Client cli("127.0.0.1", served.port);
+  // Generated: req- and 32 hex digits, a new one each time.
+  auto a = cli.Get("/health");
+  auto b = cli.Get("/health");
+  REQUIRE(a);
+  REQUIRE(b);
+  const std::string ida = a->get_header_value("X-Request-Id"), idb = b->get_header_value("X-Request-Id");
+  CHECK(ida.size() == 4 + 32);
+  CHECK(ida.rfind("req-", 0) == 0);
+  CHECK(ida != idb);
+  // The client's, when valid; replaced when not.
+  auto own = cli.Post("/v1/chat/completions", {{"X-Request-Id", "job-7.step:3"}},
+                      R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})", "application/json");
+  REQUIRE(own);
+  CHECK(own->status == 200);
+  CHECK(own->get_header_value("X-Request-Id") == "job-7.step:3");
+  auto bad = cli.Get("/nowhere", {{"X-Request-Id", "has space"}});
+  REQUIRE(bad);
+  CHECK(bad->status == 404);
+  CHECK(bad->get_header_value("X-Request-Id").rfind("req-", 0) == 0);
+  auto longer = cli.Get("/health", {{"X-Request-Id", std::string(129, 'a')}});
+  REQUIRE(longer);
+  CHECK(longer->get_header_value("X-Request-Id").rfind("req-", 0) == 0);
+  // One line per request, in order, naming the id, the route and the status.
+  std::lock_guard<std::mutex> lk(mu);
+  REQUIRE(lines.size() == 5);
+  CHECK(lines[0].find(ida + " 127.0.0.1 \"GET /health\" 200 ") != std::string::npos);
+  CHECK(lines[2].find("job-7.step:3 127.0.0.1 \"POST /v1/chat/completions\" 200 ") != std::string::npos);
+  CHECK(lines[3].find("\"GET /nowhere\" 404 ") != std::string::npos);
+  CHECK(lines[0].size() > 20);
+  CHECK(lines[0][4] == '-');  // 2026-...
+  CHECK(lines[0].back() == 's');  // "... ms"
+  // Client text cannot forge a line; outside a request nothing is tagged.
+  CHECK(log_printable("GET /a\r\nforged 200") == "GET /a\\x0d\\x0aforged 200");
+  CHECK(log_printable(std::string(600, 'p'), 512) == std::string(512, 'p') + "...");
+  CHECK(request_tag().empty());
+  current_request().id = "job-1";
+  CHECK(request_tag() == " [request job-1]");
+  current_request().id.clear();
 }
