@@ -63,6 +63,11 @@ TEST_CASE("serve/cli bad flags and values name the flag") {
     const std::string e = error_of([&] { app::cmd_serve({"--mm-processor-kwargs", bad}); });
     CHECK_MESSAGE(e.find("--mm-processor-kwargs") != std::string::npos, bad, ": ", e);
   }
+  for (const char* bad : {"-1", "1e8", "lots"}) {
+    const std::string e = error_of([&] { app::cmd_serve({"--responses-store-mb", bad}); });
+    CHECK_MESSAGE(e.find("--responses-store-mb") != std::string::npos, bad, ": ", e);
+  }
+  CHECK(app::cmd_batch({"-i", "x", "-o", "y", "--access-log"}) == 2);  // a listener flag: serve only
   CHECK(error_of([] { app::cmd_serve({"--lora-resolve"}); }).find("--lora-resolve: needs --lora-root") != std::string::npos);
   CHECK(error_of([] { app::cmd_serve({"--max-loras", "-1"}); }).find("--max-loras") != std::string::npos);
   CHECK(error_of([] { app::cmd_serve({"--max-loras", "1", "--lora-modules", "a=x", "--lora-modules", "b=y"}); })
