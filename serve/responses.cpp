@@ -35,7 +35,8 @@ constexpr const char* kPassThrough[] = {"model",         "temperature",     "top
 // Repeated in the response object when sent.
 constexpr const char* kEchoed[] = {"instructions", "max_output_tokens", "metadata", "parallel_tool_calls",
                                    "user",         "tool_choice",       "tools",    "text",
-                                   "service_tier", "prompt_cache_key",  "safety_identifier", "top_logprobs"};
+                                   "service_tier", "prompt_cache_key",  "safety_identifier", "top_logprobs",
+                                   "max_tool_calls"};
 
 // A message item's content as chat content: a string, or chat parts.
 ojson chat_content(const ojson& content, const std::string& path, bool assistant) {
@@ -212,6 +213,17 @@ ResponsesRequest parse_responses_request(const ojson& body, const ojson* previou
   }
   if (present(body, "parallel_tool_calls") && !body["parallel_tool_calls"].is_boolean())
     throw bad("parallel_tool_calls", "must be a boolean");
+  // max_tool_calls: a response makes at most one call here (the call grammar
+  // holds one), so only 0 changes anything: no call at all.
+  if (present(body, "max_tool_calls")) {
+    const ojson& m = body["max_tool_calls"];
+    if (!m.is_number_integer() || m.get<int64_t>() < 0) throw bad("max_tool_calls", "must be an integer >= 0");
+    if (m.get<int64_t>() == 0 && chat.contains("tools")) {
+      if (chat.contains("tool_choice") && chat["tool_choice"] != "none" && chat["tool_choice"] != "auto")
+        throw bad("max_tool_calls", "is 0, but 'tool_choice' requires a call");
+      chat["tool_choice"] = "none";
+    }
+  }
 
   // text.format: the output's shape.
   if (present(body, "text")) {
@@ -310,7 +322,7 @@ json base_object(const ResponseHeader& h, const ResponsesRequest& r, const char*
           {"incomplete_details", nullptr},
           {"instructions", echoed(r, "instructions", nullptr)},
           {"max_output_tokens", echoed(r, "max_output_tokens", nullptr)},
-          {"max_tool_calls", nullptr},
+          {"max_tool_calls", echoed(r, "max_tool_calls", nullptr)},
           {"model", h.model},
           {"output", json::array()},
           {"parallel_tool_calls", echoed(r, "parallel_tool_calls", true)},

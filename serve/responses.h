@@ -27,6 +27,8 @@
 //   tools          function tools {"type": "function", "name", "description", "parameters", "strict"};
 //                  other tool types are a 400
 //   tool_choice    none | auto | required | {"type": "function", "name"}
+//   max_tool_calls an integer >= 0; 0 means tool_choice none (a 400 with a required call);
+//                  more is what a response makes anyway (at most one call)
 //   text.format    {"type": "text" | "json_object"} | {"type": "json_schema", "name", "schema", "strict"}
 //   include        "message.output_text.logprobs": the text's log-probabilities (top_logprobs 0..20)
 //   stream         typed server-sent events (ResponsesStream)

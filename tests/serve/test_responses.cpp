@@ -161,6 +161,12 @@ TEST_CASE("serve/responses the request as a chat body: input items, instructions
   CHECK(parse(R"({"input": "x", "text": {"format": {"type": "json_object"}}})").chat["response_format"] ==
         ojson::parse(R"({"type": "json_object"})"));
   CHECK_FALSE(parse(R"({"input": "x", "text": {"format": {"type": "text"}}})").chat.contains("response_format"));
+  // max_tool_calls 0: no call (tool_choice none); more changes nothing; echoed.
+  const ResponsesRequest none = parse(R"({"input": "x", "max_tool_calls": 0, "tools": [{"type": "function", "name": "f"}]})");
+  CHECK(none.chat["tool_choice"] == "none");
+  CHECK(none.echo["max_tool_calls"] == 0);
+  CHECK_FALSE(parse(R"({"input": "x", "max_tool_calls": 3, "tools": [{"type": "function", "name": "f"}]})")
+                  .chat.contains("tool_choice"));
 }
 
 TEST_CASE("serve/responses previous_response_id: the stored conversation comes first, its instructions do not") {
@@ -336,6 +342,9 @@ TEST_CASE("serve/responses refusals name the field; chat errors are renamed to t
       {R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}})", {"text.format.schema", ""}},
       {R"({"input": "x", "include": "all"})", {"include", ""}},
       {R"({"input": "x", "metadata": []})", {"metadata", ""}},
+      {R"({"input": "x", "max_tool_calls": -1})", {"max_tool_calls", "'max_tool_calls' must be an integer >= 0"}},
+      {R"({"input": "x", "max_tool_calls": 0, "tool_choice": "required",
+           "tools": [{"type": "function", "name": "f"}]})", {"max_tool_calls", ""}},
   };
   for (const auto& item : cases) {  // no structured binding: clang 14 cannot capture one
     const char* body = item.first;
