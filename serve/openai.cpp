@@ -685,12 +685,11 @@ int64_t parse_mm_processor_kwargs(const json& body) {
       throw bad("mm_processor_kwargs." + key,
                 fmt::format("'mm_processor_kwargs.{}' is not a setting of this model's processor (dynamic_hd only)",
                             key.size() > 64 ? key.substr(0, 64) + "..." : key));
-    if (!value.is_number_integer() || value.get<int64_t>() < 1 || value.get<int64_t>() > phi4mm::kMaxDynamicHd)
-      throw bad("mm_processor_kwargs.dynamic_hd",
-                fmt::format("'mm_processor_kwargs.dynamic_hd' must be an integer from 1 to {} (the most HD crops "
-                            "per image)",
-                            phi4mm::kMaxDynamicHd));
-    crops = value.get<int64_t>();
+    try {
+      crops = phi4mm::parse_dynamic_hd(value, "'mm_processor_kwargs.dynamic_hd' (the most HD crops per image)");
+    } catch (const std::runtime_error& e) {
+      throw bad("mm_processor_kwargs.dynamic_hd", e.what());
+    }
   }
   return crops;
 }

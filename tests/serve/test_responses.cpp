@@ -692,6 +692,9 @@ TEST_CASE("serve/responses stored: GET returns it, previous_response_id continue
   REQUIRE(plain.status == 200);
   CHECK(plain.j["store"] == false);
   CHECK(call(bare.port, "GET", "/v1/responses/" + plain.j["id"].get<std::string>()).status == 404);
+  Reply background = post(bare.port, "/v1/responses", {{"input", "x"}, {"background", true}});
+  CHECK(background.status == 400);
+  CHECK(background.j["error"]["param"] == "background");
   Reply refused = post(bare.port, "/v1/responses", {{"previous_response_id", second.j["id"]}, {"input", "x"}});
   CHECK(refused.status == 400);
   CHECK(refused.j["error"]["param"] == "previous_response_id");
@@ -779,12 +782,4 @@ TEST_CASE("serve/responses background: queued at once, read back when done, canc
   CHECK(post(port, "/v1/responses/resp_nothing/cancel", json::object()).status == 404);
   Reply metrics = call(port, "GET", "/metrics");
   CHECK(metrics.body.find("route=\"/v1/responses/{id}/cancel\"") != std::string::npos);
-
-  // A server without a store refuses background.
-  ServerOptions none;
-  none.responses_store_bytes = 0;
-  Served bare(engine, none);
-  Reply refused = post(bare.port, "/v1/responses", bask);
-  CHECK(refused.status == 400);
-  CHECK(refused.j["error"]["param"] == "background");
 }
