@@ -65,6 +65,25 @@ bool valid_trajectory_id(const std::string& id) { return valid_id(id, "._:-"); }
 
 // The outputs of one HTTP request's engine requests, filled by the engine
 // thread's callbacks and drained by the handler.
+// Wakes the thread that waits on it (the background responses' one) at once.
+struct Wakeup {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool set = false;
+  void notify() {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      set = true;
+    }
+    cv.notify_all();
+  }
+  void wait_for(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait_for(lk, timeout, [&] { return set; });
+    set = false;
+  }
+};
+
 struct Pending {
   std::mutex mu;
   std::condition_variable cv;
@@ -73,8 +92,10 @@ struct Pending {
   size_t total = 0;
   std::vector<int64_t> ids;
   std::vector<bool> finished;
+  std::shared_ptr<Wakeup> wake;  // also woken by every output, when set
 
   void push(size_t i, const RequestOutput& o) {
+    std::shared_ptr<Wakeup> w;
     {
       std::lock_guard<std::mutex> lk(mu);
       events.emplace_back(i, o);
@@ -82,8 +103,17 @@ struct Pending {
         ++done;
         finished[i] = true;
       }
+      w = wake;
     }
     cv.notify_all();
+    if (w) w->notify();
+  }
+  void watch(std::shared_ptr<Wakeup> w) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      wake = std::move(w);
+    }
+    wake->notify();  // what came before
   }
   // Waits up to `timeout` for events; returns them (maybe none).
   std::deque<std::pair<size_t, RequestOutput>> take(std::chrono::milliseconds timeout, bool& all_done) {
@@ -163,6 +193,61 @@ void start_sse(httplib::Response& res, httplib::ContentProviderWithoutLength pro
   res.set_chunked_content_provider("text/event-stream", std::move(provider), std::move(released));
 }
 
+// The engine's whole output of a response as a ResponsesOutput: the text, its calls (with tools).
+void finish_responses_output(const ApiRequest& ar, ChoiceOutput& c, ResponsesOutput& out) {
+  out.text = std::move(c.text);
+  out.logprobs = std::move(c.logprobs);
+  out.finish = c.finish;
+  out.output_tokens = int64_t(c.tokens.size());
+  if (!ar.tools.is_null() && ar.tool_choice != "none") out.calls = parse_tool_calls(out.text, ar.tools);
+  for (size_t i = 0; out.calls.found && i < out.calls.tool_calls.size(); ++i)
+    out.call_item_ids.push_back(new_response_id("fc_"));
+}
+
+// One /v1/responses answer's engine output as it comes (a stream, a
+// background response): its choice, and with a ResponsesStream its events,
+// text that may begin a call held back until that is known.
+struct ResponsesRun {
+  ApiRequest ar;
+  ResponsesOutput out;
+  std::optional<ResponsesStream> rs;  // streamed
+  ChoiceOutput c;
+  bool tools = false;
+  ToolCallStreamer streamer;
+  std::vector<TokenLogprob> held;  // the log-probabilities of text the streamer holds
+  bool aborted = false;            // the engine stopped it (a cancel, a client gone)
+  std::string error;               // the engine's error, if any
+
+  ResponsesRun(ApiRequest a, ResponsesOutput o) : ar(std::move(a)), out(std::move(o)) {
+    tools = !ar.tools.is_null() && ar.tool_choice != "none";
+  }
+
+  // An output that is not an error: counted; returns its events (with a stream).
+  std::string add(const RequestOutput& o, const tok::Tokenizer& t) {
+    if (o.done) {
+      out.cached_tokens = o.cached_tokens;
+      aborted |= o.finish == FinishReason::abort;
+    }
+    if (o.sample < 0) return {};
+    c.add(o);
+    if (!rs) return {};
+    std::string text = o.text;
+    std::vector<TokenLogprob> lps = o.logprobs;
+    if (tools) {
+      held.insert(held.end(), o.logprobs.begin(), o.logprobs.end());
+      text = streamer.push(o.text);
+      lps.clear();
+      if (!text.empty()) lps = std::exchange(held, {});
+    }
+    const json lp =
+        ar.logprobs ? chat_logprobs_json(t, lps, ar.top_logprobs, ar.return_tokens_as_token_ids)["content"] : json::array();
+    return rs->text(text, lp);
+  }
+
+  // After the last output.
+  void finish() { finish_responses_output(ar, c, out); }
+};
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -194,21 +279,24 @@ struct HttpServer::Impl {
   // Background responses (serve/responses.h "background"): each runs in the
   // engine after its answer; one thread (started with the first) finishes
   // and stores them as they end.
+  // With stream, its events are kept (ResponseEvents) for every reader.
   struct BackgroundJob {
+    BackgroundJob(ResponsesRun r) : run(std::move(r)) {}
     std::shared_ptr<Pending> pending;
-    ApiRequest ar;
+    ResponsesRun run;
     ResponsesRequest rr;  // its items kept for the store
     ResponseHeader h;
-    ResponsesOutput out;
+    std::shared_ptr<ResponseEvents> events;  // with stream
     std::shared_ptr<InFlight> guard;  // draining waits for it
     bool cancel = false;    // (under bg_mu) asked to stop
-    bool finishing = false, finished = false;
+    bool finished = false;  // (under bg_mu) stored
   };
   std::mutex bg_mu;
-  std::condition_variable bg_cv;  // a job added, finished, or stopping
+  std::condition_variable bg_cv;  // a job finished, or stopping
   std::map<std::string, std::shared_ptr<BackgroundJob>> bg_jobs;  // by response id, until stored
   bool bg_stop = false;
   std::thread bg_thread;
+  std::shared_ptr<Wakeup> bg_wake = std::make_shared<Wakeup>();  // an output or a job for the thread
 
   std::mutex metrics_mu;
   std::map<std::pair<std::string, int>, int64_t> http_counts;  // (route, status) -> count
@@ -230,6 +318,7 @@ struct HttpServer::Impl {
       bg_stop = true;
     }
     bg_cv.notify_all();
+    bg_wake->notify();
     if (bg_thread.joinable()) bg_thread.join();
   }
 
@@ -1163,7 +1252,14 @@ struct HttpServer::Impl {
       ResponseHeader h;
       std::shared_ptr<Pending> pending = submit_one(std::move(r), ar.model, served_lora, "resp_", h);
       if (rr.background) {
-        send_json(res, 200, start_background(std::move(ar), std::move(rr), std::move(h), std::move(out), pending, guard));
+        const bool stream = rr.stream;
+        std::shared_ptr<ResponseEvents> events;
+        json queued =
+            start_background(std::move(ar), std::move(rr), std::move(h), std::move(out), pending, guard, events);
+        if (stream)
+          follow_events(res, std::move(events), 0);  // one reader: the response runs on without it
+        else
+          send_json(res, 200, queued);
         return;
       }
       if (rr.stream) {
@@ -1183,14 +1279,16 @@ struct HttpServer::Impl {
     }
   }
 
-  // Keeps a finished response (its "store" says whether it was kept).
-  void store_response(json& object, const nlohmann::ordered_json& items) {
+  // Keeps a response (its "store" says whether it was kept).
+  void store_response(json& object, const nlohmann::ordered_json& items,
+                      std::shared_ptr<ResponseEvents> events = nullptr) {
     object["store"] = true;
-    if (!stored_responses.put(object["id"].get<std::string>(), object, items, object["output"]))
+    if (!stored_responses.put(object["id"].get<std::string>(), object, items, object["output"], std::move(events)))
       object["store"] = false;
   }
 
-  // GET (the response object) or DELETE /v1/responses/{id}.
+  // GET (the response object, or with ?stream=true a background stream's
+  // events) or DELETE /v1/responses/{id}.
   void stored_response(const httplib::Request& hreq, httplib::Response& res, bool erase) {
     InFlight g(inflight);
     try {
@@ -1201,14 +1299,63 @@ struct HttpServer::Impl {
         send_json(res, 200, {{"id", id}, {"object", "response.deleted"}, {"deleted", true}});
         return;
       }
+      const std::string stream = hreq.get_param_value("stream");
+      if (hreq.has_param("stream") && stream != "true" && stream != "false")
+        throw ApiError(400, "'stream' must be true or false", "stream");
+      const std::string after = hreq.get_param_value("starting_after");
+      int64_t starting_after = -1;
+      if (hreq.has_param("starting_after")) {
+        if (stream != "true") throw ApiError(400, "'starting_after' needs stream=true", "starting_after");
+        if (after.empty() || after.size() > 18 || after.find_first_not_of("0123456789") != std::string::npos)
+          throw ApiError(400, "'starting_after' must be a sequence number (an integer >= 0)", "starting_after");
+        starting_after = std::stoll(after);
+      }
       std::optional<ResponsesStore::Entry> e = stored_responses.get(id);
       if (!e) throw response_not_found(id);
+      if (stream == "true") {
+        if (!e->events)
+          throw ApiError(400, fmt::format("Response with id '{}' was not created with 'background' and 'stream' "
+                                          "both true, so it has no stream to resume.", id), "stream");
+        follow_events(res, std::move(e->events), size_t(starting_after + 1));
+        return;
+      }
       json object = e->object;
       if (object["status"] == "queued") object["status"] = background_status(id, "queued");
       send_json(res, 200, object);
     } catch (const ApiError& e) {
       send_error(res, e);
     }
+  }
+
+  // A 200 event stream of a background response's events from index `next`
+  // on, as they come, until its last one. A reader going away stops nothing.
+  void follow_events(httplib::Response& res, std::shared_ptr<ResponseEvents> events, size_t next) {
+    auto guard = std::make_shared<InFlight>(inflight);
+    start_sse(
+        res,
+        [events, next, self = this](size_t, httplib::DataSink& sink) mutable {
+          auto idle = std::chrono::steady_clock::now();
+          while (!self->stopped) {
+            bool closed = false;
+            const std::vector<std::string> got = events->wait_from(next, std::chrono::milliseconds(200), closed);
+            for (const std::string& e : got)
+              if (!sink.write(e.data(), e.size())) return false;
+            next += got.size();
+            if (closed) {
+              sink.done();
+              return true;
+            }
+            const auto now = std::chrono::steady_clock::now();
+            if (!got.empty()) {
+              idle = now;
+            } else if (now - idle > std::chrono::seconds(2)) {
+              if (!sink.write(": keep-alive\n\n", 14)) return false;
+              idle = now;
+            }
+          }
+          return false;
+        },
+        [guard](bool) {});
   }
 
   // ---- background responses ------------------------------------------------
@@ -1219,86 +1366,123 @@ struct HttpServer::Impl {
     return bg_jobs.count(id) ? "in_progress" : stored;
   }
 
-  // Stores the queued response and hands it to the finishing thread; returns the queued object.
+  // Stores the queued response and hands it to the background thread;
+  // returns the queued object (and with stream, `events`: its first ones in).
   json start_background(ApiRequest ar, ResponsesRequest rr, ResponseHeader h, ResponsesOutput out,
-                        std::shared_ptr<Pending> pending, std::shared_ptr<InFlight> guard) {
+                        std::shared_ptr<Pending> pending, std::shared_ptr<InFlight> guard,
+                        std::shared_ptr<ResponseEvents>& events) {
     json queued = response_pending(h, rr, "queued", out.temperature, out.top_p);
-    store_response(queued, rr.items);
+    auto j = std::make_shared<BackgroundJob>(ResponsesRun(std::move(ar), std::move(out)));
+    if (rr.stream) {
+      events = std::make_shared<ResponseEvents>();
+      j->run.rs.emplace(h, rr, j->run.out.message_id);
+      events->append(j->run.rs->start(j->run.out.temperature, j->run.out.top_p));
+    }
+    store_response(queued, rr.items, events);
     if (queued["store"] != true) {
       for (int64_t e : pending->ids) engine.abort(e);
       throw ApiError(400, "the request is larger than this server's whole response store (--responses-store-mb), so "
                           "it cannot run in the background", "background");
     }
-    auto j = std::make_shared<BackgroundJob>();
     j->pending = std::move(pending);
-    j->ar = std::move(ar);
     j->rr = std::move(rr);
     j->h = std::move(h);
-    j->out = std::move(out);
+    j->events = events;
     j->guard = std::move(guard);
     {
       std::lock_guard<std::mutex> lk(bg_mu);
       bg_jobs[j->h.id] = j;
       if (!bg_thread.joinable()) bg_thread = std::thread([this] { background_loop(); });
     }
-    bg_cv.notify_all();
+    j->pending->watch(bg_wake);
     return queued;
   }
 
+  // The background thread: takes each job's outputs as they come (a stream's
+  // events appended), and stores each job as it ends.
   void background_loop() {
-    std::unique_lock<std::mutex> lk(bg_mu);
-    while (!bg_stop) {
-      std::vector<std::shared_ptr<BackgroundJob>> done;
-      for (auto& [id, j] : bg_jobs) {
-        std::lock_guard<std::mutex> pl(j->pending->mu);
-        if (!j->finishing && j->pending->done == j->pending->total) done.push_back(j);
+    while (true) {
+      std::vector<std::shared_ptr<BackgroundJob>> jobs;
+      {
+        std::lock_guard<std::mutex> lk(bg_mu);
+        if (bg_stop) break;
+        for (auto& [id, j] : bg_jobs) jobs.push_back(j);
       }
-      for (auto& j : done) {
-        j->finishing = true;
-        const bool cancel = j->cancel;
-        lk.unlock();
+      for (auto& j : jobs) {
+        bool cancel = false;
         try {
+          if (!take_background(*j)) continue;
+          {
+            std::lock_guard<std::mutex> lk(bg_mu);
+            cancel = j->cancel;
+          }
           finish_background(*j, cancel);
         } catch (const std::exception& e) {
           fmt::print(stderr, "background response {} could not be stored: {}\n", j->h.id, e.what());
         }
-        lk.lock();
-        j->finished = true;
-        bg_jobs.erase(j->h.id);
+        if (j->events) j->events->close();
+        {
+          std::lock_guard<std::mutex> lk(bg_mu);
+          j->finished = true;
+          bg_jobs.erase(j->h.id);
+        }
+        bg_cv.notify_all();
       }
-      if (!done.empty()) bg_cv.notify_all();
-      bg_cv.wait_for(lk, std::chrono::milliseconds(20));
+      bg_wake->wait_for(std::chrono::milliseconds(200));
     }
-    for (auto& [id, j] : bg_jobs)  // the server is going away: what still runs is stopped
+    std::lock_guard<std::mutex> lk(bg_mu);
+    for (auto& [id, j] : bg_jobs) {  // the server is going away: what still runs is stopped
       for (int64_t e : j->pending->ids) engine.abort(e);
+      if (j->events) j->events->close();
+    }
     bg_jobs.clear();
   }
 
-  // A finished job's final object, stored under its id.
-  void finish_background(BackgroundJob& j, bool cancel) {
-    ChoiceOutput c;
-    std::string error;
-    bool aborted = false, all_done = false;
+  // A job's outputs so far (with stream, its events appended); true when it is done.
+  bool take_background(BackgroundJob& j) {
+    bool all_done = false;
+    std::string sse;
     for (auto& [i, o] : j.pending->take(std::chrono::milliseconds(0), all_done)) {
-      if (!o.error.empty()) error = o.error;
-      if (o.done) {
-        j.out.cached_tokens = o.cached_tokens;
-        aborted |= o.finish == FinishReason::abort;
-      }
-      if (o.sample >= 0) c.add(o);
+      if (!o.error.empty())
+        j.run.error = o.error;
+      else
+        sse += j.run.add(o, engine.tokenizer());
     }
+    if (j.events && !sse.empty()) j.events->append(sse);
+    return all_done;
+  }
+
+  // A finished job's final object, stored under its id; with stream, the last events.
+  void finish_background(BackgroundJob& j, bool cancel) {
+    ResponsesRun& run = j.run;
     json object;
-    if (!error.empty()) {
-      object = response_pending(j.h, j.rr, "failed", j.out.temperature, j.out.top_p);
-      object["error"] = {{"code", "server_error"}, {"message", error}};
-    } else if (cancel || aborted) {
-      object = response_pending(j.h, j.rr, "cancelled", j.out.temperature, j.out.top_p);
+    std::string tail;  // a stream's last events
+    if (!run.error.empty()) {
+      object = response_pending(j.h, j.rr, "failed", run.out.temperature, run.out.top_p);
+      object["error"] = {{"code", "server_error"}, {"message", run.error}};
+      if (run.rs) tail = run.rs->error(ApiError(500, run.error, "", "server_error"));
+    } else if (cancel || run.aborted) {
+      object = response_pending(j.h, j.rr, "cancelled", run.out.temperature, run.out.top_p);
+      if (run.rs) tail = run.rs->error(ApiError(400, "The response was cancelled.", "", "response_cancelled"));
     } else {
-      finish_responses_output(j.ar, c, j.out);
-      object = response_object(j.h, j.rr, j.out,
-                               response_output(j.out, engine.tokenizer(), j.ar.return_tokens_as_token_ids));
+      run.finish();
+      if (run.rs) {
+        json& final = run.rs->conclude(run.out, engine.tokenizer(), run.ar.return_tokens_as_token_ids);
+        store_response(final, j.rr.items, j.events);
+        j.events->append(run.rs->finish());
+        j.events->close();
+        stored_responses.recount(j.h.id);  // its last events counted
+        return;
+      }
+      object = response_object(j.h, j.rr, run.out,
+                               response_output(run.out, engine.tokenizer(), run.ar.return_tokens_as_token_ids));
     }
-    store_response(object, j.rr.items);
+    store_response(object, j.rr.items, j.events);
+    if (j.events) {
+      j.events->append(tail);
+      j.events->close();
+      stored_responses.recount(j.h.id);
+    }
   }
 
   // Stops a running background response and waits until it is stored; false when none runs.
@@ -1311,6 +1495,7 @@ struct HttpServer::Impl {
     const std::vector<int64_t> ids = j->pending->ids;
     lk.unlock();
     for (int64_t e : ids) engine.abort(e);
+    bg_wake->notify();
     lk.lock();
     bg_cv.wait(lk, [&] { return j->finished || bg_stop; });
     return true;
@@ -1356,84 +1541,50 @@ struct HttpServer::Impl {
                     "response_id", "not_found");
   }
 
-  // The engine's whole output as a ResponsesOutput: the text, its calls (with tools).
-  static void finish_responses_output(const ApiRequest& ar, ChoiceOutput& c, ResponsesOutput& out) {
-    out.text = std::move(c.text);
-    out.logprobs = std::move(c.logprobs);
-    out.finish = c.finish;
-    out.output_tokens = int64_t(c.tokens.size());
-    if (!ar.tools.is_null() && ar.tool_choice != "none") out.calls = parse_tool_calls(out.text, ar.tools);
-    for (size_t i = 0; out.calls.found && i < out.calls.tool_calls.size(); ++i)
-      out.call_item_ids.push_back(new_response_id("fc_"));
-  }
-
   void stream_responses(ApiRequest ar, ResponsesRequest rr, ResponseHeader h, ResponsesOutput out,
                         std::shared_ptr<Pending> pending, std::shared_ptr<InFlight> guard, httplib::Response& res,
                         std::shared_ptr<TrajectoryTurn> turn) {
     struct State {
-      State(ApiRequest a, ResponsesStream s, ResponsesOutput o) : ar(std::move(a)), rs(std::move(s)), out(std::move(o)) {}
-      ApiRequest ar;
-      ResponsesStream rs;
-      ResponsesOutput out;
+      explicit State(ResponsesRun r) : run(std::move(r)) {}
+      ResponsesRun run;
       bool store = false;
       nlohmann::ordered_json items;  // to store
-      ChoiceOutput c;
-      bool tools = false;
       bool started = false;
-      ToolCallStreamer streamer;
-      std::vector<TokenLogprob> held;  // the log-probabilities of text the streamer holds
       bool failed = false;
     };
-    auto st = std::make_shared<State>(std::move(ar), ResponsesStream(h, rr, out.message_id), std::move(out));
+    auto st = std::make_shared<State>(ResponsesRun(std::move(ar), std::move(out)));
+    st->run.rs.emplace(h, rr, st->run.out.message_id);
     st->store = rr.store;
     st->items = std::move(rr.items);
-    st->tools = !st->ar.tools.is_null() && st->ar.tool_choice != "none";
     Engine* eng = &engine;
     start_sse(
         res,
         [st, pending, eng, self = this, turn](size_t, httplib::DataSink& sink) {
           auto write = [&](const std::string& s) { return s.empty() || sink.write(s.data(), s.size()); };
           const tok::Tokenizer& t = eng->tokenizer();
-          const ApiRequest& ar = st->ar;
+          ResponsesRun& run = st->run;
           if (!st->started) {
             st->started = true;
-            if (!write(st->rs.start(st->out.temperature, st->out.top_p))) return false;
+            if (!write(run.rs->start(run.out.temperature, run.out.top_p))) return false;
           }
           const bool all_sent = pump_events(
-              *pending, st->failed, write,
-              [&](size_t, const RequestOutput& o) {
-                if (o.done) st->out.cached_tokens = o.cached_tokens;
-                if (o.sample < 0) return true;
-                st->c.add(o);
-                std::string text = o.text;
-                std::vector<TokenLogprob> lps = o.logprobs;
-                if (st->tools) {  // text that may begin a call is held until it is known
-                  st->held.insert(st->held.end(), o.logprobs.begin(), o.logprobs.end());
-                  text = st->streamer.push(o.text);
-                  lps.clear();
-                  if (!text.empty()) lps = std::exchange(st->held, {});
-                }
-                const json lp = ar.logprobs
-                                    ? chat_logprobs_json(t, lps, ar.top_logprobs, ar.return_tokens_as_token_ids)["content"]
-                                    : json::array();
-                return write(st->rs.text(text, lp));
-              },
-              [&](const ApiError& e) { return st->rs.error(e); });
+              *pending, st->failed, write, [&](size_t, const RequestOutput& o) { return write(run.add(o, t)); },
+              [&](const ApiError& e) { return run.rs->error(e); });
           if (!all_sent) return false;
           if (turn && !st->failed) {
             try {
-              self->record_turn(*turn, ar, st->c);
+              self->record_turn(*turn, run.ar, run.c);
             } catch (const std::exception& e) {
               st->failed = true;
-              if (!write(st->rs.error(ApiError(500, e.what())))) return false;
+              if (!write(run.rs->error(ApiError(500, e.what())))) return false;
             }
           }
           if (!st->failed) {
-            finish_responses_output(ar, st->c, st->out);
-            json& final = st->rs.conclude(st->out, t, ar.return_tokens_as_token_ids);
+            run.finish();
+            json& final = run.rs->conclude(run.out, t, run.ar.return_tokens_as_token_ids);
             if (st->store) self->store_response(final, st->items);
             st->items = nlohmann::ordered_json();
-            if (!write(st->rs.finish())) return false;
+            if (!write(run.rs->finish())) return false;
           }
           sink.done();
           return true;

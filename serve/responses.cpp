@@ -96,8 +96,6 @@ ResponsesRequest parse_responses_request(const ojson& body, const ojson* previou
   if (r.background && !r.store) throw bad("background", "needs 'store' true: a background response is read back by id");
   if (present(body, "stream") && !body["stream"].is_boolean()) throw bad("stream", "must be a boolean");
   r.stream = present(body, "stream") && body["stream"].get<bool>();
-  if (r.background && r.stream)
-    throw bad("background", "is not supported with 'stream' (leave out one of them; poll GET /v1/responses/{id})");
   if (present(body, "metadata") && !body["metadata"].is_object()) throw bad("metadata", "must be an object");
 
   ojson& chat = r.chat;
@@ -425,7 +423,8 @@ json ResponsesStream::message_item(const std::string& status, const json& conten
 
 std::string ResponsesStream::start(double temperature, double top_p) {
   const json in_progress = base_object(h_, r_, "in_progress", temperature, top_p);
-  std::string s = event({{"type", "response.created"}, {"response", in_progress}});
+  std::string s = event({{"type", "response.created"},
+                         {"response", r_.background ? base_object(h_, r_, "queued", temperature, top_p) : in_progress}});
   s += event({{"type", "response.in_progress"}, {"response", in_progress}});
   return s;
 }
@@ -543,7 +542,71 @@ std::string item_id_prefix(const ojson& item) {
 
 }  // namespace
 
-bool ResponsesStore::put(const std::string& id, json object, const ojson& inputs, const json& outputs) {
+void ResponseEvents::append(const std::string& sse) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    // ResponsesStream's events end in a blank line; their JSON holds no raw newline.
+    for (size_t from = 0; from < sse.size();) {
+      size_t end = sse.find("\n\n", from);
+      end = end == std::string::npos ? sse.size() : end + 2;
+      events_.push_back(sse.substr(from, end - from));
+      bytes_ += end - from;
+      from = end;
+    }
+  }
+  cv_.notify_all();
+}
+
+void ResponseEvents::close() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    closed_ = true;
+  }
+  cv_.notify_all();
+}
+
+std::vector<std::string> ResponseEvents::wait_from(size_t next, std::chrono::milliseconds timeout, bool& closed,
+                                                   size_t max_bytes) const {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait_for(lk, timeout, [&] { return closed_ || events_.size() > next; });
+  std::vector<std::string> out;
+  size_t k = next, bytes = 0;
+  for (; k < events_.size() && (out.empty() || bytes + events_[k].size() <= max_bytes); ++k) {
+    bytes += events_[k].size();
+    out.push_back(events_[k]);
+  }
+  closed = closed_ && k >= events_.size();
+  return out;
+}
+
+size_t ResponseEvents::bytes() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return bytes_ + events_.size() * sizeof(std::string);
+}
+
+size_t ResponseEvents::size() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return events_.size();
+}
+
+size_t ResponsesStore::entry_bytes(const std::string& id, const Entry& e) {
+  // Every byte as serialized, plus the id twice (map key, recency list) and a
+  // fixed allowance for the entry's own bookkeeping.
+  return e.object.dump().size() + e.conversation->dump().size() + (e.events ? e.events->bytes() : 0) +
+         2 * id.size() + 256;
+}
+
+void ResponsesStore::make_room(size_t bytes) {
+  while (bytes_ + bytes > max_bytes_ && !lru_.empty()) {
+    auto victim = slots_.find(lru_.back());
+    bytes_ -= victim->second.bytes;
+    slots_.erase(victim);
+    lru_.pop_back();
+  }
+}
+
+bool ResponsesStore::put(const std::string& id, json object, const ojson& inputs, const json& outputs,
+                         std::shared_ptr<ResponseEvents> events) {
   if (!enabled()) return false;
   auto conversation = std::make_shared<ojson>(inputs.is_array() ? inputs : ojson::array());
   for (ojson& item : *conversation)
@@ -551,24 +614,40 @@ bool ResponsesStore::put(const std::string& id, json object, const ojson& inputs
       item["id"] = new_response_id(item_id_prefix(item));
   const size_t inputs_n = conversation->size();
   for (const json& item : outputs) conversation->push_back(ojson::parse(item.dump()));
-  // Every byte as serialized, plus the id twice (map key, recency list) and a
-  // fixed allowance for the entry's own bookkeeping.
-  const size_t bytes = object.dump().size() + conversation->dump().size() + 2 * id.size() + 256;
-  if (bytes > max_bytes_) return false;
+  Entry entry{std::move(object), std::move(conversation), inputs_n, std::move(events)};
+  const size_t bytes = entry_bytes(id, entry);
   std::lock_guard<std::mutex> lk(mu_);
-  if (auto it = slots_.find(id); it != slots_.end()) {
+  if (auto it = slots_.find(id); it != slots_.end()) {  // replaced (or, too large now, gone)
     bytes_ -= it->second.bytes;
     lru_.erase(it->second.lru);
     slots_.erase(it);
   }
-  while (bytes_ + bytes > max_bytes_ && !lru_.empty()) {
-    auto victim = slots_.find(lru_.back());
-    bytes_ -= victim->second.bytes;
-    slots_.erase(victim);
-    lru_.pop_back();
-  }
+  if (bytes > max_bytes_) return false;
+  make_room(bytes);
   lru_.push_front(id);
-  slots_[id] = Slot{Entry{std::move(object), std::move(conversation), inputs_n}, bytes, lru_.begin()};
+  slots_[id] = Slot{std::move(entry), bytes, lru_.begin()};
+  bytes_ += bytes;
+  return true;
+}
+
+bool ResponsesStore::recount(const std::string& id) {
+  std::optional<Entry> e = get(id);
+  if (!e) return false;
+  const size_t bytes = entry_bytes(id, *e);  // (serialized outside the lock)
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = slots_.find(id);
+  if (it == slots_.end()) return false;
+  if (it->second.entry.conversation != e->conversation) return true;  // replaced since: counted by its put
+  bytes_ -= it->second.bytes;
+  lru_.erase(it->second.lru);
+  Slot slot = std::move(it->second);
+  slots_.erase(it);
+  if (bytes > max_bytes_) return false;
+  make_room(bytes);
+  lru_.push_front(id);
+  slot.bytes = bytes;
+  slot.lru = lru_.begin();
+  slots_[id] = std::move(slot);
   bytes_ += bytes;
   return true;
 }

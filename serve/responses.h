@@ -41,10 +41,15 @@
 //   background     true: answered at once with status queued; the response runs on and is
 //                  read back with GET /v1/responses/{id} (status in_progress, then completed,
 //                  incomplete, failed or cancelled; POST /v1/responses/{id}/cancel stops it).
-//                  Needs store (and a server store); not with stream
+//                  Needs store (and a server store). With stream: the events are kept
+//                  (ResponseEvents) and the POST's stream is one reader of them; the response
+//                  runs on when that client goes, and GET /v1/responses/{id}?stream=true
+//                  &starting_after=N sends the events past sequence number N, then the rest
 //   conversation, prompt, truncation "auto": a 400 (not supported)
 //   metadata, user, parallel_tool_calls, reasoning, service_tier,
 //   prompt_cache_key, safety_identifier: repeated or ignored
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -127,6 +132,11 @@ nlohmann::json response_object(const ResponseHeader& h, const ResponsesRequest& 
 //     response.function_call_arguments.done, response.output_item.done;
 //   response.completed or response.incomplete (the whole response object, as without stream);
 // a failure ends the stream with an "error" event. No [DONE].
+//
+// A background stream (background with stream) begins the same way, its
+// response.created object with status queued; its end is the same, or an
+// "error" event: code server_error (the engine failed; the stored response is
+// failed) or response_cancelled (cancelled, or deleted while it ran).
 class ResponsesStream {
  public:
   ResponsesStream(ResponseHeader h, const ResponsesRequest& r, std::string message_id);
@@ -156,6 +166,32 @@ class ResponsesStream {
   nlohmann::json final_;
 };
 
+// A background stream's events (serve/responses.h "background"), kept so
+// that readers join and resume: event k has sequence number k. The producer
+// appends what ResponsesStream writes and closes the log after the last one.
+// Thread-safe.
+class ResponseEvents {
+ public:
+  // Appends the events of `sse` (ResponsesStream's text: "event: ...\n\n" each).
+  void append(const std::string& sse);
+  void close();
+  // The events from index `next` on, waiting up to `timeout` for one: at most
+  // `max_bytes` of them (at least one), so a reader of a long log holds a
+  // slice at a time. `closed`: true when the log is closed and every event
+  // past `next` was returned.
+  std::vector<std::string> wait_from(size_t next, std::chrono::milliseconds timeout, bool& closed,
+                                     size_t max_bytes = size_t(1) << 20) const;
+  size_t bytes() const;
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  std::vector<std::string> events_;
+  size_t bytes_ = 0;
+  bool closed_ = false;
+};
+
 // Finished responses kept in memory for previous_response_id and GET / DELETE
 // /v1/responses/{id} (`areno serve --responses-store-mb`). Bounded by bytes:
 // each entry counts its response object and its conversation as serialized
@@ -173,15 +209,22 @@ class ResponsesStore {
     // without an id were given one when stored.
     std::shared_ptr<const nlohmann::ordered_json> conversation;
     size_t inputs = 0;      // the number of leading items of `conversation` that were input
+    std::shared_ptr<ResponseEvents> events;  // a background stream's events, else null
   };
 
   explicit ResponsesStore(size_t max_bytes) : max_bytes_(max_bytes) {}
   bool enabled() const { return max_bytes_ > 0; }
 
   // Keeps a finished response: `inputs` (ResponsesRequest::items) then
-  // `outputs` (response_output). False when it does not fit the budget alone.
+  // `outputs` (response_output), and a background stream's `events` (their
+  // bytes counted as they are now). False when it does not fit the budget
+  // alone (an entry kept under `id` before is dropped then: a queued
+  // background response never outlives its end).
   bool put(const std::string& id, nlohmann::json object, const nlohmann::ordered_json& inputs,
-           const nlohmann::json& outputs);
+           const nlohmann::json& outputs, std::shared_ptr<ResponseEvents> events = nullptr);
+  // Counts an entry's bytes again (its events grew since put); an entry now
+  // larger than the budget alone is dropped. False when `id` is not kept (any more).
+  bool recount(const std::string& id);
   std::optional<Entry> get(const std::string& id);
   bool erase(const std::string& id);
 
@@ -195,6 +238,8 @@ class ResponsesStore {
     size_t bytes = 0;
     std::list<std::string>::iterator lru;
   };
+  static size_t entry_bytes(const std::string& id, const Entry& e);
+  void make_room(size_t bytes);  // (under mu_) least recently used out until `bytes` more fit
   const size_t max_bytes_;
   mutable std::mutex mu_;
   std::list<std::string> lru_;  // most recent first

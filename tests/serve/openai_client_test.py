@@ -188,6 +188,22 @@ def main():
                 break
             time.sleep(0.05)
         assert bg.status == "completed" and bg.output_text == greedy, bg
+        # A background stream: the client stops reading after two events and
+        # resumes from the last sequence number it saw, as the SDK does it.
+        with client.responses.stream(model=model, input=msgs[0]["content"], max_output_tokens=8, temperature=0,
+                                     background=True) as first:
+            head = []
+            for event in first:
+                head.append(event)
+                if len(head) == 2:
+                    break
+        assert head[0].type == "response.created" and head[0].response.status == "queued", head
+        with client.responses.stream(response_id=head[0].response.id,
+                                     starting_after=head[-1].sequence_number) as rest:
+            tail = list(rest)
+            resumed = rest.get_final_response()
+        assert [e.sequence_number for e in head + tail] == list(range(len(head) + len(tail))), head + tail
+        assert resumed.status == "completed" and resumed.output_text == greedy, resumed
         long_bg = client.responses.create(model=model, input="Tell me a story.", max_output_tokens=3000,
                                           background=True, extra_body={"ignore_eos": True})
         assert client.responses.cancel(long_bg.id).status == "cancelled"

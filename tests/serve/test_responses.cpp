@@ -262,6 +262,12 @@ TEST_CASE("serve/responses the store: every byte counted, least recently used ou
   CHECK_FALSE(tiny.put("resp_1", object, inputs, outputs));
   CHECK(tiny.size() == 0);
   CHECK(tiny.bytes() == 0);
+  // An entry replaced by one too large to keep is gone (a background
+  // response's queued object does not stay after its end).
+  REQUIRE(tiny.put("resp_1", object, ojson::array(), json::array()));
+  CHECK_FALSE(tiny.put("resp_1", object, inputs, outputs));
+  CHECK_FALSE(tiny.get("resp_1"));
+  CHECK(tiny.bytes() == 0);
 
   // Input items: the inputs only (not the output), newest first by default.
   ResponsesStore::Entry e;
@@ -296,6 +302,75 @@ TEST_CASE("serve/responses the store: every byte counted, least recently used ou
   CHECK_THROWS_AS(input_items_page(e, "", "", "out"), ApiError);  // an output item is no input item
 }
 
+TEST_CASE("serve/responses a background stream's events: one per blank line, read from any index, counted in the store") {
+  auto events = std::make_shared<ResponseEvents>();
+  events->append("event: a\ndata: {\"sequence_number\":0}\n\nevent: b\ndata: {\"sequence_number\":1}\n\n");
+  events->append("");
+  events->append("event: c\ndata: {\"sequence_number\":2}\n\n");
+  CHECK(events->size() == 3);
+  bool closed = true;
+  std::vector<std::string> got = events->wait_from(1, std::chrono::milliseconds(0), closed);
+  CHECK_FALSE(closed);
+  REQUIRE(got.size() == 2);
+  CHECK(got[0] == "event: b\ndata: {\"sequence_number\":1}\n\n");
+  CHECK(got[1] == "event: c\ndata: {\"sequence_number\":2}\n\n");
+  // Nothing past the end: waits the timeout, then nothing.
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(events->wait_from(3, std::chrono::milliseconds(50), closed).empty());
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(45));
+  CHECK_FALSE(closed);
+  // A waiting reader wakes at the next event, and at the close.
+  std::thread producer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    events->append("event: d\ndata: {}\n\n");
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    events->close();
+  });
+  got = events->wait_from(3, std::chrono::seconds(20), closed);
+  REQUIRE(got.size() == 1);
+  CHECK(got[0] == "event: d\ndata: {}\n\n");
+  got = events->wait_from(4, std::chrono::seconds(20), closed);
+  producer.join();
+  CHECK(got.empty());
+  CHECK(closed);
+  CHECK(events->wait_from(0, std::chrono::milliseconds(0), closed).size() == 4);  // closed: all, at once
+  CHECK(closed);
+  // At most max_bytes at a time (but one event at least): closed only with the last.
+  got = events->wait_from(0, std::chrono::milliseconds(0), closed, 80);
+  CHECK(got.size() == 2);  // 38 + 38 bytes fit 80, a third would not
+  CHECK_FALSE(closed);
+  got = events->wait_from(0, std::chrono::milliseconds(0), closed, 1);
+  CHECK(got.size() == 1);
+  CHECK_FALSE(closed);
+  got = events->wait_from(3, std::chrono::milliseconds(0), closed, 1);
+  CHECK(got.size() == 1);
+  CHECK(closed);
+
+  // The store counts the events' bytes at put, and again at recount.
+  const json object = {{"id", "resp_1"}, {"object", "response"}, {"output", json::array()}};
+  const ojson inputs = ojson::parse(R"([{"type": "message", "role": "user", "content": "a"}])");
+  ResponsesStore plain(1 << 20), with(1 << 20);
+  REQUIRE(plain.put("resp_1", object, inputs, json::array()));
+  auto log = std::make_shared<ResponseEvents>();
+  log->append("event: a\ndata: {}\n\n");
+  REQUIRE(with.put("resp_1", object, inputs, json::array(), log));
+  CHECK(with.bytes() == plain.bytes() + log->bytes());
+  CHECK(log->bytes() >= std::string("event: a\ndata: {}\n\n").size());
+  log->append(std::string(1000, 'x') + "\n\n");
+  CHECK(with.bytes() == plain.bytes() + log->bytes() - 1002 - sizeof(std::string));  // not yet recounted
+  CHECK(with.recount("resp_1"));
+  CHECK(with.bytes() == plain.bytes() + log->bytes());
+  CHECK(with.get("resp_1")->events == log);
+  CHECK_FALSE(with.recount("resp_2"));
+  // Grown past the whole budget: dropped at the recount.
+  ResponsesStore budget(plain.bytes() + log->bytes() + 10);
+  REQUIRE(budget.put("resp_1", object, inputs, json::array(), log));
+  log->append(std::string(100, 'y') + "\n\n");
+  CHECK_FALSE(budget.recount("resp_1"));
+  CHECK(budget.size() == 0);
+  CHECK(budget.bytes() == 0);
+}
+
 TEST_CASE("serve/responses refusals name the field; chat errors are renamed to the request's fields") {
   const std::pair<const char*, std::pair<std::string, std::string>> cases[] = {
       {R"([1])", {"", "the request body must be a JSON object (got array)"}},
@@ -310,7 +385,6 @@ TEST_CASE("serve/responses refusals name the field; chat errors are renamed to t
       {R"({"input": "x", "conversation": "conv_1"})", {"conversation", ""}},
       {R"({"input": "x", "background": 1})", {"background", "'background' must be a boolean"}},
       {R"({"input": "x", "background": true, "store": false})", {"background", ""}},
-      {R"({"input": "x", "background": true, "stream": true})", {"background", ""}},
       {R"({"input": "x", "prompt": {"id": "p"}})", {"prompt", ""}},
       {R"({"input": "x", "truncation": "auto"})", {"truncation", ""}},
       {R"({"input": "x", "stream": "yes"})", {"stream", "'stream' must be a boolean"}},
@@ -782,4 +856,157 @@ TEST_CASE("serve/responses background: queued at once, read back when done, canc
   CHECK(post(port, "/v1/responses/resp_nothing/cancel", json::object()).status == 404);
   Reply metrics = call(port, "GET", "/metrics");
   CHECK(metrics.body.find("route=\"/v1/responses/{id}/cancel\"") != std::string::npos);
+}
+
+namespace {
+
+// A request whose answer is an event stream, read until `enough` says so
+// (then the client hangs up) or to its end. Returns (status, what was read).
+std::pair<int, std::string> read_stream(int port, const std::string& method, const std::string& path,
+                                        const json& body = nullptr,
+                                        const std::function<bool(const std::string&)>& enough = {}) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_read_timeout(120, 0);
+  httplib::Request req;
+  req.method = method;
+  req.path = path;
+  if (!body.is_null()) {
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+  }
+  std::string got;
+  req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+    got.append(d, n);
+    return !(enough && enough(got));
+  };
+  httplib::Response res;
+  httplib::Error err = httplib::Error::Success;
+  const bool ok = cli.send(req, res, err);
+  if (!ok && !(enough && enough(got))) FAIL("the stream failed: " << httplib::to_string(err));
+  return {ok ? res.status : 200, got};
+}
+
+size_t count_of(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("serve/responses background streams: the foreground's events, kept to be resumed after a hang-up, cancelled") {
+  DemoServer demo(demo_engine(512));
+  Engine& engine = demo.engine;
+  const int port = demo.served.port;
+
+  // The foreground stream and the background one: the same events, but the
+  // first object's status (queued), and the ids.
+  const json ask = {{"input", "What is 2 + 3?"}, {"max_output_tokens", 6}, {"temperature", 0}, {"stream", true}};
+  auto [fs, fbody] = read_stream(port, "POST", "/v1/responses", ask);
+  REQUIRE(fs == 200);
+  json bask = ask;
+  bask["background"] = true;
+  auto [bs, bbody] = read_stream(port, "POST", "/v1/responses", bask);
+  CAPTURE(bbody);
+  REQUIRE(bs == 200);
+  const std::vector<json> fg = events_of(fbody), bg = events_of(bbody);
+  REQUIRE(bg.size() == fg.size());
+  REQUIRE(bg.size() >= 5);
+  for (size_t k = 0; k < bg.size(); ++k) {
+    CAPTURE(k);
+    CHECK(bg[k]["type"] == fg[k]["type"]);
+    CHECK(bg[k]["sequence_number"] == k);
+    if (bg[k].contains("delta")) CHECK(bg[k]["delta"] == fg[k]["delta"]);
+  }
+  CHECK(bg[0]["type"] == "response.created");
+  CHECK(bg[0]["response"]["status"] == "queued");
+  CHECK(bg[0]["response"]["background"] == true);
+  CHECK(bg[1]["response"]["status"] == "in_progress");
+  const json final = bg.back()["response"];
+  CHECK(bg.back()["type"] == "response.completed");
+  CHECK(final["background"] == true);
+  CHECK(final["store"] == true);
+  CHECK(final["output"][0]["content"][0]["text"] == fg.back()["response"]["output"][0]["content"][0]["text"]);
+  const std::string id = final["id"];
+
+  // Read back: the object; the whole stream again; the events past a sequence number.
+  Reply got = call(port, "GET", "/v1/responses/" + id);
+  REQUIRE(got.status == 200);
+  CHECK(got.j == final);
+  auto [s0, again] = read_stream(port, "GET", "/v1/responses/" + id + "?stream=true");
+  CHECK(s0 == 200);
+  CHECK(again == bbody);
+  auto [s1, tail] = read_stream(port, "GET", "/v1/responses/" + id + "?stream=true&starting_after=2");
+  CHECK(s1 == 200);
+  const std::vector<json> rest = events_of(tail);
+  REQUIRE(rest.size() == bg.size() - 3);
+  CHECK(rest.front() == bg[3]);
+  CHECK(rest.back() == bg.back());
+  auto [s2, none] = read_stream(port, "GET", "/v1/responses/" + id + "?stream=true&starting_after=100000");
+  CHECK(s2 == 200);
+  CHECK(none.empty());
+
+  // A long one: the client hangs up after a few deltas; the response runs
+  // on; a reader resumes after the last event it saw; every event once, in order.
+  const json longer = {{"input", "Tell me a long story."}, {"max_output_tokens", 1500}, {"ignore_eos", true},
+                       {"temperature", 0}, {"stream", true}, {"background", true}};
+  auto [ls, first] = read_stream(port, "POST", "/v1/responses", longer,
+                                 [](const std::string& g) { return count_of(g, "event: response.output_text.delta") >= 5; });
+  (void)ls;
+  std::vector<json> seen = events_of(first.substr(0, first.rfind("\n\n") + 2));
+  REQUIRE(seen.size() >= 5);
+  const std::string lid = seen[0]["response"]["id"];
+  const int64_t last = seen.back()["sequence_number"];
+  const std::string status = call(port, "GET", "/v1/responses/" + lid).j["status"];
+  CHECK((status == "in_progress" || status == "incomplete"));  // not cancelled by the hang-up
+  auto [rs, resumed] =
+      read_stream(port, "GET", fmt::format("/v1/responses/{}?stream=true&starting_after={}", lid, last));
+  CHECK(rs == 200);
+  for (const json& e : events_of(resumed)) seen.push_back(e);
+  std::string text;
+  for (size_t k = 0; k < seen.size(); ++k) {
+    REQUIRE(seen[k]["sequence_number"] == k);
+    if (seen[k]["type"] == "response.output_text.delta") text += seen[k]["delta"].get<std::string>();
+  }
+  REQUIRE(seen.back()["type"] == "response.incomplete");
+  CHECK(seen.back()["response"]["usage"]["output_tokens"] == 1500);
+  CHECK(seen.back()["response"]["output"][0]["content"][0]["text"] == text);
+  CHECK(call(port, "GET", "/v1/responses/" + lid).j == seen.back()["response"]);
+
+  // Cancelled while a reader follows it: the reader's stream ends with the
+  // cancellation; the response is stored cancelled; the engine is free.
+  json endless = longer;
+  endless["max_output_tokens"] = 3000;
+  auto [cs, cbody] = read_stream(port, "POST", "/v1/responses", endless,
+                                 [](const std::string& g) { return g.find("response.in_progress") != std::string::npos; });
+  (void)cs;
+  const std::string cid = events_of(cbody.substr(0, cbody.rfind("\n\n") + 2))[0]["response"]["id"];
+  std::string followed;
+  std::thread reader([&] { followed = read_stream(port, "GET", "/v1/responses/" + cid + "?stream=true").second; });
+  CHECK(wait_for([&] { return engine.stats().running == 1; }, 20));
+  Reply cancelled = post(port, "/v1/responses/" + cid + "/cancel", json::object());
+  CHECK(cancelled.status == 200);
+  CHECK(cancelled.j["status"] == "cancelled");
+  reader.join();
+  const std::vector<json> fe = events_of(followed);
+  REQUIRE(fe.size() >= 3);
+  CHECK(fe.back()["type"] == "error");
+  CHECK(fe.back()["code"] == "response_cancelled");
+  CHECK(fe.back()["sequence_number"] == fe.size() - 1);
+  CHECK(wait_for([&] { return engine.stats().running == 0 && engine.stats().kv_blocks_used == 0; }, 20));
+  CHECK(wait_for([&] { return demo.served.server->in_flight() == 0; }, 20));
+
+  // Refusals: no stream to resume, bad query values.
+  Reply nostream = call(port, "GET", "/v1/responses/" + fg.back()["response"]["id"].get<std::string>() + "?stream=true");
+  CHECK(nostream.status == 400);
+  CHECK(nostream.j["error"]["param"] == "stream");
+  for (const char* q : {"?stream=yes", "?stream=true&starting_after=x", "?stream=true&starting_after=-1",
+                        "?starting_after=2", "?stream=false&starting_after=2"}) {
+    CAPTURE(q);
+    Reply r = call(port, "GET", "/v1/responses/" + id + q);
+    CHECK(r.status == 400);
+    CHECK(r.j["error"]["param"].get<std::string>() == (std::string(q).find("starting") != std::string::npos &&
+                                                       std::string(q) != "?stream=yes" ? "starting_after" : "stream"));
+  }
+  CHECK(call(port, "GET", "/v1/responses/resp_none?stream=true").status == 404);
 }
