@@ -25,6 +25,7 @@
 #include "models/phi4mm/processor/chat_processor.h"
 #include "models/phi4mm/processor/media_source.h"
 #include "serve/cfg.h"
+#include "serve/conversations.h"
 #include "serve/grammar.h"
 #include "serve/request_context.h"
 #include "serve/responses.h"
@@ -275,6 +276,7 @@ struct HttpServer::Impl {
   std::atomic<int64_t> lora_resolved_loads{0}, lora_evictions{0};
 
   ResponsesStore stored_responses{opts.responses_store_bytes};
+  std::mutex conv_mu;  // conversations change one at a time (read, changed, put back)
 
   // Background responses (serve/responses.h "background"): each runs in the
   // engine after its answer; one thread (started with the first) finishes
@@ -347,13 +349,18 @@ struct HttpServer::Impl {
 
   // A route's metrics label: ids in paths become {id}, so clients cannot grow the label set.
   static std::string route_label(const std::string& path) {
-    static const std::string prefix = "/v1/responses/";
-    if (path.compare(0, prefix.size(), prefix) != 0) return path;
-    for (const char* tail : {"/input_items", "/cancel"}) {
-      const size_t n = std::strlen(tail);
-      if (path.size() > n && path.compare(path.size() - n, n, tail) == 0) return prefix + "{id}" + tail;
+    for (const std::string prefix : {"/v1/responses/", "/v1/conversations/"}) {
+      if (path.compare(0, prefix.size(), prefix) != 0) continue;
+      // {id}, then one of the tails, the last one with an item id
+      const size_t slash = path.find('/', prefix.size());
+      if (slash == std::string::npos) return prefix + "{id}";
+      const std::string tail = path.substr(slash);
+      for (const char* known : {"/input_items", "/cancel", "/items"})
+        if (tail == known) return prefix + "{id}" + tail;
+      if (tail.rfind("/items/", 0) == 0) return prefix + "{id}/items/{item_id}";
+      return prefix + "{id}/?";
     }
-    return prefix + "{id}";
+    return path;
   }
 
   void count_http(const std::string& route, int status) {
@@ -468,6 +475,19 @@ struct HttpServer::Impl {
              [this](const httplib::Request& q, httplib::Response& r) { stored_input_items(q, r); });
     http.Post(std::string(kResponseId) + "/cancel",
               [this](const httplib::Request& q, httplib::Response& r) { cancel_response(q, r); });
+    static const char* kConversationId = R"(/v1/conversations/([A-Za-z0-9_-]{1,128}))";
+    static const std::string kItem = std::string(kConversationId) + R"(/items/([A-Za-z0-9_-]{1,128}))";
+    auto conv = [this](ConversationCall c) {
+      return [this, c](const httplib::Request& q, httplib::Response& r) { conversation(c, q, r); };
+    };
+    http.Post("/v1/conversations", conv(ConversationCall::create));
+    http.Get(kConversationId, conv(ConversationCall::get));
+    http.Post(kConversationId, conv(ConversationCall::update));
+    http.Delete(kConversationId, conv(ConversationCall::remove));
+    http.Get(std::string(kConversationId) + "/items", conv(ConversationCall::list_items));
+    http.Post(std::string(kConversationId) + "/items", conv(ConversationCall::add_items));
+    http.Get(kItem, conv(ConversationCall::get_item));
+    http.Delete(kItem, conv(ConversationCall::remove_item));
     http.Post("/tokenize", [this](const httplib::Request& q, httplib::Response& r) { tokenize(q, r); });
     http.Post("/detokenize", [this](const httplib::Request& q, httplib::Response& r) { detokenize(q, r); });
   }
@@ -1205,7 +1225,7 @@ struct HttpServer::Impl {
           throw ApiError(400, "'previous_response_id' is not supported: this server stores no responses (start areno "
                               "serve with --responses-store-mb N, or send the whole conversation as 'input')",
                          "previous_response_id");
-        previous = stored_responses.get(id);
+        previous = get_response(id);
         if (previous) {
           const std::string status = previous->object.value("status", "");
           if (status != "completed" && status != "incomplete")
@@ -1214,13 +1234,21 @@ struct HttpServer::Impl {
                            "previous_response_id");
         }
       }
+      if (const std::string conv = conversation_id(body); !conv.empty() && previous_response_id(body).empty()) {
+        if (!stored_responses.enabled())
+          throw ApiError(400, "'conversation' is not supported: this server stores no conversations (start areno "
+                              "serve with --responses-store-mb N, or send the whole conversation as 'input')",
+                         "conversation");
+        previous = stored_responses.get(conv);
+        if (previous && !is_conversation(*previous)) previous.reset();
+      }
       ResponsesRequest rr = parse_responses_request(body, previous ? previous->conversation.get() : nullptr);
       previous.reset();
       if (rr.background && !stored_responses.enabled())
         throw ApiError(400, "'background' needs a response store: this server stores no responses (start areno serve "
                             "with --responses-store-mb N)", "background");
       if (!stored_responses.enabled()) rr.store = false;
-      if (!rr.store) rr.items = nlohmann::ordered_json();
+      if (!rr.store && rr.conversation_id.empty()) rr.items = nlohmann::ordered_json();
       ApiRequest ar;
       phi4mm::ServedLora served_lora;
       Request r;
@@ -1272,6 +1300,7 @@ struct HttpServer::Impl {
       finish_responses_output(ar, c, out);
       const json output = response_output(out, engine.tokenizer(), ar.return_tokens_as_token_ids);
       json object = response_object(h, rr, out, output);
+      add_to_conversation(rr, object["output"]);
       if (rr.store) store_response(object, rr.items);
       send_json(res, 200, object);
     } catch (const ApiError& e) {
@@ -1295,7 +1324,7 @@ struct HttpServer::Impl {
       const std::string id = hreq.matches[1];
       if (erase) {
         stop_background(id);  // a running one stops (and is stored) first
-        if (!stored_responses.erase(id)) throw response_not_found(id);
+        if (!get_response(id) || !stored_responses.erase(id)) throw response_not_found(id);
         send_json(res, 200, {{"id", id}, {"object", "response.deleted"}, {"deleted", true}});
         return;
       }
@@ -1310,7 +1339,7 @@ struct HttpServer::Impl {
           throw ApiError(400, "'starting_after' must be a sequence number (an integer >= 0)", "starting_after");
         starting_after = std::stoll(after);
       }
-      std::optional<ResponsesStore::Entry> e = stored_responses.get(id);
+      std::optional<ResponsesStore::Entry> e = get_response(id);
       if (!e) throw response_not_found(id);
       if (stream == "true") {
         if (!e->events)
@@ -1356,6 +1385,126 @@ struct HttpServer::Impl {
           return false;
         },
         [guard](bool) {});
+  }
+
+  // ---- /v1/conversations (serve/conversations.h) ------------------------------
+
+  enum class ConversationCall { create, get, update, remove, list_items, add_items, get_item, remove_item };
+
+  // A stored response (not a conversation) by id.
+  std::optional<ResponsesStore::Entry> get_response(const std::string& id) {
+    std::optional<ResponsesStore::Entry> e = stored_responses.get(id);
+    if (e && is_conversation(*e)) e.reset();
+    return e;
+  }
+
+  // A stored conversation by id, else the 404.
+  ResponsesStore::Entry get_conversation(const std::string& id) {
+    std::optional<ResponsesStore::Entry> e = stored_responses.get(id);
+    if (!e || !is_conversation(*e))
+      throw ApiError(404,
+                     stored_responses.enabled()
+                         ? fmt::format("Conversation with id '{}' not found.", id)
+                         : fmt::format("Conversation with id '{}' not found: this server stores no conversations "
+                                       "(start areno serve with --responses-store-mb N)", id),
+                     "conversation_id", "not_found");
+    return *e;
+  }
+
+  // Stores a conversation's new object and items in place of the old (under conv_mu).
+  void put_conversation(const std::string& id, const json& object, const nlohmann::ordered_json& items) {
+    if (!stored_responses.put(id, object, items, json::array()))
+      throw ApiError(400, "the conversation would be larger than this server's whole store (--responses-store-mb); "
+                          "it was dropped", "items");
+  }
+
+  void conversation(ConversationCall call, const httplib::Request& hreq, httplib::Response& res) {
+    InFlight g(inflight);
+    try {
+      if (call == ConversationCall::create) {
+        if (!stored_responses.enabled())
+          throw ApiError(400, "conversations are not supported: this server stores none (start areno serve with "
+                              "--responses-store-mb N)");
+        auto [object, items] = parse_new_conversation(parse_ordered_json_bounded(hreq.body, opts.max_json_depth),
+                                                      unix_now());
+        std::lock_guard<std::mutex> lk(conv_mu);
+        if (!stored_responses.put(object["id"].get<std::string>(), object, items, json::array()))
+          throw ApiError(400, "the conversation is larger than this server's whole store (--responses-store-mb)",
+                         "items");
+        send_json(res, 200, object);
+        return;
+      }
+      const std::string id = hreq.matches[1];
+      std::unique_lock<std::mutex> lk(conv_mu);  // one change at a time (a response's items, a client's)
+      ResponsesStore::Entry e = get_conversation(id);
+      const nlohmann::ordered_json& items = *e.conversation;
+      switch (call) {
+        case ConversationCall::get:
+          send_json(res, 200, e.object);
+          return;
+        case ConversationCall::update: {
+          json object = e.object;
+          object["metadata"] = parse_conversation_update(parse_ordered_json_bounded(hreq.body, opts.max_json_depth));
+          put_conversation(id, object, items);
+          send_json(res, 200, object);
+          return;
+        }
+        case ConversationCall::remove:
+          stored_responses.erase(id);
+          send_json(res, 200, {{"id", id}, {"object", "conversation.deleted"}, {"deleted", true}});
+          return;
+        case ConversationCall::list_items:
+          lk.unlock();
+          send_json(res, 200, input_items_page(e, hreq.get_param_value("limit"), hreq.get_param_value("order"),
+                                               hreq.get_param_value("after")));
+          return;
+        case ConversationCall::add_items: {
+          const nlohmann::ordered_json added =
+              parse_conversation_items(parse_ordered_json_bounded(hreq.body, opts.max_json_depth));
+          nlohmann::ordered_json all = items;
+          for (const auto& item : added) all.push_back(item);
+          put_conversation(id, e.object, all);
+          send_json(res, 200, item_list(added));
+          return;
+        }
+        case ConversationCall::get_item:
+        case ConversationCall::remove_item: {
+          const std::string item_id = hreq.matches[2];
+          const int64_t at = find_item(items, item_id);
+          if (at < 0)
+            throw ApiError(404, fmt::format("Item with id '{}' not found.", item_id), "item_id", "not_found");
+          if (call == ConversationCall::get_item) {
+            send_json(res, 200, json::parse(items[size_t(at)].dump()));
+            return;
+          }
+          nlohmann::ordered_json rest = items;
+          rest.erase(size_t(at));
+          put_conversation(id, e.object, rest);
+          send_json(res, 200, e.object);
+          return;
+        }
+        case ConversationCall::create:
+          break;
+      }
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  }
+
+  // A response that names a conversation adds its input items (those after
+  // the conversation's) and its output items, once it completed or is
+  // incomplete. A conversation deleted meanwhile gets nothing.
+  void add_to_conversation(const ResponsesRequest& rr, const json& output) {
+    if (rr.conversation_id.empty()) return;
+    std::lock_guard<std::mutex> lk(conv_mu);
+    std::optional<ResponsesStore::Entry> e = stored_responses.get(rr.conversation_id);
+    if (!e || !is_conversation(*e)) return;
+    nlohmann::ordered_json all = *e->conversation;
+    for (size_t i = rr.input_from; i < rr.items.size(); ++i) all.push_back(rr.items[i]);
+    for (const json& item : output) all.push_back(nlohmann::ordered_json::parse(item.dump()));
+    if (!stored_responses.put(rr.conversation_id, e->object, all, json::array()))
+      fmt::print(stderr, "conversation {} outgrew the response store (--responses-store-mb) and was dropped\n",
+                 rr.conversation_id);
   }
 
   // ---- background responses ------------------------------------------------
@@ -1468,6 +1617,7 @@ struct HttpServer::Impl {
       run.finish();
       if (run.rs) {
         json& final = run.rs->conclude(run.out, engine.tokenizer(), run.ar.return_tokens_as_token_ids);
+        add_to_conversation(j.rr, final["output"]);
         store_response(final, j.rr.items, j.events);
         j.events->append(run.rs->finish());
         j.events->close();
@@ -1476,6 +1626,7 @@ struct HttpServer::Impl {
       }
       object = response_object(j.h, j.rr, run.out,
                                response_output(run.out, engine.tokenizer(), run.ar.return_tokens_as_token_ids));
+      add_to_conversation(j.rr, object["output"]);
     }
     store_response(object, j.rr.items, j.events);
     if (j.events) {
@@ -1508,7 +1659,7 @@ struct HttpServer::Impl {
     try {
       const std::string id = hreq.matches[1];
       stop_background(id);
-      std::optional<ResponsesStore::Entry> e = stored_responses.get(id);
+      std::optional<ResponsesStore::Entry> e = get_response(id);
       if (!e) throw response_not_found(id);
       if (!e->object.value("background", false))
         throw ApiError(400, "Only background responses can be cancelled.", "response_id");
@@ -1522,7 +1673,7 @@ struct HttpServer::Impl {
     InFlight g(inflight);
     try {
       const std::string id = hreq.matches[1];
-      std::optional<ResponsesStore::Entry> e = stored_responses.get(id);
+      std::optional<ResponsesStore::Entry> e = get_response(id);
       if (!e) throw response_not_found(id);
       send_json(res, 200, input_items_page(*e, hreq.get_param_value("limit"), hreq.get_param_value("order"),
                                            hreq.get_param_value("after")));
@@ -1547,15 +1698,13 @@ struct HttpServer::Impl {
     struct State {
       explicit State(ResponsesRun r) : run(std::move(r)) {}
       ResponsesRun run;
-      bool store = false;
-      nlohmann::ordered_json items;  // to store
+      ResponsesRequest rr;  // its items to store, its conversation
       bool started = false;
       bool failed = false;
     };
     auto st = std::make_shared<State>(ResponsesRun(std::move(ar), std::move(out)));
     st->run.rs.emplace(h, rr, st->run.out.message_id);
-    st->store = rr.store;
-    st->items = std::move(rr.items);
+    st->rr = std::move(rr);
     Engine* eng = &engine;
     start_sse(
         res,
@@ -1582,8 +1731,9 @@ struct HttpServer::Impl {
           if (!st->failed) {
             run.finish();
             json& final = run.rs->conclude(run.out, t, run.ar.return_tokens_as_token_ids);
-            if (st->store) self->store_response(final, st->items);
-            st->items = nlohmann::ordered_json();
+            self->add_to_conversation(st->rr, final["output"]);
+            if (st->rr.store) self->store_response(final, st->rr.items);
+            st->rr.items = nlohmann::ordered_json();
             if (!write(run.rs->finish())) return false;
           }
           sink.done();

@@ -67,7 +67,113 @@ ojson chat_content(const ojson& content, const std::string& path, bool assistant
   return parts;
 }
 
+// Input items as chat messages (consecutive calls and the message before
+// them one assistant turn); `where_of[i]` names item i in errors.
+void items_to_messages(const ojson& items, const std::vector<std::string>& where_of, ojson& messages,
+                       std::vector<std::string>& message_from) {
+  bool open_turn = false;  // the last message is an assistant turn that calls may join
+  for (size_t i = 0; i < items.size(); ++i) {
+    const ojson& item = items[i];
+    const std::string& where = where_of[i];
+    if (!item.is_object()) throw bad(where, fmt::format("must be an object (got {})", item.type_name()));
+    const std::string type = present(item, "type") && item["type"].is_string() ? item["type"].get<std::string>()
+                             : present(item, "type")                         ? std::string("?")
+                                                                             : std::string("message");
+    if (type == "message") {
+      const std::string& role = string_field(item, "role", where);
+      if (role != "user" && role != "assistant" && role != "system" && role != "developer")
+        throw bad(where + ".role", fmt::format("'{}' is not a role (user, assistant, system or developer)", role));
+      if (!item.contains("content")) throw bad(where + ".content", "is required");
+      messages.push_back(
+          {{"role", role}, {"content", chat_content(item["content"], where + ".content", role == "assistant")}});
+      message_from.push_back(where);
+      open_turn = role == "assistant";
+    } else if (type == "function_call") {
+      const ojson call = {{"id", string_field(item, "call_id", where)},
+                          {"type", "function"},
+                          {"function",
+                           {{"name", string_field(item, "name", where)},
+                            {"arguments", string_field(item, "arguments", where)}}}};
+      if (!open_turn) {
+        messages.push_back({{"role", "assistant"}, {"content", nullptr}});
+        message_from.push_back(where);
+        open_turn = true;
+      }
+      ojson& turn = messages.back();
+      if (!turn.contains("tool_calls")) turn["tool_calls"] = ojson::array();
+      turn["tool_calls"].push_back(call);
+    } else if (type == "function_call_output") {
+      const std::string& call_id = string_field(item, "call_id", where);
+      if (!item.contains("output") || !item["output"].is_string()) throw bad(where + ".output", "must be a string");
+      messages.push_back({{"role", "tool"}, {"tool_call_id", call_id}, {"content", item["output"]}});
+      message_from.push_back(where);
+      open_turn = false;
+    } else if (type == "reasoning") {
+      continue;  // the model does not reason: nothing to feed back
+    } else {
+      throw bad(where + ".type", fmt::format("'{}' is not supported (message, function_call, "
+                                             "function_call_output or reasoning)",
+                                             type == "?" ? std::string("a non-string") : type));
+    }
+  }
+}
+
+// An id for a stored item that has none, by its type.
+std::string item_id_prefix(const ojson& item) {
+  const std::string type = item.is_object() && item.contains("type") && item["type"].is_string()
+                               ? item["type"].get<std::string>()
+                               : "message";
+  if (type == "function_call") return "fc_";
+  if (type == "function_call_output") return "fco_";
+  if (type == "reasoning") return "rs_";
+  return "msg_";
+}
+
 }  // namespace
+
+ojson stored_item(ojson item) {
+  if (!item.is_object()) return item;
+  if (!present(item, "type")) item["type"] = "message";
+  if (item["type"] == "message") {
+    if (item.contains("content") && item["content"].is_string()) {
+      const bool assistant = item.value("role", "") == "assistant";
+      ojson part = {{"type", assistant ? "output_text" : "input_text"}, {"text", item["content"]}};
+      if (assistant) part["annotations"] = ojson::array();
+      item["content"] = ojson::array({std::move(part)});
+    }
+    if (!item.contains("status")) item["status"] = "completed";
+  }
+  if (!(item.contains("id") && item["id"].is_string())) item["id"] = new_response_id(item_id_prefix(item));
+  return item;
+}
+
+void check_input_items(const ojson& items, const std::string& param) {
+  std::vector<std::string> where_of(items.size()), from;
+  for (size_t i = 0; i < items.size(); ++i) where_of[i] = fmt::format("{}[{}]", param, i);
+  ojson messages = ojson::array();
+  items_to_messages(items, where_of, messages, from);
+}
+
+json check_metadata(const ojson& v, const std::string& param) {
+  if (v.is_null()) return json::object();
+  if (!v.is_object()) throw bad(param, "must be an object");
+  if (v.size() > 16) throw bad(param, "has more than 16 keys");
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    if (it.key().size() > 64) throw bad(param, "has a key longer than 64 characters");
+    if (!it.value().is_string()) throw bad(fmt::format("{}.{}", param, it.key()), "must be a string");
+    if (it.value().get_ref<const std::string&>().size() > 512)
+      throw bad(fmt::format("{}.{}", param, it.key()), "is longer than 512 characters");
+  }
+  return json::parse(v.dump());
+}
+
+std::string conversation_id(const ojson& body) {
+  if (!present(body, "conversation")) return {};
+  const ojson& c = body["conversation"];
+  if (c.is_string()) return c.get<std::string>();
+  if (c.is_object() && c.contains("id") && c["id"].is_string()) return c["id"].get<std::string>();
+  throw bad("conversation", "must be a conversation id or {\"id\": ...}");
+}
 
 std::string previous_response_id(const ojson& body) {
   if (!present(body, "previous_response_id")) return {};
@@ -80,12 +186,15 @@ ResponsesRequest parse_responses_request(const ojson& body, const ojson* previou
     throw ApiError(400, fmt::format("the request body must be a JSON object (got {})", body.type_name()));
   ResponsesRequest r;
   r.previous_response_id = previous_response_id(body);
+  r.conversation_id = conversation_id(body);
+  if (!r.conversation_id.empty() && !r.previous_response_id.empty())
+    throw bad("conversation", "cannot be used with 'previous_response_id' (leave out one of them)");
   if (!r.previous_response_id.empty() && (!previous || !previous->is_array()))
     throw ApiError(400, fmt::format("Previous response with id '{}' not found.", r.previous_response_id),
                    "previous_response_id", "previous_response_not_found");
-  if (present(body, "conversation"))
-    throw bad("conversation", "is not supported: this server keeps no conversations (use previous_response_id, or "
-                              "send the whole conversation as 'input')");
+  if (!r.conversation_id.empty() && (!previous || !previous->is_array()))
+    throw ApiError(404, fmt::format("Conversation with id '{}' not found.", r.conversation_id), "conversation",
+                   "not_found");
   if (present(body, "background") && !body["background"].is_boolean()) throw bad("background", "must be a boolean");
   r.background = present(body, "background") && body["background"].get<bool>();
   if (present(body, "prompt")) throw bad("prompt", "is not supported: this server stores no prompt templates");
@@ -96,7 +205,7 @@ ResponsesRequest parse_responses_request(const ojson& body, const ojson* previou
   if (r.background && !r.store) throw bad("background", "needs 'store' true: a background response is read back by id");
   if (present(body, "stream") && !body["stream"].is_boolean()) throw bad("stream", "must be a boolean");
   r.stream = present(body, "stream") && body["stream"].get<bool>();
-  if (present(body, "metadata") && !body["metadata"].is_object()) throw bad("metadata", "must be an object");
+  if (present(body, "metadata")) check_metadata(body["metadata"], "metadata");
 
   ojson& chat = r.chat;
   chat = ojson::object();
@@ -108,9 +217,10 @@ ResponsesRequest parse_responses_request(const ojson& body, const ojson* previou
   if (!present(body, "input")) throw bad("input", "is required");
   const ojson& input = body["input"];
   r.items = previous ? *previous : ojson::array();
+  r.input_from = r.items.size();
   std::vector<std::string> where_of(r.items.size());
   for (size_t i = 0; i < where_of.size(); ++i)
-    where_of[i] = fmt::format("previous_response_id (its item {})", i);
+    where_of[i] = fmt::format("{} (its item {})", r.conversation_id.empty() ? "previous_response_id" : "conversation", i);
   if (input.is_string()) {
     r.items.push_back({{"type", "message"}, {"role", "user"}, {"content", input}});
     where_of.push_back("input");
@@ -131,51 +241,8 @@ ResponsesRequest parse_responses_request(const ojson& body, const ojson* previou
     messages.push_back({{"role", "system"}, {"content", body["instructions"]}});
     r.message_from.push_back("instructions");
   }
-  bool open_turn = false;  // the last message is an assistant turn that calls may join
-  for (size_t i = 0; i < r.items.size(); ++i) {
-    const ojson& item = r.items[i];
-    const std::string& where = where_of[i];
-    if (!item.is_object()) throw bad(where, fmt::format("must be an object (got {})", item.type_name()));
-    const std::string type = present(item, "type") && item["type"].is_string() ? item["type"].get<std::string>()
-                             : present(item, "type")                         ? std::string("?")
-                                                                             : std::string("message");
-    if (type == "message") {
-      const std::string& role = string_field(item, "role", where);
-      if (role != "user" && role != "assistant" && role != "system" && role != "developer")
-        throw bad(where + ".role", fmt::format("'{}' is not a role (user, assistant, system or developer)", role));
-      if (!item.contains("content")) throw bad(where + ".content", "is required");
-      messages.push_back(
-          {{"role", role}, {"content", chat_content(item["content"], where + ".content", role == "assistant")}});
-      r.message_from.push_back(where);
-      open_turn = role == "assistant";
-    } else if (type == "function_call") {
-      const ojson call = {{"id", string_field(item, "call_id", where)},
-                          {"type", "function"},
-                          {"function",
-                           {{"name", string_field(item, "name", where)},
-                            {"arguments", string_field(item, "arguments", where)}}}};
-      if (!open_turn) {
-        messages.push_back({{"role", "assistant"}, {"content", nullptr}});
-        r.message_from.push_back(where);
-        open_turn = true;
-      }
-      ojson& turn = messages.back();
-      if (!turn.contains("tool_calls")) turn["tool_calls"] = ojson::array();
-      turn["tool_calls"].push_back(call);
-    } else if (type == "function_call_output") {
-      const std::string& call_id = string_field(item, "call_id", where);
-      if (!item.contains("output") || !item["output"].is_string()) throw bad(where + ".output", "must be a string");
-      messages.push_back({{"role", "tool"}, {"tool_call_id", call_id}, {"content", item["output"]}});
-      r.message_from.push_back(where);
-      open_turn = false;
-    } else if (type == "reasoning") {
-      continue;  // the model does not reason: nothing to feed back
-    } else {
-      throw bad(where + ".type", fmt::format("'{}' is not supported (message, function_call, "
-                                             "function_call_output or reasoning)",
-                                             type == "?" ? std::string("a non-string") : type));
-    }
-  }
+  items_to_messages(r.items, where_of, messages, r.message_from);
+  for (size_t i = r.input_from; i < r.items.size(); ++i) r.items[i] = stored_item(std::move(r.items[i]));
   if (messages.empty()) throw bad("input", "has no message (only reasoning items)");
   chat["messages"] = std::move(messages);
 
@@ -325,6 +392,7 @@ json base_object(const ResponseHeader& h, const ResponsesRequest& r, const char*
           {"output", json::array()},
           {"parallel_tool_calls", echoed(r, "parallel_tool_calls", true)},
           {"previous_response_id", r.previous_response_id.empty() ? json(nullptr) : json(r.previous_response_id)},
+          {"conversation", r.conversation_id.empty() ? json(nullptr) : json{{"id", r.conversation_id}}},
           {"reasoning", {{"effort", nullptr}, {"summary", nullptr}}},
           {"service_tier", echoed(r, "service_tier", "auto")},
           {"store", r.store},
@@ -527,21 +595,6 @@ std::string ResponsesStream::error(const ApiError& e) {
 
 namespace areno::serve {
 
-namespace {
-
-// An id for a stored item that has none, by its type.
-std::string item_id_prefix(const ojson& item) {
-  const std::string type = item.is_object() && item.contains("type") && item["type"].is_string()
-                               ? item["type"].get<std::string>()
-                               : "message";
-  if (type == "function_call") return "fc_";
-  if (type == "function_call_output") return "fco_";
-  if (type == "reasoning") return "rs_";
-  return "msg_";
-}
-
-}  // namespace
-
 void ResponseEvents::append(const std::string& sse) {
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -610,8 +663,7 @@ bool ResponsesStore::put(const std::string& id, json object, const ojson& inputs
   if (!enabled()) return false;
   auto conversation = std::make_shared<ojson>(inputs.is_array() ? inputs : ojson::array());
   for (ojson& item : *conversation)
-    if (item.is_object() && !(item.contains("id") && item["id"].is_string()))
-      item["id"] = new_response_id(item_id_prefix(item));
+    if (item.is_object() && !(item.contains("id") && item["id"].is_string())) item = stored_item(std::move(item));
   const size_t inputs_n = conversation->size();
   for (const json& item : outputs) conversation->push_back(ojson::parse(item.dump()));
   Entry entry{std::move(object), std::move(conversation), inputs_n, std::move(events)};

@@ -45,7 +45,11 @@
 //                  (ResponseEvents) and the POST's stream is one reader of them; the response
 //                  runs on when that client goes, and GET /v1/responses/{id}?stream=true
 //                  &starting_after=N sends the events past sequence number N, then the rest
-//   conversation, prompt, truncation "auto": a 400 (not supported)
+//   conversation   a conversation's id (serve/conversations.h), or {"id": ...}: its items come
+//                  before the input, and when the response completes (or is incomplete) its
+//                  input and output items are added to it. Not with previous_response_id;
+//                  404 when not stored (any more)
+//   prompt, truncation "auto": a 400 (not supported)
 //   metadata, user, parallel_tool_calls, reasoning, service_tier,
 //   prompt_cache_key, safety_identifier: repeated or ignored
 #include <chrono>
@@ -73,17 +77,37 @@ struct ResponsesRequest {
   bool store = true;                      // asked to be stored (the response object says whether it was)
   bool background = false;                // run after the answer, read back by id
   std::string previous_response_id;       // "" when none
+  std::string conversation_id;            // "" when none
   nlohmann::ordered_json items;           // the input items as stored: the previous response's
-                                          // conversation, then this input's (a string as a user message)
+                                          // conversation (or the conversation's items), then
+                                          // this input's (stored_item's shape)
+  size_t input_from = 0;                  // where this input's items begin in `items`
   nlohmann::json echo;                    // the request's fields a response object repeats
 };
 
 // The body's previous_response_id: "" when absent or null; a 400 when not a string.
 std::string previous_response_id(const nlohmann::ordered_json& body);
+// The body's conversation (an id, or {"id": ...}): "" when absent or null; a 400 otherwise.
+std::string conversation_id(const nlohmann::ordered_json& body);
+
+// An input item as it is stored and listed: "type" given ("message" when
+// left out), a message's string content as one input_text part (output_text
+// for the assistant's), its "status" completed, and an "id" when it has none
+// (msg_, fc_, fco_ or rs_ and 32 hex digits). Other fields as sent.
+nlohmann::ordered_json stored_item(nlohmann::ordered_json item);
+
+// Checks `items` as input items (what the input's would be refused for),
+// naming them `param`[i]. Throws ApiError 400.
+void check_input_items(const nlohmann::ordered_json& items, const std::string& param);
+
+// OpenAI's metadata: null (none: {}) or an object of at most 16 string
+// values, keys of at most 64 characters, values of at most 512. 400 naming `param`.
+nlohmann::json check_metadata(const nlohmann::ordered_json& v, const std::string& param);
 
 // Validates the body (a JSON object). Throws ApiError 400 naming the field.
 // `previous`: the stored conversation of the body's previous_response_id
-// (ResponsesStore::Entry::conversation), required when it names one.
+// (ResponsesStore::Entry::conversation), or the items of its conversation;
+// required when it names one (a 404 for a conversation without).
 ResponsesRequest parse_responses_request(const nlohmann::ordered_json& body,
                                          const nlohmann::ordered_json* previous = nullptr);
 

@@ -7,6 +7,7 @@
 
 #include "models/phi4mm/processor/chat_processor.h"
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
+#include "serve/conversations.h"
 #include "serve/openai.h"
 #include "serve/responses.h"
 #include "tests/fuzz/fuzz_common.h"
@@ -21,10 +22,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     nlohmann::json body = serve::parse_json_bounded(text, serve::kDefaultMaxJsonDepth);
     // A Responses API body (serve/responses.h) becomes the chat body it amounts to.
     if (body.is_object() && body.contains("input") && !body.contains("messages")) {
-      // With previous_response_id, the body's own input stands for the stored conversation.
+      // With previous_response_id or conversation, the body's own input
+      // stands for the stored conversation (or the conversation's items).
       const nlohmann::ordered_json obody = serve::parse_ordered_json_bounded(text, serve::kDefaultMaxJsonDepth);
       const nlohmann::ordered_json* previous =
-          obody.contains("previous_response_id") && obody["input"].is_array() ? &obody["input"] : nullptr;
+          (obody.contains("previous_response_id") || obody.contains("conversation")) && obody["input"].is_array()
+              ? &obody["input"]
+              : nullptr;
+      // The same body as a Conversations API one: its input as the items.
+      if (obody["input"].is_array()) {
+        nlohmann::ordered_json cbody = {{"items", obody["input"]}};
+        if (obody.contains("metadata")) cbody["metadata"] = obody["metadata"];
+        try {
+          (void)serve::parse_new_conversation(cbody, 0);
+          (void)serve::item_list(serve::parse_conversation_items(cbody));
+        } catch (const serve::ApiError&) {
+        }
+      }
       const serve::ResponsesRequest rr = serve::parse_responses_request(obody, previous);
       // Kept and listed as the store does, with the body's paging fields.
       static serve::ResponsesStore store(size_t(8) << 20);

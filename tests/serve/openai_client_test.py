@@ -178,7 +178,7 @@ def main():
         assert follow.previous_response_id == resp.id and follow.usage.input_tokens > resp.usage.input_tokens, follow
         assert client.responses.retrieve(resp.id).output_text == greedy
         listed = [item.content for item in client.responses.input_items.list(follow.id, order="asc")]
-        assert len(listed) == 3 and listed[0] == msgs[0]["content"] and listed[2] == "And again?", listed
+        assert len(listed) == 3 and listed[0][0].text == msgs[0]["content"] and listed[2][0].text == "And again?", listed
         bg = client.responses.create(model=model, input=msgs[0]["content"], max_output_tokens=8, temperature=0,
                                      background=True)
         assert bg.status == "queued" and bg.background, bg
@@ -204,6 +204,24 @@ def main():
             resumed = rest.get_final_response()
         assert [e.sequence_number for e in head + tail] == list(range(len(head) + len(tail))), head + tail
         assert resumed.status == "completed" and resumed.output_text == greedy, resumed
+        # A conversation: its items are the history; a response in it adds its turn.
+        conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": msgs[0]["content"]}],
+                                           metadata={"run": "client"})
+        assert conv.id.startswith("conv_") and conv.metadata == {"run": "client"}, conv
+        in_conv = client.responses.create(model=model, conversation=conv.id, input="And again?",
+                                          max_output_tokens=4, temperature=0)
+        plain = client.responses.create(model=model, input=[{"role": "user", "content": msgs[0]["content"]},
+                                                            {"role": "user", "content": "And again?"}],
+                                        max_output_tokens=4, temperature=0, store=False)
+        assert in_conv.conversation.id == conv.id and in_conv.usage.input_tokens == plain.usage.input_tokens, in_conv
+        assert in_conv.output_text == plain.output_text, (in_conv, plain)
+        conv_items = list(client.conversations.items.list(conv.id, order="asc"))
+        assert [i.type for i in conv_items] == ["message"] * 3 and conv_items[2].id == in_conv.output[0].id, conv_items
+        assert conv_items[0].content[0].text == msgs[0]["content"], conv_items
+        added = client.conversations.items.create(conv.id, items=[{"role": "user", "content": "More."}])
+        assert len(added.data) == 1 and client.conversations.items.retrieve(added.data[0].id, conversation_id=conv.id).id == added.data[0].id
+        assert client.conversations.update(conv.id, metadata={"run": "done"}).metadata == {"run": "done"}
+        assert client.conversations.delete(conv.id).deleted
         long_bg = client.responses.create(model=model, input="Tell me a story.", max_output_tokens=3000,
                                           background=True, extra_body={"ignore_eos": True})
         assert client.responses.cancel(long_bg.id).status == "cancelled"

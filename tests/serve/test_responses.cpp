@@ -193,11 +193,30 @@ TEST_CASE("serve/responses previous_response_id: the stored conversation comes f
   CHECK(r.message_from == std::vector<std::string>{"instructions", "previous_response_id (its item 0)",
                                                     "previous_response_id (its item 1)",
                                                     "previous_response_id (its item 2)", "input[0]"});
-  // The items to store next: the previous ones, then this input (a string as a user message).
+  // The items to store next: the previous ones as they were, then this
+  // input's in the stored shape (an id given; a string as a user message
+  // with an input_text part).
   REQUIRE(r.items.size() == 5);
-  CHECK(r.items[4] == body["input"][0]);
-  CHECK(parse_responses_request(ojson::parse(R"({"input": "Hi"})")).items ==
-        ojson::parse(R"([{"type": "message", "role": "user", "content": "Hi"}])"));
+  CHECK(r.input_from == 4);
+  for (size_t i = 0; i < 4; ++i) CHECK(r.items[i] == previous[i]);
+  ojson given = r.items[4];
+  CHECK(given["id"].get<std::string>().rfind("fco_", 0) == 0);
+  given.erase("id");
+  CHECK(given == body["input"][0]);
+  ojson hi = parse_responses_request(ojson::parse(R"({"input": "Hi"})")).items;
+  REQUIRE(hi.size() == 1);
+  CHECK(hi[0]["id"].get<std::string>().rfind("msg_", 0) == 0);
+  CHECK(hi[0]["id"].get<std::string>().size() == 4 + 32);
+  hi[0].erase("id");
+  CHECK(hi == ojson::parse(R"([{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}],
+                               "status": "completed"}])"));
+  // stored_item: the shape, ids and parts kept; an assistant's text as output_text.
+  const ojson kept = ojson::parse(R"({"id": "mine", "role": "assistant", "content": "ok", "status": "incomplete"})");
+  CHECK(stored_item(kept) == ojson::parse(R"({"id": "mine", "role": "assistant", "content": [{"type": "output_text",
+                                              "text": "ok", "annotations": []}], "status": "incomplete", "type": "message"})"));
+  const ojson parts = ojson::parse(R"({"type": "message", "id": "m", "role": "user", "status": "completed",
+                                       "content": [{"type": "input_image", "image_url": "data:,"}]})");
+  CHECK(stored_item(parts) == parts);
   CHECK(parse_responses_request(ojson::parse(R"({"input": "Hi"})")).store);  // OpenAI's default
   // A new input's errors keep their own index.
   try {
@@ -382,7 +401,11 @@ TEST_CASE("serve/responses refusals name the field; chat errors are renamed to t
        {"previous_response_id", "Previous response with id 'resp_1' not found."}},
       {R"({"input": "x", "previous_response_id": 1})", {"previous_response_id", "'previous_response_id' must be a string"}},
       {R"({"input": "x", "store": "yes"})", {"store", "'store' must be a boolean"}},
-      {R"({"input": "x", "conversation": "conv_1"})", {"conversation", ""}},
+      {R"({"input": "x", "conversation": 1})", {"conversation", ""}},
+      {R"({"input": "x", "conversation": {"name": "c"}})", {"conversation", ""}},
+      {R"({"input": "x", "conversation": "c", "previous_response_id": "r"})", {"conversation", ""}},
+      {R"({"input": "x", "metadata": {"k": 1}})", {"metadata.k", ""}},
+      {R"({"input": "x", "metadata": []})", {"metadata", ""}},
       {R"({"input": "x", "background": 1})", {"background", "'background' must be a boolean"}},
       {R"({"input": "x", "background": true, "store": false})", {"background", ""}},
       {R"({"input": "x", "prompt": {"id": "p"}})", {"prompt", ""}},
@@ -675,14 +698,16 @@ TEST_CASE("serve/responses stored: GET returns it, previous_response_id continue
   CAPTURE(items.body);
   REQUIRE(items.status == 200);
   REQUIRE(items.j["data"].size() == 3);
-  CHECK(items.j["data"][0]["content"] == "What is 2 + 3?");
+  CHECK(items.j["data"][0]["content"] == json::parse(R"([{"type": "input_text", "text": "What is 2 + 3?"}])"));
+  CHECK(items.j["data"][0]["type"] == "message");
+  CHECK(items.j["data"][0]["status"] == "completed");
   CHECK(items.j["data"][1]["id"] == first.j["output"][0]["id"]);
-  CHECK(items.j["data"][2]["content"] == "And 4 + 5?");
+  CHECK(items.j["data"][2]["content"][0]["text"] == "And 4 + 5?");
   CHECK(items.j["has_more"] == false);
   Reply page = call(port, "GET", "/v1/responses/" + second.j["id"].get<std::string>() + "/input_items?limit=1");
   REQUIRE(page.status == 200);
   CHECK(page.j["data"].size() == 1);
-  CHECK(page.j["data"][0]["content"] == "And 4 + 5?");  // newest first by default
+  CHECK(page.j["data"][0]["content"][0]["text"] == "And 4 + 5?");  // newest first by default
   CHECK(page.j["has_more"] == true);
   CHECK(call(port, "GET", "/v1/responses/" + id + "/input_items?limit=500").status == 400);
 
@@ -906,9 +931,10 @@ TEST_CASE("serve/responses background streams: the foreground's events, kept to 
   REQUIRE(fs == 200);
   json bask = ask;
   bask["background"] = true;
-  auto [bs, bbody] = read_stream(port, "POST", "/v1/responses", bask);
+  const std::pair<int, std::string> bstream = read_stream(port, "POST", "/v1/responses", bask);
+  const std::string& bbody = bstream.second;  // (no structured binding: clang 14's CAPTURE cannot take one)
   CAPTURE(bbody);
-  REQUIRE(bs == 200);
+  REQUIRE(bstream.first == 200);
   const std::vector<json> fg = events_of(fbody), bg = events_of(bbody);
   REQUIRE(bg.size() == fg.size());
   REQUIRE(bg.size() >= 5);
@@ -1009,4 +1035,148 @@ TEST_CASE("serve/responses background streams: the foreground's events, kept to 
                                                        std::string(q) != "?stream=yes" ? "starting_after" : "stream"));
   }
   CHECK(call(port, "GET", "/v1/responses/resp_none?stream=true").status == 404);
+}
+
+TEST_CASE("serve/conversations: created with items, read by responses as history, grown by their items, edited") {
+  DemoServer demo(demo_engine(512));
+  const int port = demo.served.port;
+  auto user = [](const std::string& text) { return json{{"role", "user"}, {"content", text}}; };
+  auto text_of = [](const json& response) { return response["output"][0]["content"][0]["text"]; };
+  const json sampling = {{"max_output_tokens", 6}, {"temperature", 0}};
+  auto ask = [&](json body) {
+    body.update(sampling);
+    return post(port, "/v1/responses", body);
+  };
+
+  // Created with one item and metadata.
+  Reply made = post(port, "/v1/conversations", {{"items", {user("What is 2 + 3?")}}, {"metadata", {{"topic", "sums"}}}});
+  CAPTURE(made.body);
+  REQUIRE(made.status == 200);
+  const std::string cid = made.j["id"];
+  CHECK(cid.rfind("conv_", 0) == 0);
+  CHECK(cid.size() == 5 + 32);
+  CHECK(made.j["object"] == "conversation");
+  CHECK(made.j["metadata"] == json{{"topic", "sums"}});
+  CHECK(made.j["created_at"].get<int64_t>() > 1700000000);
+  CHECK(call(port, "GET", "/v1/conversations/" + cid).j == made.j);
+  Reply items0 = call(port, "GET", "/v1/conversations/" + cid + "/items");
+  REQUIRE(items0.j["data"].size() == 1);
+  CHECK(items0.j["data"][0]["content"] == json::parse(R"([{"type": "input_text", "text": "What is 2 + 3?"}])"));
+
+  // A response in it answers as the whole history sent as input would.
+  Reply r1 = ask({{"conversation", cid}, {"input", "And 4 + 5?"}});
+  CAPTURE(r1.body);
+  REQUIRE(r1.status == 200);
+  CHECK(r1.j["conversation"] == json{{"id", cid}});
+  Reply s1 = ask({{"input", {user("What is 2 + 3?"), user("And 4 + 5?")}}, {"store", false}});
+  REQUIRE(s1.status == 200);
+  CHECK(s1.j["conversation"].is_null());
+  CHECK(r1.j["usage"]["input_tokens"] == s1.j["usage"]["input_tokens"]);
+  CHECK(text_of(r1.j) == text_of(s1.j));
+  // Its input and output were added: the next turn sees all three, streamed
+  // or not, stored or not (store: false keeps the response, not the conversation, out).
+  Reply items1 = call(port, "GET", "/v1/conversations/" + cid + "/items?order=asc");
+  REQUIRE(items1.j["data"].size() == 3);
+  CHECK(items1.j["data"][1]["content"][0]["text"] == "And 4 + 5?");
+  CHECK(items1.j["data"][2]["id"] == r1.j["output"][0]["id"]);
+  Reply r2 = ask({{"conversation", {{"id", cid}}}, {"input", "Thanks."}, {"stream", true}, {"store", false}});
+  REQUIRE(r2.status == 200);
+  const json r2_final = events_of(r2.body).back()["response"];
+  const json whole = {user("What is 2 + 3?"), user("And 4 + 5?"),
+                      {{"role", "assistant"}, {"content", text_of(r1.j)}}, user("Thanks.")};
+  Reply s2 = ask({{"input", whole}});
+  REQUIRE(s2.status == 200);
+  CHECK(r2_final["usage"]["input_tokens"] == s2.j["usage"]["input_tokens"]);
+  CHECK(text_of(r2_final) == text_of(s2.j));
+  CHECK(call(port, "GET", "/v1/responses/" + r2_final["id"].get<std::string>()).status == 404);
+  Reply items2 = call(port, "GET", "/v1/conversations/" + cid + "/items?limit=2");
+  REQUIRE(items2.j["data"].size() == 2);
+  CHECK(items2.j["has_more"] == true);
+  CHECK(items2.j["data"][0]["id"] == r2_final["output"][0]["id"]);  // newest first
+  CHECK(items2.j["data"][1]["content"][0]["text"] == "Thanks.");
+  // In the background too, once it ends.
+  Reply bg = ask({{"conversation", cid}, {"input", "Bye."}, {"background", true}});
+  REQUIRE(bg.status == 200);
+  CHECK(wait_for([&] { return call(port, "GET", "/v1/conversations/" + cid + "/items?limit=100").j["data"].size() == 7; },
+                 60));
+  const json all = call(port, "GET", "/v1/conversations/" + cid + "/items?limit=100&order=asc").j["data"];
+  CHECK(all[5]["content"][0]["text"] == "Bye.");
+  CHECK(all[6]["id"] == call(port, "GET", "/v1/responses/" + bg.j["id"].get<std::string>()).j["output"][0]["id"]);
+
+  // Items: one read, one deleted (the conversation answered), more added.
+  const std::string item = all[1]["id"];
+  Reply one = call(port, "GET", "/v1/conversations/" + cid + "/items/" + item);
+  CHECK(one.status == 200);
+  CHECK(one.j == all[1]);
+  Reply dropped = call(port, "DELETE", "/v1/conversations/" + cid + "/items/" + item);
+  CHECK(dropped.status == 200);
+  CHECK(dropped.j == made.j);
+  CHECK(call(port, "GET", "/v1/conversations/" + cid + "/items/" + item).status == 404);
+  CHECK(call(port, "DELETE", "/v1/conversations/" + cid + "/items/" + item).j["error"]["param"] == "item_id");
+  Reply added = post(port, "/v1/conversations/" + cid + "/items",
+                     {{"items", {user("One."), {{"type", "message"}, {"role", "assistant"}, {"content", "Two."}}}}});
+  CAPTURE(added.body);
+  REQUIRE(added.status == 200);
+  CHECK(added.j["object"] == "list");
+  REQUIRE(added.j["data"].size() == 2);
+  CHECK(added.j["data"][1]["content"] == json::parse(R"([{"type": "output_text", "text": "Two.", "annotations": []}])"));
+  CHECK(added.j["last_id"] == added.j["data"][1]["id"]);
+  CHECK(call(port, "GET", "/v1/conversations/" + cid + "/items?limit=100").j["data"].size() == 8);
+  // Metadata replaced.
+  Reply upd = post(port, "/v1/conversations/" + cid, {{"metadata", {{"topic", "done"}}}});
+  CHECK(upd.status == 200);
+  CHECK(upd.j["metadata"] == json{{"topic", "done"}});
+  CHECK(call(port, "GET", "/v1/conversations/" + cid).j["metadata"] == json{{"topic", "done"}});
+
+  // Refusals by field.
+  json many = json::array();
+  for (int i = 0; i < 21; ++i) many.push_back(user("x"));
+  json big_meta = json::object();
+  for (int i = 0; i < 17; ++i) big_meta[fmt::format("k{}", i)] = "v";
+  const std::vector<std::pair<std::string, json>> refused = {
+      {"items", {{"items", many}}},
+      {"items[0].role", {{"items", {{{"role", "robot"}, {"content", "x"}}}}}},
+      {"items", {{"items", "x"}}},
+      {"metadata", {{"metadata", big_meta}}},
+      {"metadata.k", {{"metadata", {{"k", std::string(513, 'v')}}}}},
+      {"name", {{"name", "x"}}}};
+  for (const auto& pb : refused) {
+    CAPTURE(pb.second.dump());
+    Reply r = post(port, "/v1/conversations", pb.second);
+    CHECK(r.status == 400);
+    CHECK(r.j["error"]["param"] == pb.first);
+  }
+  CHECK(post(port, "/v1/conversations/" + cid + "/items", {{"items", json::array()}}).status == 400);
+  CHECK(post(port, "/v1/conversations/" + cid, json::object()).j["error"]["param"] == "metadata");
+  Reply both = ask({{"conversation", cid}, {"previous_response_id", r1.j["id"]}, {"input", "x"}});
+  CHECK(both.status == 400);
+  CHECK(both.j["error"]["param"] == "conversation");
+  Reply unknown = ask({{"conversation", "conv_nothing"}, {"input", "x"}});
+  CHECK(unknown.status == 404);
+  CHECK(unknown.j["error"]["param"] == "conversation");
+  // Responses and conversations do not answer for each other.
+  CHECK(call(port, "GET", "/v1/responses/" + cid).status == 404);
+  CHECK(call(port, "DELETE", "/v1/responses/" + cid).status == 404);
+  CHECK(call(port, "GET", "/v1/conversations/" + r1.j["id"].get<std::string>()).status == 404);
+  CHECK(ask({{"previous_response_id", cid}, {"input", "x"}}).status == 400);
+  CHECK(ask({{"conversation", r1.j["id"]}, {"input", "x"}}).status == 404);
+
+  // Deleted: gone everywhere; a response that named it gets a 404.
+  Reply del = call(port, "DELETE", "/v1/conversations/" + cid);
+  CHECK(del.j == json{{"id", cid}, {"object", "conversation.deleted"}, {"deleted", true}});
+  CHECK(call(port, "GET", "/v1/conversations/" + cid).status == 404);
+  CHECK(call(port, "GET", "/v1/conversations/" + cid + "/items").status == 404);
+  CHECK(ask({{"conversation", cid}, {"input", "x"}}).status == 404);
+  Reply metrics = call(port, "GET", "/metrics");
+  CHECK(metrics.body.find("route=\"/v1/conversations/{id}/items/{item_id}\"") != std::string::npos);
+  CHECK(metrics.body.find(cid) == std::string::npos);
+
+  // A server without a store keeps no conversations.
+  ServerOptions none;
+  none.responses_store_bytes = 0;
+  Served bare(demo.engine, none);
+  CHECK(post(bare.port, "/v1/conversations", json::object()).status == 400);
+  Reply nc = post(bare.port, "/v1/responses", {{"conversation", "conv_x"}, {"input", "x"}});
+  CHECK(nc.status == 400);
+  CHECK(nc.j["error"]["param"] == "conversation");
 }
