@@ -125,7 +125,11 @@ constexpr const char* kServeUsage =
     "                            DELETE /v1/responses/{id} (store: true, OpenAI's default), and\n"
     "                            /v1/conversations, counted as their JSON bytes, media and a\n"
     "                            background stream's events included; the least recently used go\n"
-    "                            first; a restart forgets them (default 64; 0: nothing is stored)\n"
+    "                            first; a restart forgets them unless --responses-store-dir (default\n"
+    "                            64; 0: nothing is stored)\n"
+    "  --responses-store-dir DIR keep them in DIR too (created, mode 0700, when missing): a file per\n"
+    "                            response or conversation, written (temp + fsync + rename) as it\n"
+    "                            changes and removed as it goes, read back at startup (default: none)\n"
     "media:\n"
     "  --media-root DIR          allow local paths and file:// URLs under DIR (symlinks resolved;\n"
     "                            default: refused)\n"
@@ -277,6 +281,18 @@ void add_serve_flags(Flags& flags, ServeSetup& s, bool http) {
     if (s.responses_store_mb > 1e7)
       throw std::invalid_argument(fmt::format("--responses-store-mb: {} must be from 0 to 1e7", v));
   });
+  flags.value("--responses-store-dir", [&](const std::string& v) {
+    // Checked before any weight is read: a folder, or one its parent can hold.
+    std::error_code ec;
+    const std::filesystem::path dir(v);
+    if (v.empty() || (std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec)))
+      throw std::invalid_argument(fmt::format("--responses-store-dir: '{}' is not a folder", v));
+    const std::filesystem::path parent = dir.has_parent_path() ? dir.parent_path() : std::filesystem::path(".");
+    if (!std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(parent, ec))
+      throw std::invalid_argument(
+          fmt::format("--responses-store-dir: '{}' does not exist and its parent is no folder", v));
+    so.responses_store_dir = v;
+  });
 }
 
 void finish_serve_flags(ServeSetup& s) {
@@ -290,6 +306,8 @@ void finish_serve_flags(ServeSetup& s) {
   so.max_body_bytes = size_t(s.body_mb * double(size_t(1) << 20));
   so.max_media_decode_bytes = size_t(s.decode_mb * double(size_t(1) << 20));
   so.responses_store_bytes = size_t(s.responses_store_mb * double(size_t(1) << 20));
+  if (!so.responses_store_dir.empty() && so.responses_store_bytes == 0)
+    throw std::invalid_argument("--responses-store-dir: needs a store (--responses-store-mb above 0)");
   if (so.media.allow_private && !so.media.allow_remote)
     throw std::invalid_argument("--allow-private-media: needs --allow-remote-media");
   if (so.lora_resolve && so.lora_root.empty())

@@ -275,7 +275,7 @@ struct HttpServer::Impl {
   uint64_t lora_clock = 0;
   std::atomic<int64_t> lora_resolved_loads{0}, lora_evictions{0};
 
-  ResponsesStore stored_responses{opts.responses_store_bytes};
+  ResponsesStore stored_responses{opts.responses_store_bytes, opts.responses_store_dir};
   std::mutex conv_mu;  // conversations change one at a time (read, changed, put back)
 
   // Background responses (serve/responses.h "background"): each runs in the
@@ -334,6 +334,15 @@ struct HttpServer::Impl {
     if (opts.max_context_len > 0) context = std::min(context, opts.max_context_len);
     opts.api.vocab_size = engine.model().config().text.vocab_size;
     if (opts.threads == 0) opts.threads = size_t(std::max<int64_t>(64, 2 * engine.options().max_running));
+    if (!stored_responses.dir().empty()) {
+      const ResponsesStore::LoadReport rep = stored_responses.load();
+      for (const std::string& s : rep.skipped)
+        fmt::print(stderr, "areno serve: {}/{} (skipped)\n", stored_responses.dir(), s);
+      fmt::print(stderr, "areno serve: {} stored responses and conversations read from {} ({} bytes){}\n", rep.loaded,
+                 stored_responses.dir(), stored_responses.bytes(),
+                 rep.dropped ? fmt::format("; {} more did not fit --responses-store-mb and were removed", rep.dropped)
+                             : std::string());
+    }
     routes();
     ListenerOptions lo;
     lo.host = opts.host;

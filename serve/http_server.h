@@ -126,6 +126,10 @@ struct ServerOptions {
   // DELETE /v1/responses/{id} (serve/responses.h ResponsesStore), in bytes of
   // their JSON; the least recently used go first. 0: nothing is stored.
   size_t responses_store_bytes = size_t(64) << 20;
+  // A folder that keeps the stored responses and conversations across
+  // restarts (ResponsesStore's folder): read back when the server starts,
+  // each entry a file written as it changes. "": memory only.
+  std::string responses_store_dir;
   // One line per HTTP request after its handler (`--access-log`): time,
   // request id, peer, method, path, status, milliseconds to the response's
   // headers (a stream's body comes later). Null: no access log.

@@ -1,10 +1,19 @@
 #include "serve/responses.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
 #include <utility>
 
 #include <fmt/format.h>
+
+#include "nn/io/atomic_file.h"
 
 namespace areno::serve {
 
@@ -649,10 +658,11 @@ size_t ResponsesStore::entry_bytes(const std::string& id, const Entry& e) {
          2 * id.size() + 256;
 }
 
-void ResponsesStore::make_room(size_t bytes) {
+void ResponsesStore::make_room(size_t bytes, std::vector<std::string>* out) {
   while (bytes_ + bytes > max_bytes_ && !lru_.empty()) {
     auto victim = slots_.find(lru_.back());
     bytes_ -= victim->second.bytes;
+    if (out) out->push_back(victim->first);
     slots_.erase(victim);
     lru_.pop_back();
   }
@@ -666,42 +676,61 @@ bool ResponsesStore::put(const std::string& id, json object, const ojson& inputs
     if (item.is_object() && !(item.contains("id") && item["id"].is_string())) item = stored_item(std::move(item));
   const size_t inputs_n = conversation->size();
   for (const json& item : outputs) conversation->push_back(ojson::parse(item.dump()));
-  Entry entry{std::move(object), std::move(conversation), inputs_n, std::move(events)};
+  return put_entry(id, Entry{std::move(object), std::move(conversation), inputs_n, std::move(events)}, true);
+}
+
+bool ResponsesStore::put_entry(const std::string& id, Entry entry, bool write) {
   const size_t bytes = entry_bytes(id, entry);
-  std::lock_guard<std::mutex> lk(mu_);
-  if (auto it = slots_.find(id); it != slots_.end()) {  // replaced (or, too large now, gone)
-    bytes_ -= it->second.bytes;
-    lru_.erase(it->second.lru);
-    slots_.erase(it);
+  std::vector<std::string> gone;
+  bool kept = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (auto it = slots_.find(id); it != slots_.end()) {  // replaced (or, too large now, gone)
+      bytes_ -= it->second.bytes;
+      lru_.erase(it->second.lru);
+      slots_.erase(it);
+    }
+    if (bytes <= max_bytes_) {
+      make_room(bytes, &gone);
+      lru_.push_front(id);
+      slots_[id] = Slot{std::move(entry), bytes, lru_.begin()};
+      bytes_ += bytes;
+      kept = true;
+    }
   }
-  if (bytes > max_bytes_) return false;
-  make_room(bytes);
-  lru_.push_front(id);
-  slots_[id] = Slot{std::move(entry), bytes, lru_.begin()};
-  bytes_ += bytes;
-  return true;
+  if (write) sync_file(id);
+  for (const std::string& g : gone) sync_file(g);
+  return kept;
 }
 
 bool ResponsesStore::recount(const std::string& id) {
   std::optional<Entry> e = get(id);
   if (!e) return false;
   const size_t bytes = entry_bytes(id, *e);  // (serialized outside the lock)
-  std::lock_guard<std::mutex> lk(mu_);
-  auto it = slots_.find(id);
-  if (it == slots_.end()) return false;
-  if (it->second.entry.conversation != e->conversation) return true;  // replaced since: counted by its put
-  bytes_ -= it->second.bytes;
-  lru_.erase(it->second.lru);
-  Slot slot = std::move(it->second);
-  slots_.erase(it);
-  if (bytes > max_bytes_) return false;
-  make_room(bytes);
-  lru_.push_front(id);
-  slot.bytes = bytes;
-  slot.lru = lru_.begin();
-  slots_[id] = std::move(slot);
-  bytes_ += bytes;
-  return true;
+  std::vector<std::string> gone;
+  bool kept = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = slots_.find(id);
+    if (it == slots_.end()) return false;
+    if (it->second.entry.conversation != e->conversation) return true;  // replaced since: counted by its put
+    bytes_ -= it->second.bytes;
+    lru_.erase(it->second.lru);
+    Slot slot = std::move(it->second);
+    slots_.erase(it);
+    if (bytes <= max_bytes_) {
+      make_room(bytes, &gone);
+      lru_.push_front(id);
+      slot.bytes = bytes;
+      slot.lru = lru_.begin();
+      slots_[id] = std::move(slot);
+      bytes_ += bytes;
+      kept = true;
+    }
+  }
+  sync_file(id);
+  for (const std::string& g : gone) sync_file(g);
+  return kept;
 }
 
 std::optional<ResponsesStore::Entry> ResponsesStore::get(const std::string& id) {
@@ -713,13 +742,170 @@ std::optional<ResponsesStore::Entry> ResponsesStore::get(const std::string& id) 
 }
 
 bool ResponsesStore::erase(const std::string& id) {
-  std::lock_guard<std::mutex> lk(mu_);
-  auto it = slots_.find(id);
-  if (it == slots_.end()) return false;
-  bytes_ -= it->second.bytes;
-  lru_.erase(it->second.lru);
-  slots_.erase(it);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = slots_.find(id);
+    if (it == slots_.end()) return false;
+    bytes_ -= it->second.bytes;
+    lru_.erase(it->second.lru);
+    slots_.erase(it);
+  }
+  sync_file(id);
   return true;
+}
+
+// ---- the folder ----------------------------------------------------------------------
+
+namespace {
+
+bool stored_file_name(const std::string& name) {
+  if (name.size() != 5 + 32 + 5 || (name.compare(0, 5, "resp_") != 0 && name.compare(0, 5, "conv_") != 0) ||
+      name.compare(37, 5, ".json") != 0)
+    return false;
+  for (size_t i = 5; i < 37; ++i)
+    if (!std::isxdigit(static_cast<unsigned char>(name[i])) || std::isupper(static_cast<unsigned char>(name[i])))
+      return false;
+  return true;
+}
+
+// A stream's last event when the server stopped before it ended.
+std::string stopped_event(size_t seq) {
+  const json e = {{"type", "error"},
+                  {"code", "server_error"},
+                  {"message", "the server stopped before the response finished"},
+                  {"param", nullptr},
+                  {"sequence_number", seq}};
+  return fmt::format("event: error\ndata: {}\n\n", e.dump());
+}
+
+}  // namespace
+
+void ResponsesStore::sync_file(const std::string& id) {
+  if (dir_.empty()) return;
+  std::lock_guard<std::mutex> fl(file_mu_);
+  std::optional<Entry> e;
+  {
+    std::lock_guard<std::mutex> lk(mu_);  // (not get(): writing is no use, the order stays)
+    if (auto it = slots_.find(id); it != slots_.end()) e = it->second.entry;
+  }
+  const std::string path = dir_ + "/" + id + ".json";
+  try {
+    if (!e) {
+      if (::unlink(path.c_str()) == 0) sync_dir(dir_);
+      return;
+    }
+    ojson file = {{"id", id},
+                  {"object", ojson::parse(e->object.dump())},
+                  {"conversation", *e->conversation},
+                  {"inputs", e->inputs}};
+    if (e->events) {
+      bool closed = false;
+      const std::vector<std::string> all =
+          e->events->wait_from(0, std::chrono::milliseconds(0), closed, std::numeric_limits<size_t>::max());
+      file["events"] = all;
+      file["events_closed"] = closed;
+    }
+    write_file_atomic(path, file.dump());
+  } catch (const std::exception& ex) {
+    // The entry stays served from memory; only its copy on disk is behind.
+    fmt::print(stderr, "areno serve: {}: could not write the stored entry: {}\n", path, ex.what());
+  }
+}
+
+ResponsesStore::LoadReport ResponsesStore::load() {
+  LoadReport report;
+  if (dir_.empty() || !enabled()) return report;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(dir_, ec)) {
+    if (::mkdir(dir_.c_str(), 0700) != 0)
+      throw std::runtime_error(fmt::format("{}: cannot create the folder: {}", dir_, std::strerror(errno)));
+  } else if (!fs::is_directory(dir_, ec)) {
+    throw std::runtime_error(fmt::format("{}: not a folder", dir_));
+  }
+  struct Found {
+    fs::file_time_type when;
+    std::string name;
+  };
+  std::vector<Found> found;
+  for (const fs::directory_entry& d : fs::directory_iterator(dir_, ec)) {
+    const std::string name = d.path().filename().string();
+    if (name.find(".json.tmp-") != std::string::npos && name.size() > 10 &&
+        stored_file_name(name.substr(0, name.find(".tmp-")))) {
+      fs::remove(d.path(), ec);  // an interrupted write's temporary
+      continue;
+    }
+    if (!stored_file_name(name)) continue;
+    if (!d.is_regular_file(ec)) {
+      report.skipped.push_back(name + ": not a regular file");
+      continue;
+    }
+    found.push_back({d.last_write_time(ec), name});
+  }
+  if (ec) throw std::runtime_error(fmt::format("{}: cannot read the folder: {}", dir_, ec.message()));
+  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
+    return a.when != b.when ? a.when < b.when : a.name < b.name;
+  });
+  for (const Found& f : found) {
+    const std::string path = dir_ + "/" + f.name;
+    const std::string id = f.name.substr(0, f.name.size() - 5);
+    try {
+      if (fs::file_size(path) > max_bytes_) {  // (what it holds counts at least its bytes)
+        fs::remove(path, ec);
+        ++report.dropped;
+        continue;
+      }
+      std::ifstream in(path, std::ios::binary);
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (!in.good() && !in.eof()) throw std::runtime_error("cannot be read");
+      ojson file = parse_ordered_json_bounded(text, 4 * kDefaultMaxJsonDepth);
+      auto field = [&](const char* key) -> ojson& {
+        if (!file.is_object() || !file.contains(key)) throw std::runtime_error(fmt::format("'{}' is missing", key));
+        return file[key];
+      };
+      if (field("id") != id) throw std::runtime_error("'id' is not the file's name");
+      json object = json::parse(field("object").dump());
+      const std::string kind = object.is_object() ? object.value("object", "") : "";
+      if (kind != (id.rfind("resp_", 0) == 0 ? "response" : "conversation") || object.value("id", "") != id)
+        throw std::runtime_error("'object' is not this response's or conversation's object");
+      if (!field("conversation").is_array()) throw std::runtime_error("'conversation' is not an array");
+      if (!field("inputs").is_number_unsigned() || field("inputs").get<size_t>() > file["conversation"].size())
+        throw std::runtime_error("'inputs' is not a count of the conversation's items");
+      Entry e{std::move(object), std::make_shared<ojson>(std::move(file["conversation"])), file["inputs"].get<size_t>(),
+              nullptr};
+      bool changed = false;
+      if (file.contains("events")) {
+        if (!file["events"].is_array()) throw std::runtime_error("'events' is not an array");
+        e.events = std::make_shared<ResponseEvents>();
+        for (const ojson& ev : file["events"]) {
+          if (!ev.is_string() || ev.get_ref<const std::string&>().size() < 2 ||
+              ev.get_ref<const std::string&>().compare(ev.get_ref<const std::string&>().size() - 2, 2, "\n\n") != 0 ||
+              ev.get_ref<const std::string&>().find("\n\n") + 2 != ev.get_ref<const std::string&>().size())
+            throw std::runtime_error("'events' holds something that is not one event");
+          e.events->append(ev.get<std::string>());
+        }
+        if (!file.value("events_closed", false)) {
+          e.events->append(stopped_event(e.events->size()));
+          changed = true;
+        }
+        e.events->close();
+      }
+      const std::string status = e.object.value("status", "");
+      if (kind == "response" && (status == "queued" || status == "in_progress")) {
+        e.object["status"] = "failed";
+        e.object["error"] = {{"code", "server_error"}, {"message", "the server stopped before the response finished"}};
+        changed = true;
+      }
+      ++report.loaded;
+      if (!put_entry(id, std::move(e), changed)) sync_file(id);  // larger than the whole store: removed
+    } catch (const std::exception& ex) {
+      report.skipped.push_back(fmt::format("{}: {}", f.name, ex.what()));
+    }
+  }
+  // Those that made room for newer ones, or did not fit at all, are gone with their files.
+  report.dropped += report.loaded - size();
+  report.loaded = size();
+  return report;
 }
 
 size_t ResponsesStore::bytes() const {

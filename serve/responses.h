@@ -222,8 +222,13 @@ class ResponseEvents {
 // JSON (media data URLs included), and the least recently used entries (put,
 // get) go first to make room; an entry larger than the whole budget is not
 // kept. Ids are the responses' own (resp_ and 32 hex digits from the kernel's
-// random source, so one client cannot guess another's). Not persisted: a
-// restart forgets everything. Thread-safe.
+// random source, so one client cannot guess another's). Thread-safe.
+//
+// With a folder (`serve --responses-store-dir`), every entry kept is also a
+// file there, "<id>.json" (written temp + fsync + rename, nn/io/atomic_file.h),
+// rewritten when the entry changes and removed when it goes (deleted, pushed
+// out), so the folder never holds more than the budget; load() reads them
+// back at startup. Without one, a restart forgets everything.
 class ResponsesStore {
  public:
   struct Entry {
@@ -236,8 +241,26 @@ class ResponsesStore {
     std::shared_ptr<ResponseEvents> events;  // a background stream's events, else null
   };
 
-  explicit ResponsesStore(size_t max_bytes) : max_bytes_(max_bytes) {}
+  explicit ResponsesStore(size_t max_bytes, std::string dir = {}) : max_bytes_(max_bytes), dir_(std::move(dir)) {}
   bool enabled() const { return max_bytes_ > 0; }
+  const std::string& dir() const { return dir_; }
+
+  // Reads the folder's entries back (oldest first, so the least recently
+  // written go first when they do not all fit): files named "resp_" or
+  // "conv_" and 32 hex digits ".json"; anything else is left alone. Entries
+  // that do not fit the budget (now perhaps smaller than when they were
+  // written) are dropped, their files removed, as when the store pushes one
+  // out. A file that is not a valid entry is skipped (left as it is) and
+  // named in `skipped` with the reason; temporaries of an interrupted write are removed. A response that
+  // was still running when the server stopped is loaded as failed (its stream,
+  // if kept, ends with an error event). Creates the folder (mode 0700) when it
+  // does not exist; throws std::runtime_error naming it when it cannot.
+  struct LoadReport {
+    size_t loaded = 0;
+    size_t dropped = 0;                // did not fit the budget: their files removed
+    std::vector<std::string> skipped;  // "FILE: reason"
+  };
+  LoadReport load();
 
   // Keeps a finished response: `inputs` (ResponsesRequest::items) then
   // `outputs` (response_output), and a background stream's `events` (their
@@ -263,7 +286,13 @@ class ResponsesStore {
     std::list<std::string>::iterator lru;
   };
   static size_t entry_bytes(const std::string& id, const Entry& e);
-  void make_room(size_t bytes);  // (under mu_) least recently used out until `bytes` more fit
+  // (under mu_) least recently used out until `bytes` more fit; their ids to `out`
+  void make_room(size_t bytes, std::vector<std::string>* out);
+  // With a folder: makes id's file what the store holds now (written, or removed when gone).
+  void sync_file(const std::string& id);
+  bool put_entry(const std::string& id, Entry entry, bool write);
+  const std::string dir_;
+  std::mutex file_mu_;  // one file change at a time
   const size_t max_bytes_;
   mutable std::mutex mu_;
   std::list<std::string> lru_;  // most recent first

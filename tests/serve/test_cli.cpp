@@ -67,6 +67,12 @@ TEST_CASE("serve/cli bad flags and values name the flag") {
     const std::string e = error_of([&] { app::cmd_serve({"--responses-store-mb", bad}); });
     CHECK_MESSAGE(e.find("--responses-store-mb") != std::string::npos, bad, ": ", e);
   }
+  CHECK(error_of([] { app::cmd_serve({"--responses-store-dir", "/proc/version"}); })
+            .find("--responses-store-dir: '/proc/version' is not a folder") != std::string::npos);
+  CHECK(error_of([] { app::cmd_serve({"--responses-store-dir", "/no/such/parent/store"}); })
+            .find("its parent is no folder") != std::string::npos);
+  CHECK(error_of([] { app::cmd_serve({"--responses-store-mb", "0", "--responses-store-dir", "/tmp"}); })
+            .find("--responses-store-dir: needs a store") != std::string::npos);
   CHECK(app::cmd_batch({"-i", "x", "-o", "y", "--access-log"}) == 2);  // a listener flag: serve only
   CHECK(error_of([] { app::cmd_serve({"--lora-resolve"}); }).find("--lora-resolve: needs --lora-root") != std::string::npos);
   CHECK(error_of([] { app::cmd_serve({"--max-loras", "-1"}); }).find("--max-loras") != std::string::npos);

@@ -6,10 +6,14 @@
 // the length limit gives status incomplete, prefix-cached tokens are counted.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <httplib.h>
 
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -1179,4 +1183,177 @@ TEST_CASE("serve/conversations: created with items, read by responses as history
   Reply nc = post(bare.port, "/v1/responses", {{"conversation", "conv_x"}, {"input", "x"}});
   CHECK(nc.status == 400);
   CHECK(nc.j["error"]["param"] == "conversation");
+}
+
+namespace {
+
+// A fresh folder under the system's temporary folder, removed at the end.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "areno-store-XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+// The entry files of a store folder, sorted.
+std::vector<std::string> json_files(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& d : std::filesystem::directory_iterator(dir))
+    if (d.path().extension() == ".json") out.push_back(d.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+}  // namespace
+
+TEST_CASE("serve/responses a store folder: a file per entry as it changes and goes, read back after a restart") {
+  TempDir tmp;
+  const std::string dir = tmp.path + "/store";  // created by load()
+  const json object = {{"id", "resp_00000000000000000000000000000001"}, {"object", "response"}, {"status", "completed"},
+                       {"output", json::array()}};
+  const ojson inputs = ojson::parse(R"([{"type": "message", "role": "user", "content": "a"}])");
+  const json outputs = json::parse(R"([{"type": "message", "id": "msg_o", "role": "assistant", "content": []}])");
+  const std::string r1 = "resp_00000000000000000000000000000001", r2 = "resp_00000000000000000000000000000002",
+                    c1 = "conv_00000000000000000000000000000003", b1 = "resp_00000000000000000000000000000004";
+  json o2 = object, conv = {{"id", c1}, {"object", "conversation"}, {"created_at", 1}, {"metadata", json::object()}};
+  o2["id"] = r2;
+  json queued = object;
+  queued["id"] = b1;
+  queued["status"] = "queued";
+  auto events = std::make_shared<ResponseEvents>();
+  events->append("event: response.created\ndata: {\"sequence_number\":0}\n\n");
+  {
+    ResponsesStore store(1 << 20, dir);
+    const ResponsesStore::LoadReport none = store.load();
+    CHECK(none.loaded == 0);
+    CHECK(none.skipped.empty());
+    CHECK((std::filesystem::status(dir).permissions() & std::filesystem::perms::all) == std::filesystem::perms::owner_all);
+    REQUIRE(store.put(r1, object, inputs, outputs));
+    REQUIRE(store.put(r2, o2, inputs, outputs));
+    REQUIRE(store.put(c1, conv, inputs, json::array()));
+    REQUIRE(store.put(b1, queued, inputs, json::array(), events));  // running when the server stops
+    CHECK(json_files(dir) == std::vector<std::string>{c1 + ".json", r1 + ".json", r2 + ".json", b1 + ".json"});
+    CHECK(store.erase(r2));
+    CHECK_FALSE(std::filesystem::exists(dir + "/" + r2 + ".json"));
+    // A change rewrites the file.
+    conv["metadata"] = {{"k", "v"}};
+    REQUIRE(store.put(c1, conv, inputs, json::array()));
+  }
+  // Left beside them: a temporary of an interrupted write, files that are not
+  // entries, and files named as entries that are not valid ones.
+  write_text(dir + "/" + r2 + ".json.tmp-1-1", "{");
+  write_text(dir + "/notes.txt", "mine");
+  write_text(dir + "/resp_0000000000000000000000000000000a.json", "{not json");
+  write_text(dir + "/resp_0000000000000000000000000000000b.json",
+             R"({"id": "resp_0000000000000000000000000000000c", "object": {}, "conversation": [], "inputs": 0})");
+  write_text(dir + "/conv_0000000000000000000000000000000d.json",
+             R"({"id": "conv_0000000000000000000000000000000d", "object": {"id": "conv_0000000000000000000000000000000d",
+                 "object": "response"}, "conversation": [], "inputs": 0})");
+  write_text(dir + "/conv_0000000000000000000000000000000e.json",
+             R"({"id": "conv_0000000000000000000000000000000e", "object": {"id": "conv_0000000000000000000000000000000e",
+                 "object": "conversation"}, "conversation": [], "inputs": 3})");
+
+  ResponsesStore again(1 << 20, dir);
+  const ResponsesStore::LoadReport rep = again.load();
+  CHECK(rep.loaded == 3);
+  CHECK(rep.dropped == 0);
+  REQUIRE(rep.skipped.size() == 4);
+  std::string skipped;
+  for (const std::string& s : rep.skipped) skipped += s + "\n";
+  CAPTURE(skipped);
+  CHECK(skipped.find("resp_0000000000000000000000000000000a.json: ") != std::string::npos);
+  CHECK(skipped.find("resp_0000000000000000000000000000000b.json: 'id' is not the file's name") != std::string::npos);
+  CHECK(skipped.find("conv_0000000000000000000000000000000d.json: 'object' is not") != std::string::npos);
+  CHECK(skipped.find("conv_0000000000000000000000000000000e.json: 'inputs'") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir + "/" + r2 + ".json.tmp-1-1"));
+  CHECK(std::filesystem::exists(dir + "/notes.txt"));
+  // As they were: the object, every item (with the ids given), the input count.
+  std::optional<ResponsesStore::Entry> e1 = again.get(r1);
+  REQUIRE(e1);
+  CHECK(e1->object == object);
+  REQUIRE(e1->conversation->size() == 2);
+  CHECK(e1->inputs == 1);
+  CHECK((*e1->conversation)[0]["id"].get<std::string>().rfind("msg_", 0) == 0);
+  CHECK((*e1->conversation)[1]["id"] == "msg_o");
+  CHECK(again.get(c1)->object["metadata"] == json{{"k", "v"}});
+  CHECK_FALSE(again.get(r2));
+  // The one that was running: failed, and its stream ends with the reason.
+  std::optional<ResponsesStore::Entry> b = again.get(b1);
+  REQUIRE(b);
+  CHECK(b->object["status"] == "failed");
+  CHECK(b->object["error"]["code"] == "server_error");
+  REQUIRE(b->events);
+  bool closed = false;
+  const std::vector<std::string> evs = b->events->wait_from(0, std::chrono::milliseconds(0), closed);
+  CHECK(closed);
+  REQUIRE(evs.size() == 2);
+  CHECK(evs[0] == "event: response.created\ndata: {\"sequence_number\":0}\n\n");
+  const std::vector<json> last = events_of(evs[1]);
+  REQUIRE(last.size() == 1);
+  CHECK(last[0]["code"] == "server_error");
+  CHECK(last[0]["sequence_number"] == 1);
+  CHECK(again.bytes() > 0);
+
+  // A smaller budget at the next start keeps the newest that fit (by the
+  // files' times); the files of the rest are removed, so the folder never
+  // holds more than the budget.
+  for (const std::string& bad : {"resp_0000000000000000000000000000000a", "resp_0000000000000000000000000000000b",
+                                 "conv_0000000000000000000000000000000d", "conv_0000000000000000000000000000000e"})
+    std::filesystem::remove(dir + "/" + bad + ".json");
+  const auto now = std::filesystem::file_time_type::clock::now();
+  std::filesystem::last_write_time(dir + "/" + r1 + ".json", now - std::chrono::seconds(30));
+  std::filesystem::last_write_time(dir + "/" + b1 + ".json", now - std::chrono::seconds(20));
+  std::filesystem::last_write_time(dir + "/" + c1 + ".json", now - std::chrono::seconds(10));
+  ResponsesStore probe(1 << 20);
+  const std::optional<ResponsesStore::Entry> ce = again.get(c1);
+  REQUIRE(probe.put(c1, ce->object, *ce->conversation, json::array()));
+  ResponsesStore small(probe.bytes(), dir);
+  const ResponsesStore::LoadReport part = small.load();
+  CHECK(part.loaded == 1);
+  CHECK(part.dropped == 2);
+  CHECK(fmt::format("{}", fmt::join(part.skipped, "; ")) == "");
+  CHECK(small.get(c1));
+  CHECK(json_files(dir) == std::vector<std::string>{c1 + ".json"});
+}
+
+TEST_CASE("serve/responses a store folder over HTTP: responses and conversations outlive the server") {
+  TempDir tmp;
+  DemoServer demo(demo_engine(256));
+  ServerOptions o;
+  o.responses_store_dir = tmp.path;
+  std::string rid, cid;
+  json first;
+  {
+    Served one(demo.engine, o);
+    Reply made = post(one.port, "/v1/conversations", {{"items", {{{"role", "user"}, {"content", "What is 2 + 3?"}}}}});
+    REQUIRE(made.status == 200);
+    cid = made.j["id"];
+    Reply r = post(one.port, "/v1/responses",
+                   {{"conversation", cid}, {"input", "And 4 + 5?"}, {"max_output_tokens", 6}, {"temperature", 0}});
+    REQUIRE(r.status == 200);
+    rid = r.j["id"];
+    first = r.j;
+    CHECK(json_files(tmp.path) == (std::vector<std::string>{std::min(cid, rid) + ".json", std::max(cid, rid) + ".json"}));
+  }
+  Served two(demo.engine, o);  // a new server over the same folder
+  Reply got = call(two.port, "GET", "/v1/responses/" + rid);
+  CHECK(got.status == 200);
+  CHECK(got.j == first);
+  Reply items = call(two.port, "GET", "/v1/conversations/" + cid + "/items?order=asc");
+  REQUIRE(items.j["data"].size() == 3);
+  CHECK(items.j["data"][2]["id"] == first["output"][0]["id"]);
+  Reply next = post(two.port, "/v1/responses", {{"previous_response_id", rid}, {"input", "Thanks."}, {"max_output_tokens", 2}});
+  CHECK(next.status == 200);
+  CHECK(call(two.port, "DELETE", "/v1/conversations/" + cid).status == 200);
+  CHECK_FALSE(std::filesystem::exists(tmp.path + "/" + cid + ".json"));
 }
