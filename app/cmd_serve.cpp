@@ -34,7 +34,7 @@ constexpr const char* kServeUsage =
     "GET /v1/responses/{id}?stream=true&starting_after=N resumes; /v1/conversations and\n"
     "its items, for a response's \"conversation\"),\n"
     "POST /v1/audio/transcriptions and /v1/audio/translations\n"
-    "(multipart/form-data, the audio in \"file\"), GET /v1/models,\n"
+    "(multipart/form-data, the audio in \"file\"), GET /v1/models and /v1/models/{id},\n"
     "GET /health, GET /metrics (Prometheus), POST /tokenize, POST /detokenize.\n"
     "SIGINT / SIGTERM stop accepting requests, finish the running ones and exit 0.\n"
     "\n"

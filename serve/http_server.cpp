@@ -358,6 +358,7 @@ struct HttpServer::Impl {
 
   // A route's metrics label: ids in paths become {id}, so clients cannot grow the label set.
   static std::string route_label(const std::string& path) {
+    if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
     for (const std::string prefix : {"/v1/responses/", "/v1/conversations/"}) {
       if (path.compare(0, prefix.size(), prefix) != 0) continue;
       // {id}, then one of the tails, the last one with an item id
@@ -439,23 +440,14 @@ struct HttpServer::Impl {
       generate(ApiKind::completion, q, r);
     });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& r) {
-      // The served model, then its served LoRAs as vLLM lists them (parent: the base).
-      json data = json::array({{{"id", opts.served_model_name},
-                                {"object", "model"},
-                                {"created", started},
-                                {"owned_by", "areno"},
-                                {"root", opts.model_path.empty() ? opts.served_model_name : opts.model_path},
-                                {"parent", nullptr},
-                                {"max_model_len", context}}});
-      for (const phi4mm::ServedLora& l : engine.loras())
-        data.push_back({{"id", l.name},
-                        {"object", "model"},
-                        {"created", started},
-                        {"owned_by", "areno"},
-                        {"root", l.source},
-                        {"parent", opts.served_model_name},
-                        {"max_model_len", context}});
-      send_json(r, 200, {{"object", "list"}, {"data", data}});
+      send_json(r, 200, {{"object", "list"}, {"data", models()}});
+    });
+    // OpenAI's retrieve: one of them by id (a model path may hold '/'; bounded for std::regex).
+    http.Get(R"(/v1/models/(.{1,1024}))", [this](const httplib::Request& q, httplib::Response& r) {
+      const std::string id = q.matches[1];
+      for (const json& m : models())
+        if (m["id"] == id) return send_json(r, 200, m);
+      send_error(r, ApiError(404, fmt::format("The model '{}' does not exist.", id), "model", "model_not_found"));
     });
     http.Get("/health", [this](const httplib::Request&, httplib::Response& r) {
       if (draining) send_json(r, 503, {{"status", "draining"}});
@@ -499,6 +491,26 @@ struct HttpServer::Impl {
     http.Delete(kItem, conv(ConversationCall::remove_item));
     http.Post("/tokenize", [this](const httplib::Request& q, httplib::Response& r) { tokenize(q, r); });
     http.Post("/detokenize", [this](const httplib::Request& q, httplib::Response& r) { detokenize(q, r); });
+  }
+
+  // GET /v1/models's entries: the served model, then its served LoRAs as vLLM lists them (parent: the base).
+  json models() const {
+    json data = json::array({{{"id", opts.served_model_name},
+                              {"object", "model"},
+                              {"created", started},
+                              {"owned_by", "areno"},
+                              {"root", opts.model_path.empty() ? opts.served_model_name : opts.model_path},
+                              {"parent", nullptr},
+                              {"max_model_len", context}}});
+    for (const phi4mm::ServedLora& l : engine.loras())
+      data.push_back({{"id", l.name},
+                      {"object", "model"},
+                      {"created", started},
+                      {"owned_by", "areno"},
+                      {"root", l.source},
+                      {"parent", opts.served_model_name},
+                      {"max_model_len", context}});
+    return data;
   }
 
   json parse_body(const httplib::Request& req) {

@@ -64,6 +64,7 @@ def main():
         wait_healthy(base, proc)
         client = openai.OpenAI(base_url=base + "/v1", api_key="k")
         model = client.models.list().data[0].id
+        assert client.models.retrieve(model).id == model
         print("model:", model)
 
         msgs = [{"role": "user", "content": "Hello, who are you?"}]

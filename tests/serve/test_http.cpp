@@ -1020,6 +1020,16 @@ TEST_CASE("serve/http served LoRAs: \"model\" picks the adapter, /v1/models list
     CHECK(m.body["data"][1]["root"] == "/adapters/sql");  // the folder
     CHECK(m.body["data"][2]["id"] == "org/chat-v2");
     CHECK(m.body["data"][2]["max_model_len"] == engine.max_context());
+    // OpenAI's retrieve, by id (a '/' in it too); an unknown one is model_not_found.
+    for (size_t k = 0; k < 3; ++k) {
+      Reply one = get(srv.port, "/v1/models/" + m.body["data"][k]["id"].get<std::string>());
+      CHECK(one.status == 200);
+      CHECK(one.body == m.body["data"][k]);
+    }
+    Reply none = get(srv.port, "/v1/models/org/nothing");
+    CHECK(none.status == 404);
+    CHECK(none.body["error"]["code"] == "model_not_found");
+    CHECK(get(srv.port, "/metrics").raw.find("route=\"/v1/models/{id}\",status=\"404\"") != std::string::npos);
 
     // Prompt log-probabilities under each name equal the packed forward with that adapter, all three in flight at once.
     const std::vector<int64_t> ids = {24912, 2375, 13, 1374, 553, 261, 1746};
