@@ -1283,8 +1283,11 @@ struct HttpServer::Impl {
         if (turn && rr.background)
           throw ApiError(400, fmt::format("'background' is not supported with {} (a recorded turn ends with its "
                                           "request)", kTrajectoryHeader), "background");
-        r = chat_engine_request(build_chat(ar.messages, ar.tools, /*add_generation_prompt=*/true, &ar), ar,
-                                "messages");
+        auto build = [&] {
+          return chat_engine_request(build_chat(ar.messages, ar.tools, /*add_generation_prompt=*/true, &ar), ar,
+                                     "messages");
+        };
+        r = rr.truncate ? fit_by_truncation(ar, rr, build) : build();
         if (turn) turn->media = r.media, turn->adapter = r.adapter, turn->prompt = r.prompt;
       } catch (const ApiError& e) {
         throw responses_error(e, rr);
@@ -1327,6 +1330,62 @@ struct HttpServer::Impl {
     } catch (const ApiError& e) {
       send_error(res, e);
     }
+  }
+
+  // truncation "auto" (serve/responses.h): the prompt of the messages with the
+  // oldest left out until it fits. The instructions and the last message
+  // stay, and the kept part begins at a message that is not a call's result.
+  // Fewer messages never make a longer prompt, so the first cut that fits is
+  // found by bisection. `ar.messages` and `rr.message_from` end as the kept
+  // ones; when nothing fits, the whole request's error.
+  static Request fit_by_truncation(ApiRequest& ar, ResponsesRequest& rr, const std::function<Request()>& build) {
+    auto too_long = [](const ApiError& e) { return e.code == "context_length_exceeded"; };
+    std::optional<ApiError> whole;
+    try {
+      return build();
+    } catch (const ApiError& e) {
+      if (!too_long(e)) throw;
+      whole = e;
+    }
+    const json all = ar.messages;
+    const std::vector<std::string> from = rr.message_from;
+    const size_t keep = !from.empty() && from[0] == "instructions" ? 1 : 0;
+    std::vector<size_t> cuts;  // where the kept part may begin
+    for (size_t i = keep + 1; i < all.size(); ++i)
+      if (!(all[i].is_object() && all[i].value("role", "") == "tool")) cuts.push_back(i);
+    auto select = [&](size_t cut) {
+      ar.messages = json::array();
+      rr.message_from.clear();
+      for (size_t i = 0; i < all.size(); ++i)
+        if (i < keep || i >= cut) ar.messages.push_back(all[i]), rr.message_from.push_back(from[i]);
+    };
+    auto attempt = [&](size_t cut, std::optional<Request>& out) {
+      select(cut);
+      try {
+        out = build();
+      } catch (const ApiError& e) {
+        if (!too_long(e)) throw;
+        out.reset();
+      }
+    };
+    size_t lo = 0, hi = cuts.size();  // cuts[hi] fits (when hi < cuts.size())
+    std::optional<Request> best, r;
+    while (lo < hi) {
+      const size_t mid = lo + (hi - lo) / 2;
+      attempt(cuts[mid], r);
+      if (r) {
+        best = std::move(r);
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    if (!best) {
+      rr.message_from = from;
+      throw *whole;
+    }
+    select(cuts[hi]);  // (the last attempt may have been a longer one)
+    return std::move(*best);
   }
 
   // Keeps a response (its "store" says whether it was kept).

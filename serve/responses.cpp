@@ -207,8 +207,11 @@ ResponsesRequest parse_responses_request(const ojson& body, const ojson* previou
   if (present(body, "background") && !body["background"].is_boolean()) throw bad("background", "must be a boolean");
   r.background = present(body, "background") && body["background"].get<bool>();
   if (present(body, "prompt")) throw bad("prompt", "is not supported: this server stores no prompt templates");
-  if (present(body, "truncation") && body["truncation"] != "disabled")
-    throw bad("truncation", "must be 'disabled': a request longer than the context is refused, never cut");
+  if (present(body, "truncation")) {
+    if (body["truncation"] != "disabled" && body["truncation"] != "auto")
+      throw bad("truncation", "must be 'auto' or 'disabled'");
+    r.truncate = body["truncation"] == "auto";
+  }
   if (present(body, "store") && !body["store"].is_boolean()) throw bad("store", "must be a boolean");
   r.store = !present(body, "store") || body["store"].get<bool>();
   if (r.background && !r.store) throw bad("background", "needs 'store' true: a background response is read back by id");
@@ -411,7 +414,7 @@ json base_object(const ResponseHeader& h, const ResponsesRequest& r, const char*
           {"tools", echoed(r, "tools", json::array())},
           {"top_logprobs", echoed(r, "top_logprobs", 0)},
           {"top_p", top_p},
-          {"truncation", "disabled"},
+          {"truncation", r.truncate ? "auto" : "disabled"},
           {"usage", nullptr},
           {"user", echoed(r, "user", nullptr)},
           {"metadata", echoed(r, "metadata", json::object())}};

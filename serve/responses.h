@@ -49,7 +49,11 @@
 //                  before the input, and when the response completes (or is incomplete) its
 //                  input and output items are added to it. Not with previous_response_id;
 //                  404 when not stored (any more)
-//   prompt, truncation "auto": a 400 (not supported)
+//   truncation     "disabled" (the default: a prompt longer than the context is a 400) or "auto":
+//                  the oldest messages are left out of the prompt until it fits (the
+//                  instructions and the last message stay; a call's results go with it);
+//                  the items stored and added to a conversation are all of them
+//   prompt         a 400 (not supported)
 //   metadata, user, parallel_tool_calls, reasoning, service_tier,
 //   prompt_cache_key, safety_identifier: repeated or ignored
 #include <chrono>
@@ -76,6 +80,7 @@ struct ResponsesRequest {
   bool stream = false;
   bool store = true;                      // asked to be stored (the response object says whether it was)
   bool background = false;                // run after the answer, read back by id
+  bool truncate = false;                  // truncation "auto"
   std::string previous_response_id;       // "" when none
   std::string conversation_id;            // "" when none
   nlohmann::ordered_json items;           // the input items as stored: the previous response's

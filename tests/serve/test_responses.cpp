@@ -413,7 +413,7 @@ TEST_CASE("serve/responses refusals name the field; chat errors are renamed to t
       {R"({"input": "x", "background": 1})", {"background", "'background' must be a boolean"}},
       {R"({"input": "x", "background": true, "store": false})", {"background", ""}},
       {R"({"input": "x", "prompt": {"id": "p"}})", {"prompt", ""}},
-      {R"({"input": "x", "truncation": "auto"})", {"truncation", ""}},
+      {R"({"input": "x", "truncation": "middle"})", {"truncation", ""}},
       {R"({"input": "x", "stream": "yes"})", {"stream", "'stream' must be a boolean"}},
       {R"({"input": "x", "instructions": 5})", {"instructions", "'instructions' must be a string"}},
       {R"({"input": [5]})", {"input[0]", "'input[0]' must be an object (got number)"}},
@@ -1356,4 +1356,72 @@ TEST_CASE("serve/responses a store folder over HTTP: responses and conversations
   CHECK(next.status == 200);
   CHECK(call(two.port, "DELETE", "/v1/conversations/" + cid).status == 200);
   CHECK_FALSE(std::filesystem::exists(tmp.path + "/" + cid + ".json"));
+}
+
+TEST_CASE("serve/responses truncation auto: the oldest messages left out until the prompt fits, the items kept whole") {
+  DemoServer demo(demo_engine(256));
+  ServerOptions o;
+  o.max_context_len = 96;
+  Served small(demo.engine, o);
+  const int port = small.port;
+  auto user = [](const std::string& t) { return json{{"role", "user"}, {"content", t}}; };
+  auto assistant = [](const std::string& t) { return json{{"role", "assistant"}, {"content", t}}; };
+  // Items (a call and its result among them); each allowed start is an item
+  // that is not a call's result.
+  const json items = {user("What is 2 + 3?"), assistant("5"), user("What is 4 + 5? Use the tool."),
+                      {{"type", "function_call"}, {"call_id", "c1"}, {"name", "add"}, {"arguments", "{\"a\":4,\"b\":5}"}},
+                      {{"type", "function_call_output"}, {"call_id", "c1"}, {"output", "9"}},
+                      assistant("9"), user("What is 6 + 7?"), assistant("13"), user("What is 8 + 9?"),
+                      assistant("17"), user("And 1 + 1?")};
+  const json tools = json::parse(R"([{"type": "function", "name": "add", "parameters": {"type": "object",
+      "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}])");
+  auto body = [&](size_t from, const char* truncation) {
+    json in = json::array();
+    for (size_t i = from; i < items.size(); ++i) in.push_back(items[i]);
+    return json{{"instructions", "Answer."}, {"input", in}, {"tools", tools}, {"tool_choice", "none"},
+                {"max_output_tokens", 4}, {"temperature", 0}, {"truncation", truncation}, {"store", false}};
+  };
+  Reply whole = post(port, "/v1/responses", body(0, "disabled"));
+  CAPTURE(whole.body);
+  REQUIRE(whole.status == 400);
+  CHECK(whole.j["error"]["code"] == "context_length_exceeded");
+  Reply cut = post(port, "/v1/responses", body(0, "auto"));
+  CAPTURE(cut.body);
+  REQUIRE(cut.status == 200);
+  CHECK(cut.j["truncation"] == "auto");
+  // It is the first allowed start whose prompt fits, sent as it is.
+  size_t first_fit = 0;
+  for (size_t from = 1; from < items.size() && first_fit == 0; ++from) {
+    if (items[from].value("type", "") == "function_call_output") continue;
+    if (post(port, "/v1/responses", body(from, "disabled")).status == 200) first_fit = from;
+  }
+  REQUIRE(first_fit > 0);
+  CAPTURE(first_fit);
+  Reply same = post(port, "/v1/responses", body(first_fit, "disabled"));
+  CHECK(cut.j["usage"]["input_tokens"] == same.j["usage"]["input_tokens"]);
+  REQUIRE(cut.j["output"].size() == same.j["output"].size());  // greedy: the same answer (ids differ)
+  if (!cut.j["output"].empty()) CHECK(cut.j["output"][0]["content"] == same.j["output"][0]["content"]);
+  CHECK(cut.j["usage"]["input_tokens"].get<int64_t>() < 96);
+  // The start before it was too long (so something was left out that had to be).
+  size_t before = first_fit - 1;
+  while (items[before].value("type", "") == "function_call_output") --before;
+  CHECK(post(port, "/v1/responses", body(before, "disabled")).status == 400);
+
+  // In a conversation: the prompt is cut, the conversation keeps every item.
+  Reply conv = post(port, "/v1/conversations", {{"items", json(items.begin(), items.end() - 1)}});
+  REQUIRE(conv.status == 200);
+  const std::string cid = conv.j["id"];
+  json in_conv = body(items.size() - 1, "auto");
+  in_conv["conversation"] = cid;
+  Reply rc = post(port, "/v1/responses", in_conv);
+  CAPTURE(rc.body);
+  REQUIRE(rc.status == 200);
+  CHECK(rc.j["usage"]["input_tokens"] == cut.j["usage"]["input_tokens"]);
+  CHECK(call(port, "GET", "/v1/conversations/" + cid + "/items?limit=100").j["data"].size() == items.size() + 1);
+
+  // Nothing fits (the last message alone is too long): the whole request's 400.
+  Reply huge = post(port, "/v1/responses", {{"input", std::string(2000, 'x')}, {"truncation", "auto"}});
+  CHECK(huge.status == 400);
+  CHECK(huge.j["error"]["code"] == "context_length_exceeded");
+  CHECK(huge.j["error"]["param"] == "input");
 }
