@@ -404,10 +404,26 @@ struct HttpServer::Impl {
       count_http(req.matches.empty() ? "other" : route_label(req.path), res.status);
       if (opts.access_log) {
         const RequestContext& ctx = current_request();
-        const double ms =
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ctx.start).count();
-        opts.access_log(fmt::format("{} {} {} \"{} {}\" {} {:.1f} ms", utc_time_text(), ctx.id, req.remote_addr,
-                                    log_printable(req.method, 16), log_printable(req.path, 256), res.status, ms));
+        const auto start = ctx.start;
+        const auto since = [start] {
+          return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+        };
+        std::string line = fmt::format("{} {} {} \"{} {}\" {}", utc_time_text(), ctx.id, req.remote_addr,
+                                       log_printable(req.method, 16), log_printable(req.path, 256), res.status);
+        if (!res.content_provider_) {
+          opts.access_log(fmt::format("{} {:.1f} ms", line, since()));
+        } else {
+          // A stream: logged when it ends (httplib releases the provider then),
+          // with the time to its headers too.
+          const double headers = since();
+          auto log = opts.access_log;
+          auto released = std::move(res.content_provider_resource_releaser_);
+          res.content_provider_resource_releaser_ = [=](bool success) {
+            if (released) released(success);
+            log(fmt::format("{} {:.1f} ms (stream{}; headers at {:.1f} ms)", line, since(),
+                            success ? "" : " cut short: the client went away or a write failed", headers));
+          };
+        }
       }
     });
     // httplib's own errors (404 unknown route, 400 bad request line...) get

@@ -131,8 +131,9 @@ struct ServerOptions {
   // each entry a file written as it changes. "": memory only.
   std::string responses_store_dir;
   // One line per HTTP request after its handler (`--access-log`): time,
-  // request id, peer, method, path, status, milliseconds to the response's
-  // headers (a stream's body comes later). Null: no access log.
+  // request id, peer, method, path, status, milliseconds taken; a stream's
+  // line when it ends (from a worker thread), with its headers' time too.
+  // Null: no access log.
   std::function<void(const std::string& line)> access_log;
 };
 

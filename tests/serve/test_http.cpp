@@ -1752,9 +1752,47 @@ TEST_CASE("serve/http X-Request-Id on every response (the client's when valid) a
   auto longer = cli.Get("/health", {{"X-Request-Id", std::string(129, 'a')}});
   REQUIRE(longer);
   CHECK(longer->get_header_value("X-Request-Id").rfind("req-", 0) == 0);
+  // A stream is logged at its end: the time to it, and to its headers.
+  auto streamed = cli.Post("/v1/chat/completions", {{"X-Request-Id", "streamed"}},
+                           R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": true})",
+                           "application/json");
+  REQUIRE(streamed);
+  CHECK(streamed->body.find("[DONE]") != std::string::npos);
+  CHECK(wait_for([&] {
+    std::lock_guard<std::mutex> lk(mu);
+    return lines.size() == 6;
+  }, 20));
+  // One cut short by its client.
+  {
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/chat/completions";
+    req.set_header("X-Request-Id", "gone");
+    req.set_header("Content-Type", "application/json");
+    req.body = R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "ignore_eos": true,
+                   "stream": true})";
+    req.content_receiver = [](const char*, size_t, uint64_t, uint64_t) { return false; };  // hang up at once
+    httplib::Response res;
+    httplib::Error err = httplib::Error::Success;
+    cli.send(req, res, err);
+  }
+  CHECK(wait_for([&] {
+    std::lock_guard<std::mutex> lk(mu);
+    return lines.size() == 7;
+  }, 30));
   // One line per request, in order, naming the id, the route and the status.
   std::lock_guard<std::mutex> lk(mu);
-  REQUIRE(lines.size() == 5);
+  REQUIRE(lines.size() == 7);
+  CHECK(lines[6].find("gone 127.0.0.1 \"POST /v1/chat/completions\" 200 ") != std::string::npos);
+  CHECK(lines[6].find("(stream cut short: the client went away") != std::string::npos);
+  CHECK(lines[5].find("streamed 127.0.0.1 \"POST /v1/chat/completions\" 200 ") != std::string::npos);
+  CHECK(lines[5].find(" ms (stream; headers at ") != std::string::npos);
+  {
+    const size_t at = lines[5].find("\" 200 ") + 6;
+    const double total = std::stod(lines[5].substr(at));
+    const double headers = std::stod(lines[5].substr(lines[5].find("headers at ") + 11));
+    CHECK(total >= headers);
+  }
   CHECK(lines[0].find(ida + " 127.0.0.1 \"GET /health\" 200 ") != std::string::npos);
   CHECK(lines[2].find("job-7.step:3 127.0.0.1 \"POST /v1/chat/completions\" 200 ") != std::string::npos);
   CHECK(lines[3].find("\"GET /nowhere\" 404 ") != std::string::npos);
