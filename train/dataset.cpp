@@ -6,6 +6,7 @@
 
 #include "models/phi4mm/tokenizer/phi4_tokenizer.h"
 #include "nn/io/files.h"
+#include "serve/openai.h"
 
 namespace areno::train {
 
@@ -89,6 +90,15 @@ std::string read_text(const fs::path& file) {
 
 RawRow unparseable(int64_t line, const std::string& why) { return {line, nullptr, "unparseable: " + why}; }
 
+// JSON nested at most `depth` deep (what walks a row later recurses no deeper).
+json bounded_json(const std::string& text, int depth) {
+  try {
+    return serve::parse_json_bounded(text, depth);
+  } catch (const serve::ApiError& e) {
+    throw std::runtime_error(e.what());
+  }
+}
+
 // The messages of a row through the serving processor (the one path from
 // messages to ids and media, for SFT and RL rows alike).
 phi4mm::ProcessedChat process_row(const tok::Tokenizer& tokenizer, const json& messages, const json& v, int64_t line,
@@ -117,15 +127,16 @@ json prompt_messages(const json& p, int64_t line, const std::string& file) {
 }  // namespace
 
 std::vector<RawRow> read_rows(const fs::path& file) {
-  const std::string name = file.string();
-  const std::string ext = file.extension().string();
-  const std::string text = read_text(file);
+  return read_rows_text(read_text(file), file.string(), file.extension().string());
+}
+
+std::vector<RawRow> read_rows_text(const std::string& text, const std::string& name, const std::string& ext) {
   std::vector<RawRow> rows;
   if (ext == ".json") {
     json j;
     try {
-      j = json::parse(text);
-    } catch (const json::exception& e) {
+      j = bounded_json(text, kMaxRowJsonDepth + 1);  // (the array around the rows)
+    } catch (const std::exception& e) {
       throw DatasetError(name, 0, "file", fmt::format("invalid JSON: {}", e.what()));
     }
     if (!j.is_array()) throw DatasetError(name, 0, "file", "a .json dataset must be an array of rows");
@@ -136,8 +147,8 @@ std::vector<RawRow> read_rows(const fs::path& file) {
     for (int64_t n = 1; std::getline(in, line); ++n) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       try {
-        rows.push_back({n, json::parse(line), {}});
-      } catch (const json::exception& e) {
+        rows.push_back({n, bounded_json(line, kMaxRowJsonDepth), {}});
+      } catch (const std::exception& e) {
         rows.push_back(unparseable(n, e.what()));
       }
     }
@@ -160,8 +171,8 @@ std::vector<RawRow> read_rows(const fs::path& file) {
       for (size_t c = 0; c < header.size() && row.error.empty(); ++c) {
         if (header[c] == "messages" || (header[c] == "prompt" && !fields[c].empty() && fields[c][0] == '[')) {
           try {
-            row.value[header[c]] = json::parse(fields[c]);
-          } catch (const json::exception& e) {
+            row.value[header[c]] = bounded_json(fields[c], kMaxRowJsonDepth - 1);
+          } catch (const std::exception& e) {
             row = unparseable(line, header[c] + ": " + e.what());
           }
         } else {

@@ -59,6 +59,10 @@ struct RawRow {
 // a JSONL or CSV line that does not parse is a row with `error` set, so it
 // can be skipped.
 std::vector<RawRow> read_rows(const std::filesystem::path& file);
+// The same over a file's text: `name` for errors, `ext` picks the format.
+std::vector<RawRow> read_rows_text(const std::string& text, const std::string& name, const std::string& ext);
+// A row's JSON nests at most this deep (a deeper one is unparseable).
+inline constexpr int kMaxRowJsonDepth = 64;
 
 struct SftRow {
   std::vector<int64_t> ids;      // the whole conversation (placeholders expanded)

@@ -171,6 +171,28 @@ def main():
     ]
     for i, g in enumerate(grammars):
         put("cfg", "seed_%02d" % i, g)
+    dataset_seeds(img, aud)
+
+
+def dataset_seeds(img, aud):
+    """Training dataset files (fuzz_dataset.cpp): the first byte picks the
+    format (0 .json, 1 .jsonl, 2 .csv, 3 .tsv), the rest is the file."""
+    chat = {"messages": [{"role": "system", "content": "Be brief."},
+                         {"role": "user", "content": [{"type": "text", "text": "What is shown?"},
+                                                      {"type": "image_url", "image_url": {"url": img}}]},
+                         {"role": "assistant", "content": "A square."},
+                         {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": aud, "format": "wav"}},
+                                                      {"type": "text", "text": "And this?"}]},
+                         {"role": "assistant", "content": "A tone."}]}
+    pr = {"prompt": "What is 2 + 3?", "response": "5", "answer": "5"}
+    dpo = {"prompt": [{"role": "user", "content": "What is 2 times 3?"}], "chosen": "6", "rejected": "5"}
+    rows = [chat, pr, dpo, {"prompt": "x", "response": ""}, {"messages": []}]
+    put("dataset", "rows.json", b"\x00" + json.dumps(rows).encode())
+    put("dataset", "rows.jsonl", b"\x01" + "\n".join(json.dumps(r) for r in rows).encode() + b"\n{bad\n\n")
+    csv = 'prompt,response\n"What is ""2 + 3""?",5\n"a, b",c\n"[{""role"": ""user"", ""content"": ""hi""}]",yo\n'
+    put("dataset", "rows.csv", b"\x02" + csv.encode())
+    put("dataset", "rows.tsv", b"\x03" + "messages\tanswer\n".encode() + json.dumps(chat["messages"][:3]).encode()
+        + b"\t1\r\n\"unclosed\n")
 
 
 if __name__ == "__main__":

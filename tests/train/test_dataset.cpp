@@ -134,6 +134,9 @@ TEST_CASE("train/dataset: every bad row names file, line and field; --skip-bad-r
   };
   const std::vector<Bad> bads = {
       {"{not json", "row", "unparseable"},
+      // nested past kMaxRowJsonDepth: refused while parsing (nothing later recurses that deep)
+      {"{\"prompt\": " + std::string(100, '[') + std::string(100, ']') + ", \"response\": \"x\"}", "row",
+       "levels deep"},
       {"[1, 2]", "row", "must be an object"},
       {json{{"messages", {{{"role", "wizard"}, {"content", "x"}}}}}.dump(), "messages", "unknown role"},
       {json{{"messages", {{{"role", "user"}, {"content", "no answer"}}}}}.dump(), "messages", "no target"},
