@@ -1365,6 +1365,7 @@ struct HttpServer::Impl {
     }
     const json all = ar.messages;
     const std::vector<std::string> from = rr.message_from;
+    if (!all.is_array() || from.size() != all.size()) throw *whole;  // (one name per message, always)
     const size_t keep = !from.empty() && from[0] == "instructions" ? 1 : 0;
     std::vector<size_t> cuts;  // where the kept part may begin
     for (size_t i = keep + 1; i < all.size(); ++i)
@@ -1507,11 +1508,19 @@ struct HttpServer::Impl {
     return *e;
   }
 
-  // Stores a conversation's new object and items in place of the old (under conv_mu).
-  void put_conversation(const std::string& id, const json& object, const nlohmann::ordered_json& items) {
-    if (!stored_responses.put(id, object, items, json::array()))
+  // Stores a conversation's new object and items in place of `old` (under
+  // conv_mu); one that would outgrow the whole store stays as it was.
+  bool put_conversation(const std::string& id, const ResponsesStore::Entry& old, const json& object,
+                        const nlohmann::ordered_json& items) {
+    if (stored_responses.put(id, object, items, json::array())) return true;
+    stored_responses.put(id, old.object, *old.conversation, json::array());
+    return false;
+  }
+  void change_conversation(const std::string& id, const ResponsesStore::Entry& old, const json& object,
+                           const nlohmann::ordered_json& items) {
+    if (!put_conversation(id, old, object, items))
       throw ApiError(400, "the conversation would be larger than this server's whole store (--responses-store-mb); "
-                          "it was dropped", "items");
+                          "it was not changed", "items");
   }
 
   void conversation(ConversationCall call, const httplib::Request& hreq, httplib::Response& res) {
@@ -1541,7 +1550,7 @@ struct HttpServer::Impl {
         case ConversationCall::update: {
           json object = e.object;
           object["metadata"] = parse_conversation_update(parse_ordered_json_bounded(hreq.body, opts.max_json_depth));
-          put_conversation(id, object, items);
+          change_conversation(id, e, object, items);
           send_json(res, 200, object);
           return;
         }
@@ -1559,7 +1568,7 @@ struct HttpServer::Impl {
               parse_conversation_items(parse_ordered_json_bounded(hreq.body, opts.max_json_depth));
           nlohmann::ordered_json all = items;
           for (const auto& item : added) all.push_back(item);
-          put_conversation(id, e.object, all);
+          change_conversation(id, e, e.object, all);
           send_json(res, 200, item_list(added));
           return;
         }
@@ -1575,7 +1584,7 @@ struct HttpServer::Impl {
           }
           nlohmann::ordered_json rest = items;
           rest.erase(size_t(at));
-          put_conversation(id, e.object, rest);
+          change_conversation(id, e, e.object, rest);
           send_json(res, 200, e.object);
           return;
         }
@@ -1598,8 +1607,9 @@ struct HttpServer::Impl {
     nlohmann::ordered_json all = *e->conversation;
     for (size_t i = rr.input_from; i < rr.items.size(); ++i) all.push_back(rr.items[i]);
     for (const json& item : output) all.push_back(nlohmann::ordered_json::parse(item.dump()));
-    if (!stored_responses.put(rr.conversation_id, e->object, all, json::array()))
-      fmt::print(stderr, "conversation {} outgrew the response store (--responses-store-mb) and was dropped\n",
+    if (!put_conversation(rr.conversation_id, *e, e->object, all))
+      fmt::print(stderr, "areno serve: a response's items were not added to conversation {}: it would outgrow the "
+                         "whole store (--responses-store-mb)\n",
                  rr.conversation_id);
   }
 

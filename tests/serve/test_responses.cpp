@@ -1175,6 +1175,20 @@ TEST_CASE("serve/conversations: created with items, read by responses as history
   CHECK(metrics.body.find("route=\"/v1/conversations/{id}/items/{item_id}\"") != std::string::npos);
   CHECK(metrics.body.find(cid) == std::string::npos);
 
+  // A change that would outgrow the whole store is refused, the conversation kept as it was.
+  ServerOptions tight;
+  tight.responses_store_bytes = 4096;
+  Served small(demo.engine, tight);
+  Reply kept = post(small.port, "/v1/conversations", {{"items", {user("hello")}}});
+  REQUIRE(kept.status == 200);
+  const std::string kid = kept.j["id"];
+  Reply grown = post(small.port, "/v1/conversations/" + kid + "/items", {{"items", {user(std::string(5000, 'x'))}}});
+  CHECK(grown.status == 400);
+  CHECK(grown.j["error"]["message"].get<std::string>().find("it was not changed") != std::string::npos);
+  Reply still = call(small.port, "GET", "/v1/conversations/" + kid + "/items");
+  REQUIRE(still.status == 200);
+  CHECK(still.j["data"].size() == 1);
+
   // A server without a store keeps no conversations.
   ServerOptions none;
   none.responses_store_bytes = 0;
