@@ -359,6 +359,7 @@ struct HttpServer::Impl {
   // A route's metrics label: ids in paths become {id}, so clients cannot grow the label set.
   static std::string route_label(const std::string& path) {
     if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+    if (path == "/v1/responses/input_tokens") return path;
     for (const std::string prefix : {"/v1/responses/", "/v1/conversations/"}) {
       if (path.compare(0, prefix.size(), prefix) != 0) continue;
       // {id}, then one of the tails, the last one with an item id
@@ -484,6 +485,8 @@ struct HttpServer::Impl {
       speech(SpeechTask::translate, q, r);
     });
     http.Post("/v1/responses", [this](const httplib::Request& q, httplib::Response& r) { responses(q, r); });
+    http.Post("/v1/responses/input_tokens",
+              [this](const httplib::Request& q, httplib::Response& r) { response_input_tokens(q, r); });
     // (a bounded id: std::regex recurses per character matched)
     static const char* kResponseId = R"(/v1/responses/([A-Za-z0-9_-]{1,128}))";
     http.Get(kResponseId, [this](const httplib::Request& q, httplib::Response& r) { stored_response(q, r, false); });
@@ -1251,63 +1254,97 @@ struct HttpServer::Impl {
 
   // ---- /v1/responses (serve/responses.h) ----------------------------------------
 
+  // A /v1/responses body made ready to run: its stored history looked up,
+  // parsed, the chat request it amounts to checked, its prompt built (cut
+  // with truncation "auto"). `counting`: for /v1/responses/input_tokens,
+  // nothing recorded and no background or trajectory check.
+  struct PreparedResponse {
+    ResponsesRequest rr;
+    ApiRequest ar;
+    phi4mm::ServedLora served_lora;
+    Request r;
+    std::shared_ptr<TrajectoryTurn> turn;  // recorded for agentic rollouts, as a chat turn
+  };
+  PreparedResponse prepare_response(const httplib::Request& hreq, const nlohmann::ordered_json& body, bool counting) {
+    std::optional<ResponsesStore::Entry> previous;
+    if (const std::string id = previous_response_id(body); !id.empty()) {
+      if (!stored_responses.enabled())
+        throw ApiError(400, "'previous_response_id' is not supported: this server stores no responses (start areno "
+                            "serve with --responses-store-mb N, or send the whole conversation as 'input')",
+                       "previous_response_id");
+      previous = get_response(id);
+      if (previous) {
+        const std::string status = previous->object.value("status", "");
+        if (status != "completed" && status != "incomplete")
+          throw ApiError(400, fmt::format("Previous response with id '{}' is {}: only a completed or incomplete "
+                                          "response can be continued.", id, background_status(id, status)),
+                         "previous_response_id");
+      }
+    }
+    if (const std::string conv = conversation_id(body); !conv.empty() && previous_response_id(body).empty()) {
+      if (!stored_responses.enabled())
+        throw ApiError(400, "'conversation' is not supported: this server stores no conversations (start areno "
+                            "serve with --responses-store-mb N, or send the whole conversation as 'input')",
+                       "conversation");
+      previous = stored_responses.get(conv);
+      if (previous && !is_conversation(*previous)) previous.reset();
+    }
+    PreparedResponse p;
+    ResponsesRequest& rr = p.rr;
+    rr = parse_responses_request(body, previous ? previous->conversation.get() : nullptr);
+    previous.reset();
+    if (rr.background && !counting && !stored_responses.enabled())
+      throw ApiError(400, "'background' needs a response store: this server stores no responses (start areno serve "
+                          "with --responses-store-mb N)", "background");
+    if (!stored_responses.enabled()) rr.store = false;
+    if (!rr.store && rr.conversation_id.empty()) rr.items = nlohmann::ordered_json();
+    ApiRequest& ar = p.ar;
+    try {
+      ar = parse_chat_request(parse_json_bounded(rr.chat.dump(), opts.max_json_depth), opts.api);
+      p.served_lora = check_model(ar.model);
+      if (!ar.schema_field.empty() || !ar.forced_tools.empty() || !ar.auto_tools.empty())
+        compile_output_schemas(rr.chat, ar);
+      if (!counting) p.turn = trajectory_turn(hreq, ApiKind::chat, ar, p.served_lora);
+      if (p.turn && rr.background)
+        throw ApiError(400, fmt::format("'background' is not supported with {} (a recorded turn ends with its "
+                                        "request)", kTrajectoryHeader), "background");
+      auto build = [&] {
+        return chat_engine_request(build_chat(ar.messages, ar.tools, /*add_generation_prompt=*/true, &ar), ar,
+                                   "messages");
+      };
+      p.r = rr.truncate ? fit_by_truncation(ar, rr, build) : build();
+      if (p.turn) p.turn->media = p.r.media, p.turn->adapter = p.r.adapter, p.turn->prompt = p.r.prompt;
+    } catch (const ApiError& e) {
+      throw responses_error(e, rr);
+    }
+    return p;
+  }
+
+  // POST /v1/responses/input_tokens: the prompt tokens a /v1/responses body
+  // would have (OpenAI's count), with its history, tools and truncation.
+  void response_input_tokens(const httplib::Request& hreq, httplib::Response& res) {
+    InFlight g(inflight);
+    try {
+      if (draining) throw ApiError(503, "the server is shutting down");
+      const nlohmann::ordered_json body = parse_ordered_json_bounded(hreq.body, opts.max_json_depth);
+      const PreparedResponse p = prepare_response(hreq, body, /*counting=*/true);
+      send_json(res, 200, {{"object", "response.input_tokens"}, {"input_tokens", int64_t(p.r.prompt.size())}});
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  }
+
   void responses(const httplib::Request& hreq, httplib::Response& res) {
     auto guard = std::make_shared<InFlight>(inflight);
     try {
       if (draining) throw ApiError(503, "the server is shutting down");
       const nlohmann::ordered_json body = parse_ordered_json_bounded(hreq.body, opts.max_json_depth);
-      std::optional<ResponsesStore::Entry> previous;
-      if (const std::string id = previous_response_id(body); !id.empty()) {
-        if (!stored_responses.enabled())
-          throw ApiError(400, "'previous_response_id' is not supported: this server stores no responses (start areno "
-                              "serve with --responses-store-mb N, or send the whole conversation as 'input')",
-                         "previous_response_id");
-        previous = get_response(id);
-        if (previous) {
-          const std::string status = previous->object.value("status", "");
-          if (status != "completed" && status != "incomplete")
-            throw ApiError(400, fmt::format("Previous response with id '{}' is {}: only a completed or incomplete "
-                                            "response can be continued.", id, background_status(id, status)),
-                           "previous_response_id");
-        }
-      }
-      if (const std::string conv = conversation_id(body); !conv.empty() && previous_response_id(body).empty()) {
-        if (!stored_responses.enabled())
-          throw ApiError(400, "'conversation' is not supported: this server stores no conversations (start areno "
-                              "serve with --responses-store-mb N, or send the whole conversation as 'input')",
-                         "conversation");
-        previous = stored_responses.get(conv);
-        if (previous && !is_conversation(*previous)) previous.reset();
-      }
-      ResponsesRequest rr = parse_responses_request(body, previous ? previous->conversation.get() : nullptr);
-      previous.reset();
-      if (rr.background && !stored_responses.enabled())
-        throw ApiError(400, "'background' needs a response store: this server stores no responses (start areno serve "
-                            "with --responses-store-mb N)", "background");
-      if (!stored_responses.enabled()) rr.store = false;
-      if (!rr.store && rr.conversation_id.empty()) rr.items = nlohmann::ordered_json();
-      ApiRequest ar;
-      phi4mm::ServedLora served_lora;
-      Request r;
-      std::shared_ptr<TrajectoryTurn> turn;  // recorded for agentic rollouts, as a chat turn
-      try {
-        ar = parse_chat_request(parse_json_bounded(rr.chat.dump(), opts.max_json_depth), opts.api);
-        served_lora = check_model(ar.model);
-        if (!ar.schema_field.empty() || !ar.forced_tools.empty() || !ar.auto_tools.empty())
-          compile_output_schemas(rr.chat, ar);
-        turn = trajectory_turn(hreq, ApiKind::chat, ar, served_lora);
-        if (turn && rr.background)
-          throw ApiError(400, fmt::format("'background' is not supported with {} (a recorded turn ends with its "
-                                          "request)", kTrajectoryHeader), "background");
-        auto build = [&] {
-          return chat_engine_request(build_chat(ar.messages, ar.tools, /*add_generation_prompt=*/true, &ar), ar,
-                                     "messages");
-        };
-        r = rr.truncate ? fit_by_truncation(ar, rr, build) : build();
-        if (turn) turn->media = r.media, turn->adapter = r.adapter, turn->prompt = r.prompt;
-      } catch (const ApiError& e) {
-        throw responses_error(e, rr);
-      }
+      PreparedResponse p = prepare_response(hreq, body, /*counting=*/false);
+      ResponsesRequest& rr = p.rr;
+      ApiRequest& ar = p.ar;
+      const phi4mm::ServedLora& served_lora = p.served_lora;
+      Request& r = p.r;
+      std::shared_ptr<TrajectoryTurn> turn = p.turn;
       rr.chat = nlohmann::ordered_json();  // its copy of the media
       ar.messages = json();
       ResponsesOutput out;

@@ -178,6 +178,8 @@ def main():
                                          max_output_tokens=4, temperature=0)
         assert follow.previous_response_id == resp.id and follow.usage.input_tokens > resp.usage.input_tokens, follow
         assert client.responses.retrieve(resp.id).output_text == greedy
+        counted = client.responses.input_tokens.count(model=model, previous_response_id=resp.id, input="And again?")
+        assert counted.object == "response.input_tokens" and counted.input_tokens == follow.usage.input_tokens, counted
         listed = [item.content for item in client.responses.input_items.list(follow.id, order="asc")]
         assert len(listed) == 3 and listed[0][0].text == msgs[0]["content"] and listed[2][0].text == "And again?", listed
         bg = client.responses.create(model=model, input=msgs[0]["content"], max_output_tokens=8, temperature=0,

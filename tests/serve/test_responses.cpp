@@ -1439,3 +1439,30 @@ TEST_CASE("serve/responses truncation auto: the oldest messages left out until t
   CHECK(huge.j["error"]["code"] == "context_length_exceeded");
   CHECK(huge.j["error"]["param"] == "input");
 }
+
+TEST_CASE("serve/responses input_tokens: the prompt tokens a response would have, history and truncation included") {
+  DemoServer demo(demo_engine(256));
+  const int port = demo.served.port;
+  const json body = {{"input", "What is 2 + 3?"}, {"instructions", "Answer."}, {"max_output_tokens", 4},
+                     {"temperature", 0}};
+  Reply done = post(port, "/v1/responses", body);
+  REQUIRE(done.status == 200);
+  Reply count = post(port, "/v1/responses/input_tokens", body);
+  CAPTURE(count.body);
+  REQUIRE(count.status == 200);
+  CHECK(count.j == json{{"object", "response.input_tokens"}, {"input_tokens", done.j["usage"]["input_tokens"]}});
+  // With the stored history: what the continued response then reports.
+  const json next = {{"previous_response_id", done.j["id"]}, {"input", "And 4 + 5?"}, {"max_output_tokens", 4}};
+  Reply counted = post(port, "/v1/responses/input_tokens", next);
+  Reply ran = post(port, "/v1/responses", next);
+  REQUIRE(ran.status == 200);
+  CHECK(counted.j["input_tokens"] == ran.j["usage"]["input_tokens"]);
+  CHECK(counted.j["input_tokens"].get<int64_t>() > count.j["input_tokens"].get<int64_t>());
+  // Nothing is stored or run; errors are the response's.
+  Reply bad = post(port, "/v1/responses/input_tokens", {{"input", json::array({{{"role", "robot"}, {"content", "x"}}})}});
+  CHECK(bad.status == 400);
+  CHECK(bad.j["error"]["param"] == "input[0].role");
+  CHECK(demo.engine.stats().requests_total == 2);
+  Reply metrics = call(port, "GET", "/metrics");
+  CHECK(metrics.body.find("route=\"/v1/responses/input_tokens\",status=\"200\"") != std::string::npos);
+}
