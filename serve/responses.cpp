@@ -1,7 +1,11 @@
 #include "serve/responses.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cctype>
@@ -815,6 +819,10 @@ void ResponsesStore::sync_file(const std::string& id) {
   }
 }
 
+ResponsesStore::~ResponsesStore() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // (closing releases the lock)
+}
+
 ResponsesStore::LoadReport ResponsesStore::load() {
   LoadReport report;
   if (dir_.empty() || !enabled()) return report;
@@ -825,6 +833,19 @@ ResponsesStore::LoadReport ResponsesStore::load() {
       throw std::runtime_error(fmt::format("{}: cannot create the folder: {}", dir_, std::strerror(errno)));
   } else if (!fs::is_directory(dir_, ec)) {
     throw std::runtime_error(fmt::format("{}: not a folder", dir_));
+  }
+  if (lock_fd_ < 0) {
+    const std::string lock = dir_ + "/.lock";
+    const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot open: {}", lock, std::strerror(errno)));
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd);
+      throw std::runtime_error(err == EWOULDBLOCK
+                                   ? fmt::format("{}: another areno serve keeps its store in this folder", dir_)
+                                   : fmt::format("{}: cannot lock: {}", lock, std::strerror(err)));
+    }
+    lock_fd_ = fd;
   }
   struct Found {
     fs::file_time_type when;

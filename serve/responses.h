@@ -247,6 +247,9 @@ class ResponsesStore {
   };
 
   explicit ResponsesStore(size_t max_bytes, std::string dir = {}) : max_bytes_(max_bytes), dir_(std::move(dir)) {}
+  ~ResponsesStore();
+  ResponsesStore(const ResponsesStore&) = delete;
+  ResponsesStore& operator=(const ResponsesStore&) = delete;
   bool enabled() const { return max_bytes_ > 0; }
   const std::string& dir() const { return dir_; }
 
@@ -259,7 +262,10 @@ class ResponsesStore {
   // named in `skipped` with the reason; temporaries of an interrupted write are removed. A response that
   // was still running when the server stopped is loaded as failed (its stream,
   // if kept, ends with an error event). Creates the folder (mode 0700) when it
-  // does not exist; throws std::runtime_error naming it when it cannot.
+  // does not exist; throws std::runtime_error naming it when it cannot, or
+  // when another store holds it (an exclusive lock on "<dir>/.lock", kept
+  // while this store lives: two servers on one folder would remove each
+  // other's files).
   struct LoadReport {
     size_t loaded = 0;
     size_t dropped = 0;                // did not fit the budget: their files removed
@@ -298,6 +304,7 @@ class ResponsesStore {
   bool put_entry(const std::string& id, Entry entry, bool write);
   const std::string dir_;
   std::mutex file_mu_;  // one file change at a time
+  int lock_fd_ = -1;    // the folder's lock, held from load()
   const size_t max_bytes_;
   mutable std::mutex mu_;
   std::list<std::string> lru_;  // most recent first

@@ -1277,8 +1277,14 @@ TEST_CASE("serve/responses a store folder: a file per entry as it changes and go
              R"({"id": "conv_0000000000000000000000000000000e", "object": {"id": "conv_0000000000000000000000000000000e",
                  "object": "conversation"}, "conversation": [], "inputs": 3})");
 
-  ResponsesStore again(1 << 20, dir);
+  std::optional<ResponsesStore> again_store;  // (reset below: the folder's lock goes with it)
+  ResponsesStore& again = again_store.emplace(1 << 20, dir);
   const ResponsesStore::LoadReport rep = again.load();
+  {
+    // One store per folder: a second one is refused while the first lives.
+    ResponsesStore twin(1 << 20, dir);
+    CHECK_THROWS_WITH(twin.load(), doctest::Contains("another areno serve keeps its store in this folder"));
+  }
   CHECK(rep.loaded == 3);
   CHECK(rep.dropped == 0);
   REQUIRE(rep.skipped.size() == 4);
@@ -1331,6 +1337,7 @@ TEST_CASE("serve/responses a store folder: a file per entry as it changes and go
   ResponsesStore probe(1 << 20);
   const std::optional<ResponsesStore::Entry> ce = again.get(c1);
   REQUIRE(probe.put(c1, ce->object, *ce->conversation, json::array()));
+  again_store.reset();
   ResponsesStore small(probe.bytes(), dir);
   const ResponsesStore::LoadReport part = small.load();
   CHECK(part.loaded == 1);
