@@ -230,8 +230,13 @@ ResponsesRequest parse_responses_request(const ojson& body, const ojson* previou
   if (body.contains("max_output_tokens")) chat["max_completion_tokens"] = body["max_output_tokens"];
 
   // The items: the previous response's conversation, then the input's.
-  if (!present(body, "input")) throw bad("input", "is required");
-  const ojson& input = body["input"];
+  // Without input, a stored history alone is the prompt (a conversation
+  // whose items were added through its own routes, say).
+  const bool history = !r.previous_response_id.empty() || !r.conversation_id.empty();
+  if (!present(body, "input") && !history)
+    throw bad("input", "is required (or previous_response_id or conversation to answer a stored history)");
+  static const ojson kNoInput = ojson::array();
+  const ojson& input = present(body, "input") ? body["input"] : kNoInput;
   r.items = previous ? *previous : ojson::array();
   r.input_from = r.items.size();
   std::vector<std::string> where_of(r.items.size());
@@ -241,7 +246,7 @@ ResponsesRequest parse_responses_request(const ojson& body, const ojson* previou
     r.items.push_back({{"type", "message"}, {"role", "user"}, {"content", input}});
     where_of.push_back("input");
   } else if (input.is_array()) {
-    if (input.empty()) throw bad("input", "must not be an empty array");
+    if (input.empty() && present(body, "input")) throw bad("input", "must not be an empty array");
     for (size_t i = 0; i < input.size(); ++i) {
       r.items.push_back(input[i]);
       where_of.push_back(fmt::format("input[{}]", i));

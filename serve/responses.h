@@ -10,7 +10,8 @@
 // previous_response_id and GET / DELETE /v1/responses/{id}.
 //
 // Request fields:
-//   input          a string (one user message) or a list of items:
+//   input          a string (one user message) or a list of items (may be left out with
+//                  previous_response_id or conversation: the stored history alone):
 //                    {"type": "message" (may be left out), "role": user | assistant | system | developer,
 //                     "content": a string or parts: input_text / output_text {"text"},
 //                     input_image {"image_url": a URL or data URL}, and (ours, as chat's)

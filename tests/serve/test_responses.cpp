@@ -1126,6 +1126,17 @@ TEST_CASE("serve/conversations: created with items, read by responses as history
   CHECK(added.j["data"][1]["content"] == json::parse(R"([{"type": "output_text", "text": "Two.", "annotations": []}])"));
   CHECK(added.j["last_id"] == added.j["data"][1]["id"]);
   CHECK(call(port, "GET", "/v1/conversations/" + cid + "/items?limit=100").j["data"].size() == 8);
+  // A response with no input answers the conversation's items as they are,
+  // as the same items sent as input would.
+  const Reply before = call(port, "GET", "/v1/conversations/" + cid + "/items?limit=100&order=asc");
+  REQUIRE(before.j["data"].size() == 8);
+  Reply bare_turn = ask({{"conversation", cid}});
+  CAPTURE(bare_turn.body);
+  REQUIRE(bare_turn.status == 200);
+  Reply sent = ask({{"input", before.j["data"]}, {"store", false}});
+  REQUIRE(sent.status == 200);
+  CHECK(bare_turn.j["usage"]["input_tokens"] == sent.j["usage"]["input_tokens"]);
+  CHECK(call(port, "GET", "/v1/conversations/" + cid + "/items?limit=100").j["data"].size() == 9);  // + its answer
   // Metadata replaced.
   Reply upd = post(port, "/v1/conversations/" + cid, {{"metadata", {{"topic", "done"}}}});
   CHECK(upd.status == 200);
@@ -1465,6 +1476,16 @@ TEST_CASE("serve/responses input_tokens: the prompt tokens a response would have
   REQUIRE(ran.status == 200);
   CHECK(counted.j["input_tokens"] == ran.j["usage"]["input_tokens"]);
   CHECK(counted.j["input_tokens"].get<int64_t>() > count.j["input_tokens"].get<int64_t>());
+  // No input: the stored history alone (instructions are not carried), as if sent whole.
+  Reply alone = post(port, "/v1/responses/input_tokens", {{"previous_response_id", done.j["id"]}});
+  CAPTURE(alone.body);
+  REQUIRE(alone.status == 200);
+  const json whole = {{"input", {{{"role", "user"}, {"content", "What is 2 + 3?"}},
+                                 {{"role", "assistant"}, {"content", done.j["output"][0]["content"][0]["text"]}}}}};
+  CHECK(alone.j["input_tokens"] == post(port, "/v1/responses/input_tokens", whole).j["input_tokens"]);
+  Reply none = post(port, "/v1/responses/input_tokens", json::object());
+  CHECK(none.status == 400);
+  CHECK(none.j["error"]["param"] == "input");
   // Nothing is stored or run; errors are the response's.
   Reply bad = post(port, "/v1/responses/input_tokens", {{"input", json::array({{{"role", "robot"}, {"content", "x"}}})}});
   CHECK(bad.status == 400);
