@@ -397,7 +397,7 @@ TEST_CASE("serve/responses a background stream's events: one per blank line, rea
 TEST_CASE("serve/responses refusals name the field; chat errors are renamed to the request's fields") {
   const std::pair<const char*, std::pair<std::string, std::string>> cases[] = {
       {R"([1])", {"", "the request body must be a JSON object (got array)"}},
-      {R"({})", {"input", "'input' is required"}},
+      {R"({})", {"input", "'input' is required (or previous_response_id or conversation to answer a stored history)"}},
       {R"({"input": []})", {"input", "'input' must not be an empty array"}},
       {R"({"input": 3})", {"input", "'input' must be a string or an array of items (got number)"}},
       {R"({"input": [{"type": "reasoning"}]})", {"input", "'input' has no message (only reasoning items)"}},
