@@ -1286,8 +1286,7 @@ struct HttpServer::Impl {
         throw ApiError(400, "'conversation' is not supported: this server stores no conversations (start areno "
                             "serve with --responses-store-mb N, or send the whole conversation as 'input')",
                        "conversation");
-      previous = stored_responses.get(conv);
-      if (previous && !is_conversation(*previous)) previous.reset();
+      previous = find_stored(conv, /*conversation=*/true);
     }
     PreparedResponse p;
     ResponsesRequest& rr = p.rr;
@@ -1525,17 +1524,19 @@ struct HttpServer::Impl {
 
   enum class ConversationCall { create, get, update, remove, list_items, add_items, get_item, remove_item };
 
-  // A stored response (not a conversation) by id.
-  std::optional<ResponsesStore::Entry> get_response(const std::string& id) {
+  // A stored entry of one kind (a conversation, or a response) by id: the
+  // two kinds share the store, never each other's routes.
+  std::optional<ResponsesStore::Entry> find_stored(const std::string& id, bool conversation) {
     std::optional<ResponsesStore::Entry> e = stored_responses.get(id);
-    if (e && is_conversation(*e)) e.reset();
+    if (e && is_conversation(*e) != conversation) e.reset();
     return e;
   }
+  std::optional<ResponsesStore::Entry> get_response(const std::string& id) { return find_stored(id, false); }
 
   // A stored conversation by id, else the 404.
   ResponsesStore::Entry get_conversation(const std::string& id) {
-    std::optional<ResponsesStore::Entry> e = stored_responses.get(id);
-    if (!e || !is_conversation(*e))
+    std::optional<ResponsesStore::Entry> e = find_stored(id, /*conversation=*/true);
+    if (!e)
       throw ApiError(404,
                      stored_responses.enabled()
                          ? fmt::format("Conversation with id '{}' not found.", id)
@@ -1639,8 +1640,8 @@ struct HttpServer::Impl {
   void add_to_conversation(const ResponsesRequest& rr, const json& output) {
     if (rr.conversation_id.empty()) return;
     std::lock_guard<std::mutex> lk(conv_mu);
-    std::optional<ResponsesStore::Entry> e = stored_responses.get(rr.conversation_id);
-    if (!e || !is_conversation(*e)) return;
+    std::optional<ResponsesStore::Entry> e = find_stored(rr.conversation_id, /*conversation=*/true);
+    if (!e) return;
     nlohmann::ordered_json all = *e->conversation;
     for (size_t i = rr.input_from; i < rr.items.size(); ++i) all.push_back(rr.items[i]);
     for (const json& item : output) all.push_back(nlohmann::ordered_json::parse(item.dump()));

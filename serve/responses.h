@@ -303,10 +303,10 @@ class ResponsesStore {
   // With a folder: makes id's file what the store holds now (written, or removed when gone).
   void sync_file(const std::string& id);
   bool put_entry(const std::string& id, Entry entry, bool write);
+  const size_t max_bytes_;
   const std::string dir_;
   std::mutex file_mu_;  // one file change at a time
   int lock_fd_ = -1;    // the folder's lock, held from load()
-  const size_t max_bytes_;
   mutable std::mutex mu_;
   std::list<std::string> lru_;  // most recent first
   std::unordered_map<std::string, Slot> slots_;

@@ -1338,7 +1338,7 @@ TEST_CASE("serve/responses a store folder: a file per entry as it changes and go
   // A smaller budget at the next start keeps the newest that fit (by the
   // files' times); the files of the rest are removed, so the folder never
   // holds more than the budget.
-  for (const std::string& bad : {"resp_0000000000000000000000000000000a", "resp_0000000000000000000000000000000b",
+  for (const char* bad : {"resp_0000000000000000000000000000000a", "resp_0000000000000000000000000000000b",
                                  "conv_0000000000000000000000000000000d", "conv_0000000000000000000000000000000e"})
     std::filesystem::remove(dir + "/" + bad + ".json");
   const auto now = std::filesystem::file_time_type::clock::now();
