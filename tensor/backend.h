@@ -107,9 +107,11 @@ class Backend {
   // Its backward: dx = scale * y * (dy - sum(dy * y)), y its output; all of y's dtype, contig.
   virtual void scaled_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, double scale) = 0;
   // Cross-entropy rows with their gradient, in one kernel (optional): logits
-  // [R, V] f32 contiguous, targets [R] i64 contiguous (each in [0, V)), loss
-  // [R] f32: loss[r] = logsumexp(logits[r]) - logits[r][targets[r]], and the
-  // logits overwritten with softmax(logits[r]) - onehot(targets[r]). Returns
+  // [R, V] f32 or bf16 contiguous, targets [R] i64 contiguous (each in [0, V)),
+  // loss [R] f32: loss[r] = logsumexp(logits[r]) - logits[r][targets[r]], and
+  // the logits overwritten with softmax(logits[r]) - onehot(targets[r]) (bf16:
+  // computed in f32, so the bits of widening, the f32 kernel, then a cast to
+  // bf16; no f32 copy of the logits). Returns
   // false when the backend has no kernel for it (the caller composes it).
   // cross_entropy_rows_layout_ok (below) says whether the operands have that
   // layout; a backend checks it before its kernel.
@@ -268,7 +270,7 @@ class Backend {
                           const Tensor& v, const Tensor& master, const AdamWArgs& args) = 0;
 };
 
-// Backend::cross_entropy_rows's operands: logits f32 [R, V], targets i64 [R],
+// Backend::cross_entropy_rows's operands: logits f32 or bf16 [R, V], targets i64 [R],
 // loss f32 [R], all contiguous and on one device (tensor/dispatch.cpp).
 bool cross_entropy_rows_layout_ok(const Tensor& logits, const Tensor& targets, const Tensor& loss);
 

@@ -88,11 +88,20 @@ std::pair<Tensor, Tensor> sort(const Tensor& x, int64_t dim = -1, bool descendin
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x: [..., in], weight: [out, in], bias: [out] -> [..., out]
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
-// y += x·weightᵀ in place, for inference: x [M, in], weight [out, in], y
-// [M, out] contiguous, one floating dtype and device. The product's f32 sums
-// join y before its one rounding (linear then add rounds twice). Refused
-// (std::invalid_argument) when any operand records autograd history.
-void linear_add_(const Tensor& y, const Tensor& x, const Tensor& weight);
+// y += alpha·x·weightᵀ in place, for inference: x [M, in], weight [out, in], y
+// [M, out] contiguous (a row range of a larger y too), one floating dtype and
+// device. The product's f32 sums join y before its one rounding (linear then
+// add rounds twice). Refused (std::invalid_argument) when any operand records
+// autograd history.
+void linear_add_(const Tensor& y, const Tensor& x, const Tensor& weight, double alpha = 1.0);
+// y + alpha·x·weightᵀ with autograd, in one GEMM over y's storage (beta = 1):
+// the product's f32 sums join y before its one rounding, and no [M, out] pass
+// of an add. Shapes and dtypes as linear_add_. y is consumed: the result
+// takes its storage, so y must be the caller's own fresh value that no
+// recorded backward reads (a linear's output is; a leaf that requires grad is
+// refused). Gradients: y's is the incoming one, x's alpha·g·weight, weight's
+// alpha·gᵀ·x. (A LoRA's B product added to its base output in training.)
+Tensor linear_accumulate(const Tensor& y, const Tensor& x, const Tensor& weight, double alpha = 1.0);
 // {linear(x, w1), linear(x, w2)} (no biases), the same values, from one pass
 // over x where the backend has a kernel for it (bf16 on AMX: a LoRA's x·Aᵀ
 // beside its base product); two linear calls otherwise (and with autograd).

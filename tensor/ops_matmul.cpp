@@ -128,27 +128,60 @@ std::pair<Tensor, Tensor> linear_pair(const Tensor& x, const Tensor& w1, const T
   return {linear(x, w1), linear(x, w2)};
 }
 
-void linear_add_(const Tensor& y, const Tensor& x, const Tensor& weight) {
-  check_defined(y, "linear_add_", "y");
-  check_defined(x, "linear_add_", "x");
-  check_defined(weight, "linear_add_", "weight");
-  check_same_device(x, weight, "linear_add_");
-  check_same_device(x, y, "linear_add_");
+namespace {
+
+// The checks of linear_add_ and linear_accumulate (`op` names the caller).
+void check_linear_add(const Tensor& y, const Tensor& x, const Tensor& weight, const char* op) {
+  check_defined(y, op, "y");
+  check_defined(x, op, "x");
+  check_defined(weight, op, "weight");
+  check_same_device(x, weight, op);
+  check_same_device(x, y, op);
   if (x.dim() != 2 || weight.dim() != 2 || y.dim() != 2 || x.size(1) != weight.size(1) || y.size(0) != x.size(0) ||
       y.size(1) != weight.size(0))
-    throw std::invalid_argument(fmt::format("linear_add_: y {} += x {} · weight {}ᵀ: shapes do not fit", y.str(),
-                                            x.str(), weight.str()));
+    throw std::invalid_argument(fmt::format("{}: y {} += x {} · weight {}ᵀ: shapes do not fit", op, y.str(), x.str(),
+                                            weight.str()));
   if (x.dtype() != y.dtype() || weight.dtype() != y.dtype() || !is_floating(y.dtype()))
-    throw std::invalid_argument(fmt::format("linear_add_: y {}, x {} and weight {} need one floating dtype", y.str(),
+    throw std::invalid_argument(fmt::format("{}: y {}, x {} and weight {} need one floating dtype", op, y.str(),
                                             x.str(), weight.str()));
-  if (!y.is_contiguous()) throw std::invalid_argument("linear_add_: y must be contiguous, got " + y.str());
-  if (needs_grad({x, weight}) || y.requires_grad())
-    throw std::invalid_argument("linear_add_: an operand records autograd history (use add(y, linear(x, weight)))");
+  if (!y.is_contiguous()) throw std::invalid_argument(fmt::format("{}: y must be contiguous, got {}", op, y.str()));
+}
+
+// y += alpha·x·weightᵀ on the backend (checked operands).
+void gemm_into(const Tensor& y, const Tensor& x, const Tensor& weight, double alpha) {
   if (y.numel() == 0 || x.size(1) == 0) return;
   Tensor a = kernel_layout_ok(x) ? x : x.contiguous();
   Tensor b = weight.t();
   if (!kernel_layout_ok(b)) b = weight.contiguous().t();
-  backend(y.device()).matmul(a.unsqueeze(0), b.unsqueeze(0), y.unsqueeze(0), 1.0, 1.0);
+  backend(y.device()).matmul(a.unsqueeze(0), b.unsqueeze(0), y.unsqueeze(0), alpha, 1.0);
+}
+
+}  // namespace
+
+void linear_add_(const Tensor& y, const Tensor& x, const Tensor& weight, double alpha) {
+  check_linear_add(y, x, weight, "linear_add_");
+  if (needs_grad({x, weight}) || y.requires_grad())
+    throw std::invalid_argument("linear_add_: an operand records autograd history (use linear_accumulate)");
+  gemm_into(y, x, weight, alpha);
+}
+
+Tensor linear_accumulate(const Tensor& y, const Tensor& x, const Tensor& weight, double alpha) {
+  check_linear_add(y, x, weight, "linear_accumulate");
+  if (y.requires_grad() && !y.impl()->grad_fn)
+    throw std::invalid_argument("linear_accumulate: y is a leaf that requires grad; it cannot be overwritten");
+  // A handle of its own on y's storage: the result gets its own history while
+  // y's node (which does not read y's value) stays where it is in the graph.
+  Tensor out = make_tensor(y.storage(), y.offset(), y.shape(), y.strides(), y.dtype());
+  gemm_into(out, x.detach(), weight.detach(), alpha);
+  if (needs_grad({y, x, weight})) {
+    const bool gx = x.requires_grad(), gw = weight.requires_grad();
+    record(out, "linear_accumulate", {y, x, weight}, [x, weight, alpha, gx, gw](const Tensor& g) {
+      auto scaled = [alpha](Tensor t) { return alpha == 1.0 ? t : mul(t, alpha); };
+      return std::vector<Tensor>{g, gx ? scaled(matmul(g, weight.detach())) : Tensor(),
+                                 gw ? scaled(matmul(g.t(), x.detach())) : Tensor()};
+    });
+  }
+  return out;
 }
 
 }  // namespace areno

@@ -18,10 +18,6 @@ struct Chunk {
   Tensor targets;  // [rows, 1] i64 on the device
 };
 
-// The chunk's logits in f32: [rows, V].
-Tensor chunk_logits(const Tensor& h, const Tensor& weight, const Chunk& c) {
-  return linear(h.narrow(0, c.begin, c.rows), weight).to(DType::f32);
-}
 
 }  // namespace
 
@@ -72,17 +68,23 @@ Tensor chunked_cross_entropy_sum(const Tensor& hidden, const Tensor& weight, con
     for (int64_t b = 0; b < N; b += chunk_rows) {
       Chunk c{b, std::min(chunk_rows, N - b), Tensor()};
       c.targets = all_targets.narrow(0, b, c.rows);
-      Tensor lp = chunk_logits(hd, wd, c);
+      // The chunk's logits [rows, V] in the weight's dtype.
+      Tensor lp = linear(hd.narrow(0, c.begin, c.rows), wd);
       Backend& be = backend(dev);
       // One row kernel where the backend has it: each row's loss, and the
-      // logits overwritten with d/dlogits = softmax - onehot(target).
+      // logits overwritten with d/dlogits = softmax - onehot(target), in f32
+      // math. bf16 logits stay bf16 (the kernel widens each row and rounds
+      // d/dlogits once, which the products below use anyway): no f32 copy of
+      // the chunk and no cast back. Other dtypes widen to f32 first.
       Tensor row_loss = empty({c.rows}, TensorOptions(DType::f32, dev));
+      if (lp.dtype() != DType::bf16 || !cross_entropy_rows_layout_ok(lp, c.targets, row_loss)) lp = lp.to(DType::f32);
       if (be.cross_entropy_rows(lp, c.targets, row_loss)) {
         total = total.defined() ? add(total, sum(row_loss)) : sum(row_loss);
         if (!grad) continue;
       } else {
         // log_softmax in place in the logits buffer (one row kernel), then,
         // with a tape, p = exp(log p) - onehot(target) in place.
+        lp = lp.to(DType::f32);
         be.softmax(lp, lp, /*log=*/true);
         Tensor part = neg(sum(gather(lp, 1, c.targets)));
         total = total.defined() ? add(total, part) : part;
@@ -95,7 +97,8 @@ Tensor chunked_cross_entropy_sum(const Tensor& hidden, const Tensor& weight, con
       // place over the chunks. A bf16 (f16) weight's product runs on the
       // rounded d/dlogits and rows with f32 sums where the backend has that
       // kernel (CUDA's tensor cores; as autocast's bf16 head gradient), else
-      // both widen to f32.
+      // both widen to f32 (a bf16 d/dlogits from the row kernel is already
+      // rounded, as PyTorch's gradient of bf16 logits is).
       const bool half_w = wd.dtype() == DType::bf16 || wd.dtype() == DType::f16;
       const Tensor lpw = grad_h || (grad_w && half_w) ? lp.to(wd.dtype()) : Tensor();
       if (grad_h) gh.push_back(matmul(lpw, wd));
@@ -110,8 +113,9 @@ Tensor chunked_cross_entropy_sum(const Tensor& hidden, const Tensor& weight, con
         }
       }
       Tensor hc = hd.narrow(0, c.begin, c.rows).to(DType::f32).contiguous();
-      if (!gw.defined()) gw = matmul(lp.t(), hc);
-      else be.matmul(lp.t().unsqueeze(0), hc.unsqueeze(0), gw.unsqueeze(0), 1.0, 1.0);
+      const Tensor lpf = lp.to(DType::f32);
+      if (!gw.defined()) gw = matmul(lpf.t(), hc);
+      else be.matmul(lpf.t().unsqueeze(0), hc.unsqueeze(0), gw.unsqueeze(0), 1.0, 1.0);
     }
     if (grad_h) gh_all = gh.size() == 1 ? gh[0] : cat(gh, 0);
   }

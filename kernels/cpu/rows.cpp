@@ -241,9 +241,25 @@ float cross_entropy_row(float* x, int64_t n, int64_t target) {
 bool CpuBackend::cross_entropy_rows(const Tensor& logits, const Tensor& targets, const Tensor& loss) {
   if (!cross_entropy_rows_layout_ok(logits, targets, loss)) return false;
   const int64_t R = logits.size(0), V = logits.size(1);
-  float* x = static_cast<float*>(logits.data_ptr());
   const int64_t* t = static_cast<const int64_t*>(targets.data_ptr());
   float* l = static_cast<float*>(loss.data_ptr());
+  if (logits.dtype() == DType::bf16) {
+    // Each row widened into a buffer that stays in cache, the f32 row's
+    // kernel, each value rounded once on its way back: the bits of the f32
+    // kernel on the widened logits followed by a cast to bf16.
+    BFloat16* x = static_cast<BFloat16*>(logits.data_ptr());
+    parallel_for(R, V * 8, [&](int64_t lo, int64_t hi) {
+      std::vector<float> buf(static_cast<size_t>(V));
+      for (int64_t r = lo; r < hi; ++r) {
+        BFloat16* row = x + r * V;
+        for (int64_t j = 0; j < V; ++j) buf[size_t(j)] = float(row[j]);
+        l[r] = cross_entropy_row(buf.data(), V, t[r]);
+        for (int64_t j = 0; j < V; ++j) row[j] = BFloat16(buf[size_t(j)]);
+      }
+    });
+    return true;
+  }
+  float* x = static_cast<float*>(logits.data_ptr());
   parallel_for(R, V * 4, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) l[r] = cross_entropy_row(x + r * V, V, t[r]);
   });

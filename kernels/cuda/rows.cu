@@ -130,35 +130,37 @@ __global__ void scaled_softmax_kernel(const T* x, T* y, int64_t m, int64_t n, ac
 
 // ---- cross-entropy rows (Backend::cross_entropy_rows) ----
 
-// One block per row of f32 logits: the largest logit, the sum of exp(x - max)
-// (f64 per thread and across the block, as the CPU kernel sums in f64 lanes),
-// then x = exp(x - max) / sum in place, minus 1 at the target; loss =
-// log(sum) + max - x[target]. A NaN or +inf logit (NaN sum), or a row with
-// nothing finite, gives an all-NaN row and a NaN loss, as the CPU kernel; so
-// does a target outside [0, n).
-__global__ void cross_entropy_rows_kernel(float* x, const int64_t* targets, float* loss, int64_t m, int64_t n) {
+// One block per row of logits (f32, or bf16 read and written in f32 math,
+// each element rounded once on its way back): the largest logit, the sum of
+// exp(x - max) (f64 per thread and across the block, as the CPU kernel sums
+// in f64 lanes), then x = exp(x - max) / sum in place, minus 1 at the target;
+// loss = log(sum) + max - x[target]. A NaN or +inf logit (NaN sum), or a row
+// with nothing finite, gives an all-NaN row and a NaN loss, as the CPU
+// kernel; so does a target outside [0, n).
+template <typename T>
+__global__ void cross_entropy_rows_kernel(T* x, const int64_t* targets, float* loss, int64_t m, int64_t n) {
   __shared__ float shared_f[32];
   __shared__ double shared_d[32];
   for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
-    float* xr = x + r * n;
+    T* xr = x + r * n;
     const int64_t t = targets[r];
     const bool valid = t >= 0 && t < n;
-    const float xt = valid ? xr[t] : 0.0f;  // read before any thread overwrites the row
+    const float xt = valid ? load_acc(xr, t) : 0.0f;  // read before any thread overwrites the row
     float mx = -INFINITY;
-    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) mx = fmaxf(mx, xr[k]);
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) mx = fmaxf(mx, load_acc(xr, k));
     mx = block_max(mx, shared_f);
     double s = 0.0;
-    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) s += double(expf(xr[k] - mx));
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) s += double(expf(load_acc(xr, k) - mx));
     s = block_sum(s, shared_d);
     if (!valid || isnan(s) || mx == -INFINITY) {
-      for (int64_t k = threadIdx.x; k < n; k += blockDim.x) xr[k] = NAN;
+      for (int64_t k = threadIdx.x; k < n; k += blockDim.x) xr[k] = cast_value<T>(NAN);
       if (threadIdx.x == 0) loss[r] = NAN;
       continue;
     }
     const float inv = float(1.0 / s);
     for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
-      const float p = expf(xr[k] - mx) * inv;
-      xr[k] = k == t ? p - 1.0f : p;
+      const float p = expf(load_acc(xr, k) - mx) * inv;
+      xr[k] = cast_value<T>(k == t ? p - 1.0f : p);
     }
     if (threadIdx.x == 0) loss[r] = float(log(s)) + mx - xt;
   }
@@ -457,8 +459,12 @@ bool CudaBackend::cross_entropy_rows(const Tensor& logits, const Tensor& targets
   const int64_t m = logits.size(0), n = logits.size(1);
   if (m == 0) return true;
   Launch l(logits);
-  cross_entropy_rows_kernel<<<row_grid(m), row_block(n), 0, l.stream>>>(ptr<float>(logits), ptr<const int64_t>(targets),
-                                                                        ptr<float>(loss), m, n);
+  if (logits.dtype() == DType::bf16)
+    cross_entropy_rows_kernel<<<row_grid(m), row_block(n), 0, l.stream>>>(
+        ptr<bf16>(logits), ptr<const int64_t>(targets), ptr<float>(loss), m, n);
+  else
+    cross_entropy_rows_kernel<<<row_grid(m), row_block(n), 0, l.stream>>>(
+        ptr<float>(logits), ptr<const int64_t>(targets), ptr<float>(loss), m, n);
   ARENO_LAUNCH_CHECK("cross_entropy_rows_kernel");
   return true;
 }

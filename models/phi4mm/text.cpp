@@ -128,18 +128,28 @@ void LoraLinear::set_served(int32_t j, Tensor a, Tensor b, double scaling) {
   served_[size_t(j - 1)] = {std::move(a), std::move(b), scaling};
 }
 
+// The rows x as adapter k sees them: with its dropout in training mode.
+Tensor LoraLinear::adapter_input(int k, const Tensor& x, const AdapterRows& rows) const {
+  if (!is_training() || dropout_[k] <= 0) return x;
+  Generator g(dropout_stream(rows.dropout_seed, salt * 3 + uint64_t(k)));
+  return dropout(x, dropout_[k], true, g);
+}
+
 // Adapter k's term for the rows x (every row for the user adapter).
 Tensor LoraLinear::adapter_delta(int k, const Tensor& x, const AdapterRows& rows) const {
   // A power-of-two scaling (the checkpoint's: alpha / r = 2 for both
   // adapters) commutes with every rounding, so it scales the r-wide x·Aᵀ
   // instead of the out-wide product: the same bits, forward and backward, for
   // a pass over [rows, r] instead of [rows, out].
-  Tensor xs = x;
-  if (is_training() && dropout_[k] > 0) {
-    Generator g(dropout_stream(rows.dropout_seed, salt * 3 + uint64_t(k)));
-    xs = dropout(xs, dropout_[k], true, g);
-  }
-  return product(xs, lora_a_[k], lora_b_[k], scaling_[k]);
+  return product(adapter_input(k, x, rows), lora_a_[k], lora_b_[k], scaling_[k]);
+}
+
+// y + s·xa·Bᵀ for adapter k (xa = x·Aᵀ of every row) in y's GEMM: a
+// power-of-two scaling on the r-wide xa (exact), another as the GEMM's alpha.
+Tensor LoraLinear::accumulate(int k, const Tensor& y, const Tensor& xa) const {
+  const double s = scaling_[k];
+  if (s == 1.0 || !pow2(k)) return linear_accumulate(y, xa, lora_b_[k], s);
+  return linear_accumulate(y, mul(xa, s), lora_b_[k]);
 }
 
 Tensor LoraLinear::product(const Tensor& x, const Tensor& a, const Tensor& b, double s) {
@@ -149,19 +159,22 @@ Tensor LoraLinear::product(const Tensor& x, const Tensor& a, const Tensor& b, do
 }
 
 Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
-  // Inference where adapter k covers every row: its product joins y in the
-  // GEMM (linear_add_: one rounding where linear then add rounds twice, a
-  // pass over [rows, out] fewer).
-  auto joins_gemm = [&](int k) {
-    return pow2(k) && rows.all[k] && !is_training() && x.dim() == 2 &&
+  // Inference where adapter k covers every row: its x·Aᵀ comes from the base
+  // product's pass over x (linear_pair).
+  auto pairs = [&](int k) {
+    return rows.all[k] && !is_training() && x.dim() == 2 &&
            !needs_grad({x, base_layer->weight, lora_a_[k], lora_b_[k]});
   };
   Tensor y, xa;  // xa: x·Aᵀ of adapter `paired`, from the base product's pass over x
   int paired = -1;
   for (Adapter a : {Adapter::vision, Adapter::speech})
-    if (has(a) && !base_layer->int8 && joins_gemm(int(a))) paired = int(a);
+    if (has(a) && !base_layer->int8 && pairs(int(a))) paired = int(a);
   if (paired >= 0) std::tie(y, xa) = linear_pair(x, base_layer->weight, lora_a_[paired]);  // the bits of two linears
   else y = base_layer->linear(x);  // int8 or the model's dtype; the adapters below are always the latter
+  // An adapter on every row (training too): its B product joins y in the
+  // GEMM (linear_accumulate: one rounding where linear then add rounds twice,
+  // and no pass over [rows, out]). y is this call's own fresh output.
+  auto joins_gemm = [&](bool all) { return all && x.dim() == 2 && y.is_contiguous(); };
   for (Adapter a : {Adapter::vision, Adapter::speech}) {
     const int k = int(a);
     if (!rows.any(a)) continue;
@@ -169,20 +182,17 @@ Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
       throw std::runtime_error(fmt::format(
           "the batch asks for the {} adapter but the model has no {} LoRA weights", adapter_name(a),
           adapter_name(a)));
-    // Only the rows of sequences that use this adapter pay for it.
-    Tensor xs = rows.all[k] ? x : index_select(x, 0, rows.rows[k]);
-    if (joins_gemm(k) && y.is_contiguous()) {  // y: this call's own fresh output
-      linear_add_(y, mul(k == paired ? xa : linear(xs, lora_a_[k]), scaling_[k]), lora_b_[k]);
+    if (joins_gemm(rows.all[k])) {
+      y = accumulate(k, y, k == paired ? xa : linear(adapter_input(k, x, rows), lora_a_[k]));
       continue;
     }
+    // Only the rows of sequences that use this adapter pay for it.
+    Tensor xs = rows.all[k] ? x : index_select(x, 0, rows.rows[k]);
     Tensor d = adapter_delta(k, xs, rows);
     y = rows.all[k] ? add(y, d) : index_add(y, 0, rows.rows[k], d);
   }
-  if (has_user()) {
-    // Every row: at inference its product joins y in the GEMM too.
-    const bool fused = pow2(kUser) && !is_training() && x.dim() == 2 && y.is_contiguous() &&
-                       !needs_grad({x, base_layer->weight, lora_a_[kUser], lora_b_[kUser]});
-    if (fused) linear_add_(y, mul(linear(x, lora_a_[kUser]), scaling_[kUser]), lora_b_[kUser]);
+  if (has_user()) {  // every row
+    if (joins_gemm(true)) y = accumulate(kUser, y, linear(adapter_input(kUser, x, rows), lora_a_[kUser]));
     else y = add(y, adapter_delta(kUser, x, rows));
   }
   // Served adapters, each on its sequences' rows, in the user adapter's
@@ -192,13 +202,14 @@ Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
     const Served& sv = served_[j];
     const AdapterRows::Served& at = rows.served[j];
     if (!sv.a.defined() || (!at.all && !at.rows.defined())) continue;
-    if (pow2(sv.scaling) && x.dim() == 2 && y.is_contiguous() && !needs_grad({x, base_layer->weight})) {
+    if (x.dim() == 2 && y.is_contiguous() && !needs_grad({x, base_layer->weight})) {
       // Inference: the product joins y in its GEMM, on every row or on each
       // run of the adapter's consecutive rows in place (no gather or scatter).
-      // (A holds the power-of-two scaling: set_served.)
-      if (at.all) linear_add_(y, linear(x, sv.a), sv.b);
+      // (A holds a power-of-two scaling, set_served; another is the GEMM's alpha.)
+      if (at.all) linear_add_(y, linear(x, sv.a), sv.b, sv.scaling);
       else
-        for (const auto& [r0, n] : at.runs) linear_add_(y.narrow(0, r0, n), linear(x.narrow(0, r0, n), sv.a), sv.b);
+        for (const auto& [r0, n] : at.runs)
+          linear_add_(y.narrow(0, r0, n), linear(x.narrow(0, r0, n), sv.a), sv.b, sv.scaling);
       continue;
     }
     Tensor d = product(at.all ? x : index_select(x, 0, at.rows), sv.a, sv.b, sv.scaling);

@@ -168,7 +168,9 @@ class LoraLinear : public Module {
  private:
   static constexpr int kUser = 3;  // index of the user adapter (after Adapter's values)
   void register_adapter(int k, const char* name, const LoraConfig& cfg, TensorOptions opts);
+  Tensor adapter_input(int k, const Tensor& x, const AdapterRows& rows) const;
   Tensor adapter_delta(int k, const Tensor& xs, const AdapterRows& rows) const;
+  Tensor accumulate(int k, const Tensor& y, const Tensor& xa) const;
   bool pow2(int k) const { return pow2(scaling_[k]); }
   // A power-of-two scaling (it then scales the r-wide product, see adapter_delta).
   static bool pow2(double scaling);

@@ -136,6 +136,8 @@ std::vector<GradCase> grad_table() {
       {"matmul_transposed", {In({4, 3}), In({2, 4})}, F(matmul(x[0].t(), x[1].t()))},
       {"matmul_vec", {In({4}), In({2, 4, 3})}, F(matmul(x[0], x[1]))},
       {"linear", {In({2, 3, 4}), In({5, 4}), In({5})}, F(linear(x[0], x[1], x[2]))},
+      {"linear_accumulate", {In({3, 2}), In({5, 2}), In({3, 4}), In({5, 4})},
+       F(linear_accumulate(linear(x[0], x[1]), x[2], x[3], 0.75))},
 
       // ---- neural network ----
       {"conv1d", {In({2, 3, 7}), In({4, 3, 3}), In({4})}, F(conv1d(x[0], x[1], x[2]))},

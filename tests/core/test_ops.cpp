@@ -594,6 +594,23 @@ DEVICE_TEST_CASE("ops/cross_entropy_rows: loss and softmax minus onehot against 
     }
     CHECK(worst < 1e-6);
   }
+  // bf16 logits, in place: the bits of the f32 kernel on the widened logits
+  // followed by a cast to bf16, and the same losses.
+  const Tensor lb = from_vector(xv, {R, V}).to(DType::bf16).to(device), widened = lb.to(DType::f32);
+  Tensor loss_b = empty({R}, TensorOptions(DType::f32, device)), loss_w = empty({R}, TensorOptions(DType::f32, device));
+  const Tensor targets = from_vector(tv, {R}).to(device);
+  REQUIRE(backend(device).cross_entropy_rows(lb, targets, loss_b));
+  REQUIRE(backend(device).cross_entropy_rows(widened, targets, loss_w));
+  CHECK(lb.dtype() == DType::bf16);
+  const std::vector<float> got_b = lb.to(Device::cpu()).to(DType::f32).to_vector<float>();
+  const std::vector<float> want_b = widened.to(DType::bf16).to(Device::cpu()).to(DType::f32).to_vector<float>();
+  const std::vector<float> lbv = loss_b.to(Device::cpu()).to_vector<float>(), lwv = loss_w.to(Device::cpu()).to_vector<float>();
+  int64_t differ = 0;
+  for (size_t i = 0; i < got_b.size(); ++i)
+    differ += !(got_b[i] == want_b[i] || (std::isnan(got_b[i]) && std::isnan(want_b[i])));
+  CHECK(differ == 0);
+  for (int64_t r = 0; r < R; ++r)
+    CHECK((lbv[size_t(r)] == lwv[size_t(r)] || (std::isnan(lbv[size_t(r)]) && std::isnan(lwv[size_t(r)]))));
 }
 
 // Backend::matmul_f32_out (CUDA: cuBLASLt with bf16 operands and f32 C/D):
@@ -758,6 +775,53 @@ DEVICE_TEST_CASE("ops/linear_pair equals two linear calls") {
   CHECK(max_abs_diff(x.grad().to(Device::cpu()).to(DType::f64),
                      add(sum(w1, {0}), sum(w2, {0})).unsqueeze(0).expand({40, 8}).to(Device::cpu()).to(DType::f64)) < 1e-5);
   CHECK_THROWS_AS(linear_pair(x, w1, rand_normal({3, 7}, g).to(device)), std::invalid_argument);
+}
+
+// linear_accumulate (a LoRA's B product added inside its base output's GEMM,
+// with autograd) on every device: y + alpha·x·wᵀ within one rounding of the
+// f64 value, written over y's storage; its gradients those of the composed
+// add(y, mul(linear(x, w), alpha)) to rounding (finite differences:
+// test_gradcheck's table); a leaf y that requires grad refused.
+DEVICE_TEST_CASE("ops/linear_accumulate adds x·wᵀ into y with autograd") {
+  Generator g(31);
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    if (dt == DType::f64 && !device.is_cpu()) continue;
+    CAPTURE(dtype_name(dt));
+    for (const auto& shape : {std::tuple<int64_t, int64_t, int64_t, double>{1, 16, 40, 1.0}, {37, 8, 129, 2.0},
+                              {133, 64, 96, 1.5}}) {
+      const int64_t m = std::get<0>(shape), k = std::get<1>(shape), n = std::get<2>(shape);
+      const double alpha = std::get<3>(shape);
+      CAPTURE(m);
+      CAPTURE(alpha);
+      auto make = [&](Shape sh) { return rand_normal(sh, g).to(dt).to(device); };
+      const Tensor x0 = make({m, k}), w0 = make({n, k}), base = make({m, 7}), wb = make({n, 7}), gw = make({m, n});
+      const Tensor x = x0.detach().set_requires_grad(true), w = w0.detach().set_requires_grad(true);
+      const Tensor b = base.detach().set_requires_grad(true);
+      const Tensor y = linear(b, wb);  // a fresh product whose backward does not read it
+      const Tensor out = linear_accumulate(y, x, w, alpha);
+      CHECK(out.storage() == y.storage());
+      const Tensor x2 = x0.detach().set_requires_grad(true), w2 = w0.detach().set_requires_grad(true);
+      const Tensor b2 = base.detach().set_requires_grad(true);
+      const Tensor want = add(linear(b2, wb), mul(linear(x2, w2), alpha));
+      auto host = [](const Tensor& t) { return t.to(Device::cpu()).to(DType::f64); };
+      // One rounding of the exact sum, against the composed ops' three.
+      const Tensor exact = add(linear(host(base), host(wb)), mul(linear(host(x0), host(w0)), alpha));
+      const double scale = max(abs(exact)).item();
+      CHECK(max_abs_diff(host(out), exact) <= scale * (dt == DType::bf16 ? 0x1p-8 : dt == DType::f32 ? 1e-6 : 1e-14));
+      sum(mul(out, gw)).backward();
+      sum(mul(want, gw)).backward();
+      const double tol = dt == DType::bf16 ? 0x1p-7 : dt == DType::f32 ? 1e-6 : 1e-14;
+      for (const auto& pair : {std::pair<Tensor, Tensor>{x, x2}, {w, w2}, {b, b2}}) {
+        const Tensor ref = host(pair.second.grad());
+        CHECK(max_abs_diff(host(pair.first.grad()), ref) <= tol * max(abs(ref)).item());
+      }
+    }
+  }
+  const TensorOptions o(DType::f32, device);
+  CHECK_THROWS_AS(linear_accumulate(zeros({2, 3}, o).set_requires_grad(true), ones({2, 4}, o), ones({3, 4}, o)),
+                  std::invalid_argument);  // a leaf would be overwritten
+  CHECK_THROWS_AS(linear_accumulate(zeros({2, 3}, o), ones({2, 4}, o), ones({3, 5}, o)), std::invalid_argument);
+  CHECK_THROWS_AS(linear_accumulate(zeros({3, 2}, o).t(), ones({2, 4}, o), ones({3, 4}, o)), std::invalid_argument);
 }
 
 // depthwise_conv2d_nhwc (the audio encoder's subsampling and conv module) on

@@ -303,10 +303,17 @@ TEST_CASE("phi4mm/packed gradients are the sum of the per-sequence gradients") {
   CHECK(rel_err(m->get(base).grad(), add(solo[base], base_b)) < 1e-5);
 }
 
-TEST_CASE("phi4mm/LoRA: a power-of-two scaling on the r-wide product gives the PEFT order's bits, forward and backward") {
+// An adapter on every row adds its B product inside y's GEMM
+// (linear_accumulate), in training as in inference: the same bits with and
+// without autograd (a rollout's forward is the training forward's), within one
+// rounding of the f64 value, and the gradients of x, A and B those of the
+// composed ops (PEFT's order: linear, linear, scale, add) to their rounding.
+TEST_CASE("phi4mm/LoRA: an adapter on every row joins the base GEMM, training and inference alike") {
   for (DType dt : {DType::f32, DType::bf16}) {
-    for (double alpha : {16.0, 12.0}) {  // scaling 2 (the checkpoint's, power of two) and 1.5 (PEFT order kept)
+    for (double alpha : {16.0, 12.0}) {  // scaling 2 (the checkpoint's, power of two: on x·Aᵀ) and 1.5 (the GEMM's alpha)
+      CAPTURE(dtype_name(dt));
       CAPTURE(alpha);
+      const double s = alpha / 8.0;
       const LoraConfig cfg{8, alpha, 0.0, "", {}};
       LoraLinear lin(24, 40, cfg, std::nullopt, TensorOptions(dt));
       Generator g(11);
@@ -319,33 +326,36 @@ TEST_CASE("phi4mm/LoRA: a power-of-two scaling on the r-wide product gives the P
       }
       REQUIRE(A.defined());
       REQUIRE(B.defined());
-      const Tensor x0 = rand_normal({5, 24}, g).to(dt);
+      const Tensor x0 = rand_normal({5, 24}, g).to(dt), w = rand_normal({5, 40}, g).to(dt);
       AdapterRows rows;
       rows.all[int(Adapter::vision)] = true;
       const Tensor xa = x0.detach().set_requires_grad(true), xb = x0.detach().set_requires_grad(true);
       const Tensor y = lin.forward(xa, rows);
-      const Tensor want = add(linear(xb, lin.base_layer->weight, Tensor()),
-                              mul(linear(linear(xb, A, Tensor()), B, Tensor()), alpha / 8.0));
-      CHECK(max_abs_diff(y.detach().to(DType::f64), want.detach().to(DType::f64)) == 0.0);
-      sum(y).backward();
-      sum(want).backward();
-      CHECK(max_abs_diff(xa.grad().to(DType::f64), xb.grad().to(DType::f64)) == 0.0);
-      // Without autograd the adapter's product joins y inside the GEMM
-      // (linear_add_, one rounding): within one rounding of the f64 value.
+      const Tensor Ab = A.detach().set_requires_grad(true), Bb = B.detach().set_requires_grad(true);
+      const Tensor want = add(linear(xb, lin.base_layer->weight, Tensor()), mul(linear(linear(xb, Ab), Bb), s));
+      sum(mul(y, w)).backward();
+      sum(mul(want, w)).backward();
+      const double tol = dt == DType::bf16 ? 0x1p-6 : 1e-6;
+      CHECK(rel_err(y.detach(), want.detach()) <= tol);
+      CHECK(rel_err(xa.grad(), xb.grad()) <= tol);
+      CHECK(rel_err(A.grad(), Ab.grad()) <= tol);
+      CHECK(rel_err(B.grad(), Bb.grad()) <= tol);
       NoGradGuard ng;
-      const std::vector<double> fused = lin.forward(x0, rows).to(DType::f64).to_vector<double>();
+      const Tensor inference = lin.forward(x0, rows);
+      CHECK(max_abs_diff(inference.to(DType::f64), y.detach().to(DType::f64)) == 0.0);
+      // One rounding of the exact value (the r-wide x·Aᵀ is rounded too).
+      const std::vector<double> fused = inference.to(DType::f64).to_vector<double>();
       const Tensor x64 = x0.to(DType::f64), W64 = lin.base_layer->weight.to(DType::f64);
       const Tensor xa64 = linear(x64, A.to(DType::f64), Tensor()), B64 = B.to(DType::f64);
       const std::vector<double> exact =
-          add(linear(x64, W64, Tensor()), mul(linear(xa64, B64, Tensor()), alpha / 8.0)).to_vector<double>();
-      // The roundings' reach: each term's magnitude (the r-wide x·Aᵀ is rounded too).
-      const std::vector<double> mag = add(abs(linear(x64, W64, Tensor())),
-                                          mul(linear(abs(xa64), abs(B64), Tensor()), alpha / 8.0))
-                                          .to_vector<double>();
-      const double rel = dt == DType::bf16 ? 0x1p-7 : 1e-6;
+          add(linear(x64, W64, Tensor()), mul(linear(xa64, B64, Tensor()), s)).to_vector<double>();
+      // The roundings' reach: each term's magnitude.
+      const std::vector<double> mag =
+          add(abs(linear(x64, W64, Tensor())), mul(linear(abs(xa64), abs(B64), Tensor()), s)).to_vector<double>();
+      const double one = dt == DType::bf16 ? 0x1p-7 : 1e-6;
       double worst = 0;
       for (size_t i = 0; i < fused.size(); ++i)
-        worst = std::max(worst, std::fabs(fused[i] - exact[i]) - (mag[i] + std::fabs(exact[i])) * rel);
+        worst = std::max(worst, std::fabs(fused[i] - exact[i]) - (mag[i] + std::fabs(exact[i])) * one);
       CHECK(worst <= 1e-4);
     }
   }
