@@ -21,6 +21,23 @@ struct Chunk {
 
 }  // namespace
 
+CrossEntropyRows cross_entropy_rows(Tensor logits, const Tensor& targets, bool want_grad) {
+  const int64_t n = logits.size(0);
+  Backend& be = backend(logits.device());
+  Tensor nll = empty({n}, TensorOptions(DType::f32, logits.device()));
+  const Tensor t = targets.reshape({n});
+  if (logits.dtype() != DType::bf16 || !cross_entropy_rows_layout_ok(logits, t, nll)) logits = logits.to(DType::f32);
+  if (be.cross_entropy_rows(logits, t, nll)) return {nll, logits};
+  // Composed: log_softmax in place, then p = exp(log p) - onehot(target) in place.
+  logits = logits.to(DType::f32);
+  be.softmax(logits, logits, /*log=*/true);
+  nll = neg(gather(logits, 1, targets).reshape({n}));
+  if (!want_grad) return {nll, Tensor()};
+  be.unary(UnaryOp::exp, logits, logits, 0, 0);
+  be.scatter(logits, 1, targets, full({n, 1}, -1.0, TensorOptions(DType::f32, logits.device())), /*accumulate=*/true);
+  return {nll, logits};
+}
+
 Tensor chunked_cross_entropy_sum(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
                                  int64_t chunk_rows) {
   if (!hidden.defined() || hidden.dim() != 2 || !weight.defined() || weight.dim() != 2 ||
@@ -71,32 +88,20 @@ Tensor chunked_cross_entropy_sum(const Tensor& hidden, const Tensor& weight, con
       // The chunk's logits [rows, V] in the weight's dtype.
       Tensor lp = linear(hd.narrow(0, c.begin, c.rows), wd);
       Backend& be = backend(dev);
-      // One row kernel where the backend has it: each row's loss, and the
-      // logits overwritten with d/dlogits = softmax - onehot(target), in f32
-      // math. bf16 logits stay bf16 (the kernel widens each row and rounds
-      // d/dlogits once, which the products below use anyway): no f32 copy of
-      // the chunk and no cast back. Other dtypes widen to f32 first.
-      Tensor row_loss = empty({c.rows}, TensorOptions(DType::f32, dev));
-      if (lp.dtype() != DType::bf16 || !cross_entropy_rows_layout_ok(lp, c.targets, row_loss)) lp = lp.to(DType::f32);
-      if (be.cross_entropy_rows(lp, c.targets, row_loss)) {
-        total = total.defined() ? add(total, sum(row_loss)) : sum(row_loss);
-        if (!grad) continue;
-      } else {
-        // log_softmax in place in the logits buffer (one row kernel), then,
-        // with a tape, p = exp(log p) - onehot(target) in place.
-        lp = lp.to(DType::f32);
-        be.softmax(lp, lp, /*log=*/true);
-        Tensor part = neg(sum(gather(lp, 1, c.targets)));
-        total = total.defined() ? add(total, part) : part;
-        if (!grad) continue;
-        be.unary(UnaryOp::exp, lp, lp, 0, 0);
-        be.scatter(lp, 1, c.targets, full({c.rows, 1}, -1.0, TensorOptions(DType::f32, dev)), /*accumulate=*/true);
-      }
+      // Each row's loss, and d/dlogits = softmax - onehot(target) in the
+      // logits' buffer. bf16 logits stay bf16 (the row kernel widens each row
+      // and rounds d/dlogits once, which the products below use anyway): no
+      // f32 copy of the chunk and no cast back.
+      const CrossEntropyRows ce = cross_entropy_rows(lp, c.targets, grad);
+      total = total.defined() ? add(total, sum(ce.nll)) : sum(ce.nll);
+      if (!grad) continue;
+      lp = ce.grad;
       // The rows' gradient in the weight's dtype; the weight's in f32 (a bf16
       // sum over chunks would lose the small contributions), accumulated in
       // place over the chunks. A bf16 (f16) weight's product runs on the
       // rounded d/dlogits and rows with f32 sums where the backend has that
-      // kernel (CUDA's tensor cores; as autocast's bf16 head gradient), else
+      // kernel (CUDA's tensor cores, oneDNN's AMX tiles; as autocast's bf16
+      // head gradient), else
       // both widen to f32 (a bf16 d/dlogits from the row kernel is already
       // rounded, as PyTorch's gradient of bf16 logits is).
       const bool half_w = wd.dtype() == DType::bf16 || wd.dtype() == DType::f16;

@@ -27,4 +27,17 @@ inline constexpr int64_t kDefaultLossChunkRows = 1024;
 Tensor chunked_cross_entropy_sum(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
                                  int64_t chunk_rows = kDefaultLossChunkRows);
 
+// One chunk's cross-entropy rows, no autograd: logits [n, V] (fresh, owned
+// by the caller: overwritten), targets [n, 1] i64 in [0, V), on one device.
+// Returns each row's -log softmax(logits)[target] (nll, [n] f32) and, with
+// `want_grad` (always where the backend's row kernel runs), softmax - onehot
+// (grad, [n, V]) in the logits' own buffer. The backend's row kernel
+// (Backend::cross_entropy_rows) takes f32 and bf16 logits in place, f32 math;
+// other dtypes, or a backend without it, widen to f32 and compose
+// log_softmax, gather, exp and a scatter of -1.
+struct CrossEntropyRows {
+  Tensor nll, grad;
+};
+CrossEntropyRows cross_entropy_rows(Tensor logits, const Tensor& targets, bool want_grad);
+
 }  // namespace areno::train

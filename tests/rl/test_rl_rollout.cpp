@@ -105,6 +105,24 @@ TEST_CASE("rl/rollout chunked_target_logp equals log_softmax + gather, values an
   for (int64_t c = 0; c < 8; ++c) CHECK(gh[size_t(8 + c)] == 0.0f);
   CHECK_THROWS_AS(chunked_target_logp(h, w, {7}, {0}), std::invalid_argument);
   CHECK_THROWS_AS(chunked_target_logp(h, w, {0}, {50}), std::invalid_argument);
+
+  // bf16 (the row kernel in place on the bf16 logits, f32 math): the values
+  // of log_softmax on the widened logits, the rows' gradient within bf16
+  // rounding, and a frozen head takes no gradient product.
+  const Tensor hb = h.detach().to(DType::bf16).set_requires_grad(), wb = w.detach().to(DType::bf16);
+  const Tensor ob = chunked_target_logp(hb, wb, rows, tg, /*chunk_rows=*/2);
+  REQUIRE(ob.dtype() == DType::f32);
+  sum(mul(ob, from_vector(weights, {5}))).backward();
+  const Tensor hr = hb.detach().clone().set_requires_grad();
+  const Tensor lr = gather(log_softmax(linear(hr, wb).to(DType::f32), -1), 1,
+                           from_vector(std::vector<int64_t>{3, 0, 49, 0, 0, 17, 17}, {7, 1}));
+  sum(mul(lr, rw)).backward();
+  const auto gotb = ob.to_vector<float>(), wantb = lr.to_vector<float>();
+  for (size_t k = 0; k < kept.size(); ++k) CHECK(gotb[k] == doctest::Approx(wantb[kept[k]]).epsilon(1e-6));
+  const Tensor ghb = hb.grad().to(DType::f64), rhb = hr.grad().to(DType::f64);
+  CHECK(max_abs_diff(ghb, rhb) <= 0x1p-7 * max(abs(rhb)).item());
+  CHECK(max(abs(ghb)).item() > 0.0);
+  CHECK_FALSE(wb.grad().defined());
 }
 
 TEST_CASE("rl/rollout log-probabilities equal policy_logp for text, image, audio and image+audio prompts") {

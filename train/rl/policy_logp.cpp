@@ -9,6 +9,7 @@
 #include "tensor/autograd.h"
 #include "tensor/backend.h"
 #include "tensor/ops.h"
+#include "train/loss.h"
 
 namespace areno::train::rl {
 
@@ -27,9 +28,10 @@ Tensor chunked_target_logp(const Tensor& hidden, const Tensor& weight, const std
   if (K == 0) return zeros({0}, f32);
   Tensor h = index_select(hidden, 0, from_vector(rows, {K}, i64));  // records its own backward
   const Tensor all_targets = from_vector(targets, {K, 1}, i64);
-  // The chunk's logits in f32: [n, V].
-  auto chunk_logits = [](const Tensor& hs, const Tensor& w, int64_t b, int64_t n) {
-    return linear(hs.narrow(0, b, n), w).to(DType::f32);
+  // Chunk [b, b + n)'s cross-entropy rows (train/loss.h): -log p(target)
+  // and softmax - onehot, the logits in their own dtype (bf16 stays bf16).
+  auto chunk_rows_of = [](const Tensor& hs, const Tensor& w, const Tensor& tg, int64_t b, int64_t n, bool want_grad) {
+    return cross_entropy_rows(linear(hs.narrow(0, b, n), w), tg.narrow(0, b, n), want_grad);
   };
 
   std::vector<Tensor> parts;
@@ -37,15 +39,17 @@ Tensor chunked_target_logp(const Tensor& hidden, const Tensor& weight, const std
     NoGradGuard ng;
     for (int64_t b = 0; b < K; b += chunk_rows) {
       const int64_t n = std::min(chunk_rows, K - b);
-      Tensor lp = chunk_logits(h, weight, b, n);
-      backend(dev).softmax(lp, lp, /*log=*/true);
-      parts.push_back(gather(lp, 1, all_targets.narrow(0, b, n)).reshape({n}));
+      parts.push_back(neg(chunk_rows_of(h, weight, all_targets, b, n, false).nll));
     }
   }
   Tensor out = parts.size() == 1 ? parts[0] : cat(parts, 0);
   if (!needs_grad({h, weight})) return out;
   Tensor hd = h.detach(), wd = weight.detach();
-  record(out, "chunked_target_logp", {h, weight}, [hd, wd, all_targets, chunk_rows, chunk_logits](const Tensor& g) {
+  // Only the products someone needs (a frozen head, as in LoRA-only runs,
+  // skips the weight's).
+  const bool grad_h = h.requires_grad(), grad_w = weight.requires_grad();
+  record(out, "chunked_target_logp", {h, weight},
+         [hd, wd, all_targets, chunk_rows, chunk_rows_of, grad_h, grad_w](const Tensor& g) {
     // d logp_t / d logits_t = onehot(target_t) - softmax_t; with the incoming
     // g_t that is (softmax_t - onehot_t) * (-g_t): the column -g scales the
     // small operands (rows of h, rows of the result), not the [n, V] one.
@@ -55,17 +59,16 @@ Tensor chunked_target_logp(const Tensor& hidden, const Tensor& weight, const std
     Tensor gw;
     for (int64_t b = 0; b < K; b += chunk_rows) {
       const int64_t n = std::min(chunk_rows, K - b);
-      Tensor p = chunk_logits(hd, wd, b, n);
-      backend(p.device()).softmax(p, p, /*log=*/false);
-      backend(p.device()).scatter(p, 1, all_targets.narrow(0, b, n),
-                                  full({n, 1}, -1.0, TensorOptions(DType::f32, p.device())), /*accumulate=*/true);
+      const Tensor p = chunk_rows_of(hd, wd, all_targets, b, n, true).grad;
       const Tensor col = ng.narrow(0, b, n);
-      gh.push_back(mul(matmul(p.to(wd.dtype()), wd), col.to(wd.dtype())));
+      if (grad_h) gh.push_back(mul(matmul(p.to(wd.dtype()), wd), col.to(wd.dtype())));
+      if (!grad_w) continue;
       Tensor hc = mul(hd.narrow(0, b, n).to(DType::f32), col).contiguous();
-      if (!gw.defined()) gw = matmul(p.t(), hc);
-      else backend(p.device()).matmul(p.t().unsqueeze(0), hc.unsqueeze(0), gw.unsqueeze(0), 1.0, 1.0);
+      const Tensor pf = p.to(DType::f32);
+      if (!gw.defined()) gw = matmul(pf.t(), hc);
+      else backend(pf.device()).matmul(pf.t().unsqueeze(0), hc.unsqueeze(0), gw.unsqueeze(0), 1.0, 1.0);
     }
-    return std::vector<Tensor>{gh.size() == 1 ? gh[0] : cat(gh, 0), gw};
+    return std::vector<Tensor>{gh.empty() ? Tensor() : gh.size() == 1 ? gh[0] : cat(gh, 0), gw};
   });
   return out;
 }
