@@ -58,6 +58,7 @@ class CpuBackend final : public Backend {
 
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha,
               double beta) override;
+  bool matmul_f32_out(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) override;
 
   bool linear_int8(const Tensor& x, const int8_t* w, const float* scales, const Tensor& out) override;
   bool linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;

@@ -72,7 +72,8 @@ namespace {
 
 template <typename O>
 bool gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs, const BFloat16* b,
-          int64_t b_rs, int64_t b_cs, O* out, int64_t ldo, const BFloat16* bias = nullptr, float beta = 0.0f) {
+          int64_t b_rs, int64_t b_cs, O* out, int64_t ldo, const BFloat16* bias = nullptr, float beta = 0.0f,
+          float alpha = 1.0f) {
   if (!dnnl_enabled() || M <= 0 || N <= 0 || K <= 0) return false;
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
@@ -84,6 +85,7 @@ bool gemm(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int6
     // oneDNN's primitive cache makes the repeated creation for a shape cheap.
     const dnnl::memory::desc biasm = bias ? dnnl::memory::desc(dims{1, N}, dt::bf16, dims{N, 1}) : dnnl::memory::desc();
     dnnl::primitive_attr attr;
+    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});  // alpha times the product, before the sum
     if (beta != 0.0f) {  // out = beta out + the product, before the rounding
       dnnl::post_ops po;
       po.append_sum(beta);
@@ -116,8 +118,9 @@ bool dnnl_gemm_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t 
 }
 
 bool dnnl_gemm_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs,
-                    const BFloat16* b, int64_t b_rs, int64_t b_cs, float* out, int64_t ldo) {
-  return gemm(M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, out, ldo);
+                    const BFloat16* b, int64_t b_rs, int64_t b_cs, float* out, int64_t ldo, float beta,
+                    float alpha) {
+  return gemm(M, N, K, a, a_rs, a_cs, b, b_rs, b_cs, out, ldo, nullptr, beta, alpha);
 }
 
 #else
@@ -130,7 +133,7 @@ bool dnnl_gemm_bf16(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t
   return false;
 }
 bool dnnl_gemm_bf16(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, const BFloat16*, int64_t, int64_t,
-                    float*, int64_t) {
+                    float*, int64_t, float, float) {
   return false;
 }
 

@@ -32,8 +32,10 @@ bool set_dnnl_enabled(bool on);
 bool dnnl_gemm_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs,
                     const BFloat16* b, int64_t b_rs, int64_t b_cs, BFloat16* out, int64_t ldo, float beta = 0.0f,
                     const BFloat16* bias = nullptr);
-// The same with an f32 result (the f32 sums, not rounded to bf16).
+// The same with an f32 result: out = alpha a b + beta out from the f32 sums,
+// never rounded to bf16.
 bool dnnl_gemm_bf16(int64_t M, int64_t N, int64_t K, const BFloat16* a, int64_t a_rs, int64_t a_cs,
-                    const BFloat16* b, int64_t b_rs, int64_t b_cs, float* out, int64_t ldo);
+                    const BFloat16* b, int64_t b_rs, int64_t b_cs, float* out, int64_t ldo, float beta = 0.0f,
+                    float alpha = 1.0f);
 
 }  // namespace areno::cpu

@@ -221,6 +221,33 @@ bool bf16_row_blocks(int64_t M, int64_t N, const BFloat16* a, const MatRef& ma, 
 
 }  // namespace
 
+// bf16 operands, f32 out (the loss's head-weight gradient in bf16 training):
+// oneDNN's native bf16 products, out = alpha a b + beta out from the
+// unrounded f32 sums, where it runs (dnnl_enabled: AMX CPUs by default);
+// otherwise false and the caller widens both operands to f32.
+bool CpuBackend::matmul_f32_out(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
+  if (out.dtype() != DType::f32 || a.dtype() != DType::bf16 || b.dtype() != DType::bf16 || !dnnl_enabled())
+    return false;
+  if (a.dim() != 3 || b.dim() != 3 || out.dim() != 3 || !out.is_contiguous() || a.size(0) != out.size(0) ||
+      b.size(0) != out.size(0) || a.size(1) != out.size(1) || b.size(2) != out.size(2) || a.size(2) != b.size(1))
+    throw std::invalid_argument("cpu matmul_f32_out: shapes " + a.str() + " @ " + b.str() + " -> " + out.str() +
+                                " do not agree");
+  const int64_t batch = out.size(0), M = out.size(1), N = out.size(2), K = a.size(2);
+  if (M == 0 || N == 0 || K == 0) return false;
+  const BFloat16* ap = static_cast<const BFloat16*>(a.data_ptr());
+  const BFloat16* bp = static_cast<const BFloat16*>(b.data_ptr());
+  float* op = static_cast<float*>(out.data_ptr());
+  for (int64_t i = 0; i < batch; ++i) {
+    if (dnnl_gemm_bf16(M, N, K, ap + i * a.stride(0), a.stride(1), a.stride(2), bp + i * b.stride(0), b.stride(1),
+                       b.stride(2), op + i * M * N, N, float(beta), float(alpha)))
+      continue;
+    if (i == 0) return false;  // nothing written: the caller's path runs
+    throw std::runtime_error("cpu matmul_f32_out: oneDNN refused a later product of the same shapes");
+  }
+  count_flops(2.0 * double(batch) * double(M) * double(N) * double(K));
+  return true;
+}
+
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out, double alpha,
                         double beta) {
   int64_t batch = out.size(0), M = out.size(1), N = out.size(2);
