@@ -241,7 +241,9 @@ TEST_CASE("rl/rollout the gradient of sum(policy_logp * mask) reaches the LoRA a
   TokenLogp tl = policy_logp(*model, prompts, sequences_of(samples), {.chunk_rows = 7});
   REQUIRE(tl.logp.requires_grad());
   sum(mul(tl.logp, tl.mask)).backward();
-  for (auto& [name, p] : watched) {
+  for (const auto& entry : watched) {  // (not a structured binding: clang 14 cannot CAPTURE one)
+    const std::string& name = entry.first;
+    const Tensor& p = entry.second;
     CAPTURE(name);
     REQUIRE(p.grad().defined());
     const auto gv = p.grad().to(DType::f32).contiguous().to_vector<float>();
