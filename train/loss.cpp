@@ -18,7 +18,6 @@ struct Chunk {
   Tensor targets;  // [rows, 1] i64 on the device
 };
 
-
 }  // namespace
 
 CrossEntropyRows cross_entropy_rows(Tensor logits, const Tensor& targets, bool want_grad) {
@@ -101,9 +100,8 @@ Tensor chunked_cross_entropy_sum(const Tensor& hidden, const Tensor& weight, con
       // place over the chunks. A bf16 (f16) weight's product runs on the
       // rounded d/dlogits and rows with f32 sums where the backend has that
       // kernel (CUDA's tensor cores, oneDNN's AMX tiles; as autocast's bf16
-      // head gradient), else
-      // both widen to f32 (a bf16 d/dlogits from the row kernel is already
-      // rounded, as PyTorch's gradient of bf16 logits is).
+      // head gradient), else both widen to f32 (a bf16 d/dlogits from the row
+      // kernel is already rounded, as PyTorch's gradient of bf16 logits is).
       const bool half_w = wd.dtype() == DType::bf16 || wd.dtype() == DType::f16;
       const Tensor lpw = grad_h || (grad_w && half_w) ? lp.to(wd.dtype()) : Tensor();
       if (grad_h) gh.push_back(matmul(lpw, wd));
