@@ -42,65 +42,140 @@ A lane_sum(int64_t n, F f) {
 
 typedef double D4 __attribute__((vector_size(32)));
 
+// The vectors of the softmax and cross-entropy row passes below: 16 lanes
+// where the build has AVX-512 (half the instructions; the f64 sums then run
+// in 8-lane halves), else 8 (GCC spills 16-lane selects below AVX-512).
+#if defined(__AVX512F__)
+using RowVec = F16;
+typedef double RowVecD __attribute__((vector_size(64)));
+#define ARENO_ROW_LO 0, 1, 2, 3, 4, 5, 6, 7
+#define ARENO_ROW_HI 8, 9, 10, 11, 12, 13, 14, 15
+#else
+using RowVec = F8;
+using RowVecD = D4;
+#define ARENO_ROW_LO 0, 1, 2, 3
+#define ARENO_ROW_HI 4, 5, 6, 7
+#endif
+
+}  // namespace
+
+namespace {
+
+// The largest of w[0, n) (NaN ignored; -inf when there is none), in 16-lane
+// vectors where the build has AVX-512, else 8. A bf16 row is also widened
+// into x in the same pass (x is unused for an f32 row).
+template <typename W>
+float row_max(const W* w, float* x, int64_t n) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  constexpr bool kWiden = std::is_same_v<W, BFloat16>;
+  constexpr int kW = sizeof(RowVec) / sizeof(float);
+  RowVec mxv = RowVec{} + kNegInf;
+  int64_t j = 0;
+  for (; j + kW <= n; j += kW) {
+    RowVec v;
+    if constexpr (kWiden) {
+      v = widen_bf16_lanes<RowVec>(w + j);
+      std::memcpy(x + j, &v, sizeof v);
+    } else {
+      std::memcpy(&v, w + j, sizeof v);
+    }
+    mxv = v > mxv ? v : mxv;
+  }
+  float mx = kNegInf;
+  for (int l = 0; l < kW; ++l) mx = std::max(mx, mxv[l]);
+  for (; j < n; ++j) {
+    const float v = float(w[j]);
+    if constexpr (kWiden) x[j] = v;
+    mx = std::max(mx, v);
+  }
+  return mx;
+}
+
+// The sum of exp(x - mx) over x[0, n) (exp_nonpositive, in f64 lanes: see
+// RowExpSum), in one order whatever else the pass does. With Store, e[j] gets
+// exp(x[j] - mx), exactly 0 where x[j] is -inf (the sum still takes the
+// polynomial's value there, as without Store); e may be x.
+template <bool Store>
+double row_exp_sum_from(const float* x, float* e, int64_t n, float mx) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  constexpr int kW = sizeof(RowVec) / sizeof(float);
+  RowVecD s_lo = {}, s_hi = {};
+  int64_t j = 0;
+  for (; j + kW <= n; j += kW) {
+    RowVec v;
+    std::memcpy(&v, x + j, sizeof v);
+    const RowVec p = exp_nonpositive(v - mx);
+    s_lo += __builtin_convertvector(__builtin_shufflevector(p, p, ARENO_ROW_LO), RowVecD);
+    s_hi += __builtin_convertvector(__builtin_shufflevector(p, p, ARENO_ROW_HI), RowVecD);
+    if constexpr (Store) {
+      const RowVec masked = v == kNegInf ? RowVec{} : p;
+      std::memcpy(e + j, &masked, sizeof masked);
+    }
+  }
+  double sum = 0;
+  for (int l = 0; l < kW / 2; ++l) sum += s_lo[l];
+  for (int l = 0; l < kW / 2; ++l) sum += s_hi[l];
+  for (; j < n; ++j) {
+    const float v = x[j], p = exp_nonpositive(v - mx);
+    sum += double(p);
+    if constexpr (Store) e[j] = v == kNegInf ? 0.0f : p;
+  }
+  return sum;
+}
+
+// y[j] = x[j] * s over [0, n), to f32 or rounded once to bf16; y may be x.
+template <typename Y>
+void scale_row(const float* x, Y* y, int64_t n, float s) {
+  constexpr int kW = sizeof(RowVec) / sizeof(float);
+  int64_t j = 0;
+  if constexpr (std::is_same_v<Y, BFloat16>) {
+    for (; j + 16 <= n; j += 16) {
+      F16 v;
+      std::memcpy(&v, x + j, sizeof v);
+      v *= s;
+      U16 u;
+      std::memcpy(&u, &v, sizeof u);
+      const H16 h = __builtin_convertvector(bf16_bits_rne(u), H16);
+      std::memcpy(static_cast<void*>(y + j), &h, sizeof h);
+    }
+  } else {
+    for (; j + kW <= n; j += kW) {
+      RowVec v;
+      std::memcpy(&v, x + j, sizeof v);
+      v *= s;
+      std::memcpy(y + j, &v, sizeof v);
+    }
+  }
+  for (; j < n; ++j) y[j] = Y(x[j] * s);
+}
+
+#undef ARENO_ROW_LO
+#undef ARENO_ROW_HI
+
 }  // namespace
 
 // (vec_exp.h) Unaligned loads from the row's start: the same sums whatever
 // the buffer's alignment.
 RowExpSum row_exp_sum(const float* x, int64_t n) {
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  F8 mx8 = F8{} + kNegInf;
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    F8 v;
-    std::memcpy(&v, x + j, sizeof v);
-    mx8 = v > mx8 ? v : mx8;
-  }
-  float mx = kNegInf;
-  for (int l = 0; l < 8; ++l) mx = std::max(mx, mx8[l]);
-  for (int64_t i = j; i < n; ++i) mx = std::max(mx, x[i]);
-  D4 s_lo = {}, s_hi = {};
-  j = 0;
-  for (; j + 8 <= n; j += 8) {
-    F8 v;
-    std::memcpy(&v, x + j, sizeof v);
-    const F8 e = exp_nonpositive(v - mx);
-    s_lo += __builtin_convertvector(__builtin_shufflevector(e, e, 0, 1, 2, 3), D4);
-    s_hi += __builtin_convertvector(__builtin_shufflevector(e, e, 4, 5, 6, 7), D4);
-  }
-  double sum = 0;
-  for (int l = 0; l < 4; ++l) sum += s_lo[l];
-  for (int l = 0; l < 4; ++l) sum += s_hi[l];
-  for (int64_t i = j; i < n; ++i) sum += double(exp_nonpositive(x[i] - mx));
-  return {mx, sum};
+  const float mx = row_max(x, nullptr, n);
+  return {mx, row_exp_sum_from<false>(x, nullptr, n, mx)};
 }
 
 namespace {
-
-// exp(x - mx) * inv over the row into out (which may be x), -inf giving 0 exactly.
-void write_exp_scaled(const float* x, float* out, int64_t n, float mx, float inv) {
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    F8 v;
-    std::memcpy(&v, x + j, sizeof v);
-    F8 p = exp_nonpositive(v - mx) * inv;
-    p = v == kNegInf ? F8{} : p;
-    std::memcpy(out + j, &p, sizeof p);
-  }
-  for (int64_t i = j; i < n; ++i) out[i] = x[i] == kNegInf ? 0.0f : exp_nonpositive(x[i] - mx) * inv;
-}
 
 // f32 rows (and bf16/f16 rows widened to f32): the reductions above, then
 // x - (max + log(sum)), or exp(x - max) / sum. A row of -inf, or one holding
 // a NaN or +inf (a NaN sum), comes out all NaN, as torch gives. out may
 // alias in.
 void softmax_row(const float* in, float* out, int64_t n, bool log) {
-  const auto [mx, sum] = row_exp_sum(in, n);
+  const float mx = row_max(in, nullptr, n);
+  // softmax: exp(x - max) goes to out as it is summed, then out is scaled.
+  const double sum = log ? row_exp_sum_from<false>(in, nullptr, n, mx) : row_exp_sum_from<true>(in, out, n, mx);
   if (std::isnan(sum) || mx == -std::numeric_limits<float>::infinity()) {
     std::fill(out, out + n, std::numeric_limits<float>::quiet_NaN());
     return;
   }
-  if (!log) return write_exp_scaled(in, out, n, mx, float(1.0 / sum));
+  if (!log) return scale_row(out, out, n, float(1.0 / sum));
   const float c = float(std::log(sum) + double(mx));
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
@@ -146,12 +221,13 @@ void softmax_backward_rows(const Tensor& y, const Tensor& dy, const Tensor& dx, 
         const T* yr = yp + i * n;
         const T* gr = gp + i * n;
         T* o = op + i * n;
-        C s = 0;
+        // The row sums in lanes (lane_sum): one running sum was a chain of
+        // dependent adds, most of the time of this pass.
         if (log) {
-          for (int64_t j = 0; j < n; ++j) s += C(gr[j]);
+          const C s = lane_sum<C>(n, [&](int64_t j) { return C(gr[j]); });
           for (int64_t j = 0; j < n; ++j) o[j] = T(C(gr[j]) - std::exp(C(yr[j])) * s);
         } else {
-          for (int64_t j = 0; j < n; ++j) s += C(gr[j]) * C(yr[j]);
+          const C s = lane_sum<C>(n, [&](int64_t j) { return C(gr[j]) * C(yr[j]); });
           for (int64_t j = 0; j < n; ++j) o[j] = T(sc * C(yr[j]) * (C(gr[j]) - s));
         }
       }
@@ -217,22 +293,27 @@ void CpuBackend::scaled_softmax_backward(const Tensor& y, const Tensor& dy, cons
 
 namespace {
 
-// One cross-entropy row (see Backend::cross_entropy_rows), three passes over
-// 8-lane vectors: the largest logit; the sum of exp(x - max)
-// (exp_nonpositive, summed in f64 lanes as softmax_row does, for the same
-// reason); then p = exp(x - max) / sum in place, minus 1 at the target.
+// One cross-entropy row (see Backend::cross_entropy_rows) over the f32 row x
+// (for bf16 logits, their widening into x in the first pass): the largest
+// logit; exp(x - max) into x as its sum is taken (the sum of row_exp_sum, f64
+// lanes); then p = exp(x - max) / sum written to out (x itself, or the bf16
+// row, each value rounded once), minus 1 at the target. One exp per logit.
 // Logits of -inf get p = 0 exactly. A NaN logit (or +inf) makes the sum NaN:
 // the row is then all NaN, as softmax gives. Returns the row's loss,
 // log(sum) + max - x[target].
-float cross_entropy_row(float* x, int64_t n, int64_t target) {
-  const float xt = x[target];
-  const auto [mx, sum] = row_exp_sum(x, n);
+template <typename T>
+float cross_entropy_row(float* x, T* out, int64_t n, int64_t target) {
+  const float xt = float(out[target]);
+  const float mx = row_max(static_cast<const T*>(out), x, n);  // an f32 out is x
+  const double sum = row_exp_sum_from<true>(x, x, n, mx);
   if (std::isnan(sum) || mx == -std::numeric_limits<float>::infinity()) {  // a NaN or +inf logit, or nothing finite
-    std::fill(x, x + n, std::numeric_limits<float>::quiet_NaN());
+    std::fill(out, out + n, T(std::numeric_limits<float>::quiet_NaN()));
     return std::numeric_limits<float>::quiet_NaN();
   }
-  write_exp_scaled(x, x, n, mx, float(1.0 / sum));
-  x[target] -= 1.0f;
+  const float inv = float(1.0 / sum);
+  const float pt = x[target] * inv;
+  scale_row(x, out, n, inv);
+  out[target] = T(pt - 1.0f);
   return float(std::log(sum) + double(mx) - double(xt));
 }
 
@@ -250,18 +331,13 @@ bool CpuBackend::cross_entropy_rows(const Tensor& logits, const Tensor& targets,
     BFloat16* x = static_cast<BFloat16*>(logits.data_ptr());
     parallel_for(R, V * 8, [&](int64_t lo, int64_t hi) {
       std::vector<float> buf(static_cast<size_t>(V));
-      for (int64_t r = lo; r < hi; ++r) {
-        BFloat16* row = x + r * V;
-        for (int64_t j = 0; j < V; ++j) buf[size_t(j)] = float(row[j]);
-        l[r] = cross_entropy_row(buf.data(), V, t[r]);
-        for (int64_t j = 0; j < V; ++j) row[j] = BFloat16(buf[size_t(j)]);
-      }
+      for (int64_t r = lo; r < hi; ++r) l[r] = cross_entropy_row(buf.data(), x + r * V, V, t[r]);
     });
     return true;
   }
   float* x = static_cast<float*>(logits.data_ptr());
   parallel_for(R, V * 4, [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r) l[r] = cross_entropy_row(x + r * V, V, t[r]);
+    for (int64_t r = lo; r < hi; ++r) l[r] = cross_entropy_row(x + r * V, x + r * V, V, t[r]);
   });
   return true;
 }

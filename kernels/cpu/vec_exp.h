@@ -83,7 +83,8 @@ __attribute__((always_inline)) inline V exp_nonpositive(V x) {
   return p * pow2_of(r);
 }
 
-// The two reductions of a softmax row over 8-lane vectors (kernels/cpu/rows.cpp):
+// The two reductions of a softmax row (kernels/cpu/rows.cpp: 16-lane vectors
+// with AVX-512, else 8):
 // the largest value (NaN ignored) and the sum of exp(x - max) (exp_nonpositive,
 // summed in f64 lanes: in f32 the lane holding the largest term (~1) drops the
 // tail's terms below its rounding step, so a confident row over a 200064-entry
