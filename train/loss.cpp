@@ -20,21 +20,42 @@ struct Chunk {
 
 }  // namespace
 
-CrossEntropyRows cross_entropy_rows(Tensor logits, const Tensor& targets, bool want_grad) {
+CrossEntropyRows cross_entropy_rows_composed(Tensor logits, const Tensor& targets, bool want_grad) {
   const int64_t n = logits.size(0);
   Backend& be = backend(logits.device());
-  Tensor nll = empty({n}, TensorOptions(DType::f32, logits.device()));
-  const Tensor t = targets.reshape({n});
-  if (logits.dtype() != DType::bf16 || !cross_entropy_rows_layout_ok(logits, t, nll)) logits = logits.to(DType::f32);
-  if (be.cross_entropy_rows(logits, t, nll)) return {nll, logits};
-  // Composed: log_softmax in place, then p = exp(log p) - onehot(target) in place.
-  logits = logits.to(DType::f32);
+  // log_softmax in place, then p = exp(log p) - onehot(target) in place.
+  logits = logits.to(DType::f32).contiguous();
   be.softmax(logits, logits, /*log=*/true);
-  nll = neg(gather(logits, 1, targets).reshape({n}));
+  const Tensor nll = neg(gather(logits, 1, targets).reshape({n}));
   if (!want_grad) return {nll, Tensor()};
   be.unary(UnaryOp::exp, logits, logits, 0, 0);
   be.scatter(logits, 1, targets, full({n, 1}, -1.0, TensorOptions(DType::f32, logits.device())), /*accumulate=*/true);
   return {nll, logits};
+}
+
+CrossEntropyRows cross_entropy_rows(Tensor logits, const Tensor& targets, bool want_grad) {
+  const int64_t n = logits.size(0);
+  Tensor nll = empty({n}, TensorOptions(DType::f32, logits.device()));
+  const Tensor t = targets.reshape({n});
+  if (logits.dtype() != DType::bf16 || !cross_entropy_rows_layout_ok(logits, t, nll)) logits = logits.to(DType::f32);
+  if (backend(logits.device()).cross_entropy_rows(logits, t, nll)) return {nll, logits};
+  return cross_entropy_rows_composed(logits, targets, want_grad);
+}
+
+void add_head_weight_grad(Tensor& acc, const Tensor& dlogits, const Tensor& rows, DType weight_dtype) {
+  const Device dev = dlogits.device();
+  Backend& be = backend(dev);
+  if (weight_dtype == DType::bf16 || weight_dtype == DType::f16) {
+    const Tensor lpw = dlogits.to(weight_dtype), hw = rows.to(weight_dtype).contiguous();
+    const Tensor into = acc.defined() ? acc : empty({lpw.size(1), hw.size(1)}, TensorOptions(DType::f32, dev));
+    if (be.matmul_f32_out(lpw.t().unsqueeze(0), hw.unsqueeze(0), into.unsqueeze(0), 1.0, acc.defined() ? 1.0 : 0.0)) {
+      acc = into;
+      return;
+    }
+  }
+  const Tensor hc = rows.to(DType::f32).contiguous(), lpf = dlogits.to(DType::f32);
+  if (!acc.defined()) acc = matmul(lpf.t(), hc);
+  else be.matmul(lpf.t().unsqueeze(0), hc.unsqueeze(0), acc.unsqueeze(0), 1.0, 1.0);
 }
 
 Tensor chunked_cross_entropy_sum(const Tensor& hidden, const Tensor& weight, const Tensor& targets,
@@ -86,7 +107,6 @@ Tensor chunked_cross_entropy_sum(const Tensor& hidden, const Tensor& weight, con
       c.targets = all_targets.narrow(0, b, c.rows);
       // The chunk's logits [rows, V] in the weight's dtype.
       Tensor lp = linear(hd.narrow(0, c.begin, c.rows), wd);
-      Backend& be = backend(dev);
       // Each row's loss, and d/dlogits = softmax - onehot(target) in the
       // logits' buffer. bf16 logits stay bf16 (the row kernel widens each row
       // and rounds d/dlogits once, which the products below use anyway): no
@@ -95,30 +115,11 @@ Tensor chunked_cross_entropy_sum(const Tensor& hidden, const Tensor& weight, con
       total = total.defined() ? add(total, sum(ce.nll)) : sum(ce.nll);
       if (!grad) continue;
       lp = ce.grad;
-      // The rows' gradient in the weight's dtype; the weight's in f32 (a bf16
-      // sum over chunks would lose the small contributions), accumulated in
-      // place over the chunks. A bf16 (f16) weight's product runs on the
-      // rounded d/dlogits and rows with f32 sums where the backend has that
-      // kernel (CUDA's tensor cores, oneDNN's AMX tiles; as autocast's bf16
-      // head gradient), else both widen to f32 (a bf16 d/dlogits from the row
-      // kernel is already rounded, as PyTorch's gradient of bf16 logits is).
-      const bool half_w = wd.dtype() == DType::bf16 || wd.dtype() == DType::f16;
-      const Tensor lpw = grad_h || (grad_w && half_w) ? lp.to(wd.dtype()) : Tensor();
+      // The rows' gradient in the weight's dtype; the weight's in f32,
+      // accumulated in place over the chunks.
+      const Tensor lpw = grad_h ? lp.to(wd.dtype()) : Tensor();
       if (grad_h) gh.push_back(matmul(lpw, wd));
-      if (!grad_w) continue;
-      if (half_w) {
-        const Tensor hw = hd.narrow(0, c.begin, c.rows).contiguous();
-        const Tensor into = gw.defined() ? gw : empty({V, hd.size(1)}, TensorOptions(DType::f32, dev));
-        if (be.matmul_f32_out(lpw.t().unsqueeze(0), hw.unsqueeze(0), into.unsqueeze(0), 1.0,
-                              gw.defined() ? 1.0 : 0.0)) {
-          gw = into;
-          continue;
-        }
-      }
-      Tensor hc = hd.narrow(0, c.begin, c.rows).to(DType::f32).contiguous();
-      const Tensor lpf = lp.to(DType::f32);
-      if (!gw.defined()) gw = matmul(lpf.t(), hc);
-      else be.matmul(lpf.t().unsqueeze(0), hc.unsqueeze(0), gw.unsqueeze(0), 1.0, 1.0);
+      if (grad_w) add_head_weight_grad(gw, lp, hd.narrow(0, c.begin, c.rows), wd.dtype());
     }
     if (grad_h) gh_all = gh.size() == 1 ? gh[0] : cat(gh, 0);
   }

@@ -39,5 +39,21 @@ struct CrossEntropyRows {
   Tensor nll, grad;
 };
 CrossEntropyRows cross_entropy_rows(Tensor logits, const Tensor& targets, bool want_grad);
+// The composed form cross_entropy_rows falls back on (a backend without the
+// row kernel), callable directly so that it is tested: logits widened to f32
+// (an f32 [n, V] is overwritten), log_softmax, gather, exp, scatter of -1.
+CrossEntropyRows cross_entropy_rows_composed(Tensor logits, const Tensor& targets, bool want_grad);
+
+// acc (+)= dlogitsᵀ · rows: one chunk's share of the tied head weight's
+// gradient, [V, H] in f32 (a bf16 sum over chunks would lose the small
+// contributions); acc undefined on the first chunk, then accumulated in place.
+// dlogits [n, V] (f32 or bf16, cross_entropy_rows' grad, possibly scaled),
+// rows [n, H]. For a bf16 (f16) weight the product runs on both operands
+// rounded to its dtype with f32 sums where the backend has that kernel
+// (Backend::matmul_f32_out: CUDA's tensor cores, oneDNN's AMX tiles; as
+// autocast's bf16 head gradient), else both widen to f32 (a bf16 d/dlogits
+// from the row kernel is already rounded, as PyTorch's gradient of bf16
+// logits is). Shared by the SFT loss and RL's log-probabilities.
+void add_head_weight_grad(Tensor& acc, const Tensor& dlogits, const Tensor& rows, DType weight_dtype);
 
 }  // namespace areno::train

@@ -123,6 +123,17 @@ TEST_CASE("rl/rollout chunked_target_logp equals log_softmax + gather, values an
   CHECK(max_abs_diff(ghb, rhb) <= 0x1p-7 * max(abs(rhb)).item());
   CHECK(max(abs(ghb)).item() > 0.0);
   CHECK_FALSE(wb.grad().defined());
+  // A trainable bf16 head: its gradient (train::add_head_weight_grad, the
+  // rows scaled by -g then rounded) within bf16 rounding of the reference's.
+  const Tensor wt = w.detach().to(DType::bf16).set_requires_grad(), wr2 = wt.detach().clone().set_requires_grad();
+  sum(mul(chunked_target_logp(hb.detach(), wt, rows, tg, /*chunk_rows=*/2), from_vector(weights, {5}))).backward();
+  const Tensor lw = gather(log_softmax(linear(hb.detach(), wr2).to(DType::f32), -1), 1,
+                           from_vector(std::vector<int64_t>{3, 0, 49, 0, 0, 17, 17}, {7, 1}));
+  sum(mul(lw, rw)).backward();
+  REQUIRE(wt.grad().defined());
+  const Tensor gwb = wt.grad().to(DType::f64), rwb = wr2.grad().to(DType::f64);
+  CHECK(max_abs_diff(gwb, rwb) <= 0x1p-7 * max(abs(rwb)).item());
+  CHECK(max(abs(gwb)).item() > 0.0);
 }
 
 TEST_CASE("rl/rollout log-probabilities equal policy_logp for text, image, audio and image+audio prompts") {

@@ -122,6 +122,57 @@ TEST_CASE("train/loss: chunked cross-entropy equals the full softmax, value and 
                        doctest::Contains("target 13 at row 0 is outside the vocabulary of 13"), std::invalid_argument);
 }
 
+// bf16 rows and a trainable bf16 head: the loss of log_softmax over the
+// bf16 logits widened to f32, the gradients within bf16 rounding of that
+// reference's (the weight's through add_head_weight_grad: f32 sums over
+// chunks, oneDNN's bf16 product with f32 output where it runs, else widened).
+TEST_CASE("train/loss: bf16 rows and head, loss and both gradients within bf16 rounding") {
+  Generator g(11);
+  const Tensor h0 = rand_normal({6, 16}, g).to(DType::bf16), w0 = rand_normal({45, 16}, g, 0.0, 0.5).to(DType::bf16);
+  const std::vector<int64_t> tg = {44, -1, 3, 0, 17, 3};
+  // The reference's logits are bf16 too (the chunk's are), widened for the
+  // log_softmax; its gradients are taken in bf16 by the composed ops.
+  Tensor hr = h0.clone().set_requires_grad(), wr = w0.clone().set_requires_grad();
+  // Row 1 has no target.
+  Tensor ref = neg(sum(gather(index_select(log_softmax(linear(hr, wr).to(DType::f32), -1), 0, from_vector<int64_t>({0, 2, 3, 4, 5}, {5})),
+                              1, from_vector<int64_t>({44, 3, 0, 17, 3}, {5, 1}))));
+  mul(ref, 0.25).backward();
+  for (int64_t chunk : {2, 100}) {
+    CAPTURE(chunk);
+    Tensor h = h0.clone().set_requires_grad(), w = w0.clone().set_requires_grad();
+    Tensor loss = mul(chunked_cross_entropy_sum(h, w, from_vector(tg, {6}), chunk), 0.25);
+    CHECK(loss.item() == doctest::Approx(0.25 * ref.item()).epsilon(1e-6));
+    loss.backward();
+    REQUIRE(w.grad().dtype() == DType::bf16);
+    CHECK(rel(h.grad(), hr.grad()) < 0x1p-7);
+    CHECK(rel(w.grad(), wr.grad()) < 0x1p-7);
+    CHECK(max(abs(h.grad().select(0, 1))).item() == 0.0);
+  }
+}
+
+// The composed fallback of cross_entropy_rows (a backend without the row
+// kernel) gives the kernel's losses and softmax - onehot, from f32 and from
+// bf16 logits.
+TEST_CASE("train/loss: the composed cross-entropy rows equal the row kernel's") {
+  Generator g(13);
+  const Tensor x = rand_normal({4, 77}, g, 0.0, 3.0);
+  const Tensor t = from_vector<int64_t>({76, 0, 40, 17}, {4, 1});
+  for (DType dt : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(dt));
+    const Tensor xd = x.to(dt);
+    const CrossEntropyRows k = cross_entropy_rows(xd.clone(), t, true), c = cross_entropy_rows_composed(xd.clone(), t, true);
+    const CrossEntropyRows c_nograd = cross_entropy_rows_composed(xd.clone(), t, false);
+    REQUIRE(c.grad.dtype() == DType::f32);
+    CHECK_FALSE(c_nograd.grad.defined());
+    CHECK(rel(c.nll, k.nll) < 1e-6);
+    CHECK(rel(c_nograd.nll, k.nll) < 1e-6);
+    // f32: the same values to f32 rounding; bf16: the kernel's grad is rounded once.
+    CHECK(max_abs_diff(c.grad, k.grad.to(DType::f32)) < (dt == DType::f32 ? 1e-6 : 0x1p-8));
+    // Each row of softmax - onehot sums to 0.
+    CHECK(max(abs(sum(c.grad, {1}))).item() < 1e-5);
+  }
+}
+
 TEST_CASE("train/groups: names map to lm, projector and tower; weight decay skips biases, norms, separators") {
   CHECK(group_of("model.embed_tokens.weight") == Group::lm);
   CHECK(group_of("model.layers.3.self_attn.qkv_proj.lora_B.speech.weight") == Group::lm);

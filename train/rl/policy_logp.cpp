@@ -62,11 +62,9 @@ Tensor chunked_target_logp(const Tensor& hidden, const Tensor& weight, const std
       const Tensor p = chunk_rows_of(hd, wd, all_targets, b, n, true).grad;
       const Tensor col = ng.narrow(0, b, n);
       if (grad_h) gh.push_back(mul(matmul(p.to(wd.dtype()), wd), col.to(wd.dtype())));
-      if (!grad_w) continue;
-      Tensor hc = mul(hd.narrow(0, b, n).to(DType::f32), col).contiguous();
-      const Tensor pf = p.to(DType::f32);
-      if (!gw.defined()) gw = matmul(pf.t(), hc);
-      else backend(pf.device()).matmul(pf.t().unsqueeze(0), hc.unsqueeze(0), gw.unsqueeze(0), 1.0, 1.0);
+      // The weight's: the rows scaled by the column (in f32, then in the
+      // weight's dtype for a bf16 weight's product).
+      if (grad_w) add_head_weight_grad(gw, p, mul(hd.narrow(0, b, n).to(DType::f32), col), wd.dtype());
     }
     return std::vector<Tensor>{gh.empty() ? Tensor() : gh.size() == 1 ? gh[0] : cat(gh, 0), gw};
   });
