@@ -39,7 +39,9 @@ enum class BinaryOp : uint8_t {
   gelu_tanh_backward,  // a = x
 };
 
-enum class ReduceOp : uint8_t { sum, max, min, argmax, argmin };  // arg*: out i64
+// arg*: out i64; sum_squares: the sum of x² (float dtypes), each x squared
+// in the compute type and accumulated as sum's values are.
+enum class ReduceOp : uint8_t { sum, max, min, argmax, argmin, sum_squares };
 
 enum class RandomKind : uint8_t { uniform, normal };
 

@@ -59,6 +59,10 @@ Tensor cast(const Tensor& x, DType dtype);
 
 // ---- reductions (dims may be negative; empty dims = all) ----
 Tensor sum(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
+// The sum of x² over every element as an f32 scalar (f64 for f64) in one
+// pass, for any float dtype (16-bit values widened, then squared in f32): the
+// bits of sum(square(x.to(f32))) with no copies. Gradient norms.
+Tensor sum_squares(const Tensor& x);
 Tensor mean(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
 Tensor max(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor min(const Tensor& x, int64_t dim, bool keepdim = false);

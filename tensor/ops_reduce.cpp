@@ -53,7 +53,7 @@ Tensor reduce_raw(ReduceOp op, const Tensor& x, const std::vector<int64_t>& dims
   }
   if (out.numel() == 0) return out;
   if (n == 0) {
-    if (op != ReduceOp::sum)
+    if (op != ReduceOp::sum && op != ReduceOp::sum_squares)
       throw std::invalid_argument("max/min/argmax/argmin over an empty dimension");
     out.fill_(0);
     return out;
@@ -74,6 +74,20 @@ Tensor sum(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
     Shape in_shape = x.shape(), keep = r.shape();
     record(out, "sum", {x}, [in_shape, keep](const Tensor& g) {
       return std::vector<Tensor>{g.reshape(keep).expand(in_shape)};
+    });
+  }
+  return out;
+}
+
+Tensor sum_squares(const Tensor& x) {
+  check_floating(x, "sum_squares");
+  const DType out_t = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const Tensor r = reduce_raw(ReduceOp::sum_squares, x, normalise_dims({}, x.dim()), out_t);
+  Tensor out = r.detach().reshape({});
+  if (needs_grad({x})) {
+    const Tensor xd = x.detach();
+    record(out, "sum_squares", {x}, [xd](const Tensor& g) {
+      return std::vector<Tensor>{mul(xd, mul(g, 2.0).to(xd.dtype()))};
     });
   }
   return out;

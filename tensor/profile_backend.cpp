@@ -83,7 +83,7 @@ const char* const kUnary[] = {"neg", "exp", "log", "sqrt", "rsqrt", "abs", "sin"
 const char* const kBinary[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt",
                                "ge", "logical_and", "logical_or", "relu_backward", "silu_backward",
                                "sigmoid_backward", "tanh_backward", "gelu_backward", "gelu_tanh_backward"};
-const char* const kReduce[] = {"sum", "max", "min", "argmax", "argmin"};
+const char* const kReduce[] = {"sum", "max", "min", "argmax", "argmin", "sum_squares"};
 template <size_t N>
 std::string op_name(const char* const (&names)[N], int op) {
   return op >= 0 && size_t(op) < N ? names[op] : std::to_string(op);

@@ -22,9 +22,18 @@ __device__ __forceinline__ bool is_nan(A v) {
   else return false;
 }
 
+__device__ __forceinline__ bool is_sum(ReduceOp op) { return op == ReduceOp::sum || op == ReduceOp::sum_squares; }
+
+// Element k of x as the reduction takes it: squared for sum_squares.
+template <typename T>
+__device__ __forceinline__ acc_t<T> load_for(ReduceOp op, const T* p, int64_t k) {
+  const acc_t<T> v = load_acc(p, k);
+  return op == ReduceOp::sum_squares ? v * v : v;
+}
+
 template <typename A>
 __device__ __forceinline__ RState<A> identity(ReduceOp op) {
-  if (op == ReduceOp::sum) return {A(0), std::numeric_limits<int64_t>::max()};
+  if (is_sum(op)) return {A(0), std::numeric_limits<int64_t>::max()};
   bool want_max = op == ReduceOp::max || op == ReduceOp::argmax;
   if constexpr (std::is_floating_point_v<A>)
     return {want_max ? A(-INFINITY) : A(INFINITY), std::numeric_limits<int64_t>::max()};
@@ -36,7 +45,7 @@ __device__ __forceinline__ RState<A> identity(ReduceOp op) {
 // max/min propagate NaN (the first NaN wins, as torch); ties keep the lower index.
 template <typename A>
 __device__ __forceinline__ RState<A> combine(ReduceOp op, RState<A> a, RState<A> b) {
-  if (op == ReduceOp::sum) return {a.v + b.v, 0};
+  if (is_sum(op)) return {a.v + b.v, 0};
   if (is_nan(a.v)) return (is_nan(b.v) && b.i < a.i) ? b : a;
   if (is_nan(b.v)) return b;
   bool want_max = op == ReduceOp::max || op == ReduceOp::argmax;
@@ -90,7 +99,7 @@ __global__ void reduce_rows_kernel(ReduceOp op, const T* x, int64_t rows, int64_
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* row = x + r * n;
     RState<A> s = identity<A>(op);
-    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) s = combine(op, s, RState<A>{load_acc(row, k), k});
+    for (int64_t k = threadIdx.x; k < n; k += blockDim.x) s = combine(op, s, RState<A>{load_for(op, row, k), k});
     s = block_combine(op, s);
     if (threadIdx.x == 0) write_result(op, out, out_dtype, r, s);
   }
@@ -106,7 +115,7 @@ __global__ void reduce_rows_partial_kernel(ReduceOp op, const T* x, int64_t rows
     int64_t r = b / splits, k0 = (b % splits) * chunk, k1 = min(n, k0 + chunk);
     const T* row = x + r * n;
     RState<A> s = identity<A>(op);
-    for (int64_t k = k0 + threadIdx.x; k < k1; k += blockDim.x) s = combine(op, s, RState<A>{load_acc(row, k), k});
+    for (int64_t k = k0 + threadIdx.x; k < k1; k += blockDim.x) s = combine(op, s, RState<A>{load_for(op, row, k), k});
     s = block_combine(op, s);
     if (threadIdx.x == 0) {
       pv[b] = s.v;
@@ -143,7 +152,7 @@ __global__ void reduce_cols_kernel(ReduceOp op, const T* x, int64_t outer, int64
     if (j < inner) {
       const T* base = x + o * n * inner + j;
       for (int64_t k = threadIdx.y; k < n; k += kColWarps)
-        s = combine(op, s, RState<A>{load_acc(base, k * inner), k});
+        s = combine(op, s, RState<A>{load_for(op, base, k * inner), k});
     }
     __syncthreads();
     sv[threadIdx.y][threadIdx.x] = s.v;

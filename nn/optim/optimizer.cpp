@@ -7,6 +7,7 @@
 
 #include "nn/io/safetensors.h"
 #include "tensor/autograd.h"
+#include "tensor/backend.h"
 #include "tensor/ops.h"
 
 namespace areno {
@@ -178,16 +179,16 @@ void Optimizer::load_state(const std::string& path) {
 
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   NoGradGuard no_grad;
-  // One f32 sum of squares per gradient, stacked per device so that a GPU
-  // needs one host round trip rather than one per parameter.
+  // One f32 sum of squares per gradient (one pass, no f32 copy of a 16-bit
+  // gradient), stacked per device so that a GPU needs one host round trip
+  // rather than one per parameter.
   std::vector<std::pair<Device, std::vector<Tensor>>> parts;
   std::vector<Tensor> grads;
   for (const Tensor& p : params) {
     Tensor g = p.grad();
     if (!g.defined() || g.numel() == 0) continue;
     grads.push_back(g);
-    Tensor gf = g.dtype() == DType::f32 ? g : g.to(DType::f32);
-    Tensor s = sum(square(gf));
+    Tensor s = sum_squares(g).to(DType::f32);  // f64 gradients too: one stack
     size_t k = 0;
     while (k < parts.size() && parts[k].first != g.device()) ++k;
     if (k == parts.size()) parts.push_back({g.device(), {}});
@@ -199,8 +200,9 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   }
   const double total = std::sqrt(total_sq);
   const double coef = max_norm / (total + 1e-6);
+  // In place, the bits of mul(g, coef).
   if (coef < 1.0)
-    for (Tensor& g : grads) g.copy_(mul(g, coef));
+    for (Tensor& g : grads) backend(g.device()).unary(UnaryOp::affine, g, g, coef, 0.0);
   return total;
 }
 

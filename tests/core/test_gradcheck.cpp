@@ -83,6 +83,7 @@ std::vector<GradCase> grad_table() {
       // ---- reductions and rows ----
       {"sum_dims", {In({2, 3, 4})}, F(sum(x[0], {0, 2}))},
       {"sum_all", {In({2, 3})}, F(sum(x[0]))},
+      {"sum_squares", {In({2, 3})}, F(sum_squares(x[0]))},
       {"mean_keepdim", {In({2, 3, 4})}, F(mean(x[0], {1}, true))},
       {"var", {In({3, 5})}, F(var(x[0], {-1}))},
       {"var_all_population", {In({3, 5})}, F(var(x[0], {}, 0))},

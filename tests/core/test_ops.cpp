@@ -217,6 +217,7 @@ std::vector<OpCase> op_table() {
       R("sum_first", NUM, F(sum(x[0], {0}))),
       R("sum_all", NUM, F(sum(x[0])), 2.0),
       R("sum_first_last_keepdim", NUM, F(sum(x[0], {0, -1}, true)), 2.0, true),
+      f32_ok(R("sum_squares", FL, F(sum_squares(x[0])), 2.0)),
       R("mean_last", FL, F(mean(x[0], {-1}))),
       R("mean_all", FL, F(mean(x[0])), 2.0),
       R("mean_first_keepdim", FL, F(mean(x[0], {0}, true))),
@@ -504,6 +505,43 @@ DEVICE_TEST_CASE("ops/matmul decode shapes: few rows times a wide weight") {
       CHECK(max_abs_diff(out.to(Device::cpu(), DType::f64), ref) < 1e-4);
     }
   }
+}
+
+// Sums over rows long enough to split into blocks across threads, and over
+// the first dim (inner > 1): within f32 summation error of f64, the same bits
+// on one thread as on two, and sum_squares equal to the bits of
+// sum(square(x.to(f32))) for f32 and bf16.
+DEVICE_TEST_CASE("ops/reduce: long sums, one order whatever the threads; sum_squares as sum of squares") {
+  Generator g(5);
+  const int64_t n = 3 * 8192 + 77;
+  const Tensor base = rand_normal({3, n}, g, 0.5, 1.0);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(dt));
+    const Tensor x = base.to(dt).to(device);
+    const Tensor x64 = x.to(Device::cpu()).to(DType::f64);
+    for (const std::vector<int64_t>& dims : {std::vector<int64_t>{}, std::vector<int64_t>{-1}, std::vector<int64_t>{0}}) {
+      CAPTURE(dims.size());
+      const Tensor s = sum(x.to(DType::f32), dims).to(Device::cpu()).to(DType::f64), s64 = sum(x64, dims);
+      CHECK(max_abs_diff(s, s64) <= 1e-6 * max(abs(s64)).item());
+      if (device.is_cpu()) {
+        const int threads = omp_get_max_threads();
+        omp_set_num_threads(1);
+        const Tensor one = sum(x.to(DType::f32), dims);
+        omp_set_num_threads(std::max(threads, 2));
+        const Tensor two = sum(x.to(DType::f32), dims);
+        omp_set_num_threads(threads);
+        CHECK(max_abs_diff(one, two) == 0.0);
+      }
+    }
+    const Tensor q = sum_squares(x);
+    REQUIRE(q.dtype() == DType::f32);
+    CHECK(q.dim() == 0);
+    CHECK(q.item() == sum(square(x.to(DType::f32))).item());
+    const double q64 = sum(mul(x64, x64)).item();
+    CHECK(std::fabs(q.item() - q64) <= 1e-6 * q64);
+    CHECK(sum_squares(x.narrow(1, 0, 0)).item() == 0.0);
+  }
+  CHECK_THROWS_AS(sum_squares(zeros({3}, TensorOptions(DType::i64, device))), std::invalid_argument);
 }
 
 // f32 and bf16 max / min / argmax / argmin over the last dim: the first index of the
