@@ -817,7 +817,7 @@ void ResponsesStore::sync_file(const std::string& id) {
       file["events"] = all;
       file["events_closed"] = closed;
     }
-    write_file_atomic(path, file.dump());
+    write_file_atomic(path, file.dump(), 0600);  // conversations: the owner's only, whatever the folder's mode
   } catch (const std::exception& ex) {
     // The entry stays served from memory; only its copy on disk is behind.
     fmt::print(stderr, "areno serve: {}: could not write the stored entry: {}\n", path, ex.what());

@@ -26,10 +26,10 @@ std::string folder_of(const std::string& path) {
 
 }  // namespace
 
-AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+AtomicFile::AtomicFile(std::string path, unsigned mode) : path_(std::move(path)) {
   static std::atomic<uint64_t> counter{0};
   tmp_ = fmt::format("{}.tmp-{}-{}", path_, ::getpid(), counter++);
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode_t(mode & 07777));
   if (fd_ < 0) {
     const int err = errno;
     throw std::runtime_error(fmt::format("cannot write {}: cannot create {}: {}", path_, tmp_, std::strerror(err)));
@@ -81,8 +81,8 @@ void AtomicFile::commit() {
   sync_dir(folder_of(path_));
 }
 
-void write_file_atomic(const std::string& path, std::string_view data) {
-  AtomicFile f(path);
+void write_file_atomic(const std::string& path, std::string_view data, unsigned mode) {
+  AtomicFile f(path, mode);
   f.write(data);
   f.commit();
 }

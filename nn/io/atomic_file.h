@@ -26,8 +26,10 @@ namespace areno {
 
 class AtomicFile {
  public:
-  // Creates the temporary beside `path` (the folder must exist).
-  explicit AtomicFile(std::string path);
+  // Creates the temporary beside `path` (the folder must exist) with
+  // permissions `mode` (less the process umask): 0644 for weights and
+  // configs; 0600 for what holds a user's data (the Responses store).
+  explicit AtomicFile(std::string path, unsigned mode = 0644);
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
   // Removes the temporary unless commit() put it in place.
@@ -53,8 +55,8 @@ class AtomicFile {
   bool committed_ = false;
 };
 
-// Writes `data` to `path` through AtomicFile.
-void write_file_atomic(const std::string& path, std::string_view data);
+// Writes `data` to `path` through AtomicFile (permissions as there).
+void write_file_atomic(const std::string& path, std::string_view data, unsigned mode = 0644);
 
 // Files written together and put in place together (see the top of the file).
 class FileSet {

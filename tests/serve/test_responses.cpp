@@ -1268,6 +1268,10 @@ TEST_CASE("serve/responses a store folder: a file per entry as it changes and go
     REQUIRE(store.put(c1, conv, inputs, json::array()));
     REQUIRE(store.put(b1, queued, inputs, json::array(), events));  // running when the server stops
     CHECK(json_files(dir) == std::vector<std::string>{c1 + ".json", r1 + ".json", r2 + ".json", b1 + ".json"});
+    // Each entry is its owner's only, even in a folder others may read.
+    for (const std::string& f : json_files(dir))
+      CHECK((std::filesystem::status(dir + "/" + f).permissions() & std::filesystem::perms::all) ==
+            (std::filesystem::perms::owner_read | std::filesystem::perms::owner_write));
     CHECK(store.erase(r2));
     CHECK_FALSE(std::filesystem::exists(dir + "/" + r2 + ".json"));
     // A change rewrites the file.
