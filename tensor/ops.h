@@ -106,6 +106,14 @@ void linear_add_(const Tensor& y, const Tensor& x, const Tensor& weight, double 
 // refused). Gradients: y's is the incoming one, x's alpha·g·weight, weight's
 // alpha·gᵀ·x. (A LoRA's B product added to its base output in training.)
 Tensor linear_accumulate(const Tensor& y, const Tensor& x, const Tensor& weight, double alpha = 1.0);
+// x·weightᵀ + alpha·(x·aᵀ)·bᵀ with autograd: a LoRA linear whose adapter
+// covers every row, as one op. Forward: the bits of linear(x, weight) then
+// linear_accumulate(·, linear(x, a), b, alpha). Backward: x's gradient is one
+// sum, g·weight with (alpha·g·b)·a accumulated into it by the second GEMM
+// (beta = 1), where the tape would round two products and add them; a's is
+// (alpha·g·b)ᵀ·x, b's alpha·gᵀ·(x·aᵀ), weight's gᵀ·x. x [M, in], weight
+// [out, in], a [r, in], b [out, r]: one floating dtype and device.
+Tensor lora_linear(const Tensor& x, const Tensor& weight, const Tensor& a, const Tensor& b, double alpha = 1.0);
 // {linear(x, w1), linear(x, w2)} (no biases), the same values, from one pass
 // over x where the backend has a kernel for it (bf16 on AMX: a LoRA's x·Aᵀ
 // beside its base product); two linear calls otherwise (and with autograd).

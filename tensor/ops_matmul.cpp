@@ -184,4 +184,41 @@ Tensor linear_accumulate(const Tensor& y, const Tensor& x, const Tensor& weight,
   return out;
 }
 
+Tensor lora_linear(const Tensor& x, const Tensor& weight, const Tensor& a, const Tensor& b, double alpha) {
+  check_defined(x, "lora_linear", "x");
+  check_defined(weight, "lora_linear", "weight");
+  check_defined(a, "lora_linear", "a");
+  check_defined(b, "lora_linear", "b");
+  if (x.dim() != 2 || weight.dim() != 2 || a.dim() != 2 || b.dim() != 2 || weight.size(1) != x.size(1) ||
+      a.size(1) != x.size(1) || b.size(0) != weight.size(0) || b.size(1) != a.size(0))
+    throw std::invalid_argument(fmt::format("lora_linear: x {}, weight {}, a {}, b {}: shapes do not fit", x.str(),
+                                            weight.str(), a.str(), b.str()));
+  if (weight.dtype() != x.dtype() || a.dtype() != x.dtype() || b.dtype() != x.dtype() || !is_floating(x.dtype()))
+    throw std::invalid_argument(fmt::format("lora_linear: x {}, weight {}, a {} and b {} need one floating dtype",
+                                            x.str(), weight.str(), a.str(), b.str()));
+  Tensor xa, y;
+  {
+    NoGradGuard ng;
+    xa = linear(x, a);
+    y = linear(x, weight);
+  }
+  check_linear_add(y, xa, b, "lora_linear");  // dtypes and devices
+  gemm_into(y, xa, b.detach(), alpha);
+  if (!needs_grad({x, weight, a, b})) return y;
+  const bool gx = x.requires_grad(), gw = weight.requires_grad(), ga = a.requires_grad(), gb = b.requires_grad();
+  const Tensor xd = x.detach(), wd = weight.detach(), ad = a.detach(), bd = b.detach();
+  record(y, "lora_linear", {x, weight, a, b}, [xd, wd, ad, bd, xa, alpha, gx, gw, ga, gb](const Tensor& g) {
+    auto scaled = [alpha](Tensor t) { return alpha == 1.0 ? t : mul(t, alpha); };
+    const Tensor gxa = gx || ga ? scaled(matmul(g, bd)) : Tensor();  // d/d(x·aᵀ)
+    Tensor dx;
+    if (gx) {
+      dx = matmul(g, wd);
+      gemm_into(dx, gxa, ad.t(), 1.0);  // += gxa·a, in the same sums
+    }
+    return std::vector<Tensor>{dx, gw ? matmul(g.t(), xd) : Tensor(), ga ? matmul(gxa.t(), xd) : Tensor(),
+                               gb ? scaled(matmul(g.t(), xa)) : Tensor()};
+  });
+  return y;
+}
+
 }  // namespace areno

@@ -169,7 +169,23 @@ Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
   int paired = -1;
   for (Adapter a : {Adapter::vision, Adapter::speech})
     if (has(a) && !base_layer->int8 && pairs(int(a))) paired = int(a);
-  if (paired >= 0) std::tie(y, xa) = linear_pair(x, base_layer->weight, lora_a_[paired]);  // the bits of two linears
+  // Training where the first adapter to add covers every row with no dropout
+  // active: base and adapter as one op (lora_linear: the forward's bits of the
+  // path below), whose backward sums x's gradient inside its second GEMM
+  // instead of adding two [rows, in] products.
+  int fused = -1;
+  if (x.dim() == 2 && !base_layer->int8) {
+    for (int k : {int(Adapter::vision), int(Adapter::speech), kUser}) {
+      const bool user = k == kUser;
+      if (user ? !has_user() : !rows.any(Adapter(k)) || !lora_a_[k].defined()) continue;
+      if ((user || rows.all[k]) && (!is_training() || dropout_[k] <= 0) &&
+          needs_grad({x, base_layer->weight, lora_a_[k], lora_b_[k]}))
+        fused = k;
+      break;
+    }
+  }
+  if (fused >= 0) y = lora_linear(x, base_layer->weight, lora_a_[fused], lora_b_[fused], scaling_[fused]);
+  else if (paired >= 0) std::tie(y, xa) = linear_pair(x, base_layer->weight, lora_a_[paired]);  // the bits of two linears
   else y = base_layer->linear(x);  // int8 or the model's dtype; the adapters below are always the latter
   // An adapter on every row (training too): its B product joins y in the
   // GEMM (linear_accumulate: one rounding where linear then add rounds twice,
@@ -177,7 +193,7 @@ Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
   auto joins_gemm = [&](bool all) { return all && x.dim() == 2 && y.is_contiguous(); };
   for (Adapter a : {Adapter::vision, Adapter::speech}) {
     const int k = int(a);
-    if (!rows.any(a)) continue;
+    if (!rows.any(a) || k == fused) continue;
     if (!has(a))
       throw std::runtime_error(fmt::format(
           "the batch asks for the {} adapter but the model has no {} LoRA weights", adapter_name(a),
@@ -191,7 +207,7 @@ Tensor LoraLinear::forward(const Tensor& x, const AdapterRows& rows) const {
     Tensor d = adapter_delta(k, xs, rows);
     y = rows.all[k] ? add(y, d) : index_add(y, 0, rows.rows[k], d);
   }
-  if (has_user()) {  // every row
+  if (has_user() && fused != kUser) {  // every row
     if (joins_gemm(true)) y = accumulate(kUser, y, linear(adapter_input(kUser, x, rows), lora_a_[kUser]));
     else y = add(y, adapter_delta(kUser, x, rows));
   }

@@ -139,6 +139,7 @@ std::vector<GradCase> grad_table() {
       {"linear", {In({2, 3, 4}), In({5, 4}), In({5})}, F(linear(x[0], x[1], x[2]))},
       {"linear_accumulate", {In({3, 2}), In({5, 2}), In({3, 4}), In({5, 4})},
        F(linear_accumulate(linear(x[0], x[1]), x[2], x[3], 0.75))},
+      {"lora_linear", {In({3, 4}), In({5, 4}), In({2, 4}), In({5, 2})}, F(lora_linear(x[0], x[1], x[2], x[3], 0.75))},
 
       // ---- neural network ----
       {"conv1d", {In({2, 3, 7}), In({4, 3, 3}), In({4})}, F(conv1d(x[0], x[1], x[2]))},

@@ -864,6 +864,62 @@ DEVICE_TEST_CASE("ops/linear_accumulate adds x·wᵀ into y with autograd") {
   CHECK_THROWS_AS(linear_accumulate(zeros({3, 2}, o).t(), ones({2, 4}, o), ones({3, 4}, o)), std::invalid_argument);
 }
 
+// lora_linear (a LoRA linear whose adapter covers every row): the forward's
+// bits equal linear then linear_accumulate (a power-of-two scaling and
+// another); the gradients within one rounding of f64 (x's is one sum where
+// the composed ops add two rounded products) and of the composed ops; only
+// the gradients asked for; refusals.
+DEVICE_TEST_CASE("ops/lora_linear: the composed forward's bits, x's gradient in one sum") {
+  Generator g(37);
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    if (dt == DType::f64 && !device.is_cpu()) continue;
+    CAPTURE(dtype_name(dt));
+    for (const auto& shape : {std::tuple<int64_t, int64_t, int64_t, int64_t, double>{1, 16, 40, 4, 2.0},
+                              {37, 33, 129, 8, 1.5}, {70, 64, 96, 16, 1.0}}) {
+      const int64_t m = std::get<0>(shape), k = std::get<1>(shape), n = std::get<2>(shape), r = std::get<3>(shape);
+      const double alpha = std::get<4>(shape);
+      CAPTURE(m);
+      CAPTURE(alpha);
+      auto make = [&](Shape sh, double sd) { return rand_normal(sh, g, 0.0, sd).to(dt).to(device); };
+      const Tensor x0 = make({m, k}, 1.0), w0 = make({n, k}, 0.2), a0 = make({r, k}, 0.2), b0 = make({n, r}, 0.2);
+      const Tensor gy = make({m, n}, 1.0);
+      auto leaves = [](std::vector<Tensor> ts) {
+        for (Tensor& t : ts) t = t.detach().set_requires_grad(true);
+        return ts;
+      };
+      const std::vector<Tensor> f = leaves({x0, w0, a0, b0}), c = leaves({x0, w0, a0, b0});
+      const Tensor out = lora_linear(f[0], f[1], f[2], f[3], alpha);
+      const Tensor want = linear_accumulate(linear(c[0], c[1]), linear(c[0], c[2]), c[3], alpha);
+      CHECK(max_abs_diff(out, want) == 0.0);
+      sum(mul(out, gy)).backward();
+      sum(mul(want, gy)).backward();
+      auto host = [](const Tensor& t) { return t.to(Device::cpu()).to(DType::f64); };
+      // f64 gradients of the same rounded inputs.
+      const std::vector<Tensor> e = leaves({host(x0), host(w0), host(a0), host(b0)});
+      sum(mul(linear_accumulate(linear(e[0], e[1]), linear(e[0], e[2]), e[3], alpha), host(gy))).backward();
+      const double tol = dt == DType::bf16 ? 0x1p-7 : dt == DType::f32 ? 1e-5 : 1e-13;
+      for (size_t i = 0; i < 4; ++i) {
+        CAPTURE(i);
+        const Tensor exact = e[i].grad();
+        const double scale = max(abs(exact)).item();
+        CHECK(max_abs_diff(host(f[i].grad()), exact) <= tol * scale);
+        CHECK(max_abs_diff(host(f[i].grad()), host(c[i].grad())) <= tol * scale);
+      }
+      // A frozen base and input (layer 0 of LoRA training): a and b only.
+      const std::vector<Tensor> only = leaves({a0, b0});
+      sum(mul(lora_linear(x0, w0, only[0], only[1], alpha), gy)).backward();
+      CHECK(max_abs_diff(only[0].grad(), f[2].grad()) == 0.0);
+      CHECK(max_abs_diff(only[1].grad(), f[3].grad()) == 0.0);
+    }
+  }
+  const TensorOptions o(DType::f32, device);
+  CHECK_THROWS_AS(lora_linear(ones({2, 4}, o), ones({3, 4}, o), ones({2, 5}, o), ones({3, 2}, o)), std::invalid_argument);
+  CHECK_THROWS_AS(lora_linear(ones({2, 4}, o), ones({3, 4}, o), ones({2, 4}, o), ones({3, 3}, o)), std::invalid_argument);
+  CHECK_THROWS_AS(lora_linear(ones({2, 4}, o), ones({3, 4}, o), ones({2, 4}, TensorOptions(DType::bf16, device)),
+                              ones({3, 2}, o)),
+                  std::invalid_argument);
+}
+
 // depthwise_conv2d_nhwc (the audio encoder's subsampling and conv module) on
 // every device: the kernel against the per-tap composed ops in the
 // accumulation dtype (the same bits in every dtype: products in f32 are exact
