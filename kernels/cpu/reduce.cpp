@@ -128,8 +128,14 @@ A sum_block(const T* x, int64_t n, Val val) {
 
 template <typename A, typename T, typename Val, typename Store>
 void sum_rows(const T* x, int64_t rows, int64_t n, Val val, Store store) {
-  const int64_t blocks = std::max<int64_t>(1, (n + kSumBlock - 1) / kSumBlock);
-  std::vector<A> part(size_t(rows * blocks));
+  const int64_t blocks = (n + kSumBlock - 1) / kSumBlock;
+  if (blocks <= 1) {  // each row one block: no partial sums kept (rows may be many)
+    parallel_for(rows, std::max<int64_t>(n, 1), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) store(r, sum_block<A>(x + r * n, n, val));
+    });
+    return;
+  }
+  std::vector<A> part(size_t(rows * blocks));  // at most 2 per kSumBlock values
   parallel_for(rows * blocks, std::min(n, kSumBlock), [&](int64_t lo, int64_t hi) {
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t r = t / blocks, b = (t % blocks) * kSumBlock;
