@@ -129,13 +129,15 @@ void scale_row(const float* x, Y* y, int64_t n, float s) {
   constexpr int kW = sizeof(RowVec) / sizeof(float);
   int64_t j = 0;
   if constexpr (std::is_same_v<Y, BFloat16>) {
-    for (; j + 16 <= n; j += 16) {
-      F16 v;
+    using U = std::conditional_t<kW == 16, U16, U8>;
+    using H = std::conditional_t<kW == 16, H16, H8>;
+    for (; j + kW <= n; j += kW) {
+      RowVec v;
       std::memcpy(&v, x + j, sizeof v);
       v *= s;
-      U16 u;
+      U u;
       std::memcpy(&u, &v, sizeof u);
-      const H16 h = __builtin_convertvector(bf16_bits_rne(u), H16);
+      const H h = __builtin_convertvector(bf16_bits_rne(u), H);
       std::memcpy(static_cast<void*>(y + j), &h, sizeof h);
     }
   } else {

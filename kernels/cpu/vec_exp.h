@@ -27,10 +27,13 @@ typedef uint16_t H16 __attribute__((vector_size(32)));
 // conversions GCC spills to the stack at 16 lanes below AVX-512.
 typedef float F8 __attribute__((vector_size(32)));
 typedef int32_t I8 __attribute__((vector_size(32)));
+typedef uint32_t U8 __attribute__((vector_size(32)));
+typedef uint16_t H8 __attribute__((vector_size(16)));
 
-// float_to_bf16_bits (tensor/dtype.h) on 16 lanes of float bits.
-__attribute__((always_inline)) inline U16 bf16_bits_rne(U16 u) {
-  const U16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+// float_to_bf16_bits (tensor/dtype.h) on 16 (U16) or 8 (U8) lanes of float bits.
+template <typename U>
+__attribute__((always_inline)) inline U bf16_bits_rne(U u) {
+  const U rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;
 }
 
@@ -39,8 +42,6 @@ __attribute__((always_inline)) inline U16 bf16_bits_rne(U16 u) {
 template <typename V>
 __attribute__((always_inline)) inline V widen_bf16_lanes(const void* p) {
   static_assert(sizeof(V) == 64 || sizeof(V) == 32, "8 or 16 f32 lanes");
-  typedef uint16_t H8 __attribute__((vector_size(16)));
-  typedef uint32_t U8 __attribute__((vector_size(32)));
   using H = std::conditional_t<sizeof(V) == 64, H16, H8>;
   using U = std::conditional_t<sizeof(V) == 64, U16, U8>;
   H h;

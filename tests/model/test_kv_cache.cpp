@@ -525,7 +525,7 @@ TEST_CASE("phi4mm/incremental forward errors are clear") {
   c.add(s, {1, 2});
   c.logit_rows = {2};
   CHECK_THROWS_WITH_AS(forward_incremental(m, cache, c), doctest::Contains("logit row 2"), std::invalid_argument);
-  auto base = load_model(testing::kTinyDir, LoadOptions{false, std::nullopt, Device::cpu()});
+  auto base = load_model(testing::kTinyDir, [] { LoadOptions o; o.with_lora = false; return o; }());
   PagedKvCache base_cache(*base, 4, 4);
   IncrementalBatch d;
   d.add(s, {1}, Adapter::speech);

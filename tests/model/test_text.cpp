@@ -222,7 +222,7 @@ TEST_CASE("phi4mm/packed batch errors are clear") {
   CHECK_THROWS_WITH_AS(m.logits(pb), doctest::Contains("cu_seqlens"), std::invalid_argument);
   pb = PackedBatch::pack({{1, 2}, {3}}, {Adapter::none});
   CHECK_THROWS_WITH_AS(m.logits(pb), doctest::Contains("adapters"), std::invalid_argument);
-  auto base = load_model(testing::kTinyDir, LoadOptions{false, std::nullopt, Device::cpu()});
+  auto base = load_model(testing::kTinyDir, [] { LoadOptions o; o.with_lora = false; return o; }());
   CHECK_THROWS_WITH_AS(base->logits(PackedBatch::single({1, 2}, Adapter::speech)),
                        doctest::Contains("without the speech adapter"), std::invalid_argument);
 }
