@@ -147,6 +147,9 @@ void check_linear_add(const Tensor& y, const Tensor& x, const Tensor& weight, co
   if (!y.is_contiguous()) throw std::invalid_argument(fmt::format("{}: y must be contiguous, got {}", op, y.str()));
 }
 
+// t times alpha (t itself for 1): the backward of an alpha-scaled product.
+Tensor scaled(const Tensor& t, double alpha) { return alpha == 1.0 ? t : mul(t, alpha); }
+
 // y += alpha·x·weightᵀ on the backend (checked operands).
 void gemm_into(const Tensor& y, const Tensor& x, const Tensor& weight, double alpha) {
   if (y.numel() == 0 || x.size(1) == 0) return;
@@ -176,9 +179,8 @@ Tensor linear_accumulate(const Tensor& y, const Tensor& x, const Tensor& weight,
   if (needs_grad({y, x, weight})) {
     const bool gx = x.requires_grad(), gw = weight.requires_grad();
     record(out, "linear_accumulate", {y, x, weight}, [x, weight, alpha, gx, gw](const Tensor& g) {
-      auto scaled = [alpha](Tensor t) { return alpha == 1.0 ? t : mul(t, alpha); };
-      return std::vector<Tensor>{g, gx ? scaled(matmul(g, weight.detach())) : Tensor(),
-                                 gw ? scaled(matmul(g.t(), x.detach())) : Tensor()};
+      return std::vector<Tensor>{g, gx ? scaled(matmul(g, weight.detach()), alpha) : Tensor(),
+                                 gw ? scaled(matmul(g.t(), x.detach()), alpha) : Tensor()};
     });
   }
   return out;
@@ -208,15 +210,14 @@ Tensor lora_linear(const Tensor& x, const Tensor& weight, const Tensor& a, const
   const bool gx = x.requires_grad(), gw = weight.requires_grad(), ga = a.requires_grad(), gb = b.requires_grad();
   const Tensor xd = x.detach(), wd = weight.detach(), ad = a.detach(), bd = b.detach();
   record(y, "lora_linear", {x, weight, a, b}, [xd, wd, ad, bd, xa, alpha, gx, gw, ga, gb](const Tensor& g) {
-    auto scaled = [alpha](Tensor t) { return alpha == 1.0 ? t : mul(t, alpha); };
-    const Tensor gxa = gx || ga ? scaled(matmul(g, bd)) : Tensor();  // d/d(x·aᵀ)
+    const Tensor gxa = gx || ga ? scaled(matmul(g, bd), alpha) : Tensor();  // d/d(x·aᵀ)
     Tensor dx;
     if (gx) {
       dx = matmul(g, wd);
       gemm_into(dx, gxa, ad.t(), 1.0);  // += gxa·a, in the same sums
     }
     return std::vector<Tensor>{dx, gw ? matmul(g.t(), xd) : Tensor(), ga ? matmul(gxa.t(), xd) : Tensor(),
-                               gb ? scaled(matmul(g.t(), xa)) : Tensor()};
+                               gb ? scaled(matmul(g.t(), xa), alpha) : Tensor()};
   });
   return y;
 }

@@ -117,8 +117,7 @@ Tensor chunked_cross_entropy_sum(const Tensor& hidden, const Tensor& weight, con
       lp = ce.grad;
       // The rows' gradient in the weight's dtype; the weight's in f32,
       // accumulated in place over the chunks.
-      const Tensor lpw = grad_h ? lp.to(wd.dtype()) : Tensor();
-      if (grad_h) gh.push_back(matmul(lpw, wd));
+      if (grad_h) gh.push_back(matmul(lp.to(wd.dtype()), wd));
       if (grad_w) add_head_weight_grad(gw, lp, hd.narrow(0, c.begin, c.rows), wd.dtype());
     }
     if (grad_h) gh_all = gh.size() == 1 ? gh[0] : cat(gh, 0);
