@@ -77,6 +77,10 @@ inline __m256 load8(const BFloat16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+inline __m256 load8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
 inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
 // float_to_bf16_bits (tensor/dtype.h) on 8 lanes: nearest even, NaN quiet.
 inline void store8(BFloat16* p, __m256 v) {
@@ -225,20 +229,22 @@ void panel_rows(int64_t rows, int64_t kc, const float* a, int64_t lda, const flo
 // the vector body and the scalar tail.
 template <typename W, typename O>
 void write_out(int64_t rows, int64_t ncols, const float* c, int64_t ldc, O* out, int64_t ldo, float alpha, float beta,
-               const W* bias) {
+               const W* bias, const float* scale) {
   const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
   for (int64_t m = 0; m < rows; ++m) {
     const float* cr = c + m * ldc;
     O* o = out + m * ldo;
     int64_t n = 0;
     for (; n + 8 <= ncols; n += 8) {
-      __m256 v = _mm256_mul_ps(va, _mm256_load_ps(cr + n));
+      __m256 dot = _mm256_load_ps(cr + n);
+      if (scale) dot = _mm256_mul_ps(dot, _mm256_loadu_ps(scale + n));
+      __m256 v = _mm256_mul_ps(va, dot);
       if (beta != 0.0f) v = _mm256_fmadd_ps(vb, load8(o + n), v);
       if (bias) v = _mm256_add_ps(v, load8(bias + n));
       store8(o + n, v);
     }
     for (; n < ncols; ++n) {
-      float v = alpha * cr[n];
+      float v = alpha * (scale ? cr[n] * scale[n] : cr[n]);
       if (beta != 0.0f) v = std::fma(beta, float(o[n]), v);
       if (bias) v += float(bias[n]);
       o[n] = O(v);
@@ -250,7 +256,7 @@ void write_out(int64_t rows, int64_t ncols, const float* c, int64_t ldc, O* out,
 // on micro_pair512 (the AVX-512 level).
 template <typename W, typename O>
 void columns(int64_t M, int64_t c0, int64_t c1, int64_t K, const float* x, int64_t ldx, const W* w, int64_t ldw,
-             bool w_k_major, O* out, int64_t ldo, float alpha, float beta, const W* bias,
+             bool w_k_major, O* out, int64_t ldo, float alpha, float beta, const W* bias, const float* scale,
              [[maybe_unused]] bool wide) {
   constexpr int64_t kLdc = kNC;
   float* bp = thread_scratch<float>(ScratchSlot::packed_b, kKC * kNC);
@@ -280,7 +286,8 @@ void columns(int64_t M, int64_t c0, int64_t c1, int64_t K, const float* x, int64
       }
       if (K <= 0)
         for (int64_t i = 0; i < rows; ++i) std::fill(c + i * kLdc, c + i * kLdc + ncols, 0.0f);
-      write_out<W, O>(rows, ncols, c, kLdc, out + m0 * ldo + n0, ldo, alpha, beta, bias ? bias + n0 : nullptr);
+      write_out<W, O>(rows, ncols, c, kLdc, out + m0 * ldo + n0, ldo, alpha, beta, bias ? bias + n0 : nullptr,
+                      scale ? scale + n0 : nullptr);
     }
   }
 }
@@ -331,7 +338,8 @@ void dense_rows(int64_t M, int64_t K, const X* x, int64_t x_rs, int64_t x_cs, fl
 
 template <typename X, typename W, typename O>
 void gemm_packed_avx2(int64_t M, int64_t N, int64_t K, const X* x, int64_t x_rs, int64_t x_cs, const W* w,
-                      int64_t ldw, O* out, int64_t ldo, float alpha, float beta, const W* bias, bool w_k_major) {
+                      int64_t ldw, O* out, int64_t ldo, float alpha, float beta, const W* bias, bool w_k_major,
+                      const float* scale) {
   if (M <= 0 || N <= 0) return;
   const float* xf;
   int64_t ldxf;
@@ -347,19 +355,22 @@ void gemm_packed_avx2(int64_t M, int64_t N, int64_t K, const X* x, int64_t x_rs,
   const bool wide = ARENO_WIDE_ISA && cpu_isa() >= CpuIsa::avx512;
   parallel_for(pairs, M * std::max<int64_t>(K, 1) * 2 * kNR, [&](int64_t p0, int64_t p1) {
     columns<W, O>(M, p0 * 2 * kNR, std::min(N, p1 * 2 * kNR), K, xf, ldxf, w, ldw, w_k_major, out, ldo, alpha, beta,
-                  bias, wide);
+                  bias, scale, wide);
   });
 }
 
 #define ARENO_GEMM_PACKED(X, W, O)                                                                            \
   template void gemm_packed_avx2<X, W, O>(int64_t, int64_t, int64_t, const X*, int64_t, int64_t, const W*, \
-                                          int64_t, O*, int64_t, float, float, const W*, bool);
+                                          int64_t, O*, int64_t, float, float, const W*, bool, const float*);
 ARENO_GEMM_PACKED(float, float, float)
 ARENO_GEMM_PACKED(float, float, BFloat16)
 ARENO_GEMM_PACKED(float, BFloat16, float)
 ARENO_GEMM_PACKED(float, BFloat16, BFloat16)
 ARENO_GEMM_PACKED(BFloat16, BFloat16, float)
 ARENO_GEMM_PACKED(BFloat16, BFloat16, BFloat16)
+ARENO_GEMM_PACKED(float, int8_t, float)
+ARENO_GEMM_PACKED(float, int8_t, BFloat16)
+ARENO_GEMM_PACKED(BFloat16, int8_t, BFloat16)
 #undef ARENO_GEMM_PACKED
 
 #pragma GCC pop_options

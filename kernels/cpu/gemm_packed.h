@@ -1,6 +1,6 @@
 #pragma once
 // Blocked GEMM on AVX2 + FMA for a weight stored [N, K] (nn.Linear's layout),
-// f32 or bf16, for CPUs where neither AMX tiles nor oneDNN's bf16 GEMM run
+// f32, bf16 or int8, for CPUs where neither AMX tiles nor oneDNN's bf16 GEMM run
 // (AVX2-only machines such as AMD Zen 3, and AVX-512 ones without AMX;
 // issue 16 "GEMM/GEMV"):
 //
@@ -21,10 +21,15 @@
 // Each output sums its products in k order in one f32 accumulator, partial
 // sums kept in f32 between k blocks, so a result does not depend on M, on
 // the row's position or on the thread count. The caller checks
-// cpu_isa() >= CpuIsa::avx2. X, W, O: float or BFloat16; bias has W's type.
+// cpu_isa() >= CpuIsa::avx2. X, O: float or BFloat16; W: float, BFloat16 or int8_t
+// (int8 with no bias); bias has W's type.
 // w_k_major: the right operand is stored [K, N] row-major instead (element
 // (n, k) at w[k * ldw + n]; autograd's x W, attention's P V), packed the same
 // way without the transpose.
+// scale[N] (not null): each finished sum times scale[n] before alpha, as
+// gemm_skinny_int8 applies an int8 weight's per-row scales (W = int8_t:
+// the int8 values widened exactly in the packing, tensor/quantized.h):
+//   out[m * ldo + n] = alpha * (scale[n] * sum_k x[m, k] * w[n, k]) (+ beta * out)
 #include <cstdint>
 
 #include "tensor/dtype.h"
@@ -34,6 +39,6 @@ namespace areno::cpu {
 template <typename X, typename W, typename O>
 void gemm_packed_avx2(int64_t M, int64_t N, int64_t K, const X* x, int64_t x_rs, int64_t x_cs, const W* w,
                       int64_t ldw, O* out, int64_t ldo, float alpha, float beta, const W* bias = nullptr,
-                      bool w_k_major = false);
+                      bool w_k_major = false, const float* scale = nullptr);
 
 }  // namespace areno::cpu

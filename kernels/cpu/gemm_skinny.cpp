@@ -61,7 +61,12 @@ struct V {
   // f32 84-95 -> 101-111 tokens/s, bf16 128-152 -> 157-162. Several rows of x
   // keep the prefetch: without it 8-row decode lost about a third. The sums
   // (lane j adds k = j mod 8 in k order) and so the bits are the same.
+  // int8 weights (half bf16's bytes, three instructions to widen 8 of them)
+  // are the exception: four rows a tile with the prefetch kept, `small`
+  // int8 decode 3.6-4.5 -> 2.5-3.0 ms a token on Zen 3 in alternating runs
+  // (one row without the prefetch was slowest, 8 rows slower than 4).
   static constexpr int kWidth = 8, kNB = 2, kWideNB = 1, kPrefetch = 8192, kPrefetch1 = 0;
+  static constexpr int kWideNB8 = 4, kPrefetch1_8 = kPrefetch;
   static Vec zero() { return _mm256_setzero_ps(); }
   static Vec load(const float* p) { return _mm256_loadu_ps(p); }
   static Vec load(const BFloat16* p) {
@@ -97,6 +102,7 @@ struct V {
   using Vec = __m512;
   using In = Vec;
   static constexpr int kWidth = 16, kNB = 4, kWideNB = 8, kPrefetch = 8192, kPrefetch1 = kPrefetch;
+  static constexpr int kWideNB8 = kWideNB, kPrefetch1_8 = kPrefetch1;
   static Vec zero() { return _mm512_setzero_ps(); }
   static Vec load(const float* p) { return _mm512_loadu_ps(p); }
   static Vec load(const BFloat16* p) {
@@ -132,6 +138,7 @@ struct V {
   using Vec = __m512;
   using In = __m512bh;
   static constexpr int kWidth = 32, kNB = 4, kWideNB = 8, kPrefetch = 8192, kPrefetch1 = kPrefetch;
+  static constexpr int kWideNB8 = kWideNB, kPrefetch1_8 = kPrefetch1;
   static Vec zero() { return _mm512_setzero_ps(); }
   static In load(const BFloat16* p) { return In(_mm512_loadu_si512(p)); }
   static In load_tail(const BFloat16* p, int n) {

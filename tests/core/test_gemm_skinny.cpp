@@ -445,6 +445,74 @@ TEST_CASE("gemm_packed_avx2: odd shapes, every operand dtype, strides, transpose
   }
 }
 
+// gemm_packed_avx2 with int8 weights and per-row scales (X f32 or bf16 rows,
+// the layout linear() gives), against f64 sums of x times scales[n] * w[n, k].
+template <typename X, typename O>
+void check_int8_packed_shape(int64_t M, int64_t N, int64_t K, float alpha, float beta, uint64_t seed) {
+  CAPTURE(M);
+  CAPTURE(N);
+  CAPTURE(K);
+  CAPTURE(beta);
+  const int64_t ldx = K + 3, ldw = K + 5, ldo = N + 2;
+  const std::vector<float> xv = values(size_t(M * ldx), seed);
+  const std::vector<X> x(xv.begin(), xv.end());
+  std::vector<float> xf(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xf[i] = float(x[i]);
+  const Int8Case c = int8_values(N, ldw, seed + 1000);
+  std::vector<float> o0 = values(size_t(M * ldo), seed + 2000);
+  std::vector<O> out(o0.begin(), o0.end());
+  gemm_packed_avx2<X, int8_t, O>(M, N, K, x.data(), ldx, 1, c.w.data(), ldw, out.data(), ldo, alpha, beta, nullptr,
+                                 false, c.scales.data());
+  check_result(M, N, K, xf, ldx, o0, out, ldo, alpha, beta, [&](int64_t n, int64_t k) {
+    return double(c.scales[size_t(n)]) * double(c.w[size_t(n * ldw + k)]);
+  });
+}
+
+TEST_CASE("gemm_packed_avx2: int8 weights, each sum times its row's scale, odd shapes, alpha and beta, against f64; same bits at every M and thread split") {
+  if (cpu_isa_supported() < CpuIsa::avx2) {
+    MESSAGE("no AVX2 on this CPU: the packed kernel is not run");
+    return;
+  }
+  IsaGuard guard;
+  for (CpuIsa isa : levels()) {
+    if (isa < CpuIsa::avx2) continue;
+    const std::string level = cpu_isa_name(isa);
+    CAPTURE(level);
+    REQUIRE(set_cpu_isa(isa) == isa);
+    uint64_t seed = 12000;
+    // Column tails of the 8-wide widening and transpose, of a panel and of
+    // the 128-column block; k tails of the 8-deep transpose and the 256-deep block.
+    for (int64_t M : {1, 7, 17, 151})
+      for (int64_t N : {1, 9, 17, 130})
+        for (int64_t K : {1, 9, 300}) {
+          check_int8_packed_shape<float, float>(M, N, K, 1.0f, 0.0f, seed++);
+          check_int8_packed_shape<BFloat16, BFloat16>(M, N, K, 1.0f, 0.0f, seed++);
+        }
+    check_int8_packed_shape<float, BFloat16>(33, 67, 259, -1.5f, 1.0f, seed++);
+    check_int8_packed_shape<float, float>(33, 67, 259, 0.5f, 2.0f, seed++);
+    // Each row's bits whatever the row count, on two threads and on one.
+    const int64_t N = 300, K = 600;
+    const std::vector<float> x = values(size_t(300 * K), 12500);
+    const Int8Case c = int8_values(N, K, 12600);
+    std::vector<float> first;
+    for (int64_t rows : {5, 100, 300}) {
+      CAPTURE(rows);
+      std::vector<float> out(size_t(rows * N)), one(size_t(rows * N));
+      gemm_packed_avx2<float, int8_t, float>(rows, N, K, x.data(), K, 1, c.w.data(), K, out.data(), N, 1.0f, 0.0f,
+                                             nullptr, false, c.scales.data());
+#pragma omp parallel num_threads(2)
+      {
+#pragma omp single
+        gemm_packed_avx2<float, int8_t, float>(rows, N, K, x.data(), K, 1, c.w.data(), K, one.data(), N, 1.0f, 0.0f,
+                                               nullptr, false, c.scales.data());
+      }
+      CHECK(std::memcmp(out.data(), one.data(), out.size() * sizeof(float)) == 0);
+      if (first.empty()) first = out;
+      CHECK(std::memcmp(out.data(), first.data(), first.size() * sizeof(float)) == 0);
+    }
+  }
+}
+
 TEST_CASE("gemm_packed_avx2: the AVX-512 micro-kernel gives the AVX2 kernel's bits (each output one k-order FMA chain)") {
   if (cpu_isa_supported() < CpuIsa::avx512) {
     MESSAGE("no AVX-512 on this CPU: one level only");
