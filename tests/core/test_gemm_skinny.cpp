@@ -189,6 +189,37 @@ TEST_CASE("gemm_skinny: every level, f32 and bf16 weights, bf16 activations, odd
   }
 }
 
+TEST_CASE("gemm_skinny: rows of x alone give the bits of the multi-row tiles, short and long rows (one row of x takes several weight rows a tile from kLongK), against f64") {
+  IsaGuard guard;
+  for (CpuIsa isa : levels()) {
+    const std::string level = cpu_isa_name(isa);
+    CAPTURE(level);
+    REQUIRE(set_cpu_isa(isa) == isa);
+    uint64_t seed = 700;
+    // N = 67: whole tiles of 1, 2, 4 or 8 weight rows and their tails.
+    const int64_t M = 5, N = 67;
+    for (int64_t K : {259, 1023, 1024, 1031, 3000}) {
+      CAPTURE(K);
+      check_shape<float, float>(1, N, K, 1.0f, 0.0f, seed++);
+      check_shape<BFloat16, float>(1, N, K, 1.0f, 0.0f, seed++);
+      const std::vector<float> x = values(size_t(M * K), seed++), wf = values(size_t(N * K), seed++);
+      const std::vector<BFloat16> wb(wf.begin(), wf.end());
+      auto same_bits = [&](auto run) {
+        std::vector<float> all(size_t(M * N)), rows(size_t(M * N));
+        run(M, x.data(), all.data());
+        for (int64_t m = 0; m < M; ++m) run(1, x.data() + m * K, rows.data() + m * N);
+        return all == rows;
+      };
+      CHECK(same_bits([&](int64_t rows, const float* xr, float* out) {
+        gemm_skinny<float, float>(rows, N, K, xr, K, wf.data(), K, out, N, 1.0f, 0.0f);
+      }));
+      CHECK(same_bits([&](int64_t rows, const float* xr, float* out) {
+        gemm_skinny<BFloat16, float>(rows, N, K, xr, K, wb.data(), K, out, N, 1.0f, 0.0f);
+      }));
+    }
+  }
+}
+
 TEST_CASE("gemm_skinny_bf16: at the avx512bf16 level, from kPairsMinRows rows, f32 FMAs with the bits of vdpbf16ps one row at a time, but bf16 denormals count") {
   if (cpu_isa_supported() < CpuIsa::avx512_bf16) {
     MESSAGE("no AVX512-BF16 on this CPU");
