@@ -9,6 +9,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <atomic>
 #include <omp.h>
 #include <cstdlib>
@@ -66,14 +67,18 @@ struct V {
   // against 334-403 with four rows (`bench_llm --tg 16`, alternated twice; 4
   // rows without the prefetch: 352-375; on 400 MB of weights one row read
   // 12-16 GB/s at K = 1024 to 8192, four rows with the prefetch 16-24).
-  // Several rows of x keep the prefetch: without it 8-row decode lost about a
-  // third. int8 weights (half bf16's bytes, three instructions to widen 8 of
+  // Those wide tiles prefetch at least the next tile's rows ahead, one
+  // prefetch a cache line (int8 rows of 3072: 8 KiB ahead asked for this
+  // tile's own later rows; `full` int8 decode 257-273 -> 210-247 ms a token
+  // in alternating runs, bf16 unchanged). Several rows of x keep the
+  // prefetch 8 KiB ahead: without it 8-row decode lost about a third. int8 weights (half bf16's bytes, three instructions to widen 8 of
   // them) take four rows at every K: `small` int8 decode 3.6-4.5 -> 2.5-3.0 ms
   // a token on Zen 3 in alternating runs (one row without the prefetch was
   // slowest, 8 rows slower than 4). The sums (lane j adds k = j mod 8 in k
   // order) and so the bits are the same in every tile.
   static constexpr int kWidth = 8, kNB = 2, kWideNB = 4, kShortNB = 1, kLongK = 1024;
   static constexpr int kPrefetch = 8192, kPrefetch1 = 0;
+  static constexpr bool kLinePrefetch = true, kNextTilePrefetch = true;
   static Vec zero() { return _mm256_setzero_ps(); }
   static Vec load(const float* p) { return _mm256_loadu_ps(p); }
   static Vec load(const BFloat16* p) {
@@ -110,6 +115,7 @@ struct V {
   using In = Vec;
   static constexpr int kWidth = 16, kNB = 4, kWideNB = 8, kShortNB = kWideNB, kLongK = 0;
   static constexpr int kPrefetch = 8192, kPrefetch1 = kPrefetch;
+  static constexpr bool kLinePrefetch = false, kNextTilePrefetch = false;
   static Vec zero() { return _mm512_setzero_ps(); }
   static Vec load(const float* p) { return _mm512_loadu_ps(p); }
   static Vec load(const BFloat16* p) {
@@ -146,6 +152,7 @@ struct V {
   using In = __m512bh;
   static constexpr int kWidth = 32, kNB = 4, kWideNB = 8, kShortNB = kWideNB, kLongK = 0;
   static constexpr int kPrefetch = 8192, kPrefetch1 = kPrefetch;
+  static constexpr bool kLinePrefetch = false, kNextTilePrefetch = false;
   static Vec zero() { return _mm512_setzero_ps(); }
   static In load(const BFloat16* p) { return In(_mm512_loadu_si512(p)); }
   static In load_tail(const BFloat16* p, int n) {
