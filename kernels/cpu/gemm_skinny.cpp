@@ -54,28 +54,29 @@ namespace avx2 {
 struct V {
   using Vec = __m256;
   using In = Vec;
-  // One row of x (decode), rows shorter than kLongK (`small`: 256 to 768):
-  // one weight row at a time and no software prefetch. On Zen 3 a plain
-  // sequential stream per thread reads fastest there: a probe of the 200064 x
-  // 256 f32 head on 2 threads read 22-25 GB/s that way against 16-19 with 4
-  // interleaved rows and prefetches 8 KiB ahead (the Xeon's tuning, kept at
-  // the AVX-512 levels); `small` decode in alternating runs, f32 84-95 ->
-  // 101-111 tokens/s, bf16 128-152 -> 157-162. Longer rows (`full`: 3072 and
-  // 8192) take four weight rows with the prefetch: one row is then one FMA
-  // chain of K/8 dependent steps (4 cycles each on Zen 3) that the core cannot
-  // overlap with the next row's, and `full` bf16 decode ran 467-505 ms a token
-  // against 334-403 with four rows (`bench_llm --tg 16`, alternated twice; 4
-  // rows without the prefetch: 352-375; on 400 MB of weights one row read
-  // 12-16 GB/s at K = 1024 to 8192, four rows with the prefetch 16-24).
+  // One row of x (decode), f32 or bf16 rows shorter than kLongK (`small`:
+  // 256 to 768): one weight row at a time and no software prefetch. On Zen 3
+  // a plain sequential stream per thread reads fastest there: a probe of the
+  // 200064 x 256 f32 head on 2 threads read 22-25 GB/s that way against 16-19
+  // with 4 interleaved rows and prefetches 8 KiB ahead (the Xeon's tuning,
+  // kept at the AVX-512 levels); `small` decode in alternating runs, f32
+  // 84-95 -> 101-111 tokens/s, bf16 128-152 -> 157-162.
+  // Longer rows (`full`: 3072 and 8192) take four weight rows with the
+  // prefetch: one row is one FMA chain of K/8 dependent steps (4 cycles each
+  // on Zen 3) that the core cannot overlap with the next row's; `full` bf16
+  // decode 467-505 -> 334-403 ms a token (`bench_llm --tg 16`, alternated
+  // twice); on 400 MB of weights at K = 1024 to 8192, one row 12-16 GB/s,
+  // four 16-24.
+  // int8 weights (half bf16's bytes, three instructions to widen 8 of them)
+  // take four rows at every K: `small` int8 decode 3.6-4.5 -> 2.5-3.0 ms a
+  // token (one row without the prefetch was slowest, 8 rows slower than 4).
   // Those wide tiles prefetch at least the next tile's rows ahead, one
-  // prefetch a cache line (int8 rows of 3072: 8 KiB ahead asked for this
+  // prefetch a cache line (on int8 rows of 3072, 8 KiB ahead asked for this
   // tile's own later rows; `full` int8 decode 257-273 -> 210-247 ms a token
   // in alternating runs, bf16 unchanged). Several rows of x keep the
-  // prefetch 8 KiB ahead: without it 8-row decode lost about a third. int8 weights (half bf16's bytes, three instructions to widen 8 of
-  // them) take four rows at every K: `small` int8 decode 3.6-4.5 -> 2.5-3.0 ms
-  // a token on Zen 3 in alternating runs (one row without the prefetch was
-  // slowest, 8 rows slower than 4). The sums (lane j adds k = j mod 8 in k
-  // order) and so the bits are the same in every tile.
+  // prefetch 8 KiB ahead: without it 8-row decode lost about a third.
+  // The sums (lane j adds k = j mod 8 in k order) and so the bits are the
+  // same in every tile.
   static constexpr int kWidth = 8, kNB = 2, kWideNB = 4, kShortNB = 1, kLongK = 1024;
   static constexpr int kPrefetch = 8192, kPrefetch1 = 0;
   static constexpr bool kLinePrefetch = true, kNextTilePrefetch = true;
