@@ -55,12 +55,15 @@ struct V {
   using Vec = __m256;
   using In = Vec;
   // One row of x (decode), f32 or bf16 rows shorter than kLongK (`small`:
-  // 256 to 768): one weight row at a time and no software prefetch. On Zen 3
-  // a plain sequential stream per thread reads fastest there: a probe of the
-  // 200064 x 256 f32 head on 2 threads read 22-25 GB/s that way against 16-19
-  // with 4 interleaved rows and prefetches 8 KiB ahead (the Xeon's tuning,
-  // kept at the AVX-512 levels); `small` decode in alternating runs, f32
-  // 84-95 -> 101-111 tokens/s, bf16 128-152 -> 157-162.
+  // 256 to 768): one weight row at a time. On Zen 3 a plain sequential stream
+  // per thread reads fastest there: a probe of the 200064 x 256 f32 head on 2
+  // threads read 22-25 GB/s that way against 16-19 with 4 interleaved rows
+  // and prefetches 8 KiB ahead (the Xeon's tuning, kept at the AVX-512
+  // levels); `small` decode in alternating runs, f32 84-95 -> 101-111
+  // tokens/s, bf16 128-152 -> 157-162. bf16 rows then gained from one
+  // prefetch a cache line 8 KiB ahead (where one a step had cost): `small`
+  // bf16 decode 118-131 -> 145-161 tokens/s, alternated three times; f32
+  // rows showed no gain (75-85 against 77-92) and keep none.
   // Longer rows (`full`: 3072 and 8192) take four weight rows with the
   // prefetch: one row is one FMA chain of K/8 dependent steps (4 cycles each
   // on Zen 3) that the core cannot overlap with the next row's; `full` bf16
@@ -78,7 +81,7 @@ struct V {
   // The sums (lane j adds k = j mod 8 in k order) and so the bits are the
   // same in every tile.
   static constexpr int kWidth = 8, kNB = 2, kWideNB = 4, kShortNB = 1, kLongK = 1024;
-  static constexpr int kPrefetch = 8192, kPrefetch1 = 0;
+  static constexpr int kPrefetch = 8192, kPrefetch1 = 0, kPrefetch1Bf16 = kPrefetch;
   static constexpr bool kLinePrefetch = true, kNextTilePrefetch = true;
   static Vec zero() { return _mm256_setzero_ps(); }
   static Vec load(const float* p) { return _mm256_loadu_ps(p); }
@@ -115,7 +118,7 @@ struct V {
   using Vec = __m512;
   using In = Vec;
   static constexpr int kWidth = 16, kNB = 4, kWideNB = 8, kShortNB = kWideNB, kLongK = 0;
-  static constexpr int kPrefetch = 8192, kPrefetch1 = kPrefetch;
+  static constexpr int kPrefetch = 8192, kPrefetch1 = kPrefetch, kPrefetch1Bf16 = kPrefetch;
   static constexpr bool kLinePrefetch = false, kNextTilePrefetch = false;
   static Vec zero() { return _mm512_setzero_ps(); }
   static Vec load(const float* p) { return _mm512_loadu_ps(p); }
@@ -152,7 +155,7 @@ struct V {
   using Vec = __m512;
   using In = __m512bh;
   static constexpr int kWidth = 32, kNB = 4, kWideNB = 8, kShortNB = kWideNB, kLongK = 0;
-  static constexpr int kPrefetch = 8192, kPrefetch1 = kPrefetch;
+  static constexpr int kPrefetch = 8192, kPrefetch1 = kPrefetch, kPrefetch1Bf16 = kPrefetch;
   static constexpr bool kLinePrefetch = false, kNextTilePrefetch = false;
   static Vec zero() { return _mm512_setzero_ps(); }
   static In load(const BFloat16* p) { return In(_mm512_loadu_si512(p)); }
