@@ -1288,7 +1288,7 @@ TEST_CASE("serve/http --lora-resolve under churn: concurrent requests for more a
   std::map<std::string, double> want;
   for (const std::string& n : names) want[n] = logprob(n);
   want["areno-demo"] = logprob("areno-demo");
-  for (const std::string& n : names) CHECK(want[n] != want["areno-demo"]);
+  for (const std::string& n : names) CHECK(std::fabs(want[n] - want["areno-demo"]) > 1e-3 * std::fabs(want[n]));
   // 8 clients, 12 requests each, over 5 names with 2 slots.
   std::atomic<int> ok{0}, busy{0}, wrong{0}, other{0};
   std::mutex other_mu;
@@ -1302,7 +1302,11 @@ TEST_CASE("serve/http --lora-resolve under churn: concurrent requests for more a
         const double v = logprob(name, &r);
         if (r.status == 200) {
           ++ok;
-          if (v != want[name]) ++wrong;
+          // Its own adapter's value to float rounding: at the AVX2 level a step
+          // of 17+ rows takes the packed GEMM, whose sums run in another order
+          // than the skinny kernel's (seen: 8e-8 relative); the adapters differ
+          // by far more (checked above).
+          if (!(std::fabs(v - want[name]) <= 1e-5 * std::fabs(want[name]))) ++wrong;
         } else if (r.status == 429) {
           ++busy;
         } else {
