@@ -78,11 +78,22 @@ struct V {
   // tile's own later rows; `full` int8 decode 257-273 -> 210-247 ms a token
   // in alternating runs, bf16 unchanged). Several rows of x keep the
   // prefetch 8 KiB ahead: without it 8-row decode lost about a third.
+  // Several rows of x (a short prompt's prefill, a decode step of up to 16
+  // sequences) take 6 rows a tile (12 accumulators: the two weight rows'
+  // widening shared by 6 rows instead of 4), and the tiles of a column
+  // block prefetch the next block's two weight rows, a share each, so the
+  // weights stream in while every tile computes (with 8 KiB ahead on their
+  // own rows, the first tile waited on memory and the others did not read
+  // it). `full`'s four layer shapes in bf16 (bench/core/bench_skinny, best
+  // of 15 and 25 interleaved repetitions): 8 rows 83.6 / 76.2 -> 97.4 /
+  // 75.8 GFLOP/s, 12 rows 89.6 / 91.5 -> 95.1 / 97.6, 16 rows 93.5 / 91.5
+  // -> 104.0 / 99.9.
   // The sums (lane j adds k = j mod 8 in k order) and so the bits are the
   // same in every tile.
   static constexpr int kWidth = 8, kNB = 2, kWideNB = 4, kShortNB = 1, kLongK = 1024;
   static constexpr int kPrefetch = 8192, kPrefetch1 = 0, kPrefetch1Bf16 = kPrefetch;
-  static constexpr bool kLinePrefetch = true, kNextTilePrefetch = true;
+  static constexpr bool kLinePrefetch = true, kNextTilePrefetch = true, kNextBlockPrefetch = true;
+  static constexpr int kMB = 6;
   static Vec zero() { return _mm256_setzero_ps(); }
   static Vec load(const float* p) { return _mm256_loadu_ps(p); }
   static Vec load(const BFloat16* p) {
@@ -119,7 +130,8 @@ struct V {
   using In = Vec;
   static constexpr int kWidth = 16, kNB = 4, kWideNB = 8, kShortNB = kWideNB, kLongK = 0;
   static constexpr int kPrefetch = 8192, kPrefetch1 = kPrefetch, kPrefetch1Bf16 = kPrefetch;
-  static constexpr bool kLinePrefetch = false, kNextTilePrefetch = false;
+  static constexpr bool kLinePrefetch = false, kNextTilePrefetch = false, kNextBlockPrefetch = false;
+  static constexpr int kMB = 4;
   static Vec zero() { return _mm512_setzero_ps(); }
   static Vec load(const float* p) { return _mm512_loadu_ps(p); }
   static Vec load(const BFloat16* p) {
@@ -156,7 +168,8 @@ struct V {
   using In = __m512bh;
   static constexpr int kWidth = 32, kNB = 4, kWideNB = 8, kShortNB = kWideNB, kLongK = 0;
   static constexpr int kPrefetch = 8192, kPrefetch1 = kPrefetch, kPrefetch1Bf16 = kPrefetch;
-  static constexpr bool kLinePrefetch = false, kNextTilePrefetch = false;
+  static constexpr bool kLinePrefetch = false, kNextTilePrefetch = false, kNextBlockPrefetch = false;
+  static constexpr int kMB = 4;
   static Vec zero() { return _mm512_setzero_ps(); }
   static In load(const BFloat16* p) { return In(_mm512_loadu_si512(p)); }
   static In load_tail(const BFloat16* p, int n) {

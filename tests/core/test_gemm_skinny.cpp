@@ -220,6 +220,45 @@ TEST_CASE("gemm_skinny: rows of x alone give the bits of the multi-row tiles, sh
   }
 }
 
+TEST_CASE("gemm_skinny: 5 to 17 rows of x (tiles of 6 rows and their tails at the avx2 level, with the next block's weight rows prefetched) give each row's bits alone, every weight dtype, against f64") {
+  IsaGuard guard;
+  for (CpuIsa isa : levels()) {
+    const std::string level = cpu_isa_name(isa);
+    CAPTURE(level);
+    REQUIRE(set_cpu_isa(isa) == isa);
+    uint64_t seed = 900;
+    // N = 67: whole column blocks and a tail; M: tiles of 6 (avx2) or 4
+    // rows and tails of 1 to 5; K: tails of every width.
+    const int64_t N = 67;
+    for (int64_t K : {257, 264, 515, 3000})
+      for (int64_t M : {5, 6, 7, 12, 16, 17}) {
+        CAPTURE(K);
+        CAPTURE(M);
+        check_shape<float, float>(M, N, K, 1.0f, 0.0f, seed++);
+        check_shape<BFloat16, BFloat16>(M, N, K, 0.5f, 1.0f, seed++);
+        check_int8_shape<float>(M, N, K, -1.5f, 1.0f, seed++);
+        const std::vector<float> x = values(size_t(M * K), seed++), wf = values(size_t(N * K), seed++);
+        const std::vector<BFloat16> wb(wf.begin(), wf.end());
+        const Int8Case c = int8_values(N, K, seed++);
+        auto same_bits = [&](auto run) {
+          std::vector<float> all(size_t(M * N)), rows(size_t(M * N));
+          run(M, x.data(), all.data());
+          for (int64_t m = 0; m < M; ++m) run(1, x.data() + m * K, rows.data() + m * N);
+          return all == rows;
+        };
+        CHECK(same_bits([&](int64_t rows, const float* xr, float* out) {
+          gemm_skinny<float, float>(rows, N, K, xr, K, wf.data(), K, out, N, 1.0f, 0.0f);
+        }));
+        CHECK(same_bits([&](int64_t rows, const float* xr, float* out) {
+          gemm_skinny<BFloat16, float>(rows, N, K, xr, K, wb.data(), K, out, N, 1.0f, 0.0f);
+        }));
+        CHECK(same_bits([&](int64_t rows, const float* xr, float* out) {
+          gemm_skinny_int8<float>(rows, N, K, xr, K, c.w.data(), K, c.scales.data(), out, N, 1.0f, 0.0f);
+        }));
+      }
+  }
+}
+
 TEST_CASE("gemm_skinny_bf16: at the avx512bf16 level, from kPairsMinRows rows, f32 FMAs with the bits of vdpbf16ps one row at a time, but bf16 denormals count") {
   if (cpu_isa_supported() < CpuIsa::avx512_bf16) {
     MESSAGE("no AVX512-BF16 on this CPU");
