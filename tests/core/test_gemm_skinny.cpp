@@ -52,6 +52,20 @@ std::vector<CpuIsa> levels() {
   return l;
 }
 
+// Runs body(level) at every dispatch level from `from` that this CPU runs,
+// the level set and captured; the level in force before is restored.
+template <typename Body>
+void for_each_level(CpuIsa from, Body&& body) {
+  IsaGuard guard;
+  for (CpuIsa isa : levels()) {
+    if (isa < from) continue;
+    const std::string level = cpu_isa_name(isa);
+    CAPTURE(level);
+    REQUIRE(set_cpu_isa(isa) == isa);
+    body(isa);
+  }
+}
+
 // out (from gemm_skinny* with initial values o0) against f64 sums of x times
 // weight(n, k), the weight as the kernel sees it; columns past N untouched.
 template <typename O, typename Weight>
@@ -160,11 +174,7 @@ double worst_beyond(const Tensor& got, const Tensor& want, double rel) {
 }  // namespace
 
 TEST_CASE("gemm_skinny: every level, f32 and bf16 weights, bf16 activations, odd shapes, alpha and beta, against f64") {
-  IsaGuard guard;
-  for (CpuIsa isa : levels()) {
-    const std::string level = cpu_isa_name(isa);
-    CAPTURE(level);
-    REQUIRE(set_cpu_isa(isa) == isa);
+  for_each_level(CpuIsa::generic, [&](CpuIsa) {
     uint64_t seed = 1;
     for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 32})
       for (int64_t N : {1, 3, 4, 8, 9, 17, 67})
@@ -186,15 +196,39 @@ TEST_CASE("gemm_skinny: every level, f32 and bf16 weights, bf16 activations, odd
         check_bf16x_shape<float>(M, N, 259, -1.5f, 1.0f, seed++);
         check_bf16x_shape<BFloat16>(M, N, 95, 0.5f, -1.0f, seed++);
       }
-  }
+  });
 }
 
+namespace {
+
+// M rows of x times [N, K] weights at once through gemm_skinny with f32,
+// bf16 and int8 (gemm_skinny_int8) weights: each output row has the bits of
+// its row of x alone.
+void check_rows_alone(int64_t M, int64_t N, int64_t K, uint64_t& seed) {
+  const std::vector<float> x = values(size_t(M * K), seed++), wf = values(size_t(N * K), seed++);
+  const std::vector<BFloat16> wb(wf.begin(), wf.end());
+  const Int8Case c = int8_values(N, K, seed++);
+  auto same_bits = [&](auto run) {
+    std::vector<float> all(size_t(M * N)), rows(size_t(M * N));
+    run(M, x.data(), all.data());
+    for (int64_t m = 0; m < M; ++m) run(1, x.data() + m * K, rows.data() + m * N);
+    return all == rows;
+  };
+  CHECK(same_bits([&](int64_t rows, const float* xr, float* out) {
+    gemm_skinny<float, float>(rows, N, K, xr, K, wf.data(), K, out, N, 1.0f, 0.0f);
+  }));
+  CHECK(same_bits([&](int64_t rows, const float* xr, float* out) {
+    gemm_skinny<BFloat16, float>(rows, N, K, xr, K, wb.data(), K, out, N, 1.0f, 0.0f);
+  }));
+  CHECK(same_bits([&](int64_t rows, const float* xr, float* out) {
+    gemm_skinny_int8<float>(rows, N, K, xr, K, c.w.data(), K, c.scales.data(), out, N, 1.0f, 0.0f);
+  }));
+}
+
+}  // namespace
+
 TEST_CASE("gemm_skinny: rows of x alone give the bits of the multi-row tiles, short and long rows (one row of x takes several weight rows a tile from kLongK), against f64") {
-  IsaGuard guard;
-  for (CpuIsa isa : levels()) {
-    const std::string level = cpu_isa_name(isa);
-    CAPTURE(level);
-    REQUIRE(set_cpu_isa(isa) == isa);
+  for_each_level(CpuIsa::generic, [&](CpuIsa) {
     uint64_t seed = 700;
     // N = 67: whole tiles of 1, 2, 4 or 8 weight rows and their tails.
     const int64_t M = 5, N = 67;
@@ -202,30 +236,13 @@ TEST_CASE("gemm_skinny: rows of x alone give the bits of the multi-row tiles, sh
       CAPTURE(K);
       check_shape<float, float>(1, N, K, 1.0f, 0.0f, seed++);
       check_shape<BFloat16, float>(1, N, K, 1.0f, 0.0f, seed++);
-      const std::vector<float> x = values(size_t(M * K), seed++), wf = values(size_t(N * K), seed++);
-      const std::vector<BFloat16> wb(wf.begin(), wf.end());
-      auto same_bits = [&](auto run) {
-        std::vector<float> all(size_t(M * N)), rows(size_t(M * N));
-        run(M, x.data(), all.data());
-        for (int64_t m = 0; m < M; ++m) run(1, x.data() + m * K, rows.data() + m * N);
-        return all == rows;
-      };
-      CHECK(same_bits([&](int64_t rows, const float* xr, float* out) {
-        gemm_skinny<float, float>(rows, N, K, xr, K, wf.data(), K, out, N, 1.0f, 0.0f);
-      }));
-      CHECK(same_bits([&](int64_t rows, const float* xr, float* out) {
-        gemm_skinny<BFloat16, float>(rows, N, K, xr, K, wb.data(), K, out, N, 1.0f, 0.0f);
-      }));
+      check_rows_alone(M, N, K, seed);
     }
-  }
+  });
 }
 
 TEST_CASE("gemm_skinny: 5 to 17 rows of x (tiles of 6 rows and their tails at the avx2 level, with the next block's weight rows prefetched) give each row's bits alone, every weight dtype, against f64") {
-  IsaGuard guard;
-  for (CpuIsa isa : levels()) {
-    const std::string level = cpu_isa_name(isa);
-    CAPTURE(level);
-    REQUIRE(set_cpu_isa(isa) == isa);
+  for_each_level(CpuIsa::generic, [&](CpuIsa) {
     uint64_t seed = 900;
     // N = 67: whole column blocks and a tail; M: tiles of 6 (avx2) or 4
     // rows and tails of 1 to 5; K: tails of every width.
@@ -237,26 +254,9 @@ TEST_CASE("gemm_skinny: 5 to 17 rows of x (tiles of 6 rows and their tails at th
         check_shape<float, float>(M, N, K, 1.0f, 0.0f, seed++);
         check_shape<BFloat16, BFloat16>(M, N, K, 0.5f, 1.0f, seed++);
         check_int8_shape<float>(M, N, K, -1.5f, 1.0f, seed++);
-        const std::vector<float> x = values(size_t(M * K), seed++), wf = values(size_t(N * K), seed++);
-        const std::vector<BFloat16> wb(wf.begin(), wf.end());
-        const Int8Case c = int8_values(N, K, seed++);
-        auto same_bits = [&](auto run) {
-          std::vector<float> all(size_t(M * N)), rows(size_t(M * N));
-          run(M, x.data(), all.data());
-          for (int64_t m = 0; m < M; ++m) run(1, x.data() + m * K, rows.data() + m * N);
-          return all == rows;
-        };
-        CHECK(same_bits([&](int64_t rows, const float* xr, float* out) {
-          gemm_skinny<float, float>(rows, N, K, xr, K, wf.data(), K, out, N, 1.0f, 0.0f);
-        }));
-        CHECK(same_bits([&](int64_t rows, const float* xr, float* out) {
-          gemm_skinny<BFloat16, float>(rows, N, K, xr, K, wb.data(), K, out, N, 1.0f, 0.0f);
-        }));
-        CHECK(same_bits([&](int64_t rows, const float* xr, float* out) {
-          gemm_skinny_int8<float>(rows, N, K, xr, K, c.w.data(), K, c.scales.data(), out, N, 1.0f, 0.0f);
-        }));
+        check_rows_alone(M, N, K, seed);
       }
-  }
+  });
 }
 
 TEST_CASE("gemm_skinny_bf16: at the avx512bf16 level, from kPairsMinRows rows, f32 FMAs with the bits of vdpbf16ps one row at a time, but bf16 denormals count") {
@@ -476,12 +476,8 @@ TEST_CASE("gemm_packed_avx2: odd shapes, every operand dtype, strides, transpose
     MESSAGE("no AVX2 on this CPU: the packed kernel is not run");
     return;
   }
-  IsaGuard guard;
-  for (CpuIsa isa : levels()) {
-    if (isa < CpuIsa::avx2) continue;
-    const std::string level = cpu_isa_name(isa);  // avx512 and up: pairs of panels on 16 lanes
-    CAPTURE(level);
-    REQUIRE(set_cpu_isa(isa) == isa);
+  // (avx512 and up: pairs of panels on 16 lanes)
+  for_each_level(CpuIsa::avx2, [&](CpuIsa) {
     uint64_t seed = 900;
     // Row tails of the 6-row tile and of the 144-row block, column tails inside
     // a 16-column panel and of the 128-column block, k tails of the 8-wide
@@ -512,7 +508,7 @@ TEST_CASE("gemm_packed_avx2: odd shapes, every operand dtype, strides, transpose
     check_same_bits({5, 100, 300}, 300, 600, 15, [](int64_t rows, const BFloat16* x, const BFloat16* w, BFloat16* out) {
       gemm_packed_avx2<BFloat16, BFloat16, BFloat16>(rows, 300, 600, x, 600, 1, w, 600, out, 300, 1.0f, 0.0f);
     });
-  }
+  });
 }
 
 // gemm_packed_avx2 with int8 weights and per-row scales (X f32 or bf16 rows,
@@ -543,12 +539,7 @@ TEST_CASE("gemm_packed_avx2: int8 weights, each sum times its row's scale, odd s
     MESSAGE("no AVX2 on this CPU: the packed kernel is not run");
     return;
   }
-  IsaGuard guard;
-  for (CpuIsa isa : levels()) {
-    if (isa < CpuIsa::avx2) continue;
-    const std::string level = cpu_isa_name(isa);
-    CAPTURE(level);
-    REQUIRE(set_cpu_isa(isa) == isa);
+  for_each_level(CpuIsa::avx2, [&](CpuIsa) {
     uint64_t seed = 12000;
     // Column tails of the 8-wide widening and transpose, of a panel and of
     // the 128-column block; k tails of the 8-deep transpose and the 256-deep block.
@@ -580,7 +571,7 @@ TEST_CASE("gemm_packed_avx2: int8 weights, each sum times its row's scale, odd s
       if (first.empty()) first = out;
       CHECK(std::memcmp(out.data(), first.data(), first.size() * sizeof(float)) == 0);
     }
-  }
+  });
 }
 
 TEST_CASE("gemm_packed_avx2: the AVX-512 micro-kernel gives the AVX2 kernel's bits (each output one k-order FMA chain)") {
@@ -686,11 +677,7 @@ TEST_CASE("gemm_dnnl: bf16 GEMMs above the skinny rows through oneDNN equal the 
 }
 
 TEST_CASE("gemm_skinny_int8: every level, f32 and bf16 outputs, odd shapes, alpha and beta, against f64") {
-  IsaGuard guard;
-  for (CpuIsa isa : levels()) {
-    const std::string level = cpu_isa_name(isa);
-    CAPTURE(level);
-    REQUIRE(set_cpu_isa(isa) == isa);
+  for_each_level(CpuIsa::generic, [&](CpuIsa) {
     uint64_t seed = 5000;
     for (int64_t M : {1, 2, 3, 4, 5, 7, 9, 16, 17, 31, 32})
       for (int64_t N : {1, 3, 4, 8, 9, 17, 67})
@@ -703,7 +690,7 @@ TEST_CASE("gemm_skinny_int8: every level, f32 and bf16 outputs, odd shapes, alph
         check_int8_shape<float>(M, N, 259, 0.5f, 2.0f, seed++);
         check_int8_shape<BFloat16>(M, N, 259, -1.5f, 1.0f, seed++);
       }
-  }
+  });
 }
 
 TEST_CASE("quantize_int8: per-row symmetric scales, rounding within half a step, zero rows, refusals") {
