@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,10 @@ constexpr Shape kShapes[] = {{"qkv", 5120, 3072}, {"o", 3072, 3072}, {"gate_up",
 std::vector<int64_t> parse_list(const std::string& s) {
   std::vector<int64_t> v;
   std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) v.push_back(std::stoll(item));
+  for (std::string item; std::getline(in, item, ',');) {
+    v.push_back(std::stoll(item));
+    if (v.back() < 1) throw std::invalid_argument("bench_skinny: --rows takes counts of at least 1");
+  }
   return v;
 }
 
