@@ -12,7 +12,8 @@ trap 'rm -rf "$TMP"' EXIT
 
 "$BUILD/tests/tokenizer/write_phi4_tokenizer" "$TMP/model"
 {
-  taskset -c 0 "$BUILD/bench/tokenizer/bench_tokenizer" "$CORPUS" "$RANKS" 2>/dev/null || "$BUILD/bench/tokenizer/bench_tokenizer" "$CORPUS" "$RANKS"
+  taskset -c 0 "$BUILD/bench/tokenizer/bench_tokenizer" "$CORPUS" "$RANKS" "$TMP/model/tokenizer.json" 2>/dev/null ||
+    "$BUILD/bench/tokenizer/bench_tokenizer" "$CORPUS" "$RANKS" "$TMP/model/tokenizer.json"
   python3 bench/tokenizer/peer_tokenizer.py "$CORPUS" "$RANKS" "$TMP/model/tokenizer.json"
 } | tee "$TMP/out.txt" | grep '^#' || true
 printf '\n| implementation | mode | MB/s (1 thread) |\n|---|---|---|\n'

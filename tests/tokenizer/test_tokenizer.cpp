@@ -131,7 +131,7 @@ TEST_CASE("tokenizer/written tokenizer.json (both merge formats) loads back to i
   check_corpus_against_golden(loaded, /*check_ordinary=*/true);
 
   // Older tokenizers format: merges as "a b" strings.
-  const tok::Tokenizer old_format = tok::Tokenizer::from_hf_json(nlohmann::json::parse(test::phi4().to_hf_json(true)), "string merges");
+  const tok::Tokenizer old_format = tok::Tokenizer::from_hf_text(test::phi4().to_hf_json(true), "string merges");
   for (size_t i = 0; i < test::corpus().size(); i += 7) {
     CHECK(old_format.encode(test::corpus()[i]) == test::phi4().encode(test::corpus()[i]));
   }
@@ -286,26 +286,79 @@ TEST_CASE("tokenizer/load errors name the file and what was expected") {
   vocab["hel"] = 257;
   j["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"h e", nlohmann::json::array({"he", "l"})}}};
   j["added_tokens"] = {{{"id", 258}, {"content", "<x>"}, {"special", true}, {"lstrip", true}}};
-  const tok::Tokenizer tiny = tok::Tokenizer::from_hf_json(j, "tiny");
+  const tok::Tokenizer tiny = tok::Tokenizer::from_hf_text(j.dump(), "tiny");
   CHECK(tiny.encode("hello") == Ids{257, 'l', 'o'});
   CHECK(tiny.encode("a  <x>b") == Ids{'a', 258, 'b'});  // lstrip swallows spaces before
   CHECK(tiny.decode(Ids{257, 258}, true) == "hel");
 
   auto broken = j;
   broken["normalizer"] = {{"type", "NFC"}};
-  CHECK_THROWS_WITH_AS(tok::Tokenizer::from_hf_json(broken, "x"), doctest::Contains("normalizer 'NFC' is not supported"),
+  CHECK_THROWS_WITH_AS(tok::Tokenizer::from_hf_text(broken.dump(), "x"), doctest::Contains("normalizer 'NFC' is not supported"),
                        std::runtime_error);
   broken = j;
   broken["model"]["merges"].push_back("q zz");
-  CHECK_THROWS_WITH_AS(tok::Tokenizer::from_hf_json(broken, "x"), doctest::Contains("merges[2] uses \"zz\""),
+  CHECK_THROWS_WITH_AS(tok::Tokenizer::from_hf_text(broken.dump(), "x"), doctest::Contains("merges[2] uses \"zz\""),
                        std::runtime_error);
   broken = j;
   broken["model"]["vocab"].erase("a");
-  CHECK_THROWS_WITH_AS(tok::Tokenizer::from_hf_json(broken, "x"), doctest::Contains("no token for byte 0x61"),
+  CHECK_THROWS_WITH_AS(tok::Tokenizer::from_hf_text(broken.dump(), "x"), doctest::Contains("no token for byte 0x61"),
                        std::runtime_error);
   broken = j;
   broken["model"]["type"] = "Unigram";
-  CHECK_THROWS_AS(tok::Tokenizer::from_hf_json(broken, "x"), std::runtime_error);
+  CHECK_THROWS_AS(tok::Tokenizer::from_hf_text(broken.dump(), "x"), std::runtime_error);
+
+  // The vocab and the merges are read by SAX into tables of their own: every
+  // shape the DOM rejected is still rejected, by name.
+  const auto refused = [](const nlohmann::json& v, const char* what) {
+    CAPTURE(what);
+    CHECK_THROWS_WITH_AS(tok::Tokenizer::from_hf_text(v.dump(), "x"), doctest::Contains(what), std::runtime_error);
+  };
+  broken = j;
+  broken["model"]["vocab"]["zz"] = {{"id", 300}};
+  refused(broken, "vocab entry \"zz\" must map to an integer id");
+  broken = j;
+  broken["model"]["vocab"]["zz"] = -3;
+  refused(broken, "vocab entry \"zz\" has the negative id -3");
+  broken = j;
+  broken["model"]["vocab"]["zz"] = 99;
+  refused(broken, "tokenizer.json 'x' model: vocab entry \"zz\": token id 99 is defined twice");
+  broken = j;
+  broken["model"]["vocab"] = nlohmann::json::array({1, 2});
+  refused(broken, "'vocab' must be an object");
+  broken = j;
+  broken["model"]["merges"] = {{"h e", "x"}};
+  refused(broken, "'merges' must be an array");
+  broken = j;
+  broken["model"]["merges"].push_back({{"a", "b"}});
+  refused(broken, "merges[2] must be \"a b\" or [\"a\", \"b\"]");
+  broken = j;
+  broken["model"].erase("merges");
+  refused(broken, "'merges' must be an array");
+  // Tables elsewhere in the file (not root.model) are left alone.
+  broken = j;
+  broken["model"].erase("vocab");
+  broken["other"] = {{"model", {{"vocab", j["model"]["vocab"]}}}};
+  broken["model"]["extra"] = {{"vocab", j["model"]["vocab"]}};
+  refused(broken, "'vocab' must be an object");
+  // A vocab key written twice is an error (a DOM kept the last silently).
+  std::string text = j.dump();
+  const size_t at = text.find("\"hel\":257");
+  REQUIRE(at != std::string::npos);
+  text.insert(at, "\"hel\":300,");
+  CHECK_THROWS_WITH_AS(tok::Tokenizer::from_hf_text(text, "x"), doctest::Contains("vocab entry \"hel\" appears twice"),
+                       std::runtime_error);
+  // A repeated "vocab" key keeps its last table, as a DOM does.
+  text = j.dump();
+  const size_t v = text.find("\"vocab\":");
+  REQUIRE(v != std::string::npos);
+  text.insert(v, "\"vocab\":{\"q\":5},");
+  CHECK(tok::Tokenizer::from_hf_text(text, "x").encode("hello") == Ids{257, 'l', 'o'});
+  // Not JSON, or nested 100000 deep: an error naming the file, no recursion.
+  CHECK_THROWS_WITH_AS(tok::Tokenizer::from_hf_text(R"({"model": {"vocab": {"a": 1,}}})", "bad.json"),
+                       doctest::Contains("'bad.json' is not valid JSON"), std::runtime_error);
+  const std::string deep = "{\"x\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  CHECK_THROWS_WITH_AS(tok::Tokenizer::from_hf_text(deep, "deep.json"), doctest::Contains("'deep.json': pre_tokenizer is missing"),
+                       std::runtime_error);
 }
 
 TEST_CASE("tokenizer/concurrent encode from several threads gives the same ids") {

@@ -14,8 +14,6 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "models/phi4mm/tokenizer/bpe.h"
 #include "models/phi4mm/tokenizer/split_regex.h"
 
@@ -42,10 +40,10 @@ struct Segment {
 
 class Tokenizer {
  public:
-  // Loads a Hugging Face tokenizer.json (byte-level BPE only). `source` names
-  // the file in error messages.
-  static Tokenizer from_hf_json(const nlohmann::json& j, std::string_view source);
+  // Loads a Hugging Face tokenizer.json (byte-level BPE only); from_hf_text
+  // takes the file's contents, `source` naming it in error messages.
   static Tokenizer from_hf_file(const std::filesystem::path& path);
+  static Tokenizer from_hf_text(std::string_view text, std::string_view source);
   // Loads a tiktoken rank file ("<base64 bytes> <rank>" per line); ranks are
   // ids, pair merges follow tiktoken (rank of the merged token).
   static Tokenizer from_tiktoken_file(const std::filesystem::path& path, std::string pattern,
