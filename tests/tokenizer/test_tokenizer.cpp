@@ -353,6 +353,16 @@ TEST_CASE("tokenizer/load errors name the file and what was expected") {
   REQUIRE(v != std::string::npos);
   text.insert(v, "\"vocab\":{\"q\":5},");
   CHECK(tok::Tokenizer::from_hf_text(text, "x").encode("hello") == Ids{257, 'l', 'o'});
+  // So does a repeated "model": the last one's tables, none of the first's.
+  text = j.dump();
+  const size_t m = text.find("\"model\":");
+  REQUIRE(m != std::string::npos);
+  text.insert(m, "\"model\":{\"type\":\"BPE\",\"vocab\":{\"q\":5},\"merges\":[]},");
+  CHECK(tok::Tokenizer::from_hf_text(text, "x").encode("hello") == Ids{257, 'l', 'o'});
+  text = j.dump();
+  text.insert(text.size() - 1, ",\"model\":{\"type\":\"BPE\"}");
+  CHECK_THROWS_WITH_AS(tok::Tokenizer::from_hf_text(text, "x"), doctest::Contains("'vocab' must be an object"),
+                       std::runtime_error);
   // Not JSON, or nested 100000 deep: an error naming the file, no recursion.
   CHECK_THROWS_WITH_AS(tok::Tokenizer::from_hf_text(R"({"model": {"vocab": {"a": 1,}}})", "bad.json"),
                        doctest::Contains("'bad.json' is not valid JSON"), std::runtime_error);

@@ -175,7 +175,9 @@ class HfReader final : public nlohmann::json_sax<nlohmann::json> {
     // root["model"]["vocab"] (an object) or root["model"]["merges"] (an
     // array); a repeated key's last table wins, as in a DOM.
     Table t = Table::none;
-    if (stack_.size() == 2 && stack_[0].value.is_object() && stack_[0].key == "model" && stack_[1].value.is_object()) {
+    if (stack_.size() == 1 && stack_[0].value.is_object() && stack_[0].key == "model") {
+      out_ = HfFile{};  // a repeated "model" replaces the tables too
+    } else if (stack_.size() == 2 && stack_[0].value.is_object() && stack_[0].key == "model" && stack_[1].value.is_object()) {
       if (stack_[1].key == "vocab" && v.is_object()) {
         t = Table::vocab;
         out_.vocab.clear();
