@@ -68,6 +68,9 @@ class Backend {
   // Fresh, uninitialised memory: 64-byte aligned on the CPU (large blocks are
   // cached, kernels/cpu/allocator.cpp), the caching allocator on CUDA.
   virtual std::shared_ptr<Storage> allocate(size_t nbytes, Device device) = 0;
+  // Zeroed memory committed as it is first written (lazy_zeros in
+  // tensor/tensor.h), or null where the backend has none (the caller fills).
+  virtual std::shared_ptr<Storage> allocate_lazy_zeroed(size_t, Device) { return nullptr; }
   // dst[...] = cast(src[...]); same shape (src may be a broadcast view with
   // zero strides), any strides and dtypes. One side may be on the CPU when the
   // other is on this backend's device.

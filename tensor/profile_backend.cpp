@@ -126,6 +126,9 @@ class ProfilingBackend final : public Backend {
   std::shared_ptr<Storage> allocate(size_t nbytes, Device device) override {
     return timed("allocate", device, [&] { return inner_.allocate(nbytes, device); });
   }
+  std::shared_ptr<Storage> allocate_lazy_zeroed(size_t nbytes, Device device) override {
+    return timed("allocate_lazy_zeroed", device, [&] { return inner_.allocate_lazy_zeroed(nbytes, device); });
+  }
   void copy(const Tensor& src, const Tensor& dst) override {
     const std::string key = fmt::format("copy {}->{} {}->{} N{}", src.device().str(), dst.device().str(),
                                         dtype_name(src.dtype()), dtype_name(dst.dtype()), size_class(dst.numel()));

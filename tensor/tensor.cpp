@@ -407,6 +407,15 @@ Tensor full(Shape shape, double value, TensorOptions opts) {
   return t;
 }
 Tensor zeros(Shape shape, TensorOptions opts) { return full(std::move(shape), 0.0, opts); }
+Tensor lazy_zeros(Shape shape, TensorOptions opts) {
+  for (auto d : shape)
+    if (d < 0) throw std::invalid_argument("negative size in shape " + shape_str(shape));
+  const size_t nbytes = size_t(shape_numel(shape)) * dtype_size(opts.dtype);
+  auto storage = backend(opts.device).allocate_lazy_zeroed(nbytes, opts.device);
+  if (!storage) return zeros(std::move(shape), opts);
+  Shape st = contiguous_strides(shape);
+  return make_tensor(std::move(storage), 0, std::move(shape), std::move(st), opts.dtype);
+}
 Tensor ones(Shape shape, TensorOptions opts) { return full(std::move(shape), 1.0, opts); }
 Tensor scalar_tensor(double value, TensorOptions opts) { return full({}, value, opts); }
 Tensor empty_like(const Tensor& t) { return empty(t.shape(), TensorOptions(t.dtype(), t.device())); }

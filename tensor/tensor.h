@@ -122,6 +122,11 @@ struct TensorOptions {
 
 Tensor empty(Shape shape, TensorOptions opts = {});
 Tensor zeros(Shape shape, TensorOptions opts = {});
+// Zeros for a long-lived large buffer (the KV cache): on the CPU its pages are
+// mapped from the kernel, zero until written and committed only then (no pass
+// over them, no memory held before use); elsewhere, and for small sizes, as
+// zeros(). Not for per-step buffers: each call maps fresh pages.
+Tensor lazy_zeros(Shape shape, TensorOptions opts = {});
 Tensor ones(Shape shape, TensorOptions opts = {});
 Tensor full(Shape shape, double value, TensorOptions opts = {});
 Tensor scalar_tensor(double value, TensorOptions opts = {});

@@ -16,6 +16,7 @@ void count_attention_flops(const Tensor& q, const Tensor& k, bool causal, int pr
 class CpuBackend final : public Backend {
  public:
   std::shared_ptr<Storage> allocate(size_t nbytes, Device device) override;
+  std::shared_ptr<Storage> allocate_lazy_zeroed(size_t nbytes, Device device) override;
   void copy(const Tensor& src, const Tensor& dst) override;
   void fill(const Tensor& dst, double value) override;
   void arange(const Tensor& dst, double start, double step) override;

@@ -144,10 +144,11 @@ PagedKvCache::PagedKvCache(const Phi4MMForCausalLM& m, int64_t num_blocks, int64
   const Shape shape{num_blocks, block_size, t.num_key_value_heads, t.head_dim()};
   const TensorOptions o(m.dtype(), m.device());
   for (int64_t l = 0; l < t.num_hidden_layers; ++l) {
-    // Zero-filled so that a bug reading an unwritten slot gives finite numbers
-    // the tests can catch, not NaNs from garbage.
-    k_.push_back(zeros(shape, o));
-    v_.push_back(zeros(shape, o));
+    // Zeros, so that a bug reading an unwritten slot gives finite numbers the
+    // tests can catch, not NaNs from garbage; lazily (on the CPU the pool's
+    // pages are committed as blocks are first written, not all at start).
+    k_.push_back(lazy_zeros(shape, o));
+    v_.push_back(lazy_zeros(shape, o));
   }
 }
 

@@ -2,7 +2,11 @@
 // views that share storage, and argument errors that name what is wrong.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <fstream>
 #include <string>
+
+#include <unistd.h>
 
 #include "tensor/ops.h"
 #include "tests/test_util.h"
@@ -71,4 +75,42 @@ TEST_CASE("tensor/shape errors name the shapes") {
   CHECK_THROWS(embedding(ones({5, 2}), from_vector<int64_t>({1, 7}, {2})));  // id 7 >= 5 rows
   CHECK_THROWS(gather(ones({3, 3}), 0, from_vector<int64_t>({-1, 0, 0}, {1, 3})));
   CHECK_THROWS(ones({2}).reshape({3}));
+}
+
+namespace {
+
+// Resident memory of this process in bytes (/proc/self/statm, Linux).
+size_t resident_bytes() {
+  std::ifstream in("/proc/self/statm");
+  size_t pages = 0, resident = 0;
+  in >> pages >> resident;
+  return resident * size_t(sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace
+
+TEST_CASE("tensor/lazy_zeros: zeros on every device; on the CPU no memory is committed until written") {
+  for (const Device d : testing::available_devices()) {
+    CAPTURE(d.str());
+    for (const DType t : {DType::f32, DType::bf16}) {
+      for (const int64_t n : {int64_t(7), int64_t(3) << 20}) {  // below and above the mapping threshold
+        Tensor z = lazy_zeros({n / 7 + 1, 7}, TensorOptions(t, d));
+        CHECK(z.shape() == Shape{n / 7 + 1, 7});
+        CHECK(z.dtype() == t);
+        CHECK(sum(abs(z.to(DType::f32))).item() == 0.0);
+        z.fill_(2.0);  // written, then read back
+        CHECK(sum(z.to(DType::f32)).item() == doctest::Approx(2.0 * double(z.numel())));
+      }
+    }
+  }
+  // 512 MiB of f32 zeros on the CPU: the resident set grows by what is
+  // written (one 4 MiB row here), not by the whole buffer.
+  const size_t before = resident_bytes();
+  Tensor big = lazy_zeros({128, int64_t(1) << 20}, DType::f32);
+  big.select(0, 5).fill_(1.0);
+  const size_t grown = resident_bytes() - std::min(before, resident_bytes());
+  CHECK(grown < (size_t(64) << 20));
+  CHECK(sum(big.select(0, 5)).item() == double(int64_t(1) << 20));
+  CHECK(sum(big.select(0, 6)).item() == 0.0);
+  CHECK_THROWS_AS(lazy_zeros({-1, 3}), std::invalid_argument);
 }
