@@ -392,11 +392,17 @@ std::vector<bool> Tensor::to_vector<bool>() const {
 
 // ---------------------------------------------------------------- creation
 
-Tensor empty(Shape shape, TensorOptions opts) {
+namespace {
+// The bytes a new contiguous tensor of `shape` needs; a negative size is an error.
+size_t creation_bytes(const Shape& shape, DType dtype) {
   for (auto d : shape)
     if (d < 0) throw std::invalid_argument("negative size in shape " + shape_str(shape));
-  size_t nbytes = size_t(shape_numel(shape)) * dtype_size(opts.dtype);
-  auto storage = backend(opts.device).allocate(nbytes, opts.device);
+  return size_t(shape_numel(shape)) * dtype_size(dtype);
+}
+}  // namespace
+
+Tensor empty(Shape shape, TensorOptions opts) {
+  auto storage = backend(opts.device).allocate(creation_bytes(shape, opts.dtype), opts.device);
   Shape st = contiguous_strides(shape);
   return make_tensor(std::move(storage), 0, std::move(shape), std::move(st), opts.dtype);
 }
@@ -408,10 +414,8 @@ Tensor full(Shape shape, double value, TensorOptions opts) {
 }
 Tensor zeros(Shape shape, TensorOptions opts) { return full(std::move(shape), 0.0, opts); }
 Tensor lazy_zeros(Shape shape, TensorOptions opts) {
-  for (auto d : shape)
-    if (d < 0) throw std::invalid_argument("negative size in shape " + shape_str(shape));
-  const size_t nbytes = size_t(shape_numel(shape)) * dtype_size(opts.dtype);
-  auto storage = backend(opts.device).allocate_lazy_zeroed(nbytes, opts.device);
+  auto storage =
+      backend(opts.device).allocate_lazy_zeroed(creation_bytes(shape, opts.dtype), opts.device);
   if (!storage) return zeros(std::move(shape), opts);
   Shape st = contiguous_strides(shape);
   return make_tensor(std::move(storage), 0, std::move(shape), std::move(st), opts.dtype);

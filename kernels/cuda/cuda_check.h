@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 #include <curand.h>
 
+#include "kernels/cuda/cublas_lib.h"
+
 namespace areno::cuda {
 
 [[noreturn]] void throw_cuda_error(const char* what, const char* detail, const char* call,
@@ -16,7 +18,7 @@ inline void check_cuda(cudaError_t e, const char* call, const char* file, int li
   if (e != cudaSuccess) throw_cuda_error("CUDA", cudaGetErrorString(e), call, file, line);
 }
 inline void check_cublas(cublasStatus_t s, const char* call, const char* file, int line) {
-  if (s != CUBLAS_STATUS_SUCCESS) throw_cuda_error("cuBLAS", cublasGetStatusString(s), call, file, line);
+  if (s != CUBLAS_STATUS_SUCCESS) throw_cuda_error("cuBLAS", cublas_lib().GetStatusString(s), call, file, line);
 }
 const char* curand_status_string(curandStatus_t s);
 inline void check_curand(curandStatus_t s, const char* call, const char* file, int line) {

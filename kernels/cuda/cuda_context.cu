@@ -89,12 +89,12 @@ void DeviceContext::ensure_blas() {
   DeviceGuard guard(device);
   ARENO_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
   workspace_bytes = kWorkspaceBytes;
-  ARENO_CUBLAS_CHECK(cublasCreate(&cublas));
-  ARENO_CUBLAS_CHECK(cublasSetStream(cublas, stream));
-  ARENO_CUBLAS_CHECK(cublasSetWorkspace(cublas, workspace, workspace_bytes));
+  ARENO_CUBLAS_CHECK(cublas_lib().Create(&cublas));
+  ARENO_CUBLAS_CHECK(cublas_lib().SetStream(cublas, stream));
+  ARENO_CUBLAS_CHECK(cublas_lib().SetWorkspace(cublas, workspace, workspace_bytes));
   // f32 GEMMs stay exact f32 (no TF32), as torch's default.
-  ARENO_CUBLAS_CHECK(cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH));
-  ARENO_CUBLAS_CHECK(cublasLtCreate(&cublaslt));
+  ARENO_CUBLAS_CHECK(cublas_lib().SetMathMode(cublas, CUBLAS_DEFAULT_MATH));
+  ARENO_CUBLAS_CHECK(cublas_lib().LtCreate(&cublaslt));
 }
 
 DeviceGuard::DeviceGuard(int index) {
@@ -156,10 +156,16 @@ std::string cuda_runtime_version() {
 }
 
 std::string cublas_version() {
+  const cuda::CublasLib* lib = nullptr;
+  try {
+    lib = &cuda::cublas_lib();
+  } catch (const std::exception& e) {
+    return std::string("not loadable: ") + e.what();
+  }
   int major = 0, minor = 0, patch = 0;
-  if (cublasGetProperty(MAJOR_VERSION, &major) != CUBLAS_STATUS_SUCCESS ||
-      cublasGetProperty(MINOR_VERSION, &minor) != CUBLAS_STATUS_SUCCESS ||
-      cublasGetProperty(PATCH_LEVEL, &patch) != CUBLAS_STATUS_SUCCESS)
+  if (lib->GetProperty(MAJOR_VERSION, &major) != CUBLAS_STATUS_SUCCESS ||
+      lib->GetProperty(MINOR_VERSION, &minor) != CUBLAS_STATUS_SUCCESS ||
+      lib->GetProperty(PATCH_LEVEL, &patch) != CUBLAS_STATUS_SUCCESS)
     return "";
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
 }

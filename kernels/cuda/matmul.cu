@@ -92,21 +92,21 @@ struct LtDescs {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
   ~LtDescs() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
+    if (pref) cublas_lib().LtMatmulPreferenceDestroy(pref);
+    if (c) cublas_lib().LtMatrixLayoutDestroy(c);
+    if (b) cublas_lib().LtMatrixLayoutDestroy(b);
+    if (a) cublas_lib().LtMatrixLayoutDestroy(a);
+    if (op) cublas_lib().LtMatmulDescDestroy(op);
   }
 };
 
 cublasLtMatrixLayout_t make_layout(cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
                                    int batch, int64_t batch_stride) {
   cublasLtMatrixLayout_t l = nullptr;
-  ARENO_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, t, uint64_t(rows), uint64_t(cols), ld));
-  ARENO_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch,
+  ARENO_CUBLAS_CHECK(cublas_lib().LtMatrixLayoutCreate(&l, t, uint64_t(rows), uint64_t(cols), ld));
+  ARENO_CUBLAS_CHECK(cublas_lib().LtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch,
                                                       sizeof(batch)));
-  ARENO_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+  ARENO_CUBLAS_CHECK(cublas_lib().LtMatrixLayoutSetAttribute(
       l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride, sizeof(batch_stride)));
   return l;
 }
@@ -116,9 +116,9 @@ bool lt_matmul(DeviceContext& ctx, cudaDataType_t type, cudaDataType_t out_type,
                const Operand& B, void* out, int64_t N, int64_t M, int64_t K, int batch, size_t esize,
                size_t out_esize, float alpha, float beta) {
   LtDescs d;
-  ARENO_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  ARENO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &A.op, sizeof(A.op)));
-  ARENO_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &B.op, sizeof(B.op)));
+  ARENO_CUBLAS_CHECK(cublas_lib().LtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  ARENO_CUBLAS_CHECK(cublas_lib().LtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &A.op, sizeof(A.op)));
+  ARENO_CUBLAS_CHECK(cublas_lib().LtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &B.op, sizeof(B.op)));
   d.a = make_layout(type, A.rows, A.cols, A.ld, batch, A.batch_stride);
   d.b = make_layout(type, B.rows, B.cols, B.ld, batch, B.batch_stride);
   d.c = make_layout(out_type, N, M, N, batch, N * M);
@@ -143,28 +143,28 @@ bool lt_matmul(DeviceContext& ctx, cudaDataType_t type, cudaDataType_t out_type,
     }
   }
   if (!have) {
-    ARENO_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
+    ARENO_CUBLAS_CHECK(cublas_lib().LtMatmulPreferenceCreate(&d.pref));
     uint64_t ws = ctx.workspace_bytes;
-    ARENO_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+    ARENO_CUBLAS_CHECK(cublas_lib().LtMatmulPreferenceSetAttribute(
         d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    ARENO_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+    ARENO_CUBLAS_CHECK(cublas_lib().LtMatmulPreferenceSetAttribute(
         d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
-    ARENO_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+    ARENO_CUBLAS_CHECK(cublas_lib().LtMatmulPreferenceSetAttribute(
         d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
-    ARENO_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+    ARENO_CUBLAS_CHECK(cublas_lib().LtMatmulPreferenceSetAttribute(
         d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c)));
-    ARENO_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+    ARENO_CUBLAS_CHECK(cublas_lib().LtMatmulPreferenceSetAttribute(
         d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c)));
     cublasLtMatmulHeuristicResult_t result{};
     int count = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(ctx.cublaslt, d.op, d.a, d.b, d.c, d.c, d.pref,
+    cublasStatus_t s = cublas_lib().LtMatmulAlgoGetHeuristic(ctx.cublaslt, d.op, d.a, d.b, d.c, d.c, d.pref,
                                                       1, &result, &count);
     if (s != CUBLAS_STATUS_SUCCESS || count == 0) return false;
     algo = result.algo;
     std::lock_guard<std::mutex> lock(ctx.mutex);
     ctx.lt_algos.emplace(key, algo);
   }
-  cublasStatus_t s = cublasLtMatmul(ctx.cublaslt, d.op, &alpha, A.data, d.a, B.data, d.b, &beta, out,
+  cublasStatus_t s = cublas_lib().LtMatmul(ctx.cublaslt, d.op, &alpha, A.data, d.a, B.data, d.b, &beta, out,
                                     d.c, out, d.c, &algo, ctx.workspace, ctx.workspace_bytes,
                                     ctx.stream);
   if (s == CUBLAS_STATUS_NOT_SUPPORTED) return false;
@@ -215,7 +215,7 @@ void run_gemm(CudaBackend& be, const Tensor& a, const Tensor& b, const Tensor& o
   int lda = to_int(A.ld, "lda"), ldb = to_int(B.ld, "ldb");
 
   if (out.dtype() == DType::f64) {
-    ARENO_CUBLAS_CHECK(cublasDgemmStridedBatched(
+    ARENO_CUBLAS_CHECK(cuda::cublas_lib().DgemmStridedBatched(
         l.ctx.cublas, A.op, B.op, n, m, k, &alpha, static_cast<const double*>(A.data), lda,
         A.batch_stride, static_cast<const double*>(B.data), ldb, B.batch_stride, &beta,
         ptr<double>(out), n, N * M, batch));
@@ -225,7 +225,7 @@ void run_gemm(CudaBackend& be, const Tensor& a, const Tensor& b, const Tensor& o
   if (lt_matmul(l.ctx, type, out_type, A, B, out.data_ptr(), N, M, K, batch, a.element_size(),
                 out.element_size(), alpha_f, beta_f))
     return;
-  ARENO_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+  ARENO_CUBLAS_CHECK(cuda::cublas_lib().GemmStridedBatchedEx(
       l.ctx.cublas, A.op, B.op, n, m, k, &alpha_f, A.data, type, lda, A.batch_stride, B.data, type,
       ldb, B.batch_stride, &beta_f, out.data_ptr(), out_type, n, N * M, batch, CUBLAS_COMPUTE_32F,
       CUBLAS_GEMM_DEFAULT));

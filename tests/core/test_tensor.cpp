@@ -114,3 +114,32 @@ TEST_CASE("tensor/lazy_zeros: zeros on every device; on the CPU no memory is com
   CHECK(sum(big.select(0, 6)).item() == 0.0);
   CHECK_THROWS_AS(lazy_zeros({-1, 3}), std::invalid_argument);
 }
+
+namespace {
+// Whether a file whose name contains `name` is mapped into this process.
+bool mapped(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line))
+    if (line.find(name) != std::string::npos) return true;
+  return false;
+}
+}  // namespace
+
+// libcublasLt's initializers cost a process 0.2 s and about 217 MB at start,
+// so the CUDA backend opens cuBLAS when a product on a GPU first needs it
+// (kernels/cuda/cublas_lib.h), never at load. Nothing here has touched a GPU
+// when none is visible; with one, earlier tests may have loaded it.
+TEST_CASE("backend/cuBLAS is not loaded until used") {
+  if (testing::has_cuda()) return;
+  CHECK_FALSE(mapped("libcublasLt"));
+  CHECK_FALSE(mapped("libcublas.so"));
+  const std::string version = cublas_version();  // the one use without a GPU: areno env
+  if (cuda_compiled()) {
+    CHECK(version.find('.') != std::string::npos);
+    CHECK(version.find("not loadable") == std::string::npos);
+    CHECK(mapped("libcublasLt"));
+  } else {
+    CHECK(version.empty());
+  }
+}
