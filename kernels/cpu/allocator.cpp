@@ -93,6 +93,28 @@ class HostBlockCache {
   size_t cached_ = 0, cap_ = 0;
 };
 
+// A new block of `size` bytes for a request of `nbytes`. From 2 MiB on it is
+// aligned to 2 MiB and the requested bytes' whole 2 MiB pages are advised as
+// transparent huge pages (Linux's default mode, `madvise`, gives them only
+// where asked; the rounding's tail stays in 4 KiB pages and untouched, so it
+// still costs no memory). Weights are copied into such blocks at load, and a
+// read streaming through them crosses no 4 KiB page boundary, where the
+// hardware prefetcher stops, and misses the TLB 512 times less often: on the
+// 2-core Zen 3, a streaming sum over 1 GiB 27.4-28.8 against 23.6-25.2 GB/s,
+// `small` decode f32 85-97 against 77-84 tokens/s, bf16 at 8 sequences
+// 513-633 against 376-548 (docs/perf.md). ARENO_CPU_HUGEPAGES=0 turns it off.
+void* fresh_block(size_t size, size_t nbytes) {
+  constexpr size_t kHuge = size_t(2) << 20;
+  static const bool huge = [] {
+    const char* env = std::getenv("ARENO_CPU_HUGEPAGES");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  if (!huge || nbytes < kHuge) return std::aligned_alloc(64, size);
+  void* p = std::aligned_alloc(kHuge, (size + kHuge - 1) / kHuge * kHuge);  // a multiple of the alignment
+  if (p) (void)madvise(p, nbytes / kHuge * kHuge, MADV_HUGEPAGE);          // advice: failure is harmless
+  return p;
+}
+
 }  // namespace
 
 std::shared_ptr<Storage> CpuBackend::allocate(size_t nbytes, Device device) {
@@ -101,10 +123,10 @@ std::shared_ptr<Storage> CpuBackend::allocate(size_t nbytes, Device device) {
   auto& cache = HostBlockCache::get();
   const size_t size = HostBlockCache::rounded(nbytes);
   void* p = cache.take(size);
-  if (!p) p = std::aligned_alloc(64, size);
+  if (!p) p = fresh_block(size, nbytes);
   if (!p) {
     cache.clear();
-    p = std::aligned_alloc(64, size);
+    p = fresh_block(size, nbytes);
   }
   if (!p) throw std::bad_alloc();
   return std::make_shared<Storage>(p, nbytes, device, [size](void* q) { HostBlockCache::get().give(q, size); });

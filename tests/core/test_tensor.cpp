@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -142,4 +144,31 @@ TEST_CASE("backend/cuBLAS is not loaded until used") {
   } else {
     CHECK(version.empty());
   }
+}
+
+// Large host blocks (weights, activations) sit in transparent huge pages
+// where the kernel has them (kernels/cpu/allocator.cpp): aligned to 2 MiB,
+// and the mapping holding the block carries madvise's huge-page flag ("hg"
+// in /proc/self/smaps; the kernel may still fall back to 4 KiB pages, so the
+// advice, not the page size, is what is checked).
+TEST_CASE("cpu allocator: blocks from 2 MiB are 2 MiB aligned and advised as huge pages") {
+  if (const char* env = std::getenv("ARENO_CPU_HUGEPAGES"); env != nullptr && std::string(env) == "0") return;
+  Tensor t = empty({int64_t(3) << 20}, DType::f32);  // 12 MiB
+  const auto addr = reinterpret_cast<uintptr_t>(t.data_ptr());
+  CHECK(addr % (uintptr_t(2) << 20) == 0);
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line, flags;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find(' ')) {
+      inside = lo <= addr && addr < hi;
+      continue;
+    }
+    if (inside && line.rfind("VmFlags:", 0) == 0) flags = line + " ";
+  }
+  CAPTURE(flags);
+  CHECK(flags.find(" hg ") != std::string::npos);
+  t.fill_(1.0);
+  CHECK(sum(t).item() == double(int64_t(3) << 20));
 }
