@@ -93,6 +93,15 @@ class HostBlockCache {
   size_t cached_ = 0, cap_ = 0;
 };
 
+// Whether large blocks are advised as huge pages (ARENO_CPU_HUGEPAGES=0: no).
+bool huge_pages() {
+  static const bool on = [] {
+    const char* env = std::getenv("ARENO_CPU_HUGEPAGES");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return on;
+}
+
 // A new block of `size` bytes for a request of `nbytes`. From 2 MiB on it is
 // aligned to 2 MiB and the requested bytes' whole 2 MiB pages are advised as
 // transparent huge pages (Linux's default mode, `madvise`, gives them only
@@ -101,15 +110,11 @@ class HostBlockCache {
 // read streaming through them crosses no 4 KiB page boundary, where the
 // hardware prefetcher stops, and misses the TLB 512 times less often: on the
 // 2-core Zen 3, a streaming sum over 1 GiB 27.4-28.8 against 23.6-25.2 GB/s,
-// `small` decode f32 85-97 against 77-84 tokens/s, bf16 at 8 sequences
-// 513-633 against 376-548 (docs/perf.md). ARENO_CPU_HUGEPAGES=0 turns it off.
+// `small` decode f32 76.5-79.3 against 67.5-75.4 tokens/s, bf16 174-177
+// against 137-153 (docs/perf.md). ARENO_CPU_HUGEPAGES=0 turns it off.
 void* fresh_block(size_t size, size_t nbytes) {
   constexpr size_t kHuge = size_t(2) << 20;
-  static const bool huge = [] {
-    const char* env = std::getenv("ARENO_CPU_HUGEPAGES");
-    return env == nullptr || std::string(env) != "0";
-  }();
-  if (!huge || nbytes < kHuge) return std::aligned_alloc(64, size);
+  if (!huge_pages() || nbytes < kHuge) return std::aligned_alloc(64, size);
   void* p = std::aligned_alloc(kHuge, (size + kHuge - 1) / kHuge * kHuge);  // a multiple of the alignment
   if (p) (void)madvise(p, nbytes / kHuge * kHuge, MADV_HUGEPAGE);          // advice: failure is harmless
   return p;
@@ -134,7 +139,10 @@ std::shared_ptr<Storage> CpuBackend::allocate(size_t nbytes, Device device) {
 
 // An anonymous private mapping: the kernel's pages read as zero and are
 // committed when first written. Page-aligned (so 64-byte aligned). Below 1 MiB
-// a filled block from the cache is as cheap.
+// a filled block from the cache is as cheap. Not advised as huge pages: the
+// KV pool (this mapping's user) would commit 2 MiB per layer's K and V at its
+// first block, for `small` pp4096 3-7 % faster in three alternations and
+// no clear difference in five more.
 std::shared_ptr<Storage> CpuBackend::allocate_lazy_zeroed(size_t nbytes, Device device) {
   if (!device.is_cpu())
     throw std::invalid_argument("cpu allocate: device " + device.str() + " is not the CPU");

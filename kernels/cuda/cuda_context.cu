@@ -86,15 +86,16 @@ DeviceContext& device_context(int index) {
 void DeviceContext::ensure_blas() {
   std::lock_guard<std::mutex> lock(mutex);
   if (cublaslt) return;
+  const CublasLib& lib = cublas_lib();  // a missing cuBLAS fails here, before the workspace is allocated
   DeviceGuard guard(device);
   ARENO_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
   workspace_bytes = kWorkspaceBytes;
-  ARENO_CUBLAS_CHECK(cublas_lib().Create(&cublas));
-  ARENO_CUBLAS_CHECK(cublas_lib().SetStream(cublas, stream));
-  ARENO_CUBLAS_CHECK(cublas_lib().SetWorkspace(cublas, workspace, workspace_bytes));
+  ARENO_CUBLAS_CHECK(lib.Create(&cublas));
+  ARENO_CUBLAS_CHECK(lib.SetStream(cublas, stream));
+  ARENO_CUBLAS_CHECK(lib.SetWorkspace(cublas, workspace, workspace_bytes));
   // f32 GEMMs stay exact f32 (no TF32), as torch's default.
-  ARENO_CUBLAS_CHECK(cublas_lib().SetMathMode(cublas, CUBLAS_DEFAULT_MATH));
-  ARENO_CUBLAS_CHECK(cublas_lib().LtCreate(&cublaslt));
+  ARENO_CUBLAS_CHECK(lib.SetMathMode(cublas, CUBLAS_DEFAULT_MATH));
+  ARENO_CUBLAS_CHECK(lib.LtCreate(&cublaslt));
 }
 
 DeviceGuard::DeviceGuard(int index) {
