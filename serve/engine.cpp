@@ -561,6 +561,9 @@ bool Engine::step() {
     if (q && q->r.served_lora) stats_.lora_running_waiting[q->r.served_lora].second++;
   stats_.kv_blocks_used = cache_->manager().num_used();
   stats_.kv_blocks_cached = cache_->manager().num_cached();
+  stats_.kv_touched_bytes = cache_->manager().num_touched() *
+                            int64_t(phi4mm::PagedKvCache::bytes_per_block(model_->config().text, cache_->block_size(),
+                                                                          model_->dtype()));
   {
     std::lock_guard<std::mutex> lk(mu_);
     published_ = stats_;

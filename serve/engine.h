@@ -153,6 +153,7 @@ struct EngineStats {
   // Prefix caching: prompt tokens looked up, and those found cached.
   int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;
   int64_t kv_blocks_cached = 0;  // remembered blocks (held or evictable)
+  int64_t kv_touched_bytes = 0;  // the pool's bytes written at least once (BlockManager::num_touched)
   int64_t media_cache_hits = 0;  // media items whose rows came from the media cache
   // Speculative decoding: draft tokens computed, and those kept.
   int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0;

@@ -2039,6 +2039,9 @@ struct HttpServer::Impl {
     metric("areno_kv_blocks_total", "gauge", "KV cache blocks.", double(s.kv_blocks_total));
     metric("areno_kv_blocks_cached", "gauge", "KV blocks remembered for prefix caching (held or evictable).",
            double(s.kv_blocks_cached));
+    metric("areno_kv_touched_bytes", "gauge",
+           "KV pool bytes written at least once (on the CPU the pool is committed as written).",
+           double(s.kv_touched_bytes));
     metric("areno_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
            double(s.prefix_cache_queries));
     metric("areno_prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache (not computed).",

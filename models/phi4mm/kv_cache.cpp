@@ -41,6 +41,7 @@ std::vector<int64_t> BlockManager::allocate(int64_t n) {
     if (!free_.empty()) {
       b = free_.back();
       free_.pop_back();
+      touched_ = std::max(touched_, b + 1);
     } else {  // the least recently freed cached block: forgotten
       b = lru_.front();
       lru_.pop_front();

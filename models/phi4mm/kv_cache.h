@@ -64,6 +64,11 @@ class BlockManager {
   int64_t num_free() const { return int64_t(free_.size() + lru_.size()); }
   int64_t num_used() const { return num_blocks() - num_free(); }  // held
   int64_t num_cached() const { return int64_t(by_digest_.size()); }
+  // Blocks handed out at least once: always blocks [0, num_touched()), since
+  // a never-used block (the lowest) is taken only when no freed one is left.
+  // On the CPU the pool's pages are committed as first written (lazy_zeros),
+  // so this is the part of the pool that holds memory.
+  int64_t num_touched() const { return touched_; }
   bool can_allocate(int64_t n) const { return n <= num_free(); }
   bool in_use(int64_t block) const;  // held by at least one sequence
 
@@ -91,6 +96,7 @@ class BlockManager {
 
  private:
   std::vector<int64_t> free_;   // stack: the most recently freed block is reused first
+  int64_t touched_ = 0;
   std::vector<int32_t> refs_;
   // Fixed-size records, allocated once (the map's buckets reserved for every
   // block): remembering and evicting allocate nothing but map nodes, so the

@@ -109,6 +109,7 @@ TEST_CASE("phi4mm/kv cache: block manager allocates all or nothing, frees and re
   bm.free({1});
   CHECK_FALSE(bm.in_use(1));
   CHECK(bm.allocate(1) == std::vector<int64_t>{1});  // the freed block comes back first
+  CHECK(bm.num_touched() == 3);                        // so the touched blocks stay a prefix
   CHECK_THROWS_WITH_AS(bm.free({3}), doctest::Contains("block 3 is not in use"), std::invalid_argument);
   CHECK_THROWS_AS(bm.free({0, 0}), std::invalid_argument);
   CHECK(bm.num_used() == 3);  // a rejected free changes nothing
@@ -119,7 +120,9 @@ TEST_CASE("phi4mm/kv cache: block manager allocates all or nothing, frees and re
 
 TEST_CASE("phi4mm/kv cache: remembered blocks are shared by holders, cached when free, evicted least recent first") {
   BlockManager bm(4);
+  CHECK(bm.num_touched() == 0);
   auto a = bm.allocate(2);  // 0, 1
+  CHECK(bm.num_touched() == 2);
   bm.remember(a[0], dg("d0"));
   bm.remember(a[1], dg("d1"));
   bm.remember(a[1], dg("other"));  // already remembered: unchanged
@@ -137,6 +140,7 @@ TEST_CASE("phi4mm/kv cache: remembered blocks are shared by holders, cached when
   CHECK(bm.num_used() == 0);
   // Never-remembered blocks go first (2, 3), then the least recently freed cached one (1), forgotten.
   CHECK(bm.allocate(3) == std::vector<int64_t>{2, 3, 1});
+  CHECK(bm.num_touched() == 4);
   CHECK(bm.lookup(dg("d1")) == -1);
   CHECK(bm.lookup(dg("d0")) == 0);
   bm.hold(0);  // taken back from the cache
