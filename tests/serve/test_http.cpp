@@ -985,7 +985,7 @@ TEST_CASE("serve/http /v1/models, /health, /metrics, /version, /tokenize, /detok
                            "areno_requests_running ", "areno_requests_waiting ", "areno_kv_blocks_used ",
                            "areno_kv_blocks_total ", "areno_engine_steps_total ", "areno_engine_step_seconds_total ",
                            "areno_prefix_cache_queries_total ", "areno_prefix_cache_hits_total ",
-                           "areno_kv_blocks_cached ", "areno_media_cache_hits_total ",
+                           "areno_kv_blocks_cached ", "areno_kv_touched_bytes ", "areno_media_cache_hits_total ",
                            "# TYPE areno_requests_total counter", "areno_http_requests_total{route=\"/v1/chat/completions\",status=\"200\"}"})
     CHECK_MESSAGE(x.raw.find(name) != std::string::npos, name);
 
