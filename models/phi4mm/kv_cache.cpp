@@ -138,9 +138,10 @@ bool needs_reprefill(const Phi4MMForCausalLM& m, const KvSequence& s, int64_t ne
 // ---- PagedKvCache ----
 
 PagedKvCache::PagedKvCache(const Phi4MMForCausalLM& m, int64_t num_blocks, int64_t block_size)
-    : block_size_(block_size), manager_(num_blocks) {
+    : block_size_(block_size), block_bytes_(0), manager_(num_blocks) {
   if (block_size <= 0)
     throw std::invalid_argument(fmt::format("PagedKvCache: block_size must be positive, got {}", block_size));
+  block_bytes_ = int64_t(bytes_per_block(m.config().text, block_size, m.dtype()));
   const TextConfig& t = m.config().text;
   const Shape shape{num_blocks, block_size, t.num_key_value_heads, t.head_dim()};
   const TensorOptions o(m.dtype(), m.device());

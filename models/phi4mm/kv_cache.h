@@ -142,6 +142,9 @@ class PagedKvCache {
   int64_t num_layers() const { return int64_t(k_.size()); }
   int64_t num_blocks() const { return manager_.num_blocks(); }
   const BlockManager& manager() const { return manager_; }
+  // Bytes of the pool written at least once (its blocks [0, num_touched())):
+  // the part of the lazily committed pool that is resident.
+  int64_t touched_bytes() const { return manager_.num_touched() * block_bytes_; }
   // [NB, BS, NKV, D]
   const Tensor& keys(int64_t layer) const { return k_.at(size_t(layer)); }
   const Tensor& values(int64_t layer) const { return v_.at(size_t(layer)); }
@@ -192,6 +195,7 @@ class PagedKvCache {
 
  private:
   int64_t block_size_;
+  int64_t block_bytes_;  // bytes_per_block for this model
   BlockManager manager_;
   std::vector<Tensor> k_, v_;
 };

@@ -178,6 +178,13 @@ TEST_CASE("phi4mm/kv cache: capacity from a byte budget, storage shape and slot 
   // Block table [5, 2]: positions 0..3 in block 5, 4..7 in block 2.
   CHECK(c.slots({5, 2}, 2, 4) == std::vector<int64_t>{22, 23, 8, 9});
   CHECK_THROWS_AS(c.slots({5}, 2, 4), std::invalid_argument);
+  // The resident part of the lazily committed pool: blocks ever handed out.
+  CHECK(c.touched_bytes() == 0);
+  KvSequence s;
+  c.reserve(s, 9);  // 3 blocks of 4 tokens
+  CHECK(c.touched_bytes() == 3 * 2 * 2 * 4 * 2 * 8 * 4);
+  c.release(s);
+  CHECK(c.touched_bytes() == 3 * 2 * 2 * 4 * 2 * 8 * 4);
 }
 
 DEVICE_TEST_CASE("phi4mm/incremental forward: chunked prefill in chunks of 1, 7 and 64 then decode equals the packed forward") {
