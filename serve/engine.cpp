@@ -73,8 +73,8 @@ std::vector<std::string> row_digests(const Tensor& rows) {
   const Tensor host = rows.to(Device::cpu()).contiguous();
   const auto* p = static_cast<const char*>(host.data_ptr());
   const size_t row_bytes = size_t(host.size(1)) * dtype_size(host.dtype());
-  std::vector<std::string> out;
-  for (int64_t m = 0; m < host.size(0); ++m) out.push_back(sha256({p + size_t(m) * row_bytes, row_bytes}));
+  std::vector<std::string> out(size_t(host.size(0)));
+  for (size_t m = 0; m < out.size(); ++m) out[m] = sha256({p + m * row_bytes, row_bytes});
   return out;
 }
 
@@ -561,9 +561,7 @@ bool Engine::step() {
     if (q && q->r.served_lora) stats_.lora_running_waiting[q->r.served_lora].second++;
   stats_.kv_blocks_used = cache_->manager().num_used();
   stats_.kv_blocks_cached = cache_->manager().num_cached();
-  stats_.kv_touched_bytes = cache_->manager().num_touched() *
-                            int64_t(phi4mm::PagedKvCache::bytes_per_block(model_->config().text, cache_->block_size(),
-                                                                          model_->dtype()));
+  stats_.kv_touched_bytes = cache_->touched_bytes();
   {
     std::lock_guard<std::mutex> lk(mu_);
     published_ = stats_;
