@@ -1,5 +1,6 @@
-// Precompiled header of the targets with many translation units (libareno,
-// the app libraries, the larger test executables): the standard library,
+// Precompiled header of libareno and areno_app (the targets with many
+// sources that include nlohmann-json; on the test executables it gained
+// nothing measurable and was dropped): the standard library,
 // fmt and nlohmann-json, which about half of the sources include and whose
 // parsing was 3-7 s of each such compile (README, "Tests").
 // Only headers from outside the project, so an edit to ours never rebuilds
